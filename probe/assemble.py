@@ -1,0 +1,224 @@
+"""Records -> steps, in the reader process.
+
+:class:`StepAssembler` takes the decoded records of one ring (one vLLM process) in order
+and produces one :class:`Step` per engine step. Every hook stamps its record with the
+writer's step number, so a step is simply "all in-step records with the same number";
+it is closed when a record of a later step arrives (or on :meth:`flush`). Records written
+outside a step (graph capture, profile and dummy runs) are tallied, never made into
+steps. GPU timings are read lazily in the writer and arrive a few steps late: they are
+returned separately and joined by step number.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from probe.records import (
+    Build,
+    Decoded,
+    Dispatch,
+    Fault,
+    Flag,
+    GpuTiming,
+    Mode,
+    Phase,
+    Reason,
+    Reorder,
+    Replay,
+    ReplayKind,
+    Span,
+)
+
+PHASE_COLUMNS: tuple[Phase, ...] = (
+    Phase.REORDER,
+    Phase.PREPARE_INPUTS,
+    Phase.DISPATCH,
+    Phase.METADATA_BUILD,
+    Phase.FORWARD_LAUNCH,
+    Phase.LOGITS,
+    Phase.SAMPLE,
+    Phase.DRAFT,
+    Phase.SYNC_STALL,
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One engine step on one rank. Times are CLOCK_BOOTTIME ns; durations ns.
+
+    ``mode``/``reason`` are the target model's dispatch; ``replayed`` is True when a replay
+    of that mode was observed (FULL: one replay; PIECEWISE: at least one piece).
+    ``cpu_launch_overhead_ns`` runs from step start to the end of the forward launch.
+    """
+
+    pid: int
+    step: int
+    t0: int
+    t1: int
+    host_ns: int
+    num_tokens: int
+    num_reqs: int
+    mode: Mode | None
+    reason: Reason | None
+    padded_tokens: int
+    padded_reqs: int
+    max_query_len: int
+    uniform_decode_query_len: int
+    uniform: bool
+    replayed: bool
+    pieces: int
+    captures: int
+    cpu_launch_overhead_ns: int | None
+    phases: dict[str, int]
+    draft_mode: Mode | None = None
+    draft_reason: Reason | None = None
+    draft_replays: int = 0
+    draft_dispatches: int = 0
+    runner: str = "v1"
+    spans: tuple[Span, ...] = ()
+    builds: tuple[Build, ...] = ()
+    reorders: tuple[Reorder, ...] = ()
+    dispatches: tuple[Dispatch, ...] = ()
+    replays: tuple[Replay, ...] = ()
+
+    @property
+    def forward(self) -> bool:
+        """A step that ran the model (the ones hit rates count)."""
+        return self.mode is not None
+
+
+def _union_ns(spans: Iterable[Span]) -> int:
+    """Total time covered by possibly nested/overlapping spans."""
+    total = 0
+    end = -1
+    for s in sorted(spans, key=lambda s: s.t0):
+        if s.t1 <= end:
+            continue
+        total += s.t1 - max(s.t0, end)
+        end = s.t1
+    return total
+
+
+@dataclass
+class _Open:
+    step: int
+    records: list[Decoded] = field(default_factory=list)
+
+
+class StepAssembler:
+    """Assembles the records of one process into steps."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._open: _Open | None = None
+        self.outside: Counter[str] = Counter()
+        self.gpu: list[GpuTiming] = []
+        self.faults: dict[int, Fault] = {}
+        self.anomalies: list[str] = []
+
+    def feed(self, rec: Decoded) -> list[Step]:
+        if isinstance(rec, GpuTiming):
+            self.gpu.append(rec)
+            return []
+        if isinstance(rec, Fault):
+            self.faults[rec.hook_id] = rec
+            return []
+        flags = getattr(rec, "flags", 0)
+        if flags & Flag.OUTSIDE_STEP:
+            self.outside[type(rec).__name__.lower()] += 1
+            return []
+        out: list[Step] = []
+        if self._open is not None and rec.step != self._open.step:
+            out.append(self._close(self._open))
+            self._open = None
+        if self._open is None:
+            self._open = _Open(rec.step)
+        self._open.records.append(rec)
+        return out
+
+    def flush(self) -> list[Step]:
+        if self._open is None:
+            return []
+        step = self._close(self._open)
+        self._open = None
+        return [step]
+
+    def _close(self, o: _Open) -> Step:
+        spans = [r for r in o.records if isinstance(r, Span)]
+        dispatches = [r for r in o.records if isinstance(r, Dispatch)]
+        replays = [r for r in o.records if isinstance(r, Replay)]
+        builds = [r for r in o.records if isinstance(r, Build)]
+        reorders = [r for r in o.records if isinstance(r, Reorder)]
+        execute = [s for s in spans if s.phase == Phase.EXECUTE]
+        sample = [s for s in spans if s.phase == Phase.SAMPLE_TOKENS]
+        bracket = execute + sample
+        t0 = min((s.t0 for s in bracket), default=min((s.t0 for s in spans), default=0))
+        t1 = max((s.t1 for s in bracket), default=max((s.t1 for s in spans), default=0))
+        host = sum(s.dur_ns for s in bracket)
+        ex_rec = execute[0] if execute else None
+        target = [d for d in dispatches if not d.flags & Flag.DRAFTER]
+        drafts = [d for d in dispatches if d.flags & Flag.DRAFTER]
+        d = target[-1] if target else None
+        tr = [r for r in replays if not r.flags & Flag.DRAFTER and r.kind != ReplayKind.PASSTHROUGH]
+        dr = [r for r in replays if r.flags & Flag.DRAFTER and r.kind == ReplayKind.REPLAY]
+        captures = sum(1 for r in replays if r.kind == ReplayKind.CAPTURE)
+        if captures:
+            self.anomalies.append(
+                f"pid {self.pid} step {o.step}: {captures} graph capture(s) during serving"
+            )
+        mode = d.mode if d is not None else None
+        replayed = False
+        pieces = sum(1 for r in tr if r.mode == Mode.PIECEWISE and r.kind == ReplayKind.REPLAY)
+        if (
+            mode is None
+            and ex_rec is not None
+            and ex_rec.v0 > 0
+            and not any(s.flags & Flag.DRAFTER for s in spans if s.phase == Phase.FORWARD_LAUNCH)
+            and any(s.phase == Phase.FORWARD_LAUNCH for s in spans)
+        ):
+            # a forward ran but no dispatch was seen (a runner without a dispatcher)
+            mode = Mode.NONE
+        if mode == Mode.FULL:
+            replayed = any(r.mode == Mode.FULL and r.kind == ReplayKind.REPLAY for r in tr)
+        elif mode == Mode.PIECEWISE:
+            replayed = pieces > 0
+        phases = {
+            p.name.lower(): _union_ns(s for s in spans if s.phase == p) for p in PHASE_COLUMNS
+        }
+        fwd = [s for s in spans if s.phase == Phase.FORWARD_LAUNCH and not s.flags & Flag.DRAFTER]
+        launch = (fwd[0].t1 - ex_rec.t0) if fwd and ex_rec is not None else None
+        dmode = drafts[0].mode if drafts else None
+        dreason = drafts[0].reason if drafts else None
+        return Step(
+            pid=self.pid,
+            step=o.step,
+            t0=t0,
+            t1=t1,
+            host_ns=host,
+            num_tokens=ex_rec.v0 if ex_rec is not None else 0,
+            num_reqs=ex_rec.v1 if ex_rec is not None else 0,
+            mode=mode,
+            reason=d.reason if d is not None else None,
+            padded_tokens=d.padded_tokens if d is not None else 0,
+            padded_reqs=d.padded_reqs if d is not None else 0,
+            max_query_len=d.max_query_len if d is not None else 0,
+            uniform_decode_query_len=d.uniform_decode_query_len if d is not None else 0,
+            uniform=bool(d.flags & Flag.UNIFORM) if d is not None else False,
+            replayed=replayed,
+            pieces=pieces,
+            captures=captures,
+            cpu_launch_overhead_ns=launch,
+            phases=phases,
+            draft_mode=dmode,
+            draft_reason=dreason,
+            draft_replays=len(dr),
+            draft_dispatches=len(drafts),
+            runner="mrv2" if any(s.flags & Flag.MRV2 for s in execute) else "v1",
+            spans=tuple(spans),
+            builds=tuple(builds),
+            reorders=tuple(reorders),
+            dispatches=tuple(dispatches),
+            replays=tuple(replays),
+        )

@@ -1,0 +1,272 @@
+"""The ``probe`` command line.
+
+    probe record --out run.probe.db -- python my_llm_script.py
+    probe report run.probe.db            # no file: the bundled H200 recording
+    probe doctor run.probe.db
+    probe env                            # every PROBE_* variable and its value here
+
+User mistakes (a missing file, a bad value) end in one line on stderr naming the problem
+and exit status 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, NoReturn
+
+from rich.console import Console
+
+from probe import config
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A user mistake: printed as one line, exit status 2."""
+
+
+def default_recording() -> Path:
+    """The bundled real recording (H200, tiny DeepSeek-V3.2 + MTP; see docs/evidence.md)."""
+    ref = resources.files("probe") / "data" / "default.probe.db"
+    return Path(str(ref))
+
+
+def _console(args: argparse.Namespace) -> Console:
+    return Console(width=getattr(args, "width", None) or None, soft_wrap=False)
+
+
+def _open_recording(path: str | None) -> Any:
+    from probe.recording import Recording, RecordingError
+
+    p = Path(path) if path else default_recording()
+    try:
+        return Recording.open(p)
+    except RecordingError as exc:
+        raise UsageError(str(exc)) from None
+
+
+# -- record ---------------------------------------------------------------------------------
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from probe.collector import Collector, RecordingSink, ring_dir_for_session
+    from probe.hooks.snapshot import OverrideError, parse_override
+    from probe.recording import RecordingWriter
+
+    cmd = list(args.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError(
+            "record: give the command to run after --, e.g. "
+            "probe record --out run.probe.db -- vllm serve MODEL"
+        )
+    if shutil.which(cmd[0]) is None and not Path(cmd[0]).exists():
+        raise UsageError(f"record: command not found: {cmd[0]}")
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise UsageError(f"record: {out} exists (use --force to overwrite)")
+    if not out.parent.exists():
+        raise UsageError(f"record: directory {out.parent} does not exist")
+    if args.override:
+        try:
+            parse_override(args.override)
+        except OverrideError as exc:
+            raise UsageError(f"record: --override {exc}") from None
+    if out.exists():
+        out.unlink()
+    for suffix in ("-wal", "-shm"):
+        Path(str(out) + suffix).unlink(missing_ok=True)
+    run_dir = ring_dir_for_session(args.run_dir)
+    env = dict(os.environ)
+    env[config.ENABLE.name] = "1"
+    env[config.RUN_DIR.name] = str(run_dir)
+    env.setdefault(config.CONTROL.name, "0")
+    if args.override:
+        env[config.CG_SUPPORT_OVERRIDE.name] = args.override
+    if args.hooks:
+        env[config.HOOKS.name] = args.hooks
+    if args.no_gpu_timing:
+        env[config.GPU_TIMING.name] = "0"
+    try:
+        writer = RecordingWriter(out)
+    except Exception as exc:
+        raise UsageError(f"record: cannot write {out}: {exc}") from None
+    writer.set_meta(
+        command=cmd,
+        host=socket.gethostname(),
+        probe_version=_version(),
+        override=args.override or "",
+        started_epoch_ns=time.time_ns(),
+    )
+    col = Collector(run_dir, [RecordingSink(writer)], now_ns=_boottime)
+    err = sys.stderr
+    print(f"probe: recording {' '.join(cmd)} -> {out}", file=err)
+    child = subprocess.Popen(cmd, env=env)
+    stop = {"n": 0}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop["n"] += 1
+        sig = signal.SIGINT if stop["n"] == 1 else signal.SIGKILL
+        try:
+            child.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    old = signal.signal(signal.SIGINT, on_signal)
+    old_term = signal.signal(signal.SIGTERM, on_signal)
+    t_end = time.monotonic() + args.duration if args.duration else None
+    try:
+        while child.poll() is None:
+            col.poll()
+            if t_end is not None and time.monotonic() > t_end:
+                child.send_signal(signal.SIGINT)
+                t_end = None
+            time.sleep(args.interval)
+        col.poll()
+    finally:
+        signal.signal(signal.SIGINT, old)
+        signal.signal(signal.SIGTERM, old_term)
+        writer.set_meta(exit_code=child.returncode, ended_epoch_ns=time.time_ns())
+        col.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    steps = sum(p.steps_seen for p in col.procs.values())
+    dropped = sum(p.dropped for p in col.procs.values())
+    print(
+        f"probe: {steps:,} steps from {sum(1 for p in col.procs.values() if p.steps_seen)} "
+        f"process(es) recorded to {out} ({dropped:,} records dropped)",
+        file=err,
+    )
+    for e in col.errors[:5]:
+        print(f"probe: warning: {e}", file=err)
+    return int(child.returncode or 0)
+
+
+def _boottime() -> int:
+    from probe.runtime import boottime_ns
+
+    return boottime_ns()
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("vllm-graph-probe")
+    except Exception:
+        return "0+unknown"
+
+
+# -- report / doctor ------------------------------------------------------------------------
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from probe.report import build_report, render_report
+
+    rec = _open_recording(args.recording)
+    rep = build_report(rec)
+    if args.json:
+        print(json.dumps(rep, indent=2, default=str))
+    else:
+        render_report(rep, _console(args))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from probe.report import doctor, render_doctor
+
+    rec = _open_recording(args.recording)
+    snaps = [p["snapshot"] for p in rec.processes() if p.get("snapshot")]
+    if not snaps:
+        raise UsageError(f"doctor: {rec.path} holds no static snapshot (no step was recorded)")
+    out = [doctor(s) for s in snaps]
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        con = _console(args)
+        for s in out:
+            render_doctor(s, con)
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    print(config.describe())
+    return 0
+
+
+# -- entry ----------------------------------------------------------------------------------
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "record": cmd_record,
+    "report": cmd_report,
+    "doctor": cmd_doctor,
+    "env": cmd_env,
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"probe: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="probe", description=__doc__.split("\n")[0] if __doc__ else None)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    r = sub.add_parser("record", help="run a command with the probe on; write a recording")
+    r.add_argument("--out", "-o", required=True, help="recording file to write (.probe.db)")
+    r.add_argument("--force", action="store_true", help="overwrite --out")
+    r.add_argument(
+        "--override",
+        help="what-if graph support, e.g. "
+        "FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE",
+    )
+    r.add_argument("--hooks", help="comma-separated hook families (default: all)")
+    r.add_argument("--duration", type=float, help="stop the command after S seconds (SIGINT)")
+    r.add_argument("--interval", type=float, default=0.05, help="ring poll interval, s")
+    r.add_argument("--run-dir", help="directory for the session's rings")
+    r.add_argument("--no-gpu-timing", action="store_true", help="no device events")
+    r.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+    for name, helptext in (
+        ("report", "summarize a recording"),
+        ("doctor", "static graph-support picture and known traps"),
+    ):
+        q = sub.add_parser(name, help=helptext)
+        q.add_argument("recording", nargs="?", help="recording (default: the bundled one)")
+        q.add_argument("--json", action="store_true", help="machine-readable output")
+        q.add_argument("--width", type=int, help="terminal width")
+
+    sub.add_parser("env", help="list PROBE_* environment variables")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.cmd](args)
+    except UsageError as exc:
+        print(f"probe: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""The reader side: rings -> decoded records -> steps -> sinks (recording, live views).
+
+A :class:`Collector` watches a run directory for rings (``ring-<pid>.shm``), reads each
+ring, decodes and assembles its records per process, and hands finished steps to its
+sinks. It runs entirely in the reader process (``probe record``, ``probe attach``): none of
+this work happens inside vLLM.
+
+    >>> col = Collector(run_dir, sinks=[RecordingSink(writer)])    # doctest: +SKIP
+    >>> while child_running: col.poll(); time.sleep(0.05)          # doctest: +SKIP
+    >>> col.close()                                                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from probe.assemble import Step, StepAssembler
+from probe.recording import RecordingWriter
+from probe.records import BlobType, Decoder, Hello
+from probe.ring import RingFormatError, RingReader
+
+log = logging.getLogger("probe")
+
+RING_RE = re.compile(r"^ring-(\d+)\.shm$")
+
+
+class Sink(Protocol):
+    """Anything that consumes steps; exporters implement this too."""
+
+    def on_process(self, proc: ProcessState) -> None: ...
+
+    def on_steps(self, proc: ProcessState, steps: Sequence[Step]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class ProcessState:
+    """What the reader knows about one vLLM process."""
+
+    pid: int
+    path: Path
+    reader: RingReader
+    decoder: Decoder = field(default_factory=Decoder)
+    assembler: StepAssembler | None = None
+    snapshot: dict[str, Any] | None = None
+    steps_seen: int = 0
+    dropped: int = 0
+    announced: bool = False
+
+    @property
+    def hello(self) -> Hello | None:
+        return self.decoder.hello
+
+    @property
+    def rank_label(self) -> str:
+        s = self.snapshot or {}
+        return (
+            f"tp{s.get('tp_rank') or 0}"
+            + (f"/pp{s['pp_rank']}" if s.get("pp_rank") else "")
+            + (f"/dp{s['dp_rank']}" if s.get("dp_rank") else "")
+        )
+
+
+class Collector:
+    def __init__(
+        self,
+        run_dir: str | Path | None = None,
+        sinks: Iterable[Sink] = (),
+        *,
+        rings: Iterable[str | Path] = (),
+        now_ns: Callable[[], int] | None = None,
+        batch: int = 4096,
+    ) -> None:
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.sinks = list(sinks)
+        self.procs: dict[int, ProcessState] = {}
+        self.batch = batch
+        self._now = now_ns
+        self._explicit = [Path(r) for r in rings]
+        self.errors: list[str] = []
+
+    def discover(self) -> None:
+        paths = list(self._explicit)
+        if self.run_dir is not None and self.run_dir.is_dir():
+            paths += [p for p in self.run_dir.iterdir() if RING_RE.match(p.name)]
+        for p in paths:
+            m = RING_RE.match(p.name)
+            pid = int(m.group(1)) if m else hash(str(p)) & 0x7FFFFFFF
+            if pid in self.procs:
+                continue
+            try:
+                reader = RingReader.open(p)
+            except (RingFormatError, OSError) as exc:
+                msg = f"{p}: {exc}"
+                if msg not in self.errors:
+                    self.errors.append(msg)
+                continue
+            self.procs[pid] = ProcessState(pid, p, reader, assembler=StepAssembler(pid))
+
+    def poll(self) -> int:
+        """Read every ring once; returns the number of records read."""
+        self.discover()
+        total = 0
+        for proc in list(self.procs.values()):
+            total += self._drain(proc)
+        return total
+
+    def _drain(self, proc: ProcessState) -> int:
+        n = 0
+        assembler = proc.assembler
+        assert assembler is not None
+        out: list[Step] = []
+        while True:
+            recs = proc.reader.read(self.batch)
+            if not recs:
+                break
+            n += len(recs)
+            for rec in recs:
+                try:
+                    decoded = proc.decoder.feed(rec)
+                except (ValueError, KeyError) as exc:  # an unknown enum value: skip, count
+                    self.errors.append(f"pid {proc.pid}: undecodable record ({exc})")
+                    continue
+                if decoded is not None:
+                    out.extend(assembler.feed(decoded))
+            if len(recs) < self.batch:
+                break
+        if self._now is not None:
+            proc.reader.touch_heartbeat(self._now())
+        proc.dropped = proc.reader.dropped
+        self._announce(proc)
+        if out:
+            proc.steps_seen += len(out)
+            for sink in self.sinks:
+                sink.on_steps(proc, out)
+        return n
+
+    def _announce(self, proc: ProcessState) -> None:
+        changed = False
+        if not proc.announced and proc.hello is not None:
+            proc.announced = True
+            changed = True
+        while proc.decoder.blobs:
+            btype, data = proc.decoder.blobs.pop(0)
+            if btype == BlobType.SNAPSHOT:
+                try:
+                    proc.snapshot = json.loads(data)
+                except ValueError:
+                    self.errors.append(f"pid {proc.pid}: unreadable snapshot")
+                changed = True
+        if changed:
+            for sink in self.sinks:
+                sink.on_process(proc)
+
+    def flush(self) -> None:
+        """Close the open step of every process (end of session)."""
+        for proc in self.procs.values():
+            self._drain(proc)
+            assert proc.assembler is not None
+            rest = proc.assembler.flush()
+            if rest:
+                proc.steps_seen += len(rest)
+                for sink in self.sinks:
+                    sink.on_steps(proc, rest)
+            for sink in self.sinks:
+                sink.on_process(proc)
+
+    def close(self) -> None:
+        self.flush()
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as exc:
+                log.warning("probe: sink %r failed to close: %r", sink, exc)
+        for proc in self.procs.values():
+            proc.reader.close()
+
+
+class RecordingSink:
+    """Writes steps and process facts into a recording."""
+
+    def __init__(self, writer: RecordingWriter) -> None:
+        self.writer = writer
+        self._gpu_done: dict[int, int] = {}
+
+    def on_process(self, proc: ProcessState) -> None:
+        w = self.writer
+        w.add_process(proc.pid, proc.hello)
+        if proc.snapshot is not None:
+            w.set_snapshot(proc.pid, proc.snapshot)
+        w.set_dropped(proc.pid, proc.dropped)
+        w.set_strings(proc.pid, proc.decoder.strings)
+        a = proc.assembler
+        if a is not None:
+            self._gpu(proc)
+            w.set_faults(
+                proc.pid,
+                {proc.decoder.name(f.hook_id): (f.count, f.disabled) for f in a.faults.values()},
+            )
+            w.set_outside(proc.pid, dict(a.outside))
+            if a.anomalies:
+                w.add_anomalies(proc.pid, a.anomalies)
+                a.anomalies.clear()
+        w.commit()
+
+    def _gpu(self, proc: ProcessState) -> None:
+        a = proc.assembler
+        if a is None:
+            return
+        done = self._gpu_done.get(proc.pid, 0)
+        if len(a.gpu) > done:
+            self.writer.add_gpu(proc.pid, a.gpu[done:])
+            self._gpu_done[proc.pid] = len(a.gpu)
+
+    def on_steps(self, proc: ProcessState, steps: Sequence[Step]) -> None:
+        self.writer.set_strings(proc.pid, proc.decoder.strings)
+        self.writer.add_steps(steps)
+        self._gpu(proc)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def ring_dir_for_session(base: str | os.PathLike[str] | None = None) -> Path:
+    """A fresh private directory for one ``probe record`` session's rings."""
+    import tempfile
+
+    from probe.ring import default_ring_dir
+
+    parent = Path(base) if base is not None else default_ring_dir()
+    parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="session-", dir=parent))

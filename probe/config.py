@@ -1,0 +1,99 @@
+"""Every environment variable the probe reads, in one place.
+
+Precedence everywhere: explicit argument > environment > default. Values are read when
+the plugin installs (``probe.plugin.register``) or a CLI command starts, never at import.
+
+    $ probe env          # prints each variable, its value here, and what it does
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ENV_PREFIX = "PROBE_"
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    help: str
+    default: str | None = None
+
+
+ENABLE = EnvVar("PROBE_ENABLE", "1: enable hooks at plugin load and write a ring (probe record).")
+RUN_DIR = EnvVar(
+    "PROBE_RUN_DIR",
+    "Directory for rings and control sockets (default: /dev/shm/vllm-graph-probe-<uid>).",
+)
+RING_CAPACITY = EnvVar("PROBE_RING_CAPACITY", "Records per ring, a power of two.", "65536")
+GPU_TIMING = EnvVar(
+    "PROBE_GPU_TIMING", "1: time the forward with device events (never synchronized).", "1"
+)
+CG_SUPPORT_OVERRIDE = EnvVar(
+    "PROBE_CG_SUPPORT_OVERRIDE",
+    "What-if: Builder=SUPPORT[,Builder=SUPPORT], e.g. "
+    "FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE. Applied before the graph "
+    "mode is resolved. Builder is a known class name or module:Class.",
+)
+HOOKS = EnvVar("PROBE_HOOKS", "Comma-separated hook families to install (default: all).")
+CONTROL = EnvVar("PROBE_CONTROL", "0: do not open the per-process control socket.", "1")
+PLUGIN = EnvVar("PROBE_PLUGIN", "0: the vLLM plugin does nothing in this process.", "1")
+
+ALL: tuple[EnvVar, ...] = (
+    ENABLE,
+    RUN_DIR,
+    RING_CAPACITY,
+    GPU_TIMING,
+    CG_SUPPORT_OVERRIDE,
+    HOOKS,
+    CONTROL,
+    PLUGIN,
+)
+
+
+class ConfigError(ValueError):
+    """A configuration value is malformed. Carries the variable name and the bad value."""
+
+    def __init__(self, name: str, value: str, why: str) -> None:
+        super().__init__(f"{name}={value!r}: {why}")
+        self.name = name
+        self.value = value
+
+
+def get(var: EnvVar, environ: Mapping[str, str] | None = None) -> str | None:
+    env = os.environ if environ is None else environ
+    value = env.get(var.name)
+    return var.default if value is None or value == "" else value
+
+
+def get_bool(var: EnvVar, environ: Mapping[str, str] | None = None) -> bool:
+    value = get(var, environ)
+    if value is None:
+        return False
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(var.name, value, "expected 1/0, true/false, yes/no or on/off")
+
+
+def get_int(var: EnvVar, environ: Mapping[str, str] | None = None) -> int:
+    value = get(var, environ)
+    try:
+        return int(value or "0")
+    except ValueError:
+        raise ConfigError(var.name, value or "", "expected an integer") from None
+
+
+def describe(environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    lines = []
+    for var in ALL:
+        value = env.get(var.name)
+        shown = "unset" if value is None else repr(value)
+        default = f" (default {var.default})" if var.default is not None else ""
+        lines.append(f"{var.name} = {shown}{default}\n    {var.help}")
+    return "\n".join(lines)

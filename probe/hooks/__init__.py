@@ -1,0 +1,248 @@
+"""Hook families and their lifecycle.
+
+Each family is a module with a ``TARGETS`` table (and, where targets exist only on live
+objects, a ``late_targets(runner)`` function):
+
+========== ============================================================================
+step       step bracket (execute_model + sample_tokens) and host phase spans
+dispatch   graph dispatch decision with its miss reason (V1 dispatcher, MRV2 manager)
+replay     replay confirmation (CUDAGraphWrapper, breakable wrapper, MRV2 run_*graph)
+builders   attention-metadata builds per builder class (late), host sync stalls
+reorder    batch reorder decisions (V1 _may_reorder_batch, MRV2 sort_batch_req_ids)
+static     resolve of the graph mode (always on, once per process)
+========== ============================================================================
+
+Installing is lazy: a target whose module is not imported yet is wrapped when vLLM imports
+it (a post-import hook), so a process that never loads the model runner (the API server)
+never pays for it.
+
+    >>> from probe import hooks
+    >>> report = hooks.install()            # dormant: one attribute check per call
+    >>> hooks.enable(writer)                # doctest: +SKIP
+    >>> hooks.disable(); hooks.uninstall()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import json
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from types import ModuleType
+from typing import Any
+
+from probe.hooks import builders, dispatch, reorder, replay, snapshot, step
+from probe.hooks._base import Installer, InstallReport, Target
+from probe.records import BlobType
+from probe.runtime import RT
+
+log = logging.getLogger("probe")
+
+FAMILIES: dict[str, tuple[Target, ...]] = {
+    "step": step.TARGETS,
+    "dispatch": dispatch.TARGETS,
+    "replay": replay.TARGETS,
+    "builders": builders.TARGETS,
+    "reorder": reorder.TARGETS,
+    "static": snapshot.TARGETS,
+}
+LATE: dict[str, Callable[[Any], list[tuple[Target, Any]]]] = {
+    "step": step.late_targets,
+    "builders": builders.late_targets,
+}
+
+INSTALLER = Installer()
+_lock = threading.RLock()
+_families: list[str] = []
+_deferred: dict[str, list[Target]] = {}
+LAST_REPORT = InstallReport()
+
+
+def targets(families: Iterable[str] | None = None) -> list[Target]:
+    names = list(FAMILIES) if families is None else list(families)
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown hook families {unknown}; known: {sorted(FAMILIES)}")
+    return [t for n in names for t in FAMILIES[n]]
+
+
+def install(families: Sequence[str] | None = None, *, lazy: bool = True) -> InstallReport:
+    """Install dormant hooks. ``lazy``: defer targets whose module is not imported yet."""
+    global LAST_REPORT
+    with _lock:
+        if INSTALLER.hooks or _deferred:
+            log.warning("probe: hooks already installed; unchanged")
+            return LAST_REPORT
+        _families[:] = list(FAMILIES) if families is None else list(families)
+        now: list[Target] = []
+        for t in targets(_families):
+            if lazy and t.module not in sys.modules:
+                _deferred.setdefault(t.module, []).append(t)
+            else:
+                now.append(t)
+        report = INSTALLER.install(now)
+        if _deferred:
+            _PostImport.arm()
+        LAST_REPORT = report
+        return report
+
+
+def uninstall() -> list[str]:
+    """Remove every hook (deferred ones included); exact inverse of :func:`install`."""
+    with _lock:
+        disable()
+        _deferred.clear()
+        _PostImport.disarm()
+        if not INSTALLER.hooks:
+            log.warning("probe: uninstall with nothing installed; unchanged")
+            return []
+        return INSTALLER.uninstall()
+
+
+def _on_import(name: str) -> None:
+    with _lock:
+        pending = _deferred.pop(name, None)
+        if pending:
+            report = INSTALLER.install(pending)
+            LAST_REPORT.installed.extend(report.installed)
+            LAST_REPORT.missing.extend(report.missing)
+        if not _deferred:
+            _PostImport.disarm()
+
+
+class _PostImport(importlib.abc.MetaPathFinder):
+    """Calls ``_on_import(name)`` right after a deferred target module has executed."""
+
+    _instance: _PostImport | None = None
+
+    @classmethod
+    def arm(cls) -> None:
+        if cls._instance is None:
+            cls._instance = cls()
+            sys.meta_path.insert(0, cls._instance)
+
+    @classmethod
+    def disarm(cls) -> None:
+        inst, cls._instance = cls._instance, None
+        if inst is not None and inst in sys.meta_path:
+            sys.meta_path.remove(inst)
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _deferred:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                loader = spec.loader
+                exec_module = loader.exec_module
+
+                def exec_and_hook(module: ModuleType, _exec: Any = exec_module) -> None:
+                    _exec(module)
+                    try:
+                        _on_import(fullname)
+                    except Exception as exc:  # never break vLLM's import
+                        log.warning("probe: installing hooks for %s failed: %r", fullname, exc)
+
+                loader.exec_module = exec_and_hook  # type: ignore[method-assign]
+                return spec
+        return None
+
+
+# -- enable / disable ----------------------------------------------------------------------
+
+
+def enable(writer: Any, *, gpu_timing: bool = True) -> None:
+    """Start writing records to ``writer``. The first step then installs late targets
+    (builders, the model's logits, the drafter) and writes the static snapshot."""
+    with _lock:
+        RT.detach()
+        RT.attach(writer)
+        RT.gpu_timing = False
+        step.TIMER.clear()
+        if gpu_timing:
+            try:
+                import torch
+
+                if torch.cuda.is_available():
+                    step.TIMER.append(step.GpuTimer())
+                    RT.gpu_timing = True
+            except Exception as exc:
+                log.info("probe: no device timing (%r)", exc)
+        RT.on_first_step = [_first_step]
+        RT.enabled = True
+
+
+def disable() -> Any:
+    """Stop writing; hooks stay installed and dormant. Returns the detached writer."""
+    with _lock:
+        RT.on_first_step = []
+        return RT.detach()
+
+
+def _first_step(runner: Any) -> None:
+    with _lock:
+        for fam, late in LATE.items():
+            if fam not in _families:
+                continue
+            try:
+                pairs = late(runner)
+            except Exception as exc:
+                RT.fault(f"late.{fam}", exc, disabled=False)
+                continue
+            for target, owner in pairs:
+                key = (id(owner), target.name)
+                if key not in INSTALLER.hooks:
+                    INSTALLER.install_on(target, owner, LAST_REPORT)
+        write_snapshot(runner)
+
+
+def write_snapshot(runner: Any) -> dict[str, Any]:
+    try:
+        snap = snapshot.take_snapshot(runner)
+    except Exception as exc:
+        RT.fault("static.snapshot", exc, disabled=False)
+        snap = {"error": repr(exc)}
+    snap["hooks"] = {"installed": INSTALLER.installed_ids(), "missing": LAST_REPORT.missing}
+    RT.static["snapshot"] = snap
+    RT.graph_ctx = graph_context(snap)
+    RT.write_blob(BlobType.SNAPSHOT, json.dumps(snap, default=str).encode())
+    return snap
+
+
+def graph_context(snap: dict[str, Any]) -> Any:
+    try:
+        from probe.reasons import GraphContext
+    except ImportError:
+        return None
+    res = snap.get("resolve") or {}
+    comp = snap.get("compilation") or {}
+    return GraphContext(
+        requested_mode=res.get("requested_mode"),
+        resolved_mode=res.get("resolved_mode") or comp.get("cudagraph_mode"),
+        min_cg_support=res.get("min_cg_support_value", snap.get("min_support_value")),
+        min_cg_backend=res.get("min_cg_attn_backend")
+        or (snap.get("limiting_group") or {}).get("builder"),
+        uniform_decode_query_len=int(snap.get("uniform_decode_query_len") or 1),
+    )
+
+
+__all__ = [
+    "FAMILIES",
+    "INSTALLER",
+    "disable",
+    "enable",
+    "install",
+    "targets",
+    "uninstall",
+    "write_snapshot",
+]

@@ -1,0 +1,198 @@
+"""The hook framework: one table of targets drives install and uninstall.
+
+A hook module declares ``TARGETS``: a tuple of :class:`Target`, each naming an owner
+(a class or a module, by dotted path) and an attribute, and a factory that builds the
+wrapper from the original. :class:`Installer` resolves every target, saves the original
+object found in ``owner.__dict__`` and restores exactly that object on uninstall. A target
+that does not resolve in the running vLLM is reported by name and skipped.
+
+    >>> from probe.hooks import ALL_FAMILIES
+    >>> inst = Installer()
+    >>> report = inst.install(ALL_FAMILIES)        # doctest: +SKIP
+    >>> report.missing                             # doctest: +SKIP
+    [('replay.breakable', 'vllm.compilation.breakable_cudagraph: no module')]
+    >>> inst.uninstall()                           # doctest: +SKIP
+
+Wrappers follow three rules (DESIGN "Rules for every hook"):
+- bypass first: ``if not RT.enabled: return orig(*args, **kwargs)``;
+- the original's result and exceptions pass through unchanged;
+- a fault in probe code is counted and the hook is removed (``Hook.fail``), never raised.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from probe.runtime import RT
+
+log = logging.getLogger("probe")
+
+_MISSING = object()
+
+Factory = Callable[[Callable[..., Any], "Hook"], Callable[..., Any]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One attribute to wrap.
+
+    Attributes:
+        hook_id: stable name, ``family.what`` (e.g. ``"step.v1.execute_model"``).
+        module: dotted module path that holds the owner.
+        owner: class name inside ``module`` (dotted for nested), or ``""`` for the module.
+        name: attribute to wrap.
+        factory: ``factory(original, hook) -> wrapper``.
+        inherit: wrap even when ``name`` is inherited rather than in ``owner.__dict__``
+            (the wrapper is then set on the owner and deleted again on uninstall).
+    """
+
+    hook_id: str
+    module: str
+    owner: str
+    name: str
+    factory: Factory
+    inherit: bool = False
+
+
+@dataclass
+class Hook:
+    """A wrapper in place: what was replaced, by what, and how to undo it."""
+
+    target: Target
+    owner: Any
+    original: Any  # the object that was in owner.__dict__ (or _MISSING when inherited)
+    wrapper: Any = None
+    installer: Installer | None = None
+
+    @property
+    def hook_id(self) -> str:
+        return self.target.hook_id
+
+    def fail(self, exc: BaseException) -> None:
+        """Called by a wrapper when probe code raised: count it and remove this hook."""
+        try:
+            if self.installer is not None:
+                self.installer.remove(self)
+            RT.fault(self.hook_id, exc, disabled=True)
+        except Exception:
+            pass
+
+
+@dataclass
+class InstallReport:
+    installed: list[str] = field(default_factory=list)
+    missing: list[tuple[str, str]] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)
+
+
+def resolve_owner(module: str, owner: str) -> Any:
+    """Import ``module`` and walk ``owner``; raises LookupError with a readable reason."""
+    try:
+        obj: Any = importlib.import_module(module)
+    except Exception as exc:  # ImportError, or vLLM failing to import on this platform
+        raise LookupError(f"{module}: cannot import ({type(exc).__name__}: {exc})") from None
+    for part in owner.split(".") if owner else ():
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise LookupError(f"{module}.{owner}: no attribute {part!r}") from None
+    return obj
+
+
+class Installer:
+    """Installs and removes hooks, keyed by (owner, name); restores originals by identity."""
+
+    def __init__(self) -> None:
+        self.hooks: dict[tuple[int, str], Hook] = {}
+
+    def install(self, targets: Iterable[Target]) -> InstallReport:
+        report = InstallReport()
+        for target in targets:
+            try:
+                owner = resolve_owner(target.module, target.owner)
+            except LookupError as exc:
+                report.missing.append((target.hook_id, str(exc)))
+                continue
+            if not self.install_on(target, owner, report):
+                continue
+        return report
+
+    def install_on(self, target: Target, owner: Any, report: InstallReport | None = None) -> bool:
+        """Wrap ``target.name`` on an already-resolved owner (used for late targets)."""
+        key = (id(owner), target.name)
+        if key in self.hooks:
+            log.warning("probe: %s already installed on %r; unchanged", target.hook_id, owner)
+            if report is not None:
+                report.already.append(target.hook_id)
+            return False
+        original = vars(owner).get(target.name, _MISSING)
+        if original is _MISSING:
+            if not target.inherit or not hasattr(owner, target.name):
+                if report is not None:
+                    where = getattr(owner, "__qualname__", getattr(owner, "__name__", owner))
+                    report.missing.append((target.hook_id, f"{where} has no {target.name!r}"))
+                return False
+            func = getattr(owner, target.name)
+        else:
+            func = original
+        if isinstance(func, (staticmethod, classmethod)):
+            if report is not None:
+                report.missing.append((target.hook_id, f"{target.name!r} is not a plain function"))
+            return False
+        hook = Hook(target, owner, original, installer=self)
+        hook.wrapper = target.factory(func, hook)
+        _mark(hook.wrapper, func, target.hook_id)
+        setattr(owner, target.name, hook.wrapper)
+        self.hooks[key] = hook
+        if report is not None:
+            report.installed.append(target.hook_id)
+        return True
+
+    def remove(self, hook: Hook) -> None:
+        key = (id(hook.owner), hook.target.name)
+        if self.hooks.get(key) is not hook:
+            return
+        del self.hooks[key]
+        current = vars(hook.owner).get(hook.target.name, _MISSING)
+        if current is not hook.wrapper:
+            log.warning(
+                "probe: %s was replaced by someone else; leaving %r in place",
+                hook.hook_id,
+                current,
+            )
+            return
+        if hook.original is _MISSING:
+            delattr(hook.owner, hook.target.name)
+        else:
+            setattr(hook.owner, hook.target.name, hook.original)
+
+    def uninstall(self) -> list[str]:
+        """Remove every hook this installer placed; returns their ids. Idempotent."""
+        if not self.hooks:
+            log.warning("probe: uninstall with nothing installed; unchanged")
+            return []
+        removed = []
+        for hook in list(self.hooks.values()):
+            self.remove(hook)
+            removed.append(hook.hook_id)
+        return removed
+
+    def installed_ids(self) -> list[str]:
+        return sorted(h.hook_id for h in self.hooks.values())
+
+
+def _mark(wrapper: Any, original: Any, hook_id: str) -> None:
+    """Make the wrapper look like the original to introspection (name, doc, signature)."""
+    if isinstance(wrapper, types.FunctionType):
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            try:
+                setattr(wrapper, attr, getattr(original, attr))
+            except (AttributeError, TypeError):
+                pass
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapper.__probe_hook__ = hook_id  # type: ignore[attr-defined]

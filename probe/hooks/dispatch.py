@@ -1,0 +1,250 @@
+"""Graph dispatch decisions with their miss reason, for both runners.
+
+Supports vLLM 0.26 to 0.33.
+
+- V1: ``CudagraphDispatcher.dispatch`` decides; ``GPUModelRunner.
+  _determine_batch_execution_and_padding`` around it knows the real request count and the
+  longest query, which it hands to the inner hook through ``RT.pending``. The MTP
+  drafter's own dispatcher (``SpecDecodeBaseProposer``) is the same class; its records are
+  flagged DRAFTER by the drafter scope.
+- MRV2: ``CudaGraphManager.dispatch`` decides; ``dispatch_cg_and_sync_dp`` skips it when
+  the step must run eager (profile, encoder inputs), which the wrapper records itself.
+
+A hit (FULL) costs one comparison. Only a miss computes its reason, from the dispatcher's
+own inputs and state (:mod:`probe.reasons`): misses are eager or piecewise steps, already
+the slow ones.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any
+
+from probe.hooks._base import Hook, Target
+from probe.records import Flag, Reason, RecordKind, pack_pair
+from probe.runtime import BOOTTIME, RT
+
+_clock = time.clock_gettime_ns
+_DISPATCH = int(RecordKind.DISPATCH)
+_SPAN = int(RecordKind.SPAN)
+_OUTSIDE = int(Flag.OUTSIDE_STEP)
+_DRAFTER = int(Flag.DRAFTER)
+_UNIFORM = int(Flag.UNIFORM)
+_MRV2 = int(Flag.MRV2)
+_HIT = int(Reason.HIT)
+
+
+def _reasons() -> Any:
+    from probe import reasons
+
+    return reasons
+
+
+def _bind(sig: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    out = dict(bound.arguments)
+    out.pop("self", None)
+    return out
+
+
+def v1_runner_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    """``GPUModelRunner._determine_batch_execution_and_padding``: batch facts + DISPATCH span."""
+    sig = inspect.signature(orig)
+    names = list(sig.parameters)
+    i_reqs = names.index("num_reqs") if "num_reqs" in names else -1
+    i_maxq = names.index("max_num_scheduled_tokens") if "max_num_scheduled_tokens" in names else -1
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not RT.enabled:
+            return orig(*args, **kwargs)
+        try:
+            pend = RT.pending
+            pend["num_reqs"] = args[i_reqs] if 0 <= i_reqs < len(args) else kwargs.get("num_reqs")
+            pend["max_q"] = (
+                args[i_maxq] if 0 <= i_maxq < len(args) else kwargs.get("max_num_scheduled_tokens")
+            )
+            pend["force_eager"] = kwargs.get("force_eager", False)
+        except Exception as exc:
+            hook.fail(exc)
+            return orig(*args, **kwargs)
+        t0 = _clock(BOOTTIME)
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            t1 = _clock(BOOTTIME)
+            try:
+                f = 0 if RT.in_step else _OUTSIDE
+                if RT.drafter:
+                    f |= _DRAFTER
+                RT.write(_SPAN, 4, 0, f, RT.step, t0, t1, 0, 0, 0, 0, 0)
+                pend.clear()
+            except Exception as exc:
+                hook.fail(exc)
+
+    return wrapper
+
+
+def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    """``CudagraphDispatcher.dispatch``: mode, padding and (on a miss) the reason."""
+    sig = inspect.signature(orig)
+
+    def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not RT.enabled:
+            return orig(self, *args, **kwargs)
+        t0 = _clock(BOOTTIME)
+        result = orig(self, *args, **kwargs)
+        t1 = _clock(BOOTTIME)
+        try:
+            mode, desc = result[0], result[1]
+            m = int(mode.value)
+            num_tokens = args[0] if args else kwargs["num_tokens"]
+            uniform = args[1] if len(args) > 1 else kwargs.get("uniform_decode", False)
+            if m == 2:
+                reason = _HIT
+            else:
+                call = _bind(sig, (self, *args), kwargs)
+                reason = int(_reasons().v1_reason(self, mode, desc, ctx=RT.graph_ctx, **call))
+            pend = RT.pending
+            num_reqs = pend.get("num_reqs") or 0
+            max_q = pend.get("max_q") or 0
+            f = 0 if RT.in_step else _OUTSIDE
+            if RT.drafter:
+                f |= _DRAFTER
+            if uniform:
+                f |= _UNIFORM
+            RT.write(
+                _DISPATCH,
+                m,
+                reason,
+                f,
+                RT.step,
+                t0,
+                t1,
+                num_tokens,
+                desc.num_tokens,
+                num_reqs,
+                desc.num_reqs or 0,
+                pack_pair(max_q, self.uniform_decode_query_len),
+            )
+        except Exception as exc:
+            hook.fail(exc)
+        return result
+
+    return dispatch
+
+
+def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    """``CudaGraphManager.dispatch`` (MRV2): the target's and the speculator's managers."""
+    sig = inspect.signature(orig)
+
+    def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not RT.enabled:
+            return orig(self, *args, **kwargs)
+        t0 = _clock(BOOTTIME)
+        desc = orig(self, *args, **kwargs)
+        t1 = _clock(BOOTTIME)
+        try:
+            call = _bind(sig, (self, *args), kwargs)
+            m = int(desc.cg_mode.value)
+            if m == 2:
+                reason = _HIT
+            else:
+                reason = int(_reasons().mrv2_reason(self, desc, ctx=RT.graph_ctx, **call))
+            dql = self.decode_query_len
+            utc = call.get("uniform_token_count")
+            max_q = call.get("max_query_len") or utc or 0
+            f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
+            if RT.drafter or type(self).__name__ != "ModelCudaGraphManager":
+                f |= _DRAFTER
+            if utc is not None and utc == dql:
+                f |= _UNIFORM
+            RT.write(
+                _DISPATCH,
+                m,
+                reason,
+                f,
+                RT.step,
+                t0,
+                t1,
+                call["num_tokens"],
+                desc.num_tokens,
+                call["num_reqs"],
+                desc.num_reqs or 0,
+                pack_pair(max_q, dql),
+            )
+        except Exception as exc:
+            hook.fail(exc)
+        return desc
+
+    return dispatch
+
+
+def mrv2_sync_dp(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    """``dispatch_cg_and_sync_dp``: DISPATCH span; records forced-eager steps itself."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not RT.enabled:
+            return orig(*args, **kwargs)
+        t0 = _clock(BOOTTIME)
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            t1 = _clock(BOOTTIME)
+            try:
+                f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
+                if RT.drafter:
+                    f |= _DRAFTER
+                RT.write(_SPAN, 4, 0, f, RT.step, t0, t1, 0, 0, 0, 0, 0)
+                if kwargs.get("need_eager") and RT.in_step:
+                    num_reqs = args[1] if len(args) > 1 else kwargs.get("num_reqs", 0)
+                    num_tokens = args[2] if len(args) > 2 else kwargs.get("num_tokens", 0)
+                    RT.write(
+                        _DISPATCH,
+                        0,
+                        int(Reason.FORCED_EAGER),
+                        f,
+                        RT.step,
+                        t0,
+                        t1,
+                        num_tokens,
+                        num_tokens,
+                        num_reqs,
+                        num_reqs,
+                        0,
+                    )
+            except Exception as exc:
+                hook.fail(exc)
+
+    return wrapper
+
+
+V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
+MRV2_RUNNER = "vllm.v1.worker.gpu.model_runner"
+
+TARGETS: tuple[Target, ...] = (
+    Target(
+        "dispatch.v1.dispatcher",
+        "vllm.v1.cudagraph_dispatcher",
+        "CudagraphDispatcher",
+        "dispatch",
+        v1_dispatch,
+    ),
+    Target(
+        "dispatch.v1.runner",
+        V1_RUNNER,
+        "GPUModelRunner",
+        "_determine_batch_execution_and_padding",
+        v1_runner_dispatch,
+    ),
+    Target(
+        "dispatch.mrv2.manager",
+        "vllm.v1.worker.gpu.cudagraph_utils",
+        "CudaGraphManager",
+        "dispatch",
+        mrv2_dispatch,
+    ),
+    Target("dispatch.mrv2.sync_dp", MRV2_RUNNER, "", "dispatch_cg_and_sync_dp", mrv2_sync_dp),
+)

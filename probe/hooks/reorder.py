@@ -1,0 +1,123 @@
+"""Batch reorder decisions.
+
+Supports vLLM 0.26 to 0.33.
+
+- V1: ``GPUModelRunner._may_reorder_batch`` calls ``reorder_batch_to_split_decodes_and_
+  prefills`` with the runner's ``reorder_batch_threshold`` (the minimum over the
+  builders; the sparse-MLA builders raise it to 1 + k when spec tokens count as decodes).
+  The hook records the threshold, how many requests are decodes under it, and whether
+  the order changed (request ids diffed before and after).
+- MRV2 ignores the threshold: ``sort_batch_req_ids`` (module level in the runner, called
+  by name) orders verify/decode requests first; the hook records the same facts with the
+  decode query length as the threshold.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from probe.hooks._base import Hook, Target
+from probe.records import Flag, RecordKind
+from probe.runtime import BOOTTIME, RT
+
+_clock = time.clock_gettime_ns
+_REORDER = int(RecordKind.REORDER)
+_SPAN = int(RecordKind.SPAN)
+_OUTSIDE = int(Flag.OUTSIDE_STEP)
+_MRV2 = int(Flag.MRV2)
+
+
+def v1_may_reorder(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    def _may_reorder_batch(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        if not RT.enabled:
+            return orig(self, scheduler_output, *args, **kwargs)
+        try:
+            before = list(self.input_batch.req_ids)
+        except Exception as exc:
+            hook.fail(exc)
+            return orig(self, scheduler_output, *args, **kwargs)
+        t0 = _clock(BOOTTIME)
+        try:
+            return orig(self, scheduler_output, *args, **kwargs)
+        finally:
+            t1 = _clock(BOOTTIME)
+            try:
+                after = self.input_batch.req_ids
+                moved = sum(1 for x, y in zip(before, after, strict=False) if x != y)
+                thr = self.reorder_batch_threshold
+                uq = getattr(self, "uniform_decode_query_len", 1)
+                counts = scheduler_output.num_scheduled_tokens.values()
+                if thr is None:
+                    nd = ndt = 0
+                else:
+                    dec = [n for n in counts if n <= thr]
+                    nd, ndt = len(dec), sum(dec)
+                f = 0 if RT.in_step else _OUTSIDE
+                RT.write(_SPAN, 3, 0, f, RT.step, t0, t1, 0, 0, 0, 0, 0)
+                RT.write(
+                    _REORDER,
+                    int(moved > 0),
+                    int(thr is not None and uq > 1 and thr >= uq),
+                    f,
+                    RT.step,
+                    t0,
+                    t1,
+                    -1 if thr is None else thr,
+                    len(before),
+                    nd,
+                    ndt,
+                    moved,
+                )
+            except Exception as exc:
+                hook.fail(exc)
+
+    return _may_reorder_batch
+
+
+def mrv2_sort(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    def sort_batch_req_ids(num_tokens_per_req: Any, *args: Any, **kwargs: Any) -> Any:
+        if not RT.enabled:
+            return orig(num_tokens_per_req, *args, **kwargs)
+        t0 = _clock(BOOTTIME)
+        result = orig(num_tokens_per_req, *args, **kwargs)
+        t1 = _clock(BOOTTIME)
+        try:
+            dql = args[-1] if args else kwargs.get("decode_query_len", 1)
+            before = list(num_tokens_per_req)
+            moved = sum(1 for x, y in zip(before, result, strict=False) if x != y)
+            dec = [n for n in num_tokens_per_req.values() if n == dql]
+            f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
+            RT.write(_SPAN, 3, 0, f, RT.step, t0, t1, 0, 0, 0, 0, 0)
+            RT.write(
+                _REORDER,
+                int(moved > 0),
+                int(dql > 1),
+                f,
+                RT.step,
+                t0,
+                t1,
+                dql,
+                len(before),
+                len(dec),
+                sum(dec),
+                moved,
+            )
+        except Exception as exc:
+            hook.fail(exc)
+        return result
+
+    return sort_batch_req_ids
+
+
+TARGETS: tuple[Target, ...] = (
+    Target(
+        "reorder.v1",
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner",
+        "_may_reorder_batch",
+        v1_may_reorder,
+    ),
+    Target("reorder.mrv2", "vllm.v1.worker.gpu.model_runner", "", "sort_batch_req_ids", mrv2_sort),
+)

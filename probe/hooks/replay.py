@@ -1,0 +1,166 @@
+"""Replay confirmation: the graph really replayed (or was captured, or passed through).
+
+Supports vLLM 0.26 to 0.33.
+
+- ``CUDAGraphWrapper.__call__`` (V1 FULL around the model; one PIECEWISE wrapper per
+  torch.compile piece in either runner). A call whose forward-context mode matches the
+  wrapper's and whose entry holds a graph is a replay; an entry without a graph is a
+  capture, which outside a capture window is an anomaly the report shows loudly.
+  Pass-throughs (mode mismatch) are not recorded: they are the common case for the outer
+  FULL wrapper on PIECEWISE steps and say nothing new.
+- ``BreakableCUDAGraphWrapper.__call__`` (0.33's default for DeepSeek-V3.2; opt-in in 0.26).
+- ``CudaGraphManager.run_fullgraph`` (MRV2 FULL: bypasses the wrappers entirely) and
+  ``run_pw_graph``; ``ModelCudaGraphManager.run_fullgraph`` is also the MRV2 FULL forward
+  launch span.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from probe.hooks import step
+from probe.hooks._base import Hook, Target
+from probe.records import Flag, RecordKind
+from probe.runtime import BOOTTIME, RT
+
+_clock = time.clock_gettime_ns
+_REPLAY = int(RecordKind.REPLAY)
+_OUTSIDE = int(Flag.OUTSIDE_STEP)
+_DRAFTER = int(Flag.DRAFTER)
+_MRV2 = int(Flag.MRV2)
+_BREAKABLE = int(Flag.BREAKABLE)
+
+
+def _forward_context_module() -> Any:
+    import vllm.forward_context as fc
+
+    return fc
+
+
+def wrapper_call(breakable: bool) -> Callable[[Callable[..., Any], Hook], Any]:
+    extra = _BREAKABLE if breakable else 0
+
+    def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+        fcm = _forward_context_module()
+
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not RT.enabled:
+                return orig(self, *args, **kwargs)
+            try:
+                ctx = fcm._forward_context
+                if ctx is None:
+                    return orig(self, *args, **kwargs)
+                mode = ctx.cudagraph_runtime_mode
+                want = self.runtime_mode
+                if mode.value == 0 or (want is not None and mode != want):
+                    return orig(self, *args, **kwargs)
+                desc = ctx.batch_descriptor
+                if breakable:
+                    entries = self.entries
+                    key = desc if self.key_fn is None else None
+                    entry = entries.get(key) if key is not None else None
+                    captured = entry is not None and entry.capture is not None
+                    if key is None:  # keyed by a function of the inputs: assume replay
+                        captured = bool(entries)
+                else:
+                    entry = self.concrete_cudagraph_entries.get(desc)
+                    captured = entry is not None and entry.cudagraph is not None
+            except Exception as exc:
+                hook.fail(exc)
+                return orig(self, *args, **kwargs)
+            t0 = _clock(BOOTTIME)
+            result = orig(self, *args, **kwargs)
+            t1 = _clock(BOOTTIME)
+            try:
+                f = extra | (0 if RT.in_step else _OUTSIDE)
+                if RT.drafter:
+                    f |= _DRAFTER
+                RT.write(
+                    _REPLAY,
+                    mode.value,
+                    0 if captured else 1,
+                    f,
+                    RT.step,
+                    t0,
+                    t1,
+                    getattr(desc, "num_tokens", 0),
+                    0,
+                    0,
+                    0,
+                    0,
+                )
+            except Exception as exc:
+                hook.fail(exc)
+            return result
+
+        return __call__
+
+    return factory
+
+
+def run_fullgraph(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    def wrapper(self: Any, desc: Any, *args: Any, **kwargs: Any) -> Any:
+        if not RT.enabled:
+            return orig(self, desc, *args, **kwargs)
+        t0 = _clock(BOOTTIME)
+        result = orig(self, desc, *args, **kwargs)
+        t1 = _clock(BOOTTIME)
+        try:
+            f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
+            if RT.drafter or type(self).__name__ != "ModelCudaGraphManager":
+                f |= _DRAFTER
+            RT.write(_REPLAY, 2, 0, f, RT.step, t0, t1, desc.num_tokens, 0, 0, 0, 0)
+        except Exception as exc:
+            hook.fail(exc)
+        return result
+
+    return wrapper
+
+
+def run_pw_graph(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    """MRV2 PIECEWISE: one record per call; the pieces inside are counted separately."""
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not RT.enabled:
+            return orig(self, *args, **kwargs)
+        t0 = _clock(BOOTTIME)
+        result = orig(self, *args, **kwargs)
+        t1 = _clock(BOOTTIME)
+        try:
+            f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
+            if RT.drafter or type(self).__name__ != "ModelCudaGraphManager":
+                f |= _DRAFTER
+            if getattr(self, "use_breakable_cg", False):
+                f |= _BREAKABLE
+            # b=2: a pass into the piecewise runner; confirmation comes from the pieces
+            RT.write(_REPLAY, 1, 2, f, RT.step, t0, t1, 0, 0, 0, 0, 0)
+        except Exception as exc:
+            hook.fail(exc)
+        return result
+
+    return wrapper
+
+
+CG = "vllm.v1.worker.gpu.cudagraph_utils"
+
+TARGETS: tuple[Target, ...] = (
+    Target(
+        "replay.wrapper",
+        "vllm.compilation.cuda_graph",
+        "CUDAGraphWrapper",
+        "__call__",
+        wrapper_call(False),
+    ),
+    Target(
+        "replay.breakable",
+        "vllm.compilation.breakable_cudagraph",
+        "BreakableCUDAGraphWrapper",
+        "__call__",
+        wrapper_call(True),
+    ),
+    Target("replay.mrv2.run_fullgraph", CG, "CudaGraphManager", "run_fullgraph", run_fullgraph),
+    Target("replay.mrv2.run_pw_graph", CG, "CudaGraphManager", "run_pw_graph", run_pw_graph),
+    Target("phase.mrv2.forward_full", CG, "ModelCudaGraphManager", "run_fullgraph", step.forward),
+)

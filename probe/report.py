@@ -1,0 +1,291 @@
+"""``probe report`` and ``probe doctor``: a recording rendered for people (rich) or
+machines (``--json``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from probe import analysis
+from probe.recording import Recording
+
+
+def _us(ns: float | None) -> str:
+    return "-" if ns is None else f"{ns / 1e3:,.1f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def build_report(rec: Recording) -> dict[str, Any]:
+    """Everything ``probe report`` shows, as plain data (the ``--json`` output)."""
+    steps = rec.steps()
+    procs = rec.processes()
+    per_rank = []
+    for p in procs:
+        rows = [s for s in steps if s["pid"] == p["pid"]]
+        if not rows:
+            continue
+        snap = p.get("snapshot") or {}
+        per_rank.append(
+            {
+                "pid": p["pid"],
+                "tp_rank": p.get("tp_rank"),
+                "pp_rank": p.get("pp_rank"),
+                "dp_rank": p.get("dp_rank"),
+                "runner": p.get("runner"),
+                "dropped_records": p.get("dropped"),
+                "hit_rates": analysis.hit_rates(rows),
+                "verdict": analysis.verdict(rows, snap),
+            }
+        )
+    main_snap = next((p["snapshot"] for p in procs if p.get("snapshot")), {}) or {}
+    return {
+        "recording": str(rec.path),
+        "meta": rec.meta(),
+        "processes": [{k: v for k, v in p.items() if k != "snapshot"} for p in procs],
+        "hit_rates": analysis.hit_rates(steps),
+        "miss_reasons": analysis.miss_reasons(steps),
+        "phases": analysis.phase_breakdown(steps),
+        "gpu": analysis.gpu_summary(steps),
+        "reorder": analysis.reorder_summary(rec.rows("reorders")),
+        "builds": analysis.build_summary(rec.rows("builds")),
+        "faults": list(rec.rows("faults")),
+        "outside_steps": list(rec.rows("outside")),
+        "anomalies": [a["message"] for a in rec.rows("anomalies")],
+        "per_rank": per_rank,
+        "verdict": analysis.verdict(steps, main_snap),
+        "traps": main_snap.get("traps", []),
+    }
+
+
+def render_report(rep: Mapping[str, Any], console: Console) -> None:
+    hr = rep["hit_rates"]
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    meta = rep.get("meta") or {}
+    if meta.get("command"):
+        head.add_row("command", str(meta["command"]))
+    head.add_row(
+        "forward steps",
+        f"{hr['steps']:,}  (FULL {hr['full']:,} · PIECEWISE "
+        f"{hr['piecewise']:,} · NONE {hr['none']:,})",
+    )
+    head.add_row("full hit rate", _pct(hr["full_hit_rate"]))
+    head.add_row("graph rate", _pct(hr["graph_rate"]))
+    head.add_row(
+        "decode FULL hit rate",
+        f"{_pct(hr['decode_full_hit_rate'])}  "
+        f"({hr['decode_full']:,} of {hr['decode_steps']:,} uniform decode steps)",
+    )
+    head.add_row("replay confirmed", f"{_pct(hr['replay_confirmed_rate'])} of graph steps")
+    head.add_row("padding waste", _pct(hr["padding_waste"]))
+    console.print(
+        Panel(head, title=f"vllm-graph-probe report: {rep['recording']}", title_align="left")
+    )
+
+    verdict = Text()
+    for line in rep["verdict"]:
+        verdict.append("• " + line + "\n")
+    for trap in rep.get("traps", []):
+        verdict.append("⚠ " + trap["message"] + "\n", style="yellow")
+    for a in rep.get("anomalies", [])[:5]:
+        verdict.append("‼ " + a + "\n", style="bold red")
+    console.print(Panel(verdict, title="verdict", title_align="left"))
+
+    mr = Table(title="graph mode and miss reason", title_justify="left")
+    for col, just in (
+        ("mode", "left"),
+        ("reason", "left"),
+        ("steps", "right"),
+        ("share", "right"),
+        ("example (pid:step tokens/reqs max_q uq)", "left"),
+    ):
+        mr.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in rep["miss_reasons"]:
+        ex = r["examples"][0] if r["examples"] else None
+        exs = (
+            (
+                f"{ex['pid']}:{ex['step']} {ex['num_tokens']}/{ex['num_reqs']} "
+                f"{ex['max_query_len']} {ex['uniform_decode_query_len']}"
+            )
+            if ex
+            else ""
+        )
+        mr.add_row(r["mode"].upper(), r["reason"], f"{r['count']:,}", _pct(r["share"]), exs)
+    console.print(mr)
+
+    ph = Table(title="host time per step by phase (µs)", title_justify="left")
+    ph.add_column("phase")
+    for c in ("mean", "p50", "p90", "p99"):
+        ph.add_column(c, justify="right")
+    allp = rep["phases"].get("all", {})
+    for name in ["cpu_launch_overhead_ns", "host_ns", *analysis.PHASES]:
+        st = allp.get(name) or {}
+        if not st.get("n") or not st.get("p99"):
+            continue
+        label = name.removesuffix("_ns")
+        style = "bold" if name == "cpu_launch_overhead_ns" else None
+        ph.add_row(
+            label, _us(st["mean"]), _us(st["p50"]), _us(st["p90"]), _us(st["p99"]), style=style
+        )
+    console.print(ph)
+
+    by_mode = Table(title="CPU launch overhead by graph mode (µs)", title_justify="left")
+    by_mode.add_column("mode")
+    for c in ("steps", "p50", "p90", "p99"):
+        by_mode.add_column(c, justify="right")
+    for mode, st in rep["phases"].items():
+        if mode == "all":
+            continue
+        lo = st["cpu_launch_overhead_ns"]
+        by_mode.add_row(
+            mode.upper(), f"{lo['n']:,}", _us(lo["p50"]), _us(lo["p90"]), _us(lo["p99"])
+        )
+    console.print(by_mode)
+
+    if rep["builds"]:
+        bt = Table(title="metadata builds (µs)", title_justify="left")
+        for c in ("builder", "tag", "calls", "p50", "p99", "total ms"):
+            bt.add_column(c, justify="left" if c in ("builder", "tag") else "right")
+        for b in rep["builds"][:10]:
+            tag = b["tag"] + (" (drafter)" if b["drafter"] else "")
+            bt.add_row(
+                b["builder"],
+                tag,
+                f"{b['n']:,}",
+                _us(b["p50"]),
+                _us(b["p99"]),
+                f"{b['total_ns'] / 1e6:,.1f}",
+            )
+        console.print(bt)
+
+    ro = rep["reorder"]
+    gpu = rep["gpu"]
+    tail = Table.grid(padding=(0, 2))
+    tail.add_column(style="bold")
+    tail.add_column()
+    tail.add_row(
+        "reorder decisions",
+        f"{ro['decisions']:,}; order changed in "
+        f"{ro['changed']:,} ({ro['moved_requests']:,} requests moved); thresholds "
+        f"{ro['thresholds']}; spec tokens counted as decodes in {ro['spec_as_decode']:,}",
+    )
+    if gpu["steps_timed"]:
+        tail.add_row(
+            "GPU",
+            f"forward busy p50 {_us(gpu['forward_busy_ns']['p50'])} µs; idle "
+            f"before step p50 {_us(gpu['idle_before_ns']['p50'])} µs; idle share "
+            f"{_pct(gpu['idle_share'])}",
+        )
+    else:
+        tail.add_row("GPU", "no device timings (CPU engine, or PROBE_GPU_TIMING=0)")
+    drops = sum(p.get("dropped") or 0 for p in rep["processes"])
+    faults = sum(f["count"] for f in rep["faults"])
+    tail.add_row("probe health", f"{drops:,} records dropped; {faults:,} hook faults")
+    console.print(Panel(tail, title="reorder · GPU · probe", title_align="left"))
+    if len(rep["per_rank"]) > 1:
+        rt = Table(title="per rank", title_justify="left")
+        for c in ("pid", "tp", "pp", "dp", "steps", "full", "decode full"):
+            rt.add_column(c, justify="right")
+        for r in rep["per_rank"]:
+            h = r["hit_rates"]
+            rt.add_row(
+                str(r["pid"]),
+                str(r["tp_rank"]),
+                str(r["pp_rank"]),
+                str(r["dp_rank"]),
+                f"{h['steps']:,}",
+                _pct(h["full_hit_rate"]),
+                _pct(h["decode_full_hit_rate"]),
+            )
+        console.print(rt)
+
+
+def doctor(snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """The static view, with traps, from one process's snapshot."""
+    from probe.hooks.snapshot import traps
+
+    out = dict(snapshot)
+    out["traps"] = traps(snapshot)
+    return out
+
+
+def render_doctor(snap: Mapping[str, Any], console: Console) -> None:
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    comp = snap.get("compilation") or {}
+    res = snap.get("resolve") or {}
+    for k, v in (
+        ("vLLM", snap.get("vllm_version")),
+        ("runner", f"{snap.get('runner')} ({snap.get('runner_class')})"),
+        ("platform", snap.get("platform")),
+        ("model", snap.get("model")),
+        (
+            "ranks",
+            f"tp {snap.get('tp_rank')} · pp {snap.get('pp_rank')} · dp {snap.get('dp_rank')}",
+        ),
+        (
+            "cudagraph_mode",
+            f"{comp.get('cudagraph_mode')}"
+            + (
+                f" (asked {res.get('requested_mode')})"
+                if res and res.get("requested_mode") != res.get("resolved_mode")
+                else ""
+            ),
+        ),
+        (
+            "capture sizes",
+            f"{comp.get('cudagraph_capture_sizes')} (max {comp.get('max_cudagraph_capture_size')})",
+        ),
+        ("decode query len", snap.get("uniform_decode_query_len")),
+        ("speculative", snap.get("speculative")),
+        ("reorder threshold", snap.get("reorder_batch_threshold")),
+        ("breakable graphs", comp.get("breakable_cudagraph")),
+        ("override (what-if)", snap.get("override") or "none"),
+    ):
+        head.add_row(k, str(v))
+    console.print(Panel(head, title=f"probe doctor: pid {snap.get('pid')}", title_align="left"))
+    gt = Table(title="attention groups", title_justify="left")
+    for c in ("role", "backend", "builder", "declared", "effective", "threshold", "layers"):
+        gt.add_column(c)
+    lim = snap.get("limiting_group") or {}
+    for g in snap.get("groups", []):
+        limiting = g.get("builder") == lim.get("builder") and g.get("role") == "target"
+        gt.add_row(
+            g.get("role", ""),
+            str(g.get("backend")),
+            str(g.get("builder")),
+            str(g.get("declared_support")),
+            str(g.get("support")),
+            str(g.get("reorder_batch_threshold")),
+            str(g.get("layers")),
+            style="bold yellow" if limiting else None,
+        )
+    console.print(gt)
+    if snap.get("min_support"):
+        console.print(
+            f"minimum support: [bold]{snap['min_support']}[/bold], set by "
+            f"{lim.get('builder')} ({lim.get('backend')})"
+        )
+    traps = snap.get("traps") or []
+    if traps:
+        for t in traps:
+            console.print(f"[yellow]⚠ {t['code']}[/yellow]: {t['message']}")
+    else:
+        console.print("[green]no known traps[/green]")
+    missing = (snap.get("hooks") or {}).get("missing") or []
+    if missing:
+        console.print(
+            f"[dim]{len(missing)} hook target(s) not in this vLLM: "
+            + ", ".join(m[0] for m in missing[:8])
+            + "[/dim]"
+        )
