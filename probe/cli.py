@@ -168,6 +168,41 @@ def _version() -> str:
         return "0+unknown"
 
 
+def cmd_collect(args: argparse.Namespace) -> int:
+    """Reader only: record the rings in --run-dir until their writers have exited."""
+    from probe.collector import Collector, RecordingSink
+    from probe.recording import RecordingWriter
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"collect: {run_dir} is not a directory")
+    writer = RecordingWriter(args.out)
+    writer.set_meta(command=["collect", str(run_dir)], host=socket.gethostname(),
+                    probe_version=_version(), started_epoch_ns=time.time_ns())
+    col = Collector(run_dir, [RecordingSink(writer)], now_ns=_boottime)
+    stop = {"now": False}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    seen_writer = False
+    try:
+        while not stop["now"]:
+            col.poll()
+            alive = [p for p in col.procs.values() if p.reader.writer_alive()]
+            seen_writer = seen_writer or bool(col.procs)
+            if seen_writer and not alive:
+                col.poll()
+                break
+            time.sleep(args.interval)
+    finally:
+        writer.set_meta(ended_epoch_ns=time.time_ns())
+        col.close()
+    return 0
+
+
 # -- report / doctor ------------------------------------------------------------------------
 
 
@@ -212,6 +247,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "report": cmd_report,
     "doctor": cmd_doctor,
     "env": cmd_env,
+    "collect": cmd_collect,
 }
 
 
@@ -251,6 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--width", type=int, help="terminal width")
 
     sub.add_parser("env", help="list PROBE_* environment variables")
+    c = sub.add_parser("collect", help="read the rings of a run directory into a recording")
+    c.add_argument("--run-dir", required=True)
+    c.add_argument("--out", "-o", required=True)
+    c.add_argument("--interval", type=float, default=0.05)
     return p
 
 

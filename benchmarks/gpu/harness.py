@@ -1,0 +1,366 @@
+"""GPU harness: named scenarios on a real vLLM engine, with the probe on, off or absent.
+
+Needs only an installed vLLM with a GPU. Every experiment writes JSON results (and
+recordings, traces) under ``--out``. Scenarios are JSON files in ``benchmarks/gpu/
+scenarios/``; one describes an engine (runner, k, override, kv dtype, batch sizes) and a
+workload (requests, prompt and output lengths).
+
+    python benchmarks/gpu/harness.py ab --a stock_v1_k1 --b ustd_v1_k1 --reps 5 --out OUT
+    python benchmarks/gpu/harness.py overhead --scenario stock_v1_k1 --reps 5 --out OUT
+    python benchmarks/gpu/harness.py suite --plan plan.json --out OUT --deadline EPOCH
+
+``ab`` runs two engines (one process each, started one after the other) and interleaves
+repetitions A, B, A, B, ... so drift hits both arms alike. ``overhead`` cycles one engine
+through probe attached / detached / absent (hooks uninstalled: originals restored) and the
+torch profiler, interleaved, compares greedy tokens across the modes, and takes a ground
+truth window: the torch profiler (Kineto, with Python stacks) and the probe on the same
+steps. Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and load the probe as
+vLLM's plugin loader would (``probe.plugin.register``); a ``probe collect`` reader process
+per engine drains the ring into a recording.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+SCEN_DIR = HERE / "scenarios"
+TAG = "HARNESS "
+
+
+def load_scenario(name: str) -> dict[str, Any]:
+    p = Path(name)
+    if not p.exists():
+        p = SCEN_DIR / f"{name}.json"
+    sc = json.loads(p.read_text())
+    sc.setdefault("name", p.stem)
+    return sc
+
+
+def log(*a: Any) -> None:
+    print(f"[harness {time.strftime('%H:%M:%S')}]", *a, file=sys.stderr, flush=True)
+
+
+# -- engine side (one process per engine) --------------------------------------------------
+
+
+def engine_main(args: argparse.Namespace) -> None:
+    sc = load_scenario(args.scenario)
+    env = sc.get("env", {})
+    os.environ.update({k: str(v) for k, v in env.items()})
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if sc.get("runner") == "mrv2" else "0"
+    if sc.get("override"):
+        os.environ["PROBE_CG_SUPPORT_OVERRIDE"] = sc["override"]
+    os.environ["PROBE_ENABLE"] = "1"
+    os.environ["PROBE_RUN_DIR"] = args.run_dir
+    os.environ["PROBE_CONTROL"] = "0"
+    from probe import hooks, plugin
+    from probe.runtime import RT, boottime_ns
+
+    plugin.register()  # what vLLM's plugin loader does in each process
+    writer = RT.writer
+    import torch
+    from vllm import LLM, SamplingParams
+
+    model = str(REPO / (sc.get("model") or "benchmarks/gpu/tinyv32"))
+    cuda = torch.cuda.is_available()
+    backend = sc.get("backend", "FLASHMLA_SPARSE")
+    kw: dict[str, Any] = dict(
+        model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+        max_model_len=sc.get("max_model_len", 4096), max_num_seqs=sc.get("max_num_seqs", 64),
+        kv_cache_dtype=sc.get("kv", "fp8_ds_mla"), seed=0, generation_config="vllm",
+    )
+    if cuda:
+        kw["gpu_memory_utilization"] = sc.get("gpu_mem", 0.3)
+        kw["compilation_config"] = {"cudagraph_mode": sc.get("cg_mode", "FULL_AND_PIECEWISE")}
+    if sc.get("max_num_batched_tokens"):
+        kw["max_num_batched_tokens"] = sc["max_num_batched_tokens"]
+    if backend:
+        kw["attention_config"] = {"backend": backend}
+    k = int(sc.get("k", 1))
+    if k > 0:
+        kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": k}
+        if backend:
+            kw["speculative_config"]["attention_backend"] = backend
+    t0 = time.time()
+    llm = LLM(**kw)
+    init_s = time.time() - t0
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    wl = sc.get("workload", {})
+    n_req, plen, olen = wl.get("requests", 64), wl.get("prompt_len", 256), wl.get("out_len", 128)
+
+    def prompts(seed: int, n: int = n_req, pl: int = plen) -> list[dict[str, Any]]:
+        rng = random.Random(seed)
+        return [{"prompt_token_ids": [rng.randrange(2, vocab) for _ in range(pl)]}
+                for _ in range(n)]
+
+    def sp(n: int = olen) -> Any:
+        return SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, detokenize=False)
+
+    llm.generate(prompts(999), sp(16), use_tqdm=False)  # warm-up (JIT, allocator)
+    installed = True
+    emit({"op": "ready", "init_s": init_s, "scenario": sc, "pid": os.getpid(),
+          "snapshot": RT.static.get("snapshot"), "torch": torch.__version__,
+          "gpu": torch.cuda.get_device_name() if cuda else "cpu"})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        try:
+            if cmd["op"] == "quit":
+                break
+            mode = cmd.get("probe", "attached")
+            if mode == "absent" and installed:
+                hooks.uninstall()
+                installed = False
+            elif mode != "absent" and not installed:
+                hooks.install(lazy=False)
+                hooks.enable(writer, gpu_timing=True)
+                installed = True
+            if mode in ("attached",):
+                RT.enabled = True
+            elif mode == "detached" and installed:
+                RT.enabled = False
+            seed = int(cmd.get("seed", 0))
+            ps = prompts(seed, cmd.get("requests", n_req), cmd.get("prompt_len", plen))
+            prof = None
+            if mode in ("profiler", "groundtruth"):
+                from torch.profiler import ProfilerActivity, profile
+
+                acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+                prof = profile(activities=acts,
+                               with_stack=(mode == "groundtruth"))
+                prof.__enter__()
+            b0 = boottime_ns()
+            t0 = time.perf_counter()
+            outs = llm.generate(ps, sp(cmd.get("out_len", olen)), use_tqdm=False)
+            if cuda:
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            b1 = boottime_ns()
+            trace = None
+            if prof is not None:
+                prof.__exit__(None, None, None)
+                if cmd.get("trace"):
+                    trace = cmd["trace"]
+                    prof.export_chrome_trace(trace)
+            toks = [list(o.outputs[0].token_ids) for o in outs]
+            ntok = sum(len(t) for t in toks)
+            digest = hashlib.sha256(json.dumps(toks).encode()).hexdigest()[:16]
+            emit({"op": "result", "rep": cmd.get("rep"), "probe": mode, "tok_s": ntok / dt,
+                  "elapsed_s": dt, "out_tokens": ntok, "tokens_sha": digest,
+                  "boottime": [b0, b1], "trace": trace, "enabled": RT.enabled,
+                  "dropped": getattr(writer, "dropped", None),
+                  "tokens": toks if cmd.get("return_tokens") else None})
+        except Exception:
+            emit({"op": "error", "error": traceback.format_exc()[-3000:]})
+    emit({"op": "bye"})
+
+
+def emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(TAG + json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+# -- coordinator side ----------------------------------------------------------------------
+
+
+class Engine:
+    """One engine process plus its ``probe collect`` reader process."""
+
+    def __init__(self, scenario: str, out: Path, label: str) -> None:
+        self.label = label
+        self.run_dir = out / f"rings-{label}"
+        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.run_dir, 0o700)
+        self.log = open(out / f"engine-{label}.log", "w")  # noqa: SIM115
+        env = dict(os.environ)
+        env["PYTHONPATH"] = f"{REPO}:{env.get('PYTHONPATH', '')}"
+        env["PYTHONUNBUFFERED"] = "1"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "engine", "--scenario", scenario,
+             "--run-dir", str(self.run_dir)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
+        )
+        self.recording = out / f"{label}.probe.db"
+        self.reader = subprocess.Popen(
+            [sys.executable, "-m", "probe.cli", "collect", "--run-dir", str(self.run_dir),
+             "--out", str(self.recording)], env=env, stderr=self.log,
+        )
+        self.ready = self.expect("ready")
+
+    def expect(self, op: str) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if not line.startswith(TAG):
+                continue
+            msg = json.loads(line[len(TAG):])
+            if msg["op"] == "error":
+                raise RuntimeError(f"{self.label}: {msg['error']}")
+            if msg["op"] == op:
+                return dict(msg)
+        raise RuntimeError(f"{self.label}: engine exited (rc={self.proc.wait()}); see its log")
+
+    def run(self, **cmd: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"op": "run", **cmd}) + "\n")
+        self.proc.stdin.flush()
+        return self.expect("result")
+
+    def close(self) -> None:
+        try:
+            if self.proc.poll() is None and self.proc.stdin is not None:
+                self.proc.stdin.write('{"op": "quit"}\n')
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+        except Exception:
+            self.proc.kill()
+        try:
+            self.reader.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.reader.terminate()
+        self.log.close()
+
+
+def spread(xs: list[float]) -> dict[str, Any]:
+    return {"n": len(xs), "median": statistics.median(xs) if xs else None,
+            "min": min(xs) if xs else None, "max": max(xs) if xs else None,
+            "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0, "values": xs}
+
+
+def run_ab(a: Engine, b: Engine, reps: int) -> dict[str, Any]:
+    results: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
+    for i in range(reps):
+        order = (("A", a), ("B", b)) if i % 2 == 0 else (("B", b), ("A", a))
+        for arm, eng in order:
+            r = eng.run(rep=i, probe="attached", seed=100 + i)
+            results[arm].append(r)
+            log(f"ab rep {i} {arm} {eng.label}: {r['tok_s']:.0f} tok/s")
+    ta = [r["tok_s"] for r in results["A"]]
+    tb = [r["tok_s"] for r in results["B"]]
+    return {
+        "A": {"scenario": a.ready["scenario"], "tok_s": spread(ta), "init_s": a.ready["init_s"],
+              "recording": a.recording.name, "windows": [r["boottime"] for r in results["A"]]},
+        "B": {"scenario": b.ready["scenario"], "tok_s": spread(tb), "init_s": b.ready["init_s"],
+              "recording": b.recording.name, "windows": [r["boottime"] for r in results["B"]]},
+        "ratio_B_over_A": statistics.median(tb) / statistics.median(ta),
+        "paired_ratios": [y / x for x, y in zip(ta, tb, strict=False)],
+    }
+
+
+def run_overhead(eng: Engine, reps: int, out: Path) -> dict[str, Any]:
+    modes = ["attached", "detached", "absent", "profiler"]
+    res: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    for i in range(reps):
+        rot = modes[i % len(modes):] + modes[: i % len(modes)]
+        for m in rot:
+            r = eng.run(rep=i, probe=m, seed=200 + i)
+            res[m].append(r)
+            log(f"overhead rep {i} {m}: {r['tok_s']:.0f} tok/s sha {r['tokens_sha']}")
+    base = statistics.median(x["tok_s"] for x in res["absent"])
+    shas = {m: sorted({x["tokens_sha"] for x in rs}) for m, rs in res.items()}
+    by_seed: dict[int, set[str]] = {}
+    for rs in res.values():
+        for x in rs:
+            by_seed.setdefault(int(x["rep"]), set()).add(x["tokens_sha"])
+    return {
+        "modes": {m: {"tok_s": spread([x["tok_s"] for x in rs]),
+                      "ratio_to_absent": statistics.median(x["tok_s"] for x in rs) / base,
+                      "paired_ratio_to_absent": [x["tok_s"] / y["tok_s"]
+                                                 for x, y in zip(rs, res["absent"], strict=False)]}
+                  for m, rs in res.items()},
+        "token_identity": all(len(v) == 1 for v in by_seed.values()),
+        "tokens_sha_by_mode": shas,
+        "dropped": res["attached"][-1].get("dropped"),
+    }
+
+
+def run_groundtruth(eng: Engine, out: Path) -> dict[str, Any]:
+    trace = out / "groundtruth.trace.json"
+    r = eng.run(rep="gt", probe="groundtruth", seed=300, requests=16, out_len=24,
+                prompt_len=256, trace=str(trace))
+    return {"window_boottime": r["boottime"], "trace": trace.name, "tok_s": r["tok_s"]}
+
+
+def suite(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = json.loads(Path(args.plan).read_text()) if args.plan else {}
+    deadline = float(args.deadline) if args.deadline else time.time() + 1e9
+    summary: dict[str, Any] = {"started": time.time(), "experiments": []}
+    sfile = out / "results.json"
+
+    def save() -> None:
+        sfile.write_text(json.dumps(summary, indent=1, default=str))
+
+    engines: dict[str, Engine] = {}
+
+    def engine(name: str) -> Engine:
+        if name not in engines:
+            log(f"starting engine {name}")
+            engines[name] = Engine(name, out, name)
+            log(f"engine {name} ready in {engines[name].ready['init_s']:.0f}s")
+        return engines[name]
+
+    for exp in plan.get("experiments", []):
+        if time.time() + exp.get("budget_s", 120) > deadline:
+            summary["experiments"].append({**exp, "skipped": "deadline"})
+            save()
+            continue
+        try:
+            if exp["kind"] == "overhead":
+                e = engine(exp["scenario"])
+                res = run_overhead(e, exp.get("reps", 5), out)
+                if exp.get("groundtruth"):
+                    res["groundtruth"] = run_groundtruth(e, out)
+                res["snapshot"] = e.ready.get("snapshot")
+            elif exp["kind"] == "ab":
+                res = run_ab(engine(exp["a"]), engine(exp["b"]), exp.get("reps", 5))
+                res["snapshots"] = {"A": engines[exp["a"]].ready.get("snapshot"),
+                                    "B": engines[exp["b"]].ready.get("snapshot")}
+            else:
+                raise ValueError(f"unknown experiment kind {exp['kind']}")
+            summary["experiments"].append({**exp, "result": res})
+        except Exception:
+            summary["experiments"].append({**exp, "error": traceback.format_exc()[-3000:]})
+            log("experiment failed:", traceback.format_exc()[-1500:])
+        save()
+        for name in exp.get("close_after", []):
+            if name in engines:
+                engines.pop(name).close()
+    for e in engines.values():
+        e.close()
+    summary["ended"] = time.time()
+    save()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("engine")
+    e.add_argument("--scenario", required=True)
+    e.add_argument("--run-dir", required=True)
+    s = sub.add_parser("suite")
+    s.add_argument("--plan", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--deadline")
+    args = ap.parse_args()
+    if args.cmd == "engine":
+        engine_main(args)
+    else:
+        suite(args)
+
+
+if __name__ == "__main__":
+    main()

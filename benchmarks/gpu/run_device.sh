@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs a harness plan on a GPU machine with vLLM importable, then the ground-truth
+# analysis, and packs what comes back into $OUT (at most a few files).
+#   benchmarks/gpu/run_device.sh PLAN NAME SECONDS
+set -uo pipefail
+PLAN=$1; NAME=$2; SECS=${3:-480}
+OUT=${OUT:-/tmp/out}; W=/tmp/$NAME; mkdir -p "$W" "$OUT"
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
+if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
+  export CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+fi
+DEADLINE=$(( $(date +%s) + SECS ))
+timeout -k 10 $(( SECS + 30 )) python3 benchmarks/gpu/harness.py suite --plan "$PLAN" --out "$W" \
+  --deadline "$DEADLINE" 2> "$W/suite.log"
+echo "suite rc=$?"; tail -40 "$W/suite.log"
+if [ -f "$W/groundtruth.trace.json" ]; then
+  win=$(python3 -c "import json;r=json.load(open('$W/results.json'));print(*[e['result']['groundtruth']['window_boottime'] for e in r['experiments'] if e.get('kind')=='overhead' and 'result' in e][0])")
+  rec=$(ls "$W"/stock_v1_k1.probe.db 2>/dev/null | head -1)
+  python3 benchmarks/gpu/groundtruth.py --trace "$W/groundtruth.trace.json" --recording "$rec" \
+    --window $win --out "$W/groundtruth.json" --trimmed "$W/groundtruth.trimmed.json.gz" \
+    2>&1 | tail -30
+  rm -f "$W/groundtruth.trace.json"
+fi
+cp "$W/results.json" "$OUT/$NAME-results.json" 2>/dev/null
+cp "$W/groundtruth.json" "$OUT/$NAME-groundtruth.json" 2>/dev/null
+rm -rf "$W"/rings-*
+tar -C /tmp -czf "$OUT/$NAME.tgz" "$NAME"
+ls -la "$OUT"
