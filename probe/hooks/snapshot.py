@@ -108,8 +108,11 @@ def resolve_hook(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             support = args[0] if args else kwargs.get("min_cg_support")
             backend = args[1] if len(args) > 1 else kwargs.get("min_cg_attn_backend")
             uq = args[2] if len(args) > 2 else kwargs.get("uniform_decode_query_len", 1)
+            # vLLM may resolve more than once (the runner re-resolves after KV-cache init):
+            # the mode the user asked for is the input of the first call.
+            first = RT.static.get("resolve") or {}
             RT.static["resolve"] = {
-                "requested_mode": requested,
+                "requested_mode": first.get("requested_mode", requested),
                 "resolved_mode": getattr(result, "name", str(result)),
                 "min_cg_support": getattr(support, "name", str(support)),
                 "min_cg_support_value": getattr(support, "value", None),

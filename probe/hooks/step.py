@@ -141,6 +141,8 @@ def execute(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]:
             try:
                 if RT.on_first_step:
                     _first_step(self)
+                n_tok = scheduler_output.total_num_scheduled_tokens
+                n_req = len(scheduler_output.num_scheduled_tokens)
                 RT.step += 1
                 timer = _timer()
                 if timer is not None:
@@ -164,8 +166,8 @@ def execute(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]:
                         RT.step,
                         t0,
                         t1,
-                        scheduler_output.total_num_scheduled_tokens,
-                        len(scheduler_output.num_scheduled_tokens),
+                        n_tok,
+                        n_req,
                         0,
                         0,
                         0,

@@ -1,0 +1,93 @@
+"""Summarize harness results (and, when present, their recordings) as Markdown tables.
+
+    python benchmarks/gpu/summarize.py benchmarks/results/h200-2026-11-30/run*-results.json \
+        [--recordings DIR ...]
+
+For each A/B: output tok/s per arm (median, min-max over interleaved repetitions), the ratio
+B/A, and, from the probe's own recordings restricted to the A/B windows, what the decode
+steps did: graph mode, miss reason, host time per step, CPU launch overhead, forward
+launch time and GPU idle before the step (medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import statistics
+from pathlib import Path
+from typing import Any
+
+
+def _rec_stats(db_path: Path, windows: list[list[int]]) -> dict[str, Any] | None:
+    if not db_path.exists():
+        return None
+    db = sqlite3.connect(str(db_path))
+    rows: list[tuple[Any, ...]] = []
+    for b0, b1 in windows:
+        rows += db.execute(
+            "SELECT mode, reason, host_ns, cpu_launch_overhead_ns, forward_launch_ns, "
+            "gpu_idle_before_ns, draft_ns FROM steps WHERE uniform=1 AND t0_ns BETWEEN ? AND ?",
+            (b0, b1)).fetchall()
+    if not rows:
+        return None
+    med = lambda i: statistics.median(r[i] for r in rows if r[i] is not None)  # noqa: E731
+    modes: dict[str, int] = {}
+    for r in rows:
+        modes[f"{r[0]}/{r[1]}"] = modes.get(f"{r[0]}/{r[1]}", 0) + 1
+    return {"decode_steps": len(rows), "modes": modes, "host_us": med(2) / 1e3,
+            "launch_us": med(3) / 1e3, "forward_us": med(4) / 1e3, "idle_us": med(5) / 1e3,
+            "draft_us": med(6) / 1e3}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("results", nargs="+")
+    ap.add_argument("--recordings", nargs="*", default=[])
+    a = ap.parse_args()
+    rec_dirs = [Path(d) for d in a.recordings]
+    print("| A/B | arm | tok/s median | min-max | B/A | decode steps: mode/reason | host µs "
+          "| CPU launch µs | forward launch µs | GPU idle µs | draft µs |")
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+    over = []
+    for f in a.results:
+        res = json.loads(Path(f).read_text())
+        for e in res["experiments"]:
+            r = e.get("result")
+            if r is None:
+                continue
+            if e["kind"] == "overhead":
+                over.append((f, r))
+                continue
+            for arm in ("A", "B"):
+                x = r[arm]
+                t = x["tok_s"]
+                st = None
+                for d in rec_dirs:
+                    st = st or _rec_stats(d / x["recording"], x["windows"])
+                cells = ["-"] * 6
+                if st:
+                    cells = [", ".join(f"{k} {v}" for k, v in st["modes"].items()),
+                             f"{st['host_us']:.0f}", f"{st['launch_us']:.0f}",
+                             f"{st['forward_us']:.0f}", f"{st['idle_us']:.0f}",
+                             f"{st['draft_us']:.0f}"]
+                name = f"{e['a']} vs {e['b']}" if arm == "A" else ""
+                ratio = f"{r['ratio_B_over_A']:.3f}" if arm == "B" else ""
+                print(f"| {name} | {arm}: {x['scenario']['name']} | {t['median']:.0f} | "
+                      f"{t['min']:.0f}-{t['max']:.0f} | {ratio} | " + " | ".join(cells) + " |")
+    for f, r in over:
+        print(f"\nOverhead ({Path(f).name}): output tok/s per mode, ratio of medians to "
+              "'absent' and the paired per-repetition ratios:\n")
+        print("| mode | tok/s median | min-max | ratio to absent | paired ratios |")
+        print("|---|---:|---:|---:|---|")
+        for m, x in r["modes"].items():
+            t = x["tok_s"]
+            pr = ", ".join(f"{v:.2f}" for v in x["paired_ratio_to_absent"])
+            print(f"| {m} | {t['median']:.0f} | {t['min']:.0f}-{t['max']:.0f} | "
+                  f"{x['ratio_to_absent']:.3f} | {pr} |")
+        print(f"\nGreedy tokens identical across modes in every repetition: "
+              f"{r['token_identity']}; ring drops: {r.get('dropped')}")
+
+
+if __name__ == "__main__":
+    main()
