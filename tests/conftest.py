@@ -1,0 +1,93 @@
+"""Shared fixtures: a clean probe state and a real ring to record into."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from probe.records import Decoded, Decoder
+from probe.ring import RingReader, RingWriter
+
+MISSING = object()
+
+
+@pytest.fixture
+def clean_probe() -> Iterator[None]:
+    """Leaves no hook installed and the runtime as in a fresh process, pass or fail."""
+    from probe import hooks
+    from probe.runtime import RT
+
+    RT.reset()
+    yield
+    hooks.disable()
+    hooks._deferred.clear()
+    hooks._PostImport.disarm()
+    if hooks.INSTALLER.hooks:
+        hooks.INSTALLER.uninstall()
+    RT.reset()
+
+
+@pytest.fixture
+def ring(tmp_path: Path) -> Iterator[RingWriter]:
+    writer = RingWriter.create(tmp_path / "ring", capacity=4096)
+    yield writer
+    writer.close()
+
+
+def drain(writer: RingWriter) -> tuple[list[Decoded], Decoder]:
+    """Every data record written to ``writer`` so far, decoded."""
+    dec = Decoder()
+    with RingReader.open(writer.path) as reader:
+        out = [r for r in (dec.feed(rec) for rec in reader.read()) if r is not None]
+    return out, dec
+
+
+def owner_of(module: str, owner: str) -> Any:
+    obj: Any = importlib.import_module(module)
+    for part in owner.split(".") if owner else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def originals(targets: Any) -> dict[str, tuple[Any, Any]]:
+    """hook_id -> (owner, the object in ``vars(owner)`` or MISSING), for resolvable targets."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for t in targets:
+        try:
+            owner = owner_of(t.module, t.owner)
+        except Exception:
+            continue
+        if t.name in vars(owner) or (t.inherit and hasattr(owner, t.name)):
+            out[t.hook_id] = (owner, vars(owner).get(t.name, MISSING))
+    return out
+
+
+def assert_restored(target: Any, owner: Any, original: Any) -> None:
+    if original is MISSING:
+        assert target.name not in vars(owner), target.hook_id
+    else:
+        assert vars(owner)[target.name] is original, target.hook_id
+
+
+def assert_wrapped(target: Any, owner: Any) -> None:
+    current = vars(owner).get(target.name)
+    assert getattr(current, "__probe_hook__", None) == target.hook_id, target.hook_id
+
+
+@pytest.fixture
+def kit() -> Any:
+    """The helpers above, for test modules in any folder (no import of conftest needed)."""
+    import types
+
+    return types.SimpleNamespace(
+        MISSING=MISSING,
+        drain=drain,
+        owner_of=owner_of,
+        originals=originals,
+        assert_restored=assert_restored,
+        assert_wrapped=assert_wrapped,
+    )

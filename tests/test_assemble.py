@@ -1,0 +1,234 @@
+"""StepAssembler on hand-built record sequences, and the SQLite recording round trip."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from probe.assemble import Step, StepAssembler
+from probe.recording import Recording, RecordingError, RecordingWriter
+from probe.records import (
+    Decoded,
+    Flag,
+    Mode,
+    Phase,
+    Reason,
+    RecordKind,
+    ReplayKind,
+    decode,
+    encode,
+    pack_pair,
+)
+
+OUT = int(Flag.OUTSIDE_STEP)
+
+
+def span(step: int, phase: Phase, t0: int, t1: int, flags: int = 0, v0: int = 0) -> bytes:
+    return encode(RecordKind.SPAN, phase, 0, flags, step, t0, t1, v0, 1 if v0 else 0)
+
+
+def disp(step: int, mode: Mode, reason: Reason, flags: int = 0, t: int = 15) -> bytes:
+    return encode(
+        RecordKind.DISPATCH, mode, reason, flags, step, t, t + 1, 6, 8, 3, 4, pack_pair(2, 2)
+    )
+
+
+def replay(step: int, mode: Mode, kind: ReplayKind = ReplayKind.REPLAY, flags: int = 0) -> bytes:
+    return encode(RecordKind.REPLAY, mode, kind, flags, step, 40, 45, 8)
+
+
+def assemble(recs: list[bytes]) -> tuple[list[Step], StepAssembler]:
+    asm = StepAssembler(pid=42)
+    steps: list[Step] = []
+    for raw in recs:
+        rec = decode(raw)
+        assert rec is not None
+        steps += asm.feed(rec)
+    return steps + asm.flush(), asm
+
+
+def forward_step(step: int, base: int, mode: Mode, *extra: bytes) -> list[bytes]:
+    return [
+        span(step, Phase.EXECUTE, base, base + 100, v0=6),
+        disp(step, mode, Reason.HIT if mode == Mode.FULL else Reason.NOT_UNIFORM, t=base + 10),
+        span(step, Phase.FORWARD_LAUNCH, base + 20, base + 60),
+        *extra,
+        span(step, Phase.SAMPLE_TOKENS, base + 110, base + 130),
+    ]
+
+
+def test_decode_roundtrip() -> None:
+    rec: Decoded | None = decode(disp(3, Mode.FULL, Reason.HIT))
+    assert rec is not None and rec.step == 3
+    assert (rec.mode, rec.reason, rec.max_query_len, rec.uniform_decode_query_len) == (  # type: ignore[union-attr]
+        Mode.FULL,
+        Reason.HIT,
+        2,
+        2,
+    )
+
+
+def test_steps_grouped_by_number_outside_excluded() -> None:
+    recs = [
+        disp(0, Mode.FULL, Reason.HIT, flags=OUT),  # capture-time dispatch
+        replay(0, Mode.FULL, ReplayKind.CAPTURE, flags=OUT),
+        *forward_step(1, 1000, Mode.FULL, replay(1, Mode.FULL)),
+        span(1, Phase.FORWARD_LAUNCH, 5, 6, flags=OUT),  # a dummy run between steps
+        *forward_step(2, 2000, Mode.FULL, replay(2, Mode.FULL)),
+    ]
+    steps, asm = assemble(recs)
+    assert [s.step for s in steps] == [1, 2]
+    assert [len(s.spans) for s in steps] == [3, 3]
+    assert asm.outside == {"dispatch": 1, "replay": 1, "span": 1}
+    assert asm.anomalies == []
+    assert all(s.captures == 0 for s in steps)
+    assert (steps[0].t0, steps[0].t1, steps[0].host_ns) == (1000, 1130, 120)
+    assert (steps[0].num_tokens, steps[0].num_reqs) == (6, 1)
+
+
+def test_full_with_replay() -> None:
+    [s], _ = assemble(forward_step(1, 1000, Mode.FULL, replay(1, Mode.FULL)))
+    assert (s.mode, s.reason, s.replayed, s.pieces) == (Mode.FULL, Reason.HIT, True, 0)
+    assert (s.padded_tokens, s.num_tokens, s.padded_reqs) == (8, 6, 4)
+
+
+def test_full_without_replay_not_replayed() -> None:
+    [s], _ = assemble(forward_step(1, 1000, Mode.FULL))
+    assert s.mode == Mode.FULL and not s.replayed
+
+
+def test_piecewise_pieces() -> None:
+    pieces = [replay(1, Mode.PIECEWISE) for _ in range(3)]
+    [s], _ = assemble(forward_step(1, 1000, Mode.PIECEWISE, *pieces))
+    assert (s.mode, s.reason, s.replayed, s.pieces) == (
+        Mode.PIECEWISE,
+        Reason.NOT_UNIFORM,
+        True,
+        3,
+    )
+
+
+def test_capture_inside_step_is_anomaly() -> None:
+    [s], asm = assemble(forward_step(7, 1000, Mode.FULL, replay(7, Mode.FULL, ReplayKind.CAPTURE)))
+    assert s.captures == 1 and not s.replayed
+    assert len(asm.anomalies) == 1 and "step 7" in asm.anomalies[0]
+
+
+def test_nested_spans_not_double_counted() -> None:
+    recs = forward_step(
+        1,
+        1000,
+        Mode.FULL,
+        span(1, Phase.METADATA_BUILD, 1020, 1050),
+        span(1, Phase.METADATA_BUILD, 1025, 1035),  # nested
+        span(1, Phase.METADATA_BUILD, 1045, 1055),  # overlapping the end
+        span(1, Phase.METADATA_BUILD, 1070, 1075),  # disjoint
+    )
+    [s], _ = assemble(recs)
+    assert s.phases["metadata_build"] == 35 + 5
+    assert s.phases["forward_launch"] == 40
+
+
+def test_cpu_launch_overhead() -> None:
+    [s], _ = assemble(forward_step(1, 1000, Mode.FULL, replay(1, Mode.FULL)))
+    assert s.cpu_launch_overhead_ns == 1060 - 1000
+
+
+def test_drafter_dispatch_does_not_set_target_mode() -> None:
+    drafter = int(Flag.DRAFTER)
+    [s], _ = assemble(
+        forward_step(1, 1000, Mode.FULL, disp(1, Mode.NONE, Reason.NOT_UNIFORM, flags=drafter))
+    )
+    assert (s.mode, s.draft_mode, s.draft_reason, s.draft_dispatches) == (
+        Mode.FULL,
+        Mode.NONE,
+        Reason.NOT_UNIFORM,
+        1,
+    )
+
+
+# -- recording -------------------------------------------------------------------------
+
+
+def _write(path: Path) -> list[Step]:
+    steps, _ = assemble(
+        forward_step(1, 1000, Mode.FULL, replay(1, Mode.FULL))
+        + forward_step(2, 2000, Mode.PIECEWISE, replay(2, Mode.PIECEWISE))
+    )
+    w = RecordingWriter(path)
+    w.set_meta(command=["vllm", "serve", "m"])
+    w.add_process(42, None)
+    w.set_snapshot(42, {"runner": "v1", "vllm_version": "0.33.0"})
+    w.add_steps(steps)
+    w.commit()
+    w.close()
+    return steps
+
+
+def test_recording_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "run.probe.db"
+    steps = _write(path)
+    rec = Recording.open(path)
+    try:
+        assert rec.meta()["command"] == ["vllm", "serve", "m"]
+        [proc] = rec.processes()
+        assert proc["pid"] == 42 and proc["snapshot"]["vllm_version"] == "0.33.0"
+        rows = rec.steps()
+        assert [(r["pid"], r["step"]) for r in rows] == [(42, 1), (42, 2)]
+        assert [r["mode"] for r in rows] == ["full", "piecewise"]
+        assert [r["reason"] for r in rows] == ["hit", "not_uniform"]
+        assert [r["cpu_launch_overhead_ns"] for r in rows] == [
+            s.cpu_launch_overhead_ns for s in steps
+        ]
+        assert [bool(r["replayed"]) for r in rows] == [True, True]
+        assert rows[1]["pieces"] == 1
+    finally:
+        rec.close()
+
+
+def test_open_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.probe.db"
+    with pytest.raises(RecordingError, match="no such file") as info:
+        Recording.open(path)
+    assert str(path) in str(info.value)
+
+
+def test_open_not_sqlite(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("hello\n" * 10)
+    with pytest.raises(RecordingError, match="not an SQLite") as info:
+        Recording.open(path)
+    assert str(path) in str(info.value)
+
+
+def test_open_truncated(tmp_path: Path) -> None:
+    path = tmp_path / "run.probe.db"
+    _write(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 3])
+    with pytest.raises(RecordingError) as info:
+        Recording.open(path)
+    assert str(path) in str(info.value)
+
+
+def test_open_other_sqlite(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE t (x)")
+    with pytest.raises(RecordingError, match="not a probe recording") as info:
+        Recording.open(path)
+    assert str(path) in str(info.value)
+
+
+def test_open_wrong_schema_version(tmp_path: Path) -> None:
+    path = tmp_path / "run.probe.db"
+    _write(path)
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version=99")
+    db.commit()
+    db.close()
+    with pytest.raises(RecordingError, match="schema version 99") as info:
+        Recording.open(path)
+    assert str(path) in str(info.value)

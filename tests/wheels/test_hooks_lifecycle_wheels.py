@@ -1,0 +1,120 @@
+"""Hook lifecycle and DISPATCH records against the real vLLM 0.26.0 / 0.33.0 trees.
+
+Every target that resolves in the tree is installed, uninstalled (originals back by
+identity), reinstalled. Then the real V1 dispatcher and the real MRV2 graph manager are
+driven through the installed hooks: each DISPATCH record carries the real call's mode and
+the reason ``probe.reasons`` derives for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from probe import hooks
+from probe.hooks._base import Target
+from probe.reasons import mrv2_reason, v1_reason
+from probe.records import Dispatch, Flag
+from probe.ring import RingWriter
+from probe.runtime import RT
+
+from .test_reasons import _mrv2_dispatch, _uniform_decode
+from .vllm_env import Resolved
+
+pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
+
+ALL_TARGETS = hooks.targets()
+
+V1_SHAPES = [
+    ("fap_ub_k1", (2, 2, 2)),
+    ("fap_ub_k1", (2, 2, 7)),
+    ("fap_ub_k1", (2,) * 8 + (30,)),
+    ("fap_ustd_k1", (2, 2, 2)),
+    ("fdo_ub_k1", (2, 5)),
+    ("none_k1", (2, 2)),
+]
+MRV2_SHAPES = [
+    ("fap_ub_k1", (2, 2, 2), False),
+    ("fap_ub_k1", (2, 7), True),
+    ("fap_ustd_k1", (2, 2, 2), False),
+    ("fdo_ub_k1", (2, 5), True),
+]
+
+
+@pytest.fixture
+def wring(tmp_path: Path, vllm_version: str) -> Iterator[RingWriter]:
+    writer = RingWriter.create(tmp_path / "ring", capacity=4096)
+    yield writer
+    writer.close()
+
+
+@pytest.mark.parametrize("target", ALL_TARGETS, ids=lambda t: t.hook_id)
+def test_lifecycle_restores_by_identity(target: Target, kit: Any, vllm_version: str) -> None:
+    before = kit.originals([target])
+    if target.hook_id not in before:
+        pytest.skip(f"{target.hook_id} does not resolve in vLLM {vllm_version}")
+    owner, original = before[target.hook_id]
+    assert target.hook_id in hooks.install(lazy=False).installed
+    kit.assert_wrapped(target, owner)
+    hooks.uninstall()
+    kit.assert_restored(target, owner, original)
+    hooks.install(lazy=False)
+    kit.assert_wrapped(target, owner)
+    hooks.uninstall()
+    kit.assert_restored(target, owner, original)
+
+
+def test_dispatch_targets_resolve(vllm_version: str) -> None:
+    """The dispatch family, MRV2 included, resolves fully in both trees."""
+    report = hooks.install(["dispatch"], lazy=False)
+    assert {"dispatch.v1.dispatcher", "dispatch.mrv2.manager"} <= set(report.installed), (
+        report.missing
+    )
+    hooks.uninstall()
+
+
+@pytest.mark.parametrize(("engine", "q"), V1_SHAPES, ids=lambda v: str(v))
+def test_v1_dispatch_record_matches_real_call(
+    engine: str,
+    q: tuple[int, ...],
+    v1_dispatchers: Callable[[str], tuple[Any, Resolved]],
+    wring: RingWriter,
+    kit: Any,
+) -> None:
+    d, res = v1_dispatchers(engine)
+    num_tokens, uniform = sum(q), _uniform_decode(q, d.uniform_decode_query_len)
+    hooks.install(["dispatch"], lazy=False)
+    hooks.enable(wring, gpu_timing=False)
+    RT.graph_ctx = res.ctx
+    mode, desc = d.dispatch(num_tokens=num_tokens, uniform_decode=uniform)
+    hooks.disable()
+    expected = v1_reason(d, mode, desc, num_tokens=num_tokens, uniform_decode=uniform, ctx=res.ctx)
+    [rec] = [r for r in kit.drain(wring)[0] if isinstance(r, Dispatch)]
+    assert (rec.mode.value, rec.reason) == (mode.value, expected)
+    assert (rec.num_tokens, rec.padded_tokens) == (num_tokens, desc.num_tokens)
+    assert bool(rec.flags & Flag.UNIFORM) == bool(uniform)
+
+
+@pytest.mark.parametrize(("engine", "q", "prefill"), MRV2_SHAPES, ids=lambda v: str(v))
+def test_mrv2_dispatch_record_matches_real_call(
+    engine: str,
+    q: tuple[int, ...],
+    prefill: bool,
+    mrv2_managers: Callable[[str], tuple[Any, Resolved]],
+    wring: RingWriter,
+    kit: Any,
+) -> None:
+    m, res = mrv2_managers(engine)
+    hooks.install(["dispatch"], lazy=False)
+    hooks.enable(wring, gpu_timing=False)
+    RT.graph_ctx = res.ctx
+    desc, kwargs = _mrv2_dispatch(m, q, prefill, 0)
+    hooks.disable()
+    expected = mrv2_reason(m, desc, ctx=res.ctx, **kwargs)
+    [rec] = [r for r in kit.drain(wring)[0] if isinstance(r, Dispatch)]
+    assert (rec.mode.value, rec.reason) == (desc.cg_mode.value, expected)
+    assert (rec.num_tokens, rec.padded_tokens, rec.num_reqs) == (sum(q), desc.num_tokens, len(q))
+    assert rec.flags & Flag.MRV2
