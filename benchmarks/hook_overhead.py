@@ -76,22 +76,35 @@ def main() -> None:
         hooks.disable()
         RT.in_step = 0
         uninstall()
-        results[label] = {"original_ns": base, "disabled_ns": off, "enabled_ns": on,
-                          "added_disabled_ns": off - base, "added_enabled_ns": on - base}
+        results[label] = {
+            "original_ns": base,
+            "disabled_ns": off,
+            "enabled_ns": on,
+            "added_disabled_ns": off - base,
+            "added_enabled_ns": on - base,
+        }
 
-    measure("CudagraphDispatcher.dispatch (FULL hit)",
-            lambda: d.dispatch(6, uniform_decode=True),
-            lambda: hooks.install(["dispatch"], lazy=False), hooks.uninstall)
+    measure(
+        "CudagraphDispatcher.dispatch (FULL hit)",
+        lambda: d.dispatch(6, uniform_decode=True),
+        lambda: hooks.install(["dispatch"], lazy=False),
+        hooks.uninstall,
+    )
     inst = Installer()
     t = Target("bench.span", __name__, "", "noop", step.span(Phase.REORDER))
-    measure("phase span around a trivial method",
-            lambda: obj.noop(1),
-            lambda: inst.install_on(t, Plain), inst.uninstall)
+    measure(
+        "phase span around a trivial method",
+        lambda: obj.noop(1),
+        lambda: inst.install_on(t, Plain),
+        inst.uninstall,
+    )
     writer.close()
     print(f"{'target':44} {'orig':>8} {'off':>8} {'on':>8} {'+off':>7} {'+on':>7}  (ns/call)")
     for k, v in results.items():
-        print(f"{k:44} {v['original_ns']:8.0f} {v['disabled_ns']:8.0f} {v['enabled_ns']:8.0f} "
-              f"{v['added_disabled_ns']:7.0f} {v['added_enabled_ns']:7.0f}")
+        print(
+            f"{k:44} {v['original_ns']:8.0f} {v['disabled_ns']:8.0f} {v['enabled_ns']:8.0f} "
+            f"{v['added_disabled_ns']:7.0f} {v['added_enabled_ns']:7.0f}"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
 

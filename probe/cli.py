@@ -12,6 +12,7 @@ and exit status 2; never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -119,10 +120,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     def on_signal(signum: int, _frame: Any) -> None:
         stop["n"] += 1
         sig = signal.SIGINT if stop["n"] == 1 else signal.SIGKILL
-        try:
+        with contextlib.suppress(ProcessLookupError):
             child.send_signal(sig)
-        except ProcessLookupError:
-            pass
 
     old = signal.signal(signal.SIGINT, on_signal)
     old_term = signal.signal(signal.SIGTERM, on_signal)
@@ -177,8 +176,12 @@ def cmd_collect(args: argparse.Namespace) -> int:
     if not run_dir.is_dir():
         raise UsageError(f"collect: {run_dir} is not a directory")
     writer = RecordingWriter(args.out)
-    writer.set_meta(command=["collect", str(run_dir)], host=socket.gethostname(),
-                    probe_version=_version(), started_epoch_ns=time.time_ns())
+    writer.set_meta(
+        command=["collect", str(run_dir)],
+        host=socket.gethostname(),
+        probe_version=_version(),
+        started_epoch_ns=time.time_ns(),
+    )
     col = Collector(run_dir, [RecordingSink(writer)], now_ns=_boottime)
     stop = {"now": False}
 

@@ -92,9 +92,10 @@ def register() -> None:
         log.error("vllm-graph-probe: recording not started in pid %d: %r", os.getpid(), exc)
     try:
         if config.get_bool(config.CONTROL, env):
-            from probe import control
+            import importlib
 
-            control.start_server(env)
+            # the control socket (probe attach) is optional: absent in this build
+            importlib.import_module("probe.control").start_server(env)
     except ImportError:
         pass
     except Exception as exc:

@@ -45,7 +45,7 @@ def build_report(rec: Recording) -> dict[str, Any]:
                 "verdict": analysis.verdict(rows, snap),
             }
         )
-    main_snap = next((p["snapshot"] for p in procs if p.get("snapshot")), {}) or {}
+    main_snap: dict[str, Any] = next((p["snapshot"] for p in procs if p.get("snapshot")), {}) or {}
     return {
         "recording": str(rec.path),
         "meta": rec.meta(),

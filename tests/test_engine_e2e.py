@@ -40,14 +40,31 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     probe = Path(sys.executable).with_name("probe")
     rec = d / "run.probe.db"
     on = subprocess.run(
-        [str(probe), "record", "--out", str(rec), "--", sys.executable, str(SCRIPT),
-         "--out", str(d / "on.json"), "--rounds", "2"],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            str(probe),
+            "record",
+            "--out",
+            str(rec),
+            "--",
+            sys.executable,
+            str(SCRIPT),
+            "--out",
+            str(d / "on.json"),
+            "--rounds",
+            "2",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert on.returncode == 0, on.stderr[-3000:]
     off = subprocess.run(
         [sys.executable, str(SCRIPT), "--out", str(d / "off.json"), "--rounds", "2"],
-        env=dict(env, VLLM_PLUGINS=""), capture_output=True, text=True, timeout=600,
+        env=dict(env, VLLM_PLUGINS=""),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert off.returncode == 0, off.stderr[-3000:]
     return {"rec": rec, "on": d / "on.json", "off": d / "off.json", "stderr": d}
@@ -82,13 +99,21 @@ def test_recording_has_real_steps_from_the_worker(runs: dict[str, Path]) -> None
 
 def test_report_shows_the_steps(runs: dict[str, Path]) -> None:
     probe = Path(sys.executable).with_name("probe")
-    out = subprocess.run([str(probe), "report", str(runs["rec"]), "--json"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(probe), "report", str(runs["rec"]), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     rep = json.loads(out.stdout)
     assert rep["hit_rates"]["steps"] >= 64
     assert rep["miss_reasons"][0]["reason"] == "graphs_disabled"
     assert any("CUDA graphs are off" in v for v in rep["verdict"])
-    text = subprocess.run([str(probe), "report", str(runs["rec"]), "--width", "100"],
-                          capture_output=True, text=True, timeout=120)
+    text = subprocess.run(
+        [str(probe), "report", str(runs["rec"]), "--width", "100"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert text.returncode == 0 and "graphs_disabled" in text.stdout

@@ -37,8 +37,7 @@ BUILDER_FILES = {
 def analyze(trace: Path, recording: Path, window: tuple[int, int]) -> dict[str, Any]:
     ev = json.loads(Path(trace).read_text())["traceEvents"]
     py = [e for e in ev if e.get("cat") == "python_function" and "dur" in e]
-    fwd = sorted((e for e in py if e["name"].endswith(": _model_forward")),
-                 key=lambda e: e["ts"])
+    fwd = sorted((e for e in py if e["name"].endswith(": _model_forward")), key=lambda e: e["ts"])
     launches = sorted((e for e in ev if e.get("name") in GRAPH_LAUNCH), key=lambda e: e["ts"])
     per_fwd = []
     for f in fwd:
@@ -54,24 +53,53 @@ def analyze(trace: Path, recording: Path, window: tuple[int, int]) -> dict[str, 
     db = sqlite3.connect(str(recording))
     db.row_factory = sqlite3.Row
     b0, b1 = window
-    steps = [dict(r) for r in db.execute(
-        "SELECT * FROM steps WHERE t0_ns >= ? AND t0_ns <= ? ORDER BY step", (b0, b1))]
+    steps = [
+        dict(r)
+        for r in db.execute(
+            "SELECT * FROM steps WHERE t0_ns >= ? AND t0_ns <= ? ORDER BY step", (b0, b1)
+        )
+    ]
     ids = [s["step"] for s in steps]
     pid = steps[0]["pid"] if steps else None
     q = ",".join("?" * len(ids))
-    spans = [dict(r) for r in db.execute(
-        f"SELECT * FROM spans WHERE pid=? AND step IN ({q}) AND phase='forward_launch' "
-        "AND drafter=0 ORDER BY t0_ns", (pid, *ids))] if ids else []
-    replays = [dict(r) for r in db.execute(
-        f"SELECT * FROM replays WHERE pid=? AND step IN ({q}) AND drafter=0 AND kind='replay'",
-        (pid, *ids))] if ids else []
-    pbuilds = [dict(r) for r in db.execute(
-        f"SELECT * FROM builds WHERE pid=? AND step IN ({q})", (pid, *ids))] if ids else []
+    spans = (
+        [
+            dict(r)
+            for r in db.execute(
+                f"SELECT * FROM spans WHERE pid=? AND step IN ({q}) AND phase='forward_launch' "
+                "AND drafter=0 ORDER BY t0_ns",
+                (pid, *ids),
+            )
+        ]
+        if ids
+        else []
+    )
+    replays = (
+        [
+            dict(r)
+            for r in db.execute(
+                f"SELECT * FROM replays WHERE pid=? AND step IN ({q}) AND drafter=0 "
+                "AND kind='replay'",
+                (pid, *ids),
+            )
+        ]
+        if ids
+        else []
+    )
+    pbuilds = (
+        [
+            dict(r)
+            for r in db.execute(f"SELECT * FROM builds WHERE pid=? AND step IN ({q})", (pid, *ids))
+        ]
+        if ids
+        else []
+    )
     probe_build_ns: dict[str, int] = {}
     for b in pbuilds:
         if b["builder"] in BUILDER_FILES.values():
             probe_build_ns[b["builder"]] = probe_build_ns.get(b["builder"], 0) + (
-                b["t1_ns"] - b["t0_ns"])
+                b["t1_ns"] - b["t0_ns"]
+            )
     full_steps = sum(1 for s in steps if s["mode"] == "full" and s["replayed"])
     kineto_full = sum(1 for n in per_fwd if n == 1)
     k_fwd_ns = sum(f["dur"] * 1e3 for f in fwd)
@@ -90,13 +118,20 @@ def analyze(trace: Path, recording: Path, window: tuple[int, int]) -> dict[str, 
         "probe_full_steps_confirmed": full_steps,
         "kineto_forwards_with_one_launch": kineto_full,
         "launch_counts_equal": sum(per_fwd) == len(replays),
-        "forward_host_ns": {"kineto": k_fwd_ns, "probe": p_fwd_ns,
-                            "ratio": p_fwd_ns / k_fwd_ns if k_fwd_ns else None},
+        "forward_host_ns": {
+            "kineto": k_fwd_ns,
+            "probe": p_fwd_ns,
+            "ratio": p_fwd_ns / k_fwd_ns if k_fwd_ns else None,
+        },
         "forward_paired_max_rel_diff": max((abs(p - k) / k for k, p in paired if k), default=None),
-        "build_host_ns": {cls: {"kineto": builds.get(cls), "probe": probe_build_ns.get(cls),
-                                "ratio": (probe_build_ns.get(cls, 0) / builds[cls])
-                                if builds.get(cls) else None}
-                          for cls in BUILDER_FILES.values()},
+        "build_host_ns": {
+            cls: {
+                "kineto": builds.get(cls),
+                "probe": probe_build_ns.get(cls),
+                "ratio": (probe_build_ns.get(cls, 0) / builds[cls]) if builds.get(cls) else None,
+            }
+            for cls in BUILDER_FILES.values()
+        },
     }
 
 
@@ -107,8 +142,7 @@ def trim(trace: Path, dest: Path) -> None:
     for e in data["traceEvents"]:
         cat = e.get("cat")
         name = e.get("name", "")
-        wanted = (": _model_forward", ": build", ": execute_model", ": sample_tokens",
-                  ": propose")
+        wanted = (": _model_forward", ": build", ": execute_model", ": sample_tokens", ": propose")
         if (
             cat in ("kernel", "cuda_runtime", "cuda_driver", "gpu_memcpy", "ac2g")
             or e.get("ph") == "M"

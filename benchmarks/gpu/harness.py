@@ -79,9 +79,15 @@ def engine_main(args: argparse.Namespace) -> None:
     cuda = torch.cuda.is_available()
     backend = sc.get("backend", "FLASHMLA_SPARSE")
     kw: dict[str, Any] = dict(
-        model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-        max_model_len=sc.get("max_model_len", 4096), max_num_seqs=sc.get("max_num_seqs", 64),
-        kv_cache_dtype=sc.get("kv", "fp8_ds_mla"), seed=0, generation_config="vllm",
+        model=model,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        max_model_len=sc.get("max_model_len", 4096),
+        max_num_seqs=sc.get("max_num_seqs", 64),
+        kv_cache_dtype=sc.get("kv", "fp8_ds_mla"),
+        seed=0,
+        generation_config="vllm",
     )
     if cuda:
         kw["gpu_memory_utilization"] = sc.get("gpu_mem", 0.3)
@@ -104,17 +110,26 @@ def engine_main(args: argparse.Namespace) -> None:
 
     def prompts(seed: int, n: int = n_req, pl: int = plen) -> list[dict[str, Any]]:
         rng = random.Random(seed)
-        return [{"prompt_token_ids": [rng.randrange(2, vocab) for _ in range(pl)]}
-                for _ in range(n)]
+        return [
+            {"prompt_token_ids": [rng.randrange(2, vocab) for _ in range(pl)]} for _ in range(n)
+        ]
 
     def sp(n: int = olen) -> Any:
         return SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, detokenize=False)
 
     llm.generate(prompts(999), sp(16), use_tqdm=False)  # warm-up (JIT, allocator)
     installed = True
-    emit({"op": "ready", "init_s": init_s, "scenario": sc, "pid": os.getpid(),
-          "snapshot": RT.static.get("snapshot"), "torch": torch.__version__,
-          "gpu": torch.cuda.get_device_name() if cuda else "cpu"})
+    emit(
+        {
+            "op": "ready",
+            "init_s": init_s,
+            "scenario": sc,
+            "pid": os.getpid(),
+            "snapshot": RT.static.get("snapshot"),
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if cuda else "cpu",
+        }
+    )
     for line in sys.stdin:
         cmd = json.loads(line)
         try:
@@ -139,8 +154,7 @@ def engine_main(args: argparse.Namespace) -> None:
                 from torch.profiler import ProfilerActivity, profile
 
                 acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-                prof = profile(activities=acts,
-                               with_stack=(mode == "groundtruth"))
+                prof = profile(activities=acts, with_stack=(mode == "groundtruth"))
                 prof.__enter__()
             b0 = boottime_ns()
             t0 = time.perf_counter()
@@ -158,11 +172,22 @@ def engine_main(args: argparse.Namespace) -> None:
             toks = [list(o.outputs[0].token_ids) for o in outs]
             ntok = sum(len(t) for t in toks)
             digest = hashlib.sha256(json.dumps(toks).encode()).hexdigest()[:16]
-            emit({"op": "result", "rep": cmd.get("rep"), "probe": mode, "tok_s": ntok / dt,
-                  "elapsed_s": dt, "out_tokens": ntok, "tokens_sha": digest,
-                  "boottime": [b0, b1], "trace": trace, "enabled": RT.enabled,
-                  "dropped": getattr(writer, "dropped", None),
-                  "tokens": toks if cmd.get("return_tokens") else None})
+            emit(
+                {
+                    "op": "result",
+                    "rep": cmd.get("rep"),
+                    "probe": mode,
+                    "tok_s": ntok / dt,
+                    "elapsed_s": dt,
+                    "out_tokens": ntok,
+                    "tokens_sha": digest,
+                    "boottime": [b0, b1],
+                    "trace": trace,
+                    "enabled": RT.enabled,
+                    "dropped": getattr(writer, "dropped", None),
+                    "tokens": toks if cmd.get("return_tokens") else None,
+                }
+            )
         except Exception:
             emit({"op": "error", "error": traceback.format_exc()[-3000:]})
     emit({"op": "bye"})
@@ -189,14 +214,35 @@ class Engine:
         env["PYTHONPATH"] = f"{REPO}:{env.get('PYTHONPATH', '')}"
         env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "engine", "--scenario", scenario,
-             "--run-dir", str(self.run_dir)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "engine",
+                "--scenario",
+                scenario,
+                "--run-dir",
+                str(self.run_dir),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
         )
         self.recording = out / f"{label}.probe.db"
         self.reader = subprocess.Popen(
-            [sys.executable, "-m", "probe.cli", "collect", "--run-dir", str(self.run_dir),
-             "--out", str(self.recording)], env=env, stderr=self.log,
+            [
+                sys.executable,
+                "-m",
+                "probe.cli",
+                "collect",
+                "--run-dir",
+                str(self.run_dir),
+                "--out",
+                str(self.recording),
+            ],
+            env=env,
+            stderr=self.log,
         )
         self.ready = self.expect("ready")
 
@@ -205,7 +251,7 @@ class Engine:
         for line in self.proc.stdout:
             if not line.startswith(TAG):
                 continue
-            msg = json.loads(line[len(TAG):])
+            msg = json.loads(line[len(TAG) :])
             if msg["op"] == "error":
                 raise RuntimeError(f"{self.label}: {msg['error']}")
             if msg["op"] == op:
@@ -234,9 +280,14 @@ class Engine:
 
 
 def spread(xs: list[float]) -> dict[str, Any]:
-    return {"n": len(xs), "median": statistics.median(xs) if xs else None,
-            "min": min(xs) if xs else None, "max": max(xs) if xs else None,
-            "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0, "values": xs}
+    return {
+        "n": len(xs),
+        "median": statistics.median(xs) if xs else None,
+        "min": min(xs) if xs else None,
+        "max": max(xs) if xs else None,
+        "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+        "values": xs,
+    }
 
 
 def run_ab(a: Engine, b: Engine, reps: int) -> dict[str, Any]:
@@ -250,10 +301,20 @@ def run_ab(a: Engine, b: Engine, reps: int) -> dict[str, Any]:
     ta = [r["tok_s"] for r in results["A"]]
     tb = [r["tok_s"] for r in results["B"]]
     return {
-        "A": {"scenario": a.ready["scenario"], "tok_s": spread(ta), "init_s": a.ready["init_s"],
-              "recording": a.recording.name, "windows": [r["boottime"] for r in results["A"]]},
-        "B": {"scenario": b.ready["scenario"], "tok_s": spread(tb), "init_s": b.ready["init_s"],
-              "recording": b.recording.name, "windows": [r["boottime"] for r in results["B"]]},
+        "A": {
+            "scenario": a.ready["scenario"],
+            "tok_s": spread(ta),
+            "init_s": a.ready["init_s"],
+            "recording": a.recording.name,
+            "windows": [r["boottime"] for r in results["A"]],
+        },
+        "B": {
+            "scenario": b.ready["scenario"],
+            "tok_s": spread(tb),
+            "init_s": b.ready["init_s"],
+            "recording": b.recording.name,
+            "windows": [r["boottime"] for r in results["B"]],
+        },
         "ratio_B_over_A": statistics.median(tb) / statistics.median(ta),
         "paired_ratios": [y / x for x, y in zip(ta, tb, strict=False)],
     }
@@ -263,7 +324,7 @@ def run_overhead(eng: Engine, reps: int, out: Path) -> dict[str, Any]:
     modes = ["attached", "detached", "absent", "profiler"]
     res: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for i in range(reps):
-        rot = modes[i % len(modes):] + modes[: i % len(modes)]
+        rot = modes[i % len(modes) :] + modes[: i % len(modes)]
         for m in rot:
             r = eng.run(rep=i, probe=m, seed=200 + i)
             res[m].append(r)
@@ -275,11 +336,16 @@ def run_overhead(eng: Engine, reps: int, out: Path) -> dict[str, Any]:
         for x in rs:
             by_seed.setdefault(int(x["rep"]), set()).add(x["tokens_sha"])
     return {
-        "modes": {m: {"tok_s": spread([x["tok_s"] for x in rs]),
-                      "ratio_to_absent": statistics.median(x["tok_s"] for x in rs) / base,
-                      "paired_ratio_to_absent": [x["tok_s"] / y["tok_s"]
-                                                 for x, y in zip(rs, res["absent"], strict=False)]}
-                  for m, rs in res.items()},
+        "modes": {
+            m: {
+                "tok_s": spread([x["tok_s"] for x in rs]),
+                "ratio_to_absent": statistics.median(x["tok_s"] for x in rs) / base,
+                "paired_ratio_to_absent": [
+                    x["tok_s"] / y["tok_s"] for x, y in zip(rs, res["absent"], strict=False)
+                ],
+            }
+            for m, rs in res.items()
+        },
         "token_identity": all(len(v) == 1 for v in by_seed.values()),
         "tokens_sha_by_mode": shas,
         "dropped": res["attached"][-1].get("dropped"),
@@ -288,8 +354,15 @@ def run_overhead(eng: Engine, reps: int, out: Path) -> dict[str, Any]:
 
 def run_groundtruth(eng: Engine, out: Path) -> dict[str, Any]:
     trace = out / "groundtruth.trace.json"
-    r = eng.run(rep="gt", probe="groundtruth", seed=300, requests=16, out_len=24,
-                prompt_len=256, trace=str(trace))
+    r = eng.run(
+        rep="gt",
+        probe="groundtruth",
+        seed=300,
+        requests=16,
+        out_len=24,
+        prompt_len=256,
+        trace=str(trace),
+    )
     return {"window_boottime": r["boottime"], "trace": trace.name, "tok_s": r["tok_s"]}
 
 
@@ -327,8 +400,10 @@ def suite(args: argparse.Namespace) -> None:
                 res["snapshot"] = e.ready.get("snapshot")
             elif exp["kind"] == "ab":
                 res = run_ab(engine(exp["a"]), engine(exp["b"]), exp.get("reps", 5))
-                res["snapshots"] = {"A": engines[exp["a"]].ready.get("snapshot"),
-                                    "B": engines[exp["b"]].ready.get("snapshot")}
+                res["snapshots"] = {
+                    "A": engines[exp["a"]].ready.get("snapshot"),
+                    "B": engines[exp["b"]].ready.get("snapshot"),
+                }
             else:
                 raise ValueError(f"unknown experiment kind {exp['kind']}")
             summary["experiments"].append({**exp, "result": res})

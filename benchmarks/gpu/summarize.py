@@ -28,16 +28,23 @@ def _rec_stats(db_path: Path, windows: list[list[int]]) -> dict[str, Any] | None
         rows += db.execute(
             "SELECT mode, reason, host_ns, cpu_launch_overhead_ns, forward_launch_ns, "
             "gpu_idle_before_ns, draft_ns FROM steps WHERE uniform=1 AND t0_ns BETWEEN ? AND ?",
-            (b0, b1)).fetchall()
+            (b0, b1),
+        ).fetchall()
     if not rows:
         return None
     med = lambda i: statistics.median(r[i] for r in rows if r[i] is not None)  # noqa: E731
     modes: dict[str, int] = {}
     for r in rows:
         modes[f"{r[0]}/{r[1]}"] = modes.get(f"{r[0]}/{r[1]}", 0) + 1
-    return {"decode_steps": len(rows), "modes": modes, "host_us": med(2) / 1e3,
-            "launch_us": med(3) / 1e3, "forward_us": med(4) / 1e3, "idle_us": med(5) / 1e3,
-            "draft_us": med(6) / 1e3}
+    return {
+        "decode_steps": len(rows),
+        "modes": modes,
+        "host_us": med(2) / 1e3,
+        "launch_us": med(3) / 1e3,
+        "forward_us": med(4) / 1e3,
+        "idle_us": med(5) / 1e3,
+        "draft_us": med(6) / 1e3,
+    }
 
 
 def main() -> None:
@@ -46,8 +53,10 @@ def main() -> None:
     ap.add_argument("--recordings", nargs="*", default=[])
     a = ap.parse_args()
     rec_dirs = [Path(d) for d in a.recordings]
-    print("| A/B | arm | tok/s median | min-max | B/A | decode steps: mode/reason | host µs "
-          "| CPU launch µs | forward launch µs | GPU idle µs | draft µs |")
+    print(
+        "| A/B | arm | tok/s median | min-max | B/A | decode steps: mode/reason | host µs "
+        "| CPU launch µs | forward launch µs | GPU idle µs | draft µs |"
+    )
     print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     over = []
     for f in a.results:
@@ -67,26 +76,38 @@ def main() -> None:
                     st = st or _rec_stats(d / x["recording"], x["windows"])
                 cells = ["-"] * 6
                 if st:
-                    cells = [", ".join(f"{k} {v}" for k, v in st["modes"].items()),
-                             f"{st['host_us']:.0f}", f"{st['launch_us']:.0f}",
-                             f"{st['forward_us']:.0f}", f"{st['idle_us']:.0f}",
-                             f"{st['draft_us']:.0f}"]
+                    cells = [
+                        ", ".join(f"{k} {v}" for k, v in st["modes"].items()),
+                        f"{st['host_us']:.0f}",
+                        f"{st['launch_us']:.0f}",
+                        f"{st['forward_us']:.0f}",
+                        f"{st['idle_us']:.0f}",
+                        f"{st['draft_us']:.0f}",
+                    ]
                 name = f"{e['a']} vs {e['b']}" if arm == "A" else ""
                 ratio = f"{r['ratio_B_over_A']:.3f}" if arm == "B" else ""
-                print(f"| {name} | {arm}: {x['scenario']['name']} | {t['median']:.0f} | "
-                      f"{t['min']:.0f}-{t['max']:.0f} | {ratio} | " + " | ".join(cells) + " |")
+                print(
+                    f"| {name} | {arm}: {x['scenario']['name']} | {t['median']:.0f} | "
+                    f"{t['min']:.0f}-{t['max']:.0f} | {ratio} | " + " | ".join(cells) + " |"
+                )
     for f, r in over:
-        print(f"\nOverhead ({Path(f).name}): output tok/s per mode, ratio of medians to "
-              "'absent' and the paired per-repetition ratios:\n")
+        print(
+            f"\nOverhead ({Path(f).name}): output tok/s per mode, ratio of medians to "
+            "'absent' and the paired per-repetition ratios:\n"
+        )
         print("| mode | tok/s median | min-max | ratio to absent | paired ratios |")
         print("|---|---:|---:|---:|---|")
         for m, x in r["modes"].items():
             t = x["tok_s"]
             pr = ", ".join(f"{v:.2f}" for v in x["paired_ratio_to_absent"])
-            print(f"| {m} | {t['median']:.0f} | {t['min']:.0f}-{t['max']:.0f} | "
-                  f"{x['ratio_to_absent']:.3f} | {pr} |")
-        print(f"\nGreedy tokens identical across modes in every repetition: "
-              f"{r['token_identity']}; ring drops: {r.get('dropped')}")
+            print(
+                f"| {m} | {t['median']:.0f} | {t['min']:.0f}-{t['max']:.0f} | "
+                f"{x['ratio_to_absent']:.3f} | {pr} |"
+            )
+        print(
+            f"\nGreedy tokens identical across modes in every repetition: "
+            f"{r['token_identity']}; ring drops: {r.get('dropped')}"
+        )
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ class _PostImport(importlib.abc.MetaPathFinder):
             find = getattr(finder, "find_spec", None)
             if find is None:
                 continue
-            spec = find(fullname, path, target)
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
             if spec is not None and spec.loader is not None:
                 loader = spec.loader
                 exec_module = loader.exec_module

@@ -21,6 +21,7 @@ Wrappers follow three rules (DESIGN "Rules for every hook"):
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import types
@@ -190,9 +191,7 @@ def _mark(wrapper: Any, original: Any, hook_id: str) -> None:
     """Make the wrapper look like the original to introspection (name, doc, signature)."""
     if isinstance(wrapper, types.FunctionType):
         for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
-            try:
+            with contextlib.suppress(AttributeError, TypeError):
                 setattr(wrapper, attr, getattr(original, attr))
-            except (AttributeError, TypeError):
-                pass
         wrapper.__wrapped__ = original  # type: ignore[attr-defined]
         wrapper.__probe_hook__ = hook_id  # type: ignore[attr-defined]

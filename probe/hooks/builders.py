@@ -68,10 +68,11 @@ def build(tag: BuildTag) -> Callable[[Callable[..., Any], Hook], Any]:
                 t1 = _clock(BOOTTIME)
                 RT.in_build = 0
             try:
+                cm: Any
                 if tag_v:
-                    cm = args[0] if args else kwargs.get("common_attn_metadata")
+                    cm = args[0] if args else kwargs["common_attn_metadata"]
                 else:
-                    cm = args[1] if len(args) > 1 else kwargs.get("common_attn_metadata")
+                    cm = args[1] if len(args) > 1 else kwargs["common_attn_metadata"]
                 padded_tokens = cm.num_actual_tokens
                 padded_reqs = cm.num_reqs
                 real_tokens = int(cm.query_start_loc_cpu[padded_reqs])
@@ -115,6 +116,7 @@ def _subclasses(cls: type) -> Iterator[type]:
     stack = [cls]
     while stack:
         c = stack.pop()
+        sub: type
         for sub in c.__subclasses__():
             if sub not in seen:
                 seen.add(sub)

@@ -82,7 +82,7 @@ def apply_override(text: str) -> list[dict[str, str]]:
         before = getattr(cls, "_cudagraph_support", None)
         cls._cudagraph_support = value
 
-        def get_cudagraph_support(klass: Any, *args: Any, _v: Any = value, **kw: Any) -> Any:
+        def get_cudagraph_support(klass: Any, /, *args: Any, _v: Any = value, **kw: Any) -> Any:
             return _v
 
         cls.get_cudagraph_support = classmethod(get_cudagraph_support)
@@ -313,16 +313,18 @@ def traps(snap: Mapping[str, Any]) -> list[dict[str, str]]:
         out.append(
             {
                 "code": "one_group_limits_engine",
-                "message": f"{lim.get('builder')} ({lim.get('backend')}) has {snap.get('min_support')}"
-                f", the lowest of {len(target)} attention groups: it sets the engine's graph mode",
+                "message": f"{lim.get('builder')} ({lim.get('backend')}) has "
+                f"{snap.get('min_support')}, the lowest of {len(target)} attention groups: "
+                "it sets the engine's graph mode",
             }
         )
     if low is not None and uq > 1 and low < 2:
         out.append(
             {
                 "code": "spec_decode_needs_uniform_batch",
-                "message": f"decode batches have query length {uq} (MTP) but the minimum support is "
-                f"{snap.get('min_support')}: FULL decode graphs are unavailable (needs UNIFORM_BATCH)",
+                "message": f"decode batches have query length {uq} (MTP) but the minimum support "
+                f"is {snap.get('min_support')}: FULL decode graphs are unavailable "
+                "(needs UNIFORM_BATCH)",
             }
         )
     res = snap.get("resolve") or {}

