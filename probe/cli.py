@@ -264,6 +264,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="probe", description=__doc__.split("\n")[0] if __doc__ else None)
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    _add_command_modules(sub)
 
     r = sub.add_parser("record", help="run a command with the probe on; write a recording")
     r.add_argument("--out", "-o", required=True, help="recording file to write (.probe.db)")
@@ -297,10 +298,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_command_modules(sub: Any) -> None:
+    """Subcommands living in ``probe/commands/<name>.py``.
+
+    Each module defines ``add_parser(subparsers) -> None``; the parser it adds sets
+    ``func=<callable(args) -> int>`` with ``set_defaults``. Commands raise
+    :class:`UsageError` for user mistakes.
+    """
+    import importlib
+    import pkgutil
+
+    from probe import commands
+
+    for mod in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if mod.name.startswith("_"):
+            continue
+        importlib.import_module(f"probe.commands.{mod.name}").add_parser(sub)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        func = getattr(args, "func", None)
+        if func is not None:
+            return int(func(args))
         return COMMANDS[args.cmd](args)
     except UsageError as exc:
         print(f"probe: error: {exc}", file=sys.stderr)

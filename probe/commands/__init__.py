@@ -1,0 +1,1 @@
+"""Subcommands of ``probe`` beyond the core ones, one module each (see probe.cli)."""
