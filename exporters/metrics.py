@@ -1,0 +1,398 @@
+"""The probe's metric set: one definition for Prometheus, OTLP and the dashboards.
+
+Every name is in the ``vllm_graph_probe_`` namespace and carries its unit
+(``_seconds``, ``_tokens_total``, ``_steps_total``). Every series carries the process
+labels vLLM's own metrics use (``model_name``, ``engine``: the DP engine index) plus
+``pid`` and the ranks (``tp_rank``, ``pp_rank``, ``dp_rank``). Ratios are never exported:
+they are two counters and the PromQL in :data:`RATIOS`, which the dashboards use verbatim.
+
+:func:`updates` is the single translation of steps into metric updates; the Prometheus
+and OTLP sinks only apply what it yields, so both report the same numbers, with the
+definitions of :mod:`probe.analysis` (forward steps only; padding over graph steps)::
+
+    >>> from exporters.metrics import METRICS, RATIOS
+    >>> METRICS["vllm_graph_probe_steps_total"].labels
+    ('mode', 'reason')
+    >>> print(RATIOS["full_hit_rate"])  # doctest: +NORMALIZE_WHITESPACE
+    sum(rate(vllm_graph_probe_steps_total{mode="full"}[5m]))
+      / sum(rate(vllm_graph_probe_steps_total[5m]))
+
+OTLP uses the same names without the ``_total`` suffix (the OTLP -> Prometheus
+translation in the Collector adds it back for monotonic sums), so a dashboard works on
+either path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from exporters.base import GpuSample, ProcessInfo
+from probe.analysis import PHASES
+from probe.assemble import Step
+from probe.records import BuildTag, Mode
+
+NAMESPACE = "vllm_graph_probe"
+PROCESS_LABELS: tuple[str, ...] = ("model_name", "engine", "pid", "tp_rank", "pp_rank", "dp_rank")
+
+Kind = Literal["counter", "histogram", "gauge"]
+
+# Explicit buckets for the Prometheus path (classic exposition has no native exponential
+# histograms); OTLP uses base-2 exponential histograms instead. Launch overhead on the
+# H200 recording runs 2 ms .. 1.2 s with a median near 3 ms; on MI355X it is expected lower.
+LAUNCH_BUCKETS = (
+    50e-6, 100e-6, 200e-6, 300e-6, 500e-6, 750e-6, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 5e-3,
+    7.5e-3, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1.0,
+)  # fmt: skip
+PHASE_BUCKETS = (
+    1e-6, 5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 0.01,
+    0.025, 0.05, 0.1, 0.25, 1.0,
+)  # fmt: skip
+# le="0" counts steps whose forward found the GPU already waiting for nothing (not idle)
+GPU_BUCKETS = (
+    0.0, 10e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1,
+    0.25, 1.0, 5.0,
+)  # fmt: skip
+BUILD_BUCKETS = PHASE_BUCKETS
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric. ``name`` is the Prometheus exposition name; ``unit`` is UCUM for OTLP."""
+
+    name: str
+    kind: Kind
+    unit: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def otel_name(self) -> str:
+        return self.name.removesuffix("_total")
+
+    @property
+    def all_labels(self) -> tuple[str, ...]:
+        return PROCESS_LABELS + self.labels
+
+
+def _m(
+    name: str,
+    kind: Kind,
+    unit: str,
+    help: str,
+    labels: tuple[str, ...] = (),
+    buckets: tuple[float, ...] = (),
+) -> Metric:
+    return Metric(f"{NAMESPACE}_{name}", kind, unit, help, labels, buckets)
+
+
+_DEFS = (
+    # -- graph decisions: ratios below
+    _m(
+        "steps_total",
+        "counter",
+        "{step}",
+        "Forward engine steps by dispatched graph mode (full, piecewise, none) and miss "
+        "reason (hit, piecewise_only, backend_support_too_low, ...).",
+        ("mode", "reason"),
+    ),
+    _m(
+        "decode_steps_total",
+        "counter",
+        "{step}",
+        "Forward steps that were uniform decode batches; query_len is 1 + speculative tokens.",
+        ("query_len",),
+    ),
+    _m(
+        "decode_full_steps_total",
+        "counter",
+        "{step}",
+        "Uniform decode steps dispatched to a FULL graph (decode_full_hit_rate numerator).",
+        ("query_len",),
+    ),
+    _m(
+        "replays_confirmed_total",
+        "counter",
+        "{step}",
+        "Graph-dispatched steps whose replay was observed (FULL: one replay; PIECEWISE: "
+        "at least one piece).",
+        ("mode",),
+    ),
+    _m(
+        "padded_tokens_total",
+        "counter",
+        "{token}",
+        "Tokens the graphs ran with (padded), over graph-dispatched steps.",
+    ),
+    _m(
+        "real_tokens_total",
+        "counter",
+        "{token}",
+        "Scheduled (real) tokens, over graph-dispatched steps.",
+    ),
+    _m(
+        "draft_steps_total",
+        "counter",
+        "{step}",
+        "Steps with an MTP drafter dispatch, by the drafter's graph mode and miss reason.",
+        ("mode", "reason"),
+    ),
+    # -- host time
+    _m(
+        "cpu_launch_overhead_seconds",
+        "histogram",
+        "s",
+        "Host time from step start until the forward's GPU work is enqueued "
+        "(prepare_inputs through forward_launch), per forward step.",
+        ("mode",),
+        LAUNCH_BUCKETS,
+    ),
+    _m(
+        "step_host_seconds",
+        "histogram",
+        "s",
+        "Host wall time of execute_model + sample_tokens (and drafting), per forward step.",
+        ("mode",),
+        LAUNCH_BUCKETS,
+    ),
+    _m(
+        "phase_host_seconds",
+        "histogram",
+        "s",
+        "Host time per phase per forward step (reorder, prepare_inputs, dispatch, "
+        "metadata_build, forward_launch, logits, sample, draft, sync_stall); 0 when absent.",
+        ("phase",),
+        PHASE_BUCKETS,
+    ),
+    _m(
+        "metadata_build_seconds",
+        "histogram",
+        "s",
+        "Attention-metadata build time per builder class (capture builds excluded).",
+        ("builder", "drafter"),
+        BUILD_BUCKETS,
+    ),
+    # -- GPU side
+    _m(
+        "gpu_idle_before_step_seconds",
+        "histogram",
+        "s",
+        "GPU idle gap before a step's forward (since the previous step's last event); "
+        "above 0 the GPU waited on the host.",
+        (),
+        GPU_BUCKETS,
+    ),
+    _m(
+        "forward_gpu_busy_seconds",
+        "histogram",
+        "s",
+        "GPU time of a step's forward, first to last event on the stream.",
+        (),
+        GPU_BUCKETS,
+    ),
+    # -- reorder
+    _m(
+        "reorder_decisions_total",
+        "counter",
+        "{decision}",
+        "Batch reorder decisions; changed=true when the batch order changed.",
+        ("changed",),
+    ),
+    _m(
+        "reorder_moved_requests_total",
+        "counter",
+        "{request}",
+        "Requests moved by batch reorders.",
+    ),
+    # -- probe health and static facts
+    _m(
+        "records_dropped_total",
+        "counter",
+        "{record}",
+        "Records the ring dropped because the reader fell behind (the probe never blocks).",
+    ),
+    _m(
+        "hook_faults_total",
+        "counter",
+        "{fault}",
+        "Faults inside probe hooks (each disables its hook; vLLM is never affected).",
+    ),
+    _m(
+        "engine_info",
+        "gauge",
+        "1",
+        "Static facts of a vLLM process, value 1: vLLM version, runner, platform, resolved "
+        "cudagraph_mode and the minimum attention-group graph support.",
+        ("vllm_version", "runner", "platform", "cudagraph_mode", "min_cg_support"),
+    ),
+    _m(
+        "doctor_warning_info",
+        "gauge",
+        "1",
+        "One series per `probe doctor` trap found in the process's snapshot, value 1.",
+        ("code", "message"),
+    ),
+)
+
+METRICS: Mapping[str, Metric] = {m.name: m for m in _DEFS}
+
+
+def _rate(expr: str, window: str) -> str:
+    return f"sum(rate({expr}[{window}]))"
+
+
+def ratio_queries(window: str = "5m", by: str = "", selector: str = "") -> dict[str, str]:
+    """The ratios of DESIGN as PromQL over the counters (``by``: e.g. ``"pid"``).
+
+    ``selector`` is a label matcher list without braces, e.g. ``model_name=~"$model_name"``.
+    """
+
+    def s(name: str, extra: str = "") -> str:
+        inner = ", ".join(x for x in (extra, selector) if x)
+        return f"{NAMESPACE}_{name}" + (f"{{{inner}}}" if inner else "")
+
+    def r(name: str, extra: str = "") -> str:
+        agg = f"sum by ({by})" if by else "sum"
+        return f"{agg}(rate({s(name, extra)}[{window}]))"
+
+    full = 'mode="full"'
+    graph = 'mode=~"full|piecewise"'
+    changed = 'changed="true"'
+    steps = r("steps_total")
+    padded = r("padded_tokens_total")
+    idle = r("gpu_idle_before_step_seconds_sum")
+    return {
+        # full_hit_rate = FULL / forward steps
+        "full_hit_rate": f"{r('steps_total', full)}\n  / {steps}",
+        # graph_rate = FULL or PIECEWISE / forward steps
+        "graph_rate": f"{r('steps_total', graph)}\n  / {steps}",
+        # decode_full_hit_rate = FULL / uniform decode steps (the MTP headline)
+        "decode_full_hit_rate": f"{r('decode_full_steps_total')}\n  / {r('decode_steps_total')}",
+        # padding_waste = (padded - real) / padded tokens
+        "padding_waste": f"({padded} - {r('real_tokens_total')})\n  / {padded}",
+        # replay_confirmed_rate = confirmed replays / graph-dispatched steps
+        "replay_confirmed_rate": f"{r('replays_confirmed_total')}\n  / {r('steps_total', graph)}",
+        # share of GPU time spent idle waiting for the host before steps
+        "gpu_idle_share": f"{idle}\n  / ({idle} + {r('forward_gpu_busy_seconds_sum')})",
+        # share of reorder decisions that changed the batch order
+        "reorder_changed_share": f"{r('reorder_decisions_total', changed)}\n"
+        f"  / {r('reorder_decisions_total')}",
+    }
+
+
+RATIOS: Mapping[str, str] = ratio_queries()
+
+
+# -- steps -> updates ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Update:
+    """Add ``value`` to a counter, observe it in a histogram, or set a gauge to it."""
+
+    metric: str
+    labels: Mapping[str, str]
+    value: float
+
+
+def process_labels(info: ProcessInfo) -> dict[str, str]:
+    return {
+        "model_name": info.model,
+        "engine": str(info.engine),
+        "pid": str(info.pid),
+        "tp_rank": str(info.tp_rank),
+        "pp_rank": str(info.pp_rank),
+        "dp_rank": str(info.dp_rank),
+    }
+
+
+def _name(v: Mode | None) -> str:
+    return "unknown" if v is None else v.name.lower()
+
+
+def _is_decode(s: Step) -> bool:
+    # probe.analysis.is_decode on a Step
+    return s.uniform and s.uniform_decode_query_len >= 1
+
+
+def updates(
+    info: ProcessInfo, steps: Sequence[Step], gpu: Sequence[GpuSample] = ()
+) -> Iterator[Update]:
+    """The metric updates a batch of one process's steps (and GPU timings) makes."""
+    base = process_labels(info)
+    n = NAMESPACE
+
+    def u(metric: str, value: float, **labels: str) -> Update:
+        return Update(f"{n}_{metric}", {**base, **labels}, value)
+
+    for s in steps:
+        if s.mode is None:
+            continue  # no forward ran (not counted by any hit rate)
+        mode = s.mode.name.lower()
+        reason = s.reason.label if s.reason is not None else "unknown"
+        yield u("steps_total", 1, mode=mode, reason=reason)
+        if _is_decode(s):
+            ql = str(s.uniform_decode_query_len)
+            yield u("decode_steps_total", 1, query_len=ql)
+            if s.mode == Mode.FULL:
+                yield u("decode_full_steps_total", 1, query_len=ql)
+        if s.mode != Mode.NONE:
+            if s.replayed:
+                yield u("replays_confirmed_total", 1, mode=mode)
+            yield u("padded_tokens_total", s.padded_tokens)
+            yield u("real_tokens_total", s.num_tokens)
+        if s.draft_mode is not None:
+            dreason = s.draft_reason.label if s.draft_reason is not None else "unknown"
+            yield u("draft_steps_total", 1, mode=_name(s.draft_mode), reason=dreason)
+        if s.cpu_launch_overhead_ns is not None:
+            yield u("cpu_launch_overhead_seconds", s.cpu_launch_overhead_ns / 1e9, mode=mode)
+        if s.host_ns:
+            yield u("step_host_seconds", s.host_ns / 1e9, mode=mode)
+        for p in PHASES:
+            yield u("phase_host_seconds", (s.phases.get(p) or 0) / 1e9, phase=p)
+        for b in s.builds:
+            if b.tag == BuildTag.CAPTURE:
+                continue
+            yield u(
+                "metadata_build_seconds",
+                b.dur_ns / 1e9,
+                builder=info.builder_names.get(b.builder_id, f"<builder {b.builder_id}>"),
+                drafter="true" if b.flags & 1 else "false",
+            )
+        for o in s.reorders:
+            yield u("reorder_decisions_total", 1, changed="true" if o.changed else "false")
+            if o.moved:
+                yield u("reorder_moved_requests_total", o.moved)
+    for g in gpu:
+        yield u("forward_gpu_busy_seconds", g.busy_ns / 1e9)
+        if g.idle_before_ns is not None:
+            yield u("gpu_idle_before_step_seconds", g.idle_before_ns / 1e9)
+
+
+def process_updates(info: ProcessInfo, previous: ProcessInfo | None) -> Iterator[Update]:
+    """Health counters (as increments since ``previous``) and the static info gauges."""
+    base = process_labels(info)
+    n = NAMESPACE
+    dropped = info.dropped - (previous.dropped if previous else 0)
+    if dropped > 0 or previous is None:
+        yield Update(f"{n}_records_dropped_total", base, max(dropped, 0))
+    faults = info.hook_faults - (previous.hook_faults if previous else 0)
+    if faults > 0 or previous is None:
+        yield Update(f"{n}_hook_faults_total", base, max(faults, 0))
+    if info.vllm_version:
+        yield Update(
+            f"{n}_engine_info",
+            {
+                **base,
+                "vllm_version": info.vllm_version,
+                "runner": info.runner,
+                "platform": info.platform,
+                "cudagraph_mode": info.cudagraph_mode,
+                "min_cg_support": info.min_support,
+            },
+            1,
+        )
+    for code, message in info.traps:
+        yield Update(f"{n}_doctor_warning_info", {**base, "code": code, "message": message}, 1)
