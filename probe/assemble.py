@@ -184,8 +184,10 @@ class StepAssembler:
             replayed = any(r.mode == Mode.FULL and r.kind == ReplayKind.REPLAY for r in tr)
         elif mode == Mode.PIECEWISE:
             replayed = pieces > 0
+        # REORDER records carry their own time: they are the reorder phase
+        timed = spans + [Span(r.step, Phase.REORDER, r.t0, r.t1, r.flags) for r in reorders]
         phases = {
-            p.name.lower(): _union_ns(s for s in spans if s.phase == p) for p in PHASE_COLUMNS
+            p.name.lower(): _union_ns(s for s in timed if s.phase == p) for p in PHASE_COLUMNS
         }
         fwd = [s for s in spans if s.phase == Phase.FORWARD_LAUNCH and not s.flags & Flag.DRAFTER]
         launch = (fwd[0].t1 - ex_rec.t0) if fwd and ex_rec is not None else None

@@ -29,7 +29,9 @@ RUN_DIR = EnvVar(
 )
 RING_CAPACITY = EnvVar("PROBE_RING_CAPACITY", "Records per ring, a power of two.", "65536")
 GPU_TIMING = EnvVar(
-    "PROBE_GPU_TIMING", "1: time the forward with device events (never synchronized).", "1"
+    "PROBE_GPU_TIMING",
+    "N: time every N-th step with device events (never synchronized); 0: off.",
+    "8",
 )
 CG_SUPPORT_OVERRIDE = EnvVar(
     "PROBE_CG_SUPPORT_OVERRIDE",

@@ -5,7 +5,8 @@ worker), through the ``vllm.general_plugins`` entry point this package declares.
 
 1. applies the what-if graph-support override if ``PROBE_CG_SUPPORT_OVERRIDE`` is set
    (before vLLM resolves the graph mode);
-2. installs the hooks, dormant (lazy: a module is wrapped when vLLM imports it);
+2. installs the always-on start-up hook (the graph-mode resolve); the per-step hooks are
+   installed only while a reader is attached, so a detached process pays nothing;
 3. with ``PROBE_ENABLE=1`` (``probe record``), creates this process's ring and enables;
 4. opens the control socket so ``probe attach`` can enable it later (``PROBE_CONTROL``).
 
@@ -47,7 +48,12 @@ def start_ring(environ: Mapping[str, str] | None = None) -> object:
     if os.path.exists(path):  # a stale ring of a previous process with our pid
         os.unlink(path)
     writer = RingWriter.create(path, capacity)
-    hooks.enable(writer, gpu_timing=config.get_bool(config.GPU_TIMING, env))
+    fams = config.get(config.HOOKS, env)
+    hooks.attach(
+        writer,
+        families=[f.strip() for f in fams.split(",")] if fams else None,
+        gpu_timing=config.get_int(config.GPU_TIMING, env),
+    )
     return writer
 
 
@@ -78,10 +84,9 @@ def register() -> None:
                 exc,
             )
     try:
-        fams = config.get(config.HOOKS, env)
-        report = hooks.install([f.strip() for f in fams.split(",")] if fams else None)
-        for hook_id, why in report.missing:
-            log.debug("vllm-graph-probe: %s skipped: %s", hook_id, why)
+        # Detached processes carry only the always-on hooks (the start-up resolve): the
+        # rest are installed by attach (PROBE_ENABLE below, or the control socket).
+        hooks.install(list(hooks.ALWAYS_ON))
     except Exception as exc:
         log.error("vllm-graph-probe: hooks not installed: %r", exc)
         return

@@ -30,24 +30,6 @@ def _by_id(hook_id: str) -> Target:
     return next(t for t in ALL_TARGETS if t.hook_id == hook_id)
 
 
-@pytest.fixture(scope="module")
-def v1_dispatcher() -> Any:
-    """A real CudagraphDispatcher on a real VllmConfig (cpu-testing.md section 2)."""
-    from vllm.config import CompilationMode, CUDAGraphMode, VllmConfig
-    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
-
-    vc = VllmConfig()
-    cc = vc.compilation_config
-    cc.mode = CompilationMode.NONE
-    cc.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
-    cc.cudagraph_capture_sizes = [2, 4, 8, 16, 32]
-    cc.max_cudagraph_capture_size = 32
-    d = CudagraphDispatcher(vc)
-    d.uniform_decode_query_len = 2
-    d.initialize_cudagraph_keys(CUDAGraphMode.FULL_DECODE_ONLY, uniform_decode_query_len=2)
-    return d
-
-
 @pytest.mark.parametrize("target", ALL_TARGETS, ids=lambda t: t.hook_id)
 def test_lifecycle_restores_by_identity(target: Target, kit: Any) -> None:
     before = kit.originals([target])

@@ -102,6 +102,62 @@ def uninstall() -> list[str]:
         return INSTALLER.uninstall()
 
 
+ALWAYS_ON = ("static",)
+
+
+def _install_missing(families: Sequence[str] | None, *, lazy: bool = True) -> None:
+    """Install the families' targets that are not installed yet (no warnings)."""
+    names = list(FAMILIES) if families is None else list(families)
+    for n in names:
+        if n not in _families:
+            _families.append(n)
+    have = {h.hook_id for h in INSTALLER.hooks.values()}
+    pending = {t.hook_id for ts in _deferred.values() for t in ts}
+    now: list[Target] = []
+    for t in targets(names):
+        if t.hook_id in have or t.hook_id in pending:
+            continue
+        if lazy and t.module not in sys.modules:
+            _deferred.setdefault(t.module, []).append(t)
+        else:
+            now.append(t)
+    report = INSTALLER.install(now)
+    LAST_REPORT.installed.extend(report.installed)
+    LAST_REPORT.missing.extend(report.missing)
+    if _deferred:
+        _PostImport.arm()
+
+
+def attach(
+    writer: Any, *, families: Sequence[str] | None = None, gpu_timing: bool | int = True
+) -> None:
+    """Install the hooks and start writing to ``writer`` (``probe attach`` / ``record``).
+
+    While detached only the ``static`` family is installed, so a detached process pays
+    nothing per hooked call: the wrappers are not there at all.
+    """
+    with _lock:
+        _install_missing(families)
+        enable(writer, gpu_timing=gpu_timing)
+
+
+def detach() -> Any:
+    """Stop writing and remove every hook but the always-on ones; returns the writer."""
+    with _lock:
+        writer = disable()
+        for hook in list(INSTALLER.hooks.values()):
+            if hook.hook_id.split(".", 1)[0] not in ALWAYS_ON:
+                INSTALLER.remove(hook)
+        for mod in list(_deferred):
+            _deferred[mod] = [t for t in _deferred[mod] if t.hook_id.split(".", 1)[0] in ALWAYS_ON]
+            if not _deferred[mod]:
+                del _deferred[mod]
+        if not _deferred:
+            _PostImport.disarm()
+        _families[:] = [f for f in _families if f in ALWAYS_ON]
+        return writer
+
+
 def _on_import(name: str) -> None:
     with _lock:
         pending = _deferred.pop(name, None)
@@ -161,7 +217,7 @@ class _PostImport(importlib.abc.MetaPathFinder):
 # -- enable / disable ----------------------------------------------------------------------
 
 
-def enable(writer: Any, *, gpu_timing: bool = True) -> None:
+def enable(writer: Any, *, gpu_timing: bool | int = True) -> None:
     """Start writing records to ``writer``. The first step then installs late targets
     (builders, the model's logits, the drafter) and writes the static snapshot."""
     with _lock:
@@ -174,7 +230,8 @@ def enable(writer: Any, *, gpu_timing: bool = True) -> None:
                 import torch
 
                 if torch.cuda.is_available():
-                    step.TIMER.append(step.GpuTimer())
+                    every = 8 if gpu_timing is True else int(gpu_timing)
+                    step.TIMER.append(step.GpuTimer(every))
                     RT.gpu_timing = True
             except Exception as exc:
                 log.info("probe: no device timing (%r)", exc)
@@ -237,8 +294,11 @@ def graph_context(snap: dict[str, Any]) -> Any:
 
 
 __all__ = [
+    "ALWAYS_ON",
     "FAMILIES",
     "INSTALLER",
+    "attach",
+    "detach",
     "disable",
     "enable",
     "install",

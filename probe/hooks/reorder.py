@@ -10,6 +10,8 @@ Supports vLLM 0.26 to 0.33.
 - MRV2 ignores the threshold: ``sort_batch_req_ids`` (module level in the runner, called
   by name) orders verify/decode requests first; the hook records the same facts with the
   decode query length as the threshold.
+
+One REORDER record per decision; its t0/t1 are the step's reorder phase.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from probe.runtime import BOOTTIME, RT
 
 _clock = time.clock_gettime_ns
 _REORDER = int(RecordKind.REORDER)
-_SPAN = int(RecordKind.SPAN)
 _OUTSIDE = int(Flag.OUTSIDE_STEP)
 _MRV2 = int(Flag.MRV2)
 
@@ -55,7 +56,6 @@ def v1_may_reorder(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                     dec = [n for n in counts if n <= thr]
                     nd, ndt = len(dec), sum(dec)
                 f = 0 if RT.in_step else _OUTSIDE
-                RT.write(_SPAN, 3, 0, f, RT.step, t0, t1, 0, 0, 0, 0, 0)
                 RT.write(
                     _REORDER,
                     int(moved > 0),
@@ -89,7 +89,6 @@ def mrv2_sort(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             moved = sum(1 for x, y in zip(before, result, strict=False) if x != y)
             dec = [n for n in num_tokens_per_req.values() if n == dql]
             f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
-            RT.write(_SPAN, 3, 0, f, RT.step, t0, t1, 0, 0, 0, 0, 0)
             RT.write(
                 _REORDER,
                 int(moved > 0),

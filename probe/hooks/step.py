@@ -66,20 +66,23 @@ def span(phase: Phase, *, drafter: bool = False) -> Callable[[Callable[..., Any]
 
 
 class GpuTimer:
-    """Device events around the step and the forward, read lazily, never synchronized.
+    """Device events around sampled steps, read lazily, never synchronized.
 
-    Per step: an event at step start, one before and one after the forward launch, and one
-    at step end. When the step-end event has completed (``query()``, non-blocking), the
-    timer writes a GPU record: forward busy time, and the idle gap between the previous
-    step's end event and this step's start event (the GPU waiting on the host).
+    Every ``every``-th step is timed: an event at the end of the step before it, one at
+    its start, one before and one after the forward launch, and one at its end (each
+    ``record()`` is a driver call, so timing every step would cost more than the rest of
+    the probe). When the last event has completed (``query()``, non-blocking) the timer
+    writes a GPU record: the forward's busy time, the step's device span, and the idle gap
+    between the previous step's end and this step's start (the GPU waiting on the host).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, every: int = 8) -> None:
         import torch
 
+        self.every = max(1, every)
         self._event = lambda: torch.cuda.Event(enable_timing=True)
         self._free: list[Any] = []
-        self._pending: deque[tuple[int, Any, Any, Any, Any]] = deque()
+        self._pending: deque[tuple[int, Any, Any, Any, Any, Any]] = deque()
         self._cur: list[Any] = []
         self._prev_end: Any = None
 
@@ -87,6 +90,15 @@ class GpuTimer:
         ev = self._free.pop() if self._free else self._event()
         ev.record()
         return ev
+
+    def sampled(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def mark_prev_end(self) -> None:
+        """Called at the end of the step before a sampled one."""
+        if self._prev_end is not None:
+            self._free.append(self._prev_end)
+        self._prev_end = self._get()
 
     def step_start(self) -> None:
         self._cur = [self._get()]
@@ -100,26 +112,24 @@ class GpuTimer:
             self._cur.append(self._get())
 
     def step_end(self, step: int) -> None:
-        cur = self._cur
+        cur, self._cur = self._cur, []
         if len(cur) == 3:
-            self._pending.append((step, cur[0], cur[1], cur[2], self._get()))
+            prev, self._prev_end = self._prev_end, None
+            self._pending.append((step, prev, cur[0], cur[1], cur[2], self._get()))
         else:
             self._free.extend(cur)
-        self._cur = []
-        self.poll()
+        if self._pending:
+            self.poll()
 
     def poll(self) -> None:
         pending = self._pending
-        while pending and pending[0][4].query():
-            step, s0, f0, f1, s1 = pending.popleft()
+        while pending and pending[0][5].query():
+            step, prev, s0, f0, f1, s1 = pending.popleft()
             busy = int(f0.elapsed_time(f1) * 1e6)
-            idle = -1
-            if self._prev_end is not None:
-                idle = max(0, int(self._prev_end.elapsed_time(s0) * 1e6))
-                self._free.append(self._prev_end)
-            self._free.extend((s0, f0, f1))
-            self._prev_end = s1
-            RT.write(_GPU, 0, 0, 0, step, 0, 0, busy, idle, int(s0.elapsed_time(s1) * 1e6), 0, 0)
+            idle = -1 if prev is None else max(0, int(prev.elapsed_time(s0) * 1e6))
+            span = int(s0.elapsed_time(s1) * 1e6)
+            self._free.extend(e for e in (prev, s0, f0, f1, s1) if e is not None)
+            RT.write(_GPU, 0, 0, 0, step, 0, 0, busy, idle, span, 0, 0)
 
 
 TIMER: list[GpuTimer] = []  # at most one; created on enable when the device has events
@@ -127,6 +137,13 @@ TIMER: list[GpuTimer] = []  # at most one; created on enable when the device has
 
 def _timer() -> GpuTimer | None:
     return TIMER[0] if TIMER and RT.gpu_timing else None
+
+
+def _sampled_timer() -> GpuTimer | None:
+    """The timer, if the current step is one it samples."""
+    if TIMER and RT.gpu_timing and TIMER[0].sampled(RT.step):
+        return TIMER[0]
+    return None
 
 
 def execute(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]:
@@ -144,7 +161,7 @@ def execute(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]:
                 n_tok = scheduler_output.total_num_scheduled_tokens
                 n_req = len(scheduler_output.num_scheduled_tokens)
                 RT.step += 1
-                timer = _timer()
+                timer = _sampled_timer()
                 if timer is not None:
                     timer.step_start()
             except Exception as exc:
@@ -200,6 +217,8 @@ def sample_tokens(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]
                     timer = _timer()
                     if timer is not None:
                         timer.step_end(RT.step)
+                        if timer.sampled(RT.step + 1):
+                            timer.mark_prev_end()
                 except Exception as exc:
                     hook.fail(exc)
 

@@ -1,0 +1,116 @@
+"""``probe export``: a finished recording into OTLP, a Prometheus textfile, or Perfetto.
+
+    probe export run.probe.db --otlp http://127.0.0.1:4318
+    probe export run.probe.db --otlp 127.0.0.1:4317 --otlp-protocol grpc --sampling 0.1
+    probe export run.probe.db --prometheus-textfile /var/lib/node_exporter/probe.prom
+    probe export run.probe.db --perfetto run.perfetto-trace
+
+Each target needs its extra (``pip install 'vllm-graph-probe[otlp]'`` and so on); a
+missing one is named in the error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from probe.cli import UsageError, _open_recording
+
+
+def _sink_module(name: str) -> Any:
+    from exporters.base import MissingExtra, load_sink
+
+    try:
+        return load_sink(name)
+    except MissingExtra as exc:
+        raise UsageError(f"export: {exc}") from None
+
+
+def _check_out(path: str, flag: str) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"export: {flag} {p} is a directory")
+    if not p.parent.exists():
+        raise UsageError(f"export: {flag}: directory {p.parent} does not exist")
+    return p
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    if not (args.otlp or args.prometheus_textfile or args.perfetto):
+        raise UsageError("export: give at least one of --otlp, --prometheus-textfile, --perfetto")
+    if not 0.0 <= args.sampling <= 1.0:
+        raise UsageError(f"export: --sampling must be within 0..1, got {args.sampling}")
+    textfile = (
+        _check_out(args.prometheus_textfile, "--prometheus-textfile")
+        if args.prometheus_textfile
+        else None
+    )
+    perfetto_out = _check_out(args.perfetto, "--perfetto") if args.perfetto else None
+    rec = _open_recording(args.recording)
+    from exporters.base import replay
+
+    err = sys.stderr
+    if textfile is not None:
+        prom = _sink_module("prometheus")
+        sink = prom.PrometheusSink()
+        n = replay(rec, sink)
+        prom.write_textfile(sink, textfile)
+        print(f"probe: {n} steps -> {textfile}", file=err)
+    if args.otlp:
+        otlp = _sink_module("otlp")
+        try:
+            osink = otlp.make_sink(
+                args.otlp,
+                args.otlp_protocol,
+                sampling=args.sampling,
+                timeout_s=args.timeout,
+            )
+        except ValueError as exc:
+            raise UsageError(f"export: --otlp {exc}") from None
+        n = replay(rec, osink)
+        osink.flush(int(args.timeout * 1000))
+        osink.close()
+        if osink.spans_failed:
+            raise UsageError(
+                f"export: {args.otlp} refused or did not answer: "
+                f"{osink.spans_failed} span(s) not exported ({osink.spans_exported} exported)"
+            )
+        print(
+            f"probe: {n} steps -> {osink.spans_exported} spans and the metric set -> "
+            f"{args.otlp} ({args.otlp_protocol})",
+            file=err,
+        )
+    if perfetto_out is not None:
+        if importlib.util.find_spec("exporters.perfetto") is None:
+            raise UsageError("export: --perfetto is unavailable (no exporters.perfetto module)")
+        mod = _sink_module("perfetto")
+        write = getattr(mod, "write_recording", None)
+        if write is None:
+            raise UsageError(
+                "export: --perfetto is unavailable (exporters.perfetto has no write_recording)"
+            )
+        write(rec, perfetto_out)
+        print(f"probe: timeline -> {perfetto_out}", file=err)
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("export", help="export a recording: OTLP, Prometheus textfile, Perfetto")
+    p.add_argument("recording", nargs="?", help="recording (default: the bundled one)")
+    p.add_argument("--otlp", metavar="ENDPOINT", help="OTLP endpoint, e.g. http://127.0.0.1:4318")
+    p.add_argument(
+        "--otlp-protocol",
+        choices=("http/protobuf", "grpc"),
+        default="http/protobuf",
+        help="OTLP transport",
+    )
+    p.add_argument(
+        "--sampling", type=float, default=1.0, help="share of steps exported as spans (0..1)"
+    )
+    p.add_argument("--timeout", type=float, default=10.0, help="OTLP export timeout, s")
+    p.add_argument("--prometheus-textfile", metavar="PATH", help="write a .prom textfile")
+    p.add_argument("--perfetto", metavar="PATH", help="write a Perfetto trace")
+    p.set_defaults(func=cmd_export)
