@@ -219,8 +219,16 @@ class _PostImport(importlib.abc.MetaPathFinder):
 
 def enable(writer: Any, *, gpu_timing: bool | int = True) -> None:
     """Start writing records to ``writer``. The first step then installs late targets
-    (builders, the model's logits, the drafter) and writes the static snapshot."""
+    (builders, the model's logits, the drafter) and writes the static snapshot.
+
+    In a detached process (only the always-on hooks installed) this installs the rest
+    first, like :func:`attach`. :func:`disable` leaves hooks dormant; :func:`detach`
+    removes them (zero cost while no reader is attached).
+    """
     with _lock:
+        if not any(h.hook_id.split(".", 1)[0] not in ALWAYS_ON for h in INSTALLER.hooks.values()):
+            # a detached process (only the always-on hooks): bring the rest in first
+            _install_missing(None)
         RT.detach()
         RT.attach(writer)
         RT.gpu_timing = False
