@@ -42,8 +42,8 @@ from opentelemetry.sdk.metrics import Histogram, MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 from exporters.base import ExportSink, GpuSample, ProcessInfo
@@ -115,6 +115,29 @@ def step_attributes(s: Step) -> dict[str, Any]:
     return a
 
 
+class CountingSpanExporter(SpanExporter):
+    """Wraps a span exporter and counts what it exported and what failed."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.exported = 0
+        self.failed = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        result = self.inner.export(spans)
+        if result == SpanExportResult.SUCCESS:
+            self.exported += len(spans)
+        else:
+            self.failed += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
 @dataclass
 class _Proc:
     info: ProcessInfo
@@ -148,6 +171,7 @@ class OtlpSink(ExportSink):
         self._boottime = boottime_ns
         self._epoch = epoch_ns
         self._procs: dict[int, _Proc] = {}
+        self.span_exporters: list[CountingSpanExporter] = []
 
     def _proc(self, info: ProcessInfo) -> _Proc:
         p = self._procs.get(info.pid)
@@ -165,7 +189,9 @@ class OtlpSink(ExportSink):
             resource=resource, sampler=ParentBased(TraceIdRatioBased(self.sampling))
         )
         # a replayed recording arrives all at once: a queue deep enough not to drop spans
-        tp.add_span_processor(BatchSpanProcessor(self._span_exporter(), max_queue_size=1 << 16))
+        counting = CountingSpanExporter(self._span_exporter())
+        self.span_exporters.append(counting)
+        tp.add_span_processor(BatchSpanProcessor(counting, max_queue_size=1 << 16))
         reader = PeriodicExportingMetricReader(
             self._metric_exporter(), export_interval_millis=self.export_interval_s * 1000
         )
@@ -246,6 +272,14 @@ class OtlpSink(ExportSink):
         for p in self._procs.values():
             p.tracer_provider.force_flush(timeout_ms)
             p.meter_provider.force_flush(timeout_ms)
+
+    @property
+    def spans_exported(self) -> int:
+        return sum(e.exported for e in self.span_exporters)
+
+    @property
+    def spans_failed(self) -> int:
+        return sum(e.failed for e in self.span_exporters)
 
     def close(self) -> None:
         for p in self._procs.values():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"probe: {n} steps -> {textfile}", file=err)
     if args.otlp:
         otlp = _sink_module("otlp")
+        # one line at the end says what failed; the SDK's per-batch retry warnings do not
+        logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
         try:
             osink = otlp.make_sink(
                 args.otlp,
