@@ -13,9 +13,10 @@ definitions of :mod:`probe.analysis` (forward steps only; padding over graph ste
     >>> from exporters.metrics import METRICS, RATIOS
     >>> METRICS["vllm_graph_probe_steps_total"].labels
     ('mode', 'reason')
-    >>> print(RATIOS["full_hit_rate"])  # doctest: +NORMALIZE_WHITESPACE
-    sum(rate(vllm_graph_probe_steps_total{mode="full"}[5m]))
-      / sum(rate(vllm_graph_probe_steps_total[5m]))
+    >>> print(RATIOS["decode_full_hit_rate"])  # doctest: +NORMALIZE_WHITESPACE
+    sum(rate(vllm_graph_probe_decode_full_steps_total[5m])
+        or 0 * rate(vllm_graph_probe_decode_steps_total[5m]))
+      / sum(rate(vllm_graph_probe_decode_steps_total[5m]))
 
 OTLP uses the same names without the ``_total`` suffix (the OTLP -> Prometheus
 translation in the Collector adds it back for monotonic sums), so a dashboard works on
@@ -257,28 +258,36 @@ def ratio_queries(window: str = "5m", by: str = "", selector: str = "") -> dict[
         agg = f"sum by ({by})" if by else "sum"
         return f"{agg}(rate({s(name, extra)}[{window}]))"
 
+    def num(name: str, extra: str, base: str) -> str:
+        # `or 0 * base`: a numerator with no series yet (no FULL step at all) reads 0, not
+        # "no data"; the zeros add nothing to the sum
+        agg = f"sum by ({by})" if by else "sum"
+        return f"{agg}(rate({s(name, extra)}[{window}]) or 0 * rate({s(base)}[{window}]))"
+
     full = 'mode="full"'
     graph = 'mode=~"full|piecewise"'
     changed = 'changed="true"'
     steps = r("steps_total")
     padded = r("padded_tokens_total")
     idle = r("gpu_idle_before_step_seconds_sum")
+    decode = num("decode_full_steps_total", "", "decode_steps_total")
+    reorders = "reorder_decisions_total"
     return {
         # full_hit_rate = FULL / forward steps
-        "full_hit_rate": f"{r('steps_total', full)}\n  / {steps}",
+        "full_hit_rate": f"{num('steps_total', full, 'steps_total')}\n  / {steps}",
         # graph_rate = FULL or PIECEWISE / forward steps
-        "graph_rate": f"{r('steps_total', graph)}\n  / {steps}",
+        "graph_rate": f"{num('steps_total', graph, 'steps_total')}\n  / {steps}",
         # decode_full_hit_rate = FULL / uniform decode steps (the MTP headline)
-        "decode_full_hit_rate": f"{r('decode_full_steps_total')}\n  / {r('decode_steps_total')}",
+        "decode_full_hit_rate": f"{decode}\n  / {r('decode_steps_total')}",
         # padding_waste = (padded - real) / padded tokens
         "padding_waste": f"({padded} - {r('real_tokens_total')})\n  / {padded}",
         # replay_confirmed_rate = confirmed replays / graph-dispatched steps
-        "replay_confirmed_rate": f"{r('replays_confirmed_total')}\n  / {r('steps_total', graph)}",
+        "replay_confirmed_rate": f"{num('replays_confirmed_total', '', 'steps_total')}\n"
+        f"  / {r('steps_total', graph)}",
         # share of GPU time spent idle waiting for the host before steps
         "gpu_idle_share": f"{idle}\n  / ({idle} + {r('forward_gpu_busy_seconds_sum')})",
         # share of reorder decisions that changed the batch order
-        "reorder_changed_share": f"{r('reorder_decisions_total', changed)}\n"
-        f"  / {r('reorder_decisions_total')}",
+        "reorder_changed_share": f"{num(reorders, changed, reorders)}\n  / {r(reorders)}",
     }
 
 

@@ -1,0 +1,509 @@
+"""Grafana dashboards for the probe's Prometheus metrics, generated from plain dicts.
+
+    python -m dashboards.generate            # write dashboards/*.json
+    python -m dashboards.generate --check    # fail when the JSON is stale or a panel
+                                             # queries a metric exporters.metrics lacks
+
+Every PromQL expression here is built from :mod:`exporters.metrics` (the ratios come from
+:func:`exporters.metrics.ratio_queries`), and ``--check`` parses the metric names back
+out of each expression (``_bucket``/``_sum``/``_count`` tolerated on histograms) and
+compares them with the metric set, as vLLM's own generator does for ``vllm:*``.
+Grafana >= 10.4; datasource variable ``${datasource}``; ``$__rate_interval``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from exporters.metrics import METRICS, NAMESPACE, ratio_queries
+
+HERE = Path(__file__).resolve().parent
+DS = {"type": "prometheus", "uid": "${datasource}"}
+RI = "$__rate_interval"
+SEL = 'model_name=~"$model_name", tp_rank=~"$tp_rank"'
+N = NAMESPACE
+
+
+def m(name: str, extra: str = "") -> str:
+    """A series selector with the dashboard's variables (and ``extra`` matchers)."""
+    inner = ", ".join(x for x in (extra, SEL) if x)
+    return f"{N}_{name}{{{inner}}}"
+
+
+def rate(name: str, extra: str = "", by: str = "", window: str = RI) -> str:
+    agg = f"sum by ({by})" if by else "sum"
+    return f"{agg}(rate({m(name, extra)}[{window}]))"
+
+
+def quantile(q: float, hist: str, by: str = "") -> str:
+    keys = ", ".join(["le", *(by.split(", ") if by else [])])
+    return f"histogram_quantile({q}, sum by ({keys}) (rate({m(hist + '_bucket')}[{RI}])))"
+
+
+def mean(hist: str, by: str) -> str:
+    return f"{rate(hist + '_sum', by=by)}\n  / {rate(hist + '_count', by=by)}"
+
+
+R = ratio_queries(window=RI, selector=SEL)
+
+
+def target(expr: str, legend: str = "", ref: str = "A", **kw: Any) -> dict[str, Any]:
+    return {"refId": ref, "datasource": DS, "expr": expr, "legendFormat": legend, **kw}
+
+
+def panel(
+    title: str,
+    description: str,
+    targets: Sequence[dict[str, Any]],
+    *,
+    kind: str = "timeseries",
+    unit: str = "short",
+    stacked: bool = False,
+    ratio: bool = False,
+    options: Mapping[str, Any] | None = None,
+    transformations: Sequence[dict[str, Any]] = (),
+    w: int = 12,
+    h: int = 8,
+) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": "percentunit" if ratio else unit}
+    if ratio:
+        defaults.update(min=0, max=1)
+    if kind == "timeseries":
+        defaults["custom"] = {
+            "drawStyle": "line",
+            "fillOpacity": 30 if stacked else 0,
+            "stacking": {"mode": "normal" if stacked else "none", "group": "A"},
+            "lineWidth": 1,
+        }
+    refs = "ABCDEFGH"
+    return {
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "gridPos": {"w": w, "h": h},
+        "targets": [dict(t, refId=refs[i]) for i, t in enumerate(targets)],
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": dict(options or {"legend": {"displayMode": "list", "placement": "bottom"}}),
+        "transformations": list(transformations),
+    }
+
+
+def table(
+    title: str, description: str, expr: str, keep: Sequence[str], w: int = 24
+) -> dict[str, Any]:
+    hide = {"Time": True, "Value": True, "__name__": True}
+    return panel(
+        title,
+        description,
+        [target(expr, instant=True, format="table")],
+        kind="table",
+        options={"showHeader": True, "cellHeight": "sm"},
+        transformations=[
+            {
+                "id": "organize",
+                "options": {
+                    "excludeByName": hide,
+                    "indexByName": {k: i for i, k in enumerate(keep)},
+                },
+            }
+        ],
+        w=w,
+        h=6,
+    )
+
+
+def _layout(panels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    x = y = row_h = 0
+    for i, p in enumerate(panels, start=1):
+        g = p["gridPos"]
+        if x + g["w"] > 24:
+            x, y, row_h = 0, y + row_h, 0
+        g.update(x=x, y=y)
+        x += g["w"]
+        row_h = max(row_h, g["h"])
+        p["id"] = i
+    return panels
+
+
+def _templating() -> dict[str, Any]:
+    def var(name: str, label: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "label": label,
+            "type": "query",
+            "datasource": DS,
+            "query": {"query": f"label_values({N}_steps_total, {name})", "refId": "var"},
+            "definition": f"label_values({N}_steps_total, {name})",
+            "includeAll": True,
+            "allValue": ".*",
+            "multi": True,
+            "current": {"text": "All", "value": "$__all"},
+            "refresh": 2,
+            "sort": 1,
+        }
+
+    return {
+        "list": [
+            {
+                "name": "datasource",
+                "label": "Prometheus",
+                "type": "datasource",
+                "query": "prometheus",
+                "current": {},
+            },
+            var("model_name", "Model"),
+            var("tp_rank", "TP rank"),
+        ]
+    }
+
+
+def dashboard(
+    uid: str, title: str, description: str, panels: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["vllm", "vllm-graph-probe", "cuda-graphs"],
+        "editable": True,
+        "schemaVersion": 39,
+        "graphTooltip": 1,
+        "time": {"from": "now-30m", "to": "now"},
+        "refresh": "10s",
+        "templating": _templating(),
+        "annotations": {
+            "list": [
+                {
+                    "name": "Doctor warnings",
+                    "datasource": DS,
+                    "enable": True,
+                    "iconColor": "orange",
+                    "expr": f"max by (code, message) ({m('doctor_warning_info')})",
+                    "step": "1m",
+                    "titleFormat": "{{code}}",
+                    "textFormat": "{{message}}",
+                    "useValueForTime": False,
+                }
+            ]
+        },
+        "panels": _layout(panels),
+    }
+
+
+def graph_path() -> dict[str, Any]:
+    panels = [
+        panel(
+            "FULL and graph hit rate",
+            "full_hit_rate = FULL / forward steps; graph_rate = FULL or PIECEWISE / forward "
+            "steps; replay_confirmed_rate = observed replays / graph-dispatched steps.",
+            [
+                target(R["full_hit_rate"], "full_hit_rate"),
+                target(R["graph_rate"], "graph_rate"),
+                target(R["replay_confirmed_rate"], "replay_confirmed_rate"),
+            ],
+            ratio=True,
+        ),
+        panel(
+            "Decode FULL hit rate (MTP)",
+            "decode_full_hit_rate = FULL / uniform decode steps, by decode query length "
+            "(1 + speculative tokens). Below 1 with query_len > 1: the UNIFORM_BATCH trap.",
+            [
+                target(
+                    ratio_queries(RI, by="query_len", selector=SEL)["decode_full_hit_rate"],
+                    "query_len {{query_len}}",
+                ),
+                target(R["decode_full_hit_rate"], "all decode"),
+            ],
+            ratio=True,
+        ),
+        panel(
+            "Miss reasons (steps/s, stacked)",
+            "Forward steps per second by dispatched mode and reason (hit = FULL).",
+            [target(rate("steps_total", by="mode, reason"), "{{mode}} / {{reason}}")],
+            unit="ops",
+            stacked=True,
+        ),
+        panel(
+            "Drafter (MTP) graph modes",
+            "Steps with a drafter dispatch, by the drafter's mode and reason.",
+            [target(rate("draft_steps_total", by="mode, reason"), "{{mode}} / {{reason}}")],
+            unit="ops",
+            stacked=True,
+        ),
+        panel(
+            "Padding waste",
+            "padding_waste = (padded - real) / padded tokens over graph-dispatched steps.",
+            [target(R["padding_waste"], "padding_waste")],
+            ratio=True,
+        ),
+        panel(
+            "Tokens through graphs (tokens/s)",
+            "Padded and real tokens per second of graph-dispatched steps.",
+            [
+                target(rate("padded_tokens_total"), "padded"),
+                target(rate("real_tokens_total"), "real"),
+            ],
+            unit="short",
+        ),
+        panel(
+            "FULL hit rate per rank",
+            "full_hit_rate per process: one rank dragging the engine off FULL shows here.",
+            [
+                target(
+                    ratio_queries(RI, by="pid, tp_rank, pp_rank, dp_rank", selector=SEL)[
+                        "full_hit_rate"
+                    ],
+                    "tp{{tp_rank}} pp{{pp_rank}} dp{{dp_rank}} ({{pid}})",
+                )
+            ],
+            ratio=True,
+            w=24,
+        ),
+        table(
+            "Doctor warnings",
+            "Traps `probe doctor` found in each process's static snapshot.",
+            f"max by (pid, tp_rank, code, message) ({m('doctor_warning_info')})",
+            ["pid", "tp_rank", "code", "message"],
+        ),
+        table(
+            "Engines",
+            "vLLM version, runner, resolved cudagraph_mode and the minimum graph support.",
+            "max by (pid, tp_rank, pp_rank, dp_rank, vllm_version, runner, platform, "
+            f"cudagraph_mode, min_cg_support) ({m('engine_info')})",
+            [
+                "pid",
+                "tp_rank",
+                "pp_rank",
+                "dp_rank",
+                "vllm_version",
+                "runner",
+                "platform",
+                "cudagraph_mode",
+                "min_cg_support",
+            ],
+        ),
+    ]
+    return dashboard(
+        "vllm-graph-probe-graphs",
+        "vLLM graph probe: graph path",
+        "Did each step replay a graph, and if not, why not (vllm-graph-probe).",
+        panels,
+    )
+
+
+def host_overhead() -> dict[str, Any]:
+    rank = "tp_rank, pp_rank, dp_rank"
+    panels = [
+        panel(
+            "CPU launch overhead (heatmap)",
+            "Host time from step start until the forward's GPU work is enqueued, per step.",
+            [
+                target(
+                    f"sum by (le) (increase({m('cpu_launch_overhead_seconds_bucket')}[{RI}]))",
+                    "{{le}}",
+                    format="heatmap",
+                )
+            ],
+            kind="heatmap",
+            options={
+                "calculate": False,
+                "yAxis": {"unit": "s"},
+                "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64},
+                "cellGap": 1,
+            },
+        ),
+        panel(
+            "CPU launch overhead p50 / p99 by mode",
+            "Quantiles from the explicit buckets.",
+            [
+                target(quantile(0.5, "cpu_launch_overhead_seconds", "mode"), "p50 {{mode}}"),
+                target(quantile(0.99, "cpu_launch_overhead_seconds", "mode"), "p99 {{mode}}"),
+            ],
+            unit="s",
+        ),
+        panel(
+            "Host time per step by phase (mean, stacked)",
+            "Mean host seconds per forward step in each phase; the rest of the step is "
+            "the gap to the step's host time.",
+            [
+                target(mean("phase_host_seconds", "phase"), "{{phase}}"),
+            ],
+            unit="s",
+            stacked=True,
+        ),
+        panel(
+            "Step host time p50 by mode",
+            "Host wall time of execute_model + sample_tokens (and drafting).",
+            [target(quantile(0.5, "step_host_seconds", "mode"), "p50 {{mode}}")],
+            unit="s",
+        ),
+        panel(
+            "GPU idle before step",
+            "How long the GPU waited for the host before each forward (p50, p99), and the "
+            "idle share of GPU time: the step is CPU-bound when this is high.",
+            [
+                target(quantile(0.5, "gpu_idle_before_step_seconds"), "p50 idle"),
+                target(quantile(0.99, "gpu_idle_before_step_seconds"), "p99 idle"),
+                target(quantile(0.5, "forward_gpu_busy_seconds"), "p50 forward busy"),
+            ],
+            unit="s",
+        ),
+        panel(
+            "GPU idle share",
+            "gpu_idle_share = idle before steps / (idle + forward busy).",
+            [target(R["gpu_idle_share"], "gpu_idle_share")],
+            ratio=True,
+        ),
+        panel(
+            "Metadata build time by builder (mean)",
+            "Mean attention-metadata build seconds per build, per builder class.",
+            [
+                target(
+                    mean("metadata_build_seconds", "builder, drafter"),
+                    "{{builder}} drafter={{drafter}}",
+                )
+            ],
+            unit="s",
+        ),
+        panel(
+            "Reorder decisions",
+            "Batch reorder decisions per second (changed = the order changed), and moved "
+            "requests per second.",
+            [
+                target(rate("reorder_decisions_total", by="changed"), "changed={{changed}}"),
+                target(rate("reorder_moved_requests_total"), "moved requests"),
+            ],
+            unit="ops",
+        ),
+        panel(
+            "CPU launch overhead p50 per rank",
+            "Per-rank comparison: a slow rank holds every collective back.",
+            [
+                target(
+                    quantile(0.5, "cpu_launch_overhead_seconds", rank),
+                    "tp{{tp_rank}} pp{{pp_rank}} dp{{dp_rank}}",
+                )
+            ],
+            unit="s",
+        ),
+        panel(
+            "Probe health",
+            "Records dropped by the rings (reader behind) and hook faults; both should be 0.",
+            [
+                target(
+                    f"sum by (pid) (increase({m('records_dropped_total')}[{RI}]))",
+                    "dropped {{pid}}",
+                ),
+                target(
+                    f"sum by (pid) (increase({m('hook_faults_total')}[{RI}]))", "faults {{pid}}"
+                ),
+            ],
+            unit="short",
+        ),
+    ]
+    return dashboard(
+        "vllm-graph-probe-overhead",
+        "vLLM graph probe: host overhead",
+        "CPU launch overhead, phases, GPU idle, metadata builds and reorder (vllm-graph-probe).",
+        panels,
+    )
+
+
+DASHBOARDS = {
+    "vllm_graph_probe_graphs.json": graph_path,
+    "vllm_graph_probe_overhead.json": host_overhead,
+}
+
+
+def render(d: Mapping[str, Any]) -> str:
+    return json.dumps(d, indent=2, sort_keys=False) + "\n"
+
+
+# -- checks -----------------------------------------------------------------------------------
+
+_METRIC_RE = re.compile(rf"\b{NAMESPACE}_[a-zA-Z0-9_]+")
+_HIST_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def queries(d: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(where, PromQL) for every panel target and annotation of a dashboard."""
+    for p in d.get("panels", []):
+        for t in p.get("targets", []):
+            yield f"panel {p.get('title')!r} {t.get('refId')}", t["expr"]
+    for a in d.get("annotations", {}).get("list", []):
+        if a.get("expr"):
+            yield f"annotation {a.get('name')!r}", a["expr"]
+    for v in d.get("templating", {}).get("list", []):
+        if isinstance(v.get("query"), dict):
+            yield f"variable {v.get('name')!r}", v["query"]["query"]
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(_METRIC_RE.findall(expr))
+
+
+def known(name: str) -> bool:
+    if name in METRICS:
+        return True
+    for suffix in _HIST_SUFFIXES:
+        base = name.removesuffix(suffix)
+        if base != name and base in METRICS and METRICS[base].kind == "histogram":
+            return True
+    return False
+
+
+def check_metrics(name: str, d: Mapping[str, Any]) -> list[str]:
+    problems = []
+    for where, expr in queries(d):
+        for metric in sorted(metric_names(expr)):
+            if not known(metric):
+                problems.append(f"{name}: {where} queries {metric}, which exporters.metrics lacks")
+    return problems
+
+
+def check(out_dir: Path = HERE) -> list[str]:
+    problems: list[str] = []
+    for fname, build in DASHBOARDS.items():
+        d = build()
+        problems += check_metrics(fname, d)
+        path = out_dir / fname
+        if not path.exists():
+            problems.append(f"{path}: missing; run python -m dashboards.generate")
+        elif path.read_text() != render(d):
+            problems.append(f"{path}: stale; run python -m dashboards.generate")
+    return problems
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dashboards.generate", description=__doc__)
+    ap.add_argument("--check", action="store_true", help="verify, do not write")
+    ap.add_argument("--dir", type=Path, default=HERE, help="where the JSON files live")
+    args = ap.parse_args(argv)
+    if args.check:
+        problems = check(args.dir)
+        for p in problems:
+            print(p, file=sys.stderr)
+        if not problems:
+            print(f"{len(DASHBOARDS)} dashboards fresh; every queried metric exists")
+        return 1 if problems else 0
+    for fname, build in DASHBOARDS.items():
+        d = build()
+        problems = check_metrics(fname, d)
+        if problems:
+            for p in problems:
+                print(p, file=sys.stderr)
+            return 1
+        (args.dir / fname).write_text(render(d))
+        print(f"wrote {args.dir / fname}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
