@@ -179,7 +179,6 @@ class ProbeHost:
     def __init__(self, environ: Mapping[str, str]) -> None:
         self.environ = environ
         self.writer: Any = None
-        self.removed: list[tuple[Any, Any]] = []
 
     @property
     def enabled(self) -> bool:
@@ -190,9 +189,15 @@ class ProbeHost:
     def installed_families(self) -> list[str]:
         from probe import hooks
 
-        return list(hooks._families)
+        return sorted({h.hook_id.split(".", 1)[0] for h in hooks.INSTALLER.hooks.values()})
 
-    def enable(self, ring_path: Path, gpu_timing: bool, families: list[str] | None) -> Any:
+    def known_families(self) -> list[str]:
+        from probe import hooks
+
+        return list(hooks.FAMILIES)
+
+    def enable(self, ring_path: Path, gpu_timing: int, families: list[str] | None) -> Any:
+        """Create the ring and attach: the per-step hooks are installed only now."""
         from probe import hooks
         from probe.ring import RingWriter
 
@@ -200,31 +205,19 @@ class ProbeHost:
         if ring_path.exists():  # a stale ring of an earlier process with our pid
             ring_path.unlink()
         writer = RingWriter.create(ring_path, capacity)
-        if families is not None:
-            self._keep_only(families)
-        hooks.enable(writer, gpu_timing=gpu_timing)
+        try:
+            hooks.attach(writer, families=families, gpu_timing=gpu_timing)
+        except BaseException:
+            writer.close()
+            raise
         self.writer = writer
         return writer
 
-    def _keep_only(self, families: list[str]) -> None:
-        """Set the hooks of families not asked for aside until disable (``static`` stays)."""
-        from probe import hooks
-
-        keep = {*families, "static"}
-        with hooks._lock:
-            for hook in list(hooks.INSTALLER.hooks.values()):
-                if hook.hook_id.split(".", 1)[0] not in keep:
-                    hooks.INSTALLER.remove(hook)
-                    self.removed.append((hook.target, hook.owner))
-
     def disable(self) -> None:
+        """Detach (the per-step hooks are removed again) and drop the ring."""
         from probe import hooks
 
-        writer = hooks.disable()
-        with hooks._lock:
-            for target, owner in self.removed:
-                hooks.INSTALLER.install_on(target, owner)
-            self.removed.clear()
+        writer = hooks.detach()
         for w in (writer, self.writer):
             close = getattr(w, "close", None)
             if close is not None:
@@ -456,17 +449,20 @@ class ControlServer:
         return live if live != "other" else self.role_hint
 
     def cmd_enable(self, req: Mapping[str, Any], peer_pid: int) -> dict[str, Any]:
-        gpu_timing = req.get("gpu_timing", config.get_bool(config.GPU_TIMING, self.environ))
-        if not isinstance(gpu_timing, bool):
-            raise ControlError("enable: gpu_timing must be true or false")
+        every = config.get_int(config.GPU_TIMING, self.environ)
+        gpu_timing = req.get("gpu_timing", every)
+        if isinstance(gpu_timing, bool):  # true: every N-th step as configured here
+            gpu_timing = (every or 8) if gpu_timing else 0
+        if not isinstance(gpu_timing, int) or gpu_timing < 0:
+            raise ControlError("enable: gpu_timing must be true, false or a step interval >= 0")
         families = req.get("hooks")
         if families is not None:
             if not isinstance(families, list) or not all(isinstance(f, str) for f in families):
                 raise ControlError("enable: hooks must be a list of family names")
-            known = self.host.installed_families()
+            known = self.host.known_families()
             unknown = sorted(set(families) - set(known))
             if unknown:
-                raise ControlError(f"enable: hook families {unknown} not installed here: {known}")
+                raise ControlError(f"enable: unknown hook families {unknown}; known: {known}")
         if self.attached_by is not None:
             if self.attached_by == peer_pid:
                 assert self.ring_path is not None
@@ -586,7 +582,8 @@ def request(
         s.settimeout(timeout)
         s.connect(os.fspath(path))
         check_peer(peer_cred(s))
-        s.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
+        with contextlib.suppress(BrokenPipeError):  # refused: the reply is there to read
+            s.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
         buf = b""
         while not buf.endswith(b"\n"):
             chunk = s.recv(65536)
