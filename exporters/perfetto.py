@@ -1,0 +1,510 @@
+"""Perfetto timelines of a recording: steps, phases, builds and graph decisions on BOOTTIME.
+
+:func:`write_recording` writes a ``.pftrace`` (protobuf ``TracePacket``/``TrackEvent``,
+the format ``ui.perfetto.dev`` and ``trace_processor`` read natively)::
+
+    from exporters.perfetto import write_recording
+    from probe.recording import Recording
+
+    write_recording(Recording.open("run.probe.db"), "run.pftrace")
+    # open https://ui.perfetto.dev and drop run.pftrace on it ("Open trace file")
+
+Layout: one process track per vLLM process (pid), named by role and rank, and under it
+
+- a thread track ``<role> tp<N> pp<M>`` with one slice per engine step (``step 12 FULL
+  hit``; args: mode, reason, tokens, padding, CPU launch overhead, GPU busy/idle...) and
+  the host phases nested inside it (``execute`` > ``prepare_inputs`` > ...);
+- ``graph decisions``: one slice per dispatch (args ``mode``, ``reason``, batch shape)
+  and per confirmed replay or capture;
+- ``metadata builds``: one slice per builder call (builder class, tag, batch shape);
+- ``reorder``: one slice per reorder decision, and an instant mark when the batch order
+  changed.
+
+Every packet carries ``timestamp_clock_id = BUILTIN_CLOCK_BOOTTIME`` (6), the clock of
+the recording, of rocprofv3 and of Perfetto's own system traces, so the file lines up with
+them without translation. The recording's (BOOTTIME, wall-clock) pair is written as a
+``ClockSnapshot`` so that tools can convert to wall time.
+
+:class:`TraceBuilder` is the lower layer (tracks, slices that nest, flows); the merge of a
+recording with a GPU profile (:mod:`exporters.merge`) uses it too. Needs the ``perfetto``
+package (``pip install 'vllm-graph-probe[perfetto]'``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BOOTTIME_CLOCK_ID",
+    "PerfettoUnavailableError",
+    "Slice",
+    "TraceBuilder",
+    "recording_tracks",
+    "write_recording",
+]
+
+BOOTTIME_CLOCK_ID = 6
+"""``BUILTIN_CLOCK_BOOTTIME`` in Perfetto's ``BuiltinClock`` enum."""
+REALTIME_CLOCK_ID = 1
+"""``BUILTIN_CLOCK_REALTIME``."""
+
+_SEQUENCE_ID = 0x5647  # any non-zero id; all packets are on one writer sequence
+
+
+class PerfettoUnavailableError(ImportError):
+    """The ``perfetto`` package (its trace protos) is not installed."""
+
+
+def _protos() -> Any:
+    try:
+        from perfetto.protos.perfetto.trace import perfetto_trace_pb2
+    except ImportError as exc:
+        raise PerfettoUnavailableError(
+            "writing Perfetto traces needs the 'perfetto' package: "
+            "pip install 'vllm-graph-probe[perfetto]' (or pip install perfetto)"
+        ) from exc
+    return perfetto_trace_pb2
+
+
+ArgValue = str | int | float | bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """One interval on a track; ``start_ns == end_ns`` is written as an instant.
+
+    ``flows_out`` start flow arrows at this slice, ``flows_in`` end them here.
+    """
+
+    name: str
+    start_ns: int
+    end_ns: int
+    category: str = ""
+    args: Mapping[str, ArgValue] = field(default_factory=dict)
+    flows_out: tuple[int, ...] = ()
+    flows_in: tuple[int, ...] = ()
+
+
+def _lanes(slices: Iterable[Slice]) -> list[list[Slice]]:
+    """Split slices into lanes in which every pair either nests or is disjoint.
+
+    Perfetto draws the slices of one track as a stack; two slices that overlap without
+    nesting cannot share one. Properly nested data (the probe's phases) stays in one lane.
+    """
+    lanes: list[list[Slice]] = []
+    stacks: list[list[int]] = []
+    for s in sorted(slices, key=lambda s: (s.start_ns, -s.end_ns)):
+        for lane, stack in zip(lanes, stacks, strict=True):
+            while stack and stack[-1] <= s.start_ns:
+                stack.pop()
+            if not stack or s.end_ns <= stack[-1]:
+                lane.append(s)
+                stack.append(s.end_ns)
+                break
+        else:
+            lanes.append([s])
+            stacks.append([s.end_ns])
+    return lanes
+
+
+def _events(lane: Sequence[Slice]) -> Iterator[tuple[int, str, Slice]]:
+    """Begin/end/instant events of one lane in an order that keeps the nesting."""
+    stack: list[Slice] = []
+    for s in lane:  # sorted by (start, -end) by _lanes
+        while stack and stack[-1].end_ns <= s.start_ns:
+            top = stack.pop()
+            yield top.end_ns, "E", top
+        if s.start_ns == s.end_ns:
+            yield s.start_ns, "I", s
+        else:
+            yield s.start_ns, "B", s
+            stack.append(s)
+    while stack:
+        top = stack.pop()
+        yield top.end_ns, "E", top
+
+
+class TraceBuilder:
+    """Collects tracks and slices, then writes one Perfetto protobuf trace.
+
+    Timestamps are BOOTTIME ns. Slices added to one track that overlap without nesting are
+    spread over sibling tracks named ``<track> (2)``, ``(3)``...::
+
+        b = TraceBuilder()
+        proc = b.process_track(1424, "vLLM worker tp0")
+        t = b.child_track(proc, "graph decisions")
+        b.add(t, Slice("dispatch FULL", 100, 250, "dispatch", {"reason": "hit"}))
+        b.write("out.pftrace")
+    """
+
+    def __init__(self) -> None:
+        self._pb = _protos()
+        self._next_uuid = 1
+        self._descriptors: list[Any] = []
+        self._slices: dict[int, list[Slice]] = {}
+        self._names: dict[int, tuple[str, int | None, int | None]] = {}
+        self._clock_pairs: list[tuple[int, int]] = []
+        self._next_flow = 1
+        self._iids: dict[str, int] = {}  # interned event names (one sequence)
+        self._arg_iids: dict[str, int] = {}  # interned debug annotation names
+
+    # -- tracks
+
+    def _uuid(self) -> int:
+        u = self._next_uuid
+        self._next_uuid += 1
+        return u
+
+    def process_track(self, pid: int, name: str) -> int:
+        """A top-level process track (Perfetto groups a process's tracks under it)."""
+        pb = self._pb
+        u = self._uuid()
+        self._descriptors.append(
+            pb.TrackDescriptor(uuid=u, process=pb.ProcessDescriptor(pid=pid, process_name=name))
+        )
+        return u
+
+    def thread_track(self, pid: int, tid: int, name: str) -> int:
+        """A thread track (shown inside its process)."""
+        pb = self._pb
+        u = self._uuid()
+        self._descriptors.append(
+            pb.TrackDescriptor(
+                uuid=u, thread=pb.ThreadDescriptor(pid=pid, tid=tid, thread_name=name)
+            )
+        )
+        self._names[u] = (name, None, None)
+        return u
+
+    def child_track(self, parent: int | None, name: str) -> int:
+        """A named track; under ``parent`` when given, top level otherwise."""
+        pb = self._pb
+        u = self._uuid()
+        d = pb.TrackDescriptor(uuid=u, name=name)
+        if parent is not None:
+            d.parent_uuid = parent
+        self._descriptors.append(d)
+        self._names[u] = (name, parent, None)
+        return u
+
+    def flow_id(self) -> int:
+        """A fresh flow id: put it in one slice's ``flows_out`` and another's ``flows_in``."""
+        f = self._next_flow
+        self._next_flow += 1
+        return f
+
+    def clock_pair(self, boottime_ns: int, realtime_ns: int) -> None:
+        """Record a (BOOTTIME, REALTIME) sample taken at the same moment."""
+        self._clock_pairs.append((boottime_ns, realtime_ns))
+
+    # -- slices
+
+    def add(self, track: int, s: Slice) -> None:
+        if s.start_ns < 0:
+            raise ValueError(f"slice {s.name!r} starts before 0 ns ({s.start_ns})")
+        if s.end_ns < s.start_ns:
+            raise ValueError(f"slice {s.name!r} ends before it starts ({s.start_ns}, {s.end_ns})")
+        self._slices.setdefault(track, []).append(s)
+
+    def extend(self, track: int, slices: Iterable[Slice]) -> None:
+        for s in slices:
+            self.add(track, s)
+
+    # -- output
+
+    def _annotation(self, key: str, value: ArgValue, interned: list[Any]) -> Any:
+        iid = self._arg_iids.get(key)
+        if iid is None:
+            iid = self._arg_iids[key] = len(self._arg_iids) + 1
+            interned.append(self._pb.DebugAnnotationName(iid=iid, name=key))
+        a = self._pb.DebugAnnotation(name_iid=iid)
+        if isinstance(value, bool):
+            a.bool_value = value
+        elif isinstance(value, int):
+            a.int_value = value
+        elif isinstance(value, float):
+            a.double_value = value
+        else:
+            a.string_value = "" if value is None else str(value)
+        return a
+
+    def _packet(self, ts: int, kind: str, track: int, s: Slice) -> Any:
+        pb = self._pb
+        te = pb.TrackEvent(track_uuid=track)
+        names: list[Any] = []
+        arg_names: list[Any] = []
+        if kind == "E":
+            te.type = pb.TrackEvent.TYPE_SLICE_END
+        else:
+            te.type = pb.TrackEvent.TYPE_INSTANT if kind == "I" else pb.TrackEvent.TYPE_SLICE_BEGIN
+            iid = self._iids.get(s.name)
+            if iid is None:
+                iid = self._iids[s.name] = len(self._iids) + 1
+                names.append(pb.EventName(iid=iid, name=s.name))
+            te.name_iid = iid
+            if s.category:
+                te.categories.append(s.category)
+            te.debug_annotations.extend(
+                self._annotation(k, v, arg_names) for k, v in s.args.items() if v is not None
+            )
+            te.flow_ids.extend(s.flows_out)
+            te.terminating_flow_ids.extend(s.flows_in)
+        packet = pb.TracePacket(
+            timestamp=ts,
+            timestamp_clock_id=BOOTTIME_CLOCK_ID,
+            trusted_packet_sequence_id=_SEQUENCE_ID,
+            track_event=te,
+            sequence_flags=pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE,
+        )
+        if names or arg_names:
+            packet.interned_data.CopyFrom(
+                pb.InternedData(event_names=names, debug_annotation_names=arg_names)
+            )
+        return packet
+
+    def packets(self) -> list[Any]:
+        """Every packet of the trace, in writing order.
+
+        Event and argument names are interned (``InternedData.event_names`` and
+        ``debug_annotation_names``) on the one packet sequence, which the first packet
+        clears.
+        """
+        pb = self._pb
+        self._iids = {}
+        self._arg_iids = {}
+        out: list[Any] = []
+        first = pb.TracePacket(
+            trusted_packet_sequence_id=_SEQUENCE_ID,
+            sequence_flags=pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED,
+        )
+        if self._clock_pairs:
+            boot, real = self._clock_pairs[0]
+            first.clock_snapshot.CopyFrom(
+                pb.ClockSnapshot(
+                    clocks=[
+                        pb.ClockSnapshot.Clock(clock_id=BOOTTIME_CLOCK_ID, timestamp=boot),
+                        pb.ClockSnapshot.Clock(clock_id=REALTIME_CLOCK_ID, timestamp=real),
+                    ],
+                    primary_trace_clock=BOOTTIME_CLOCK_ID,
+                )
+            )
+            first.timestamp = boot
+            first.timestamp_clock_id = BOOTTIME_CLOCK_ID
+        out.append(first)
+        extra: list[Any] = []
+        events: list[Any] = []
+        for track, slices in self._slices.items():
+            lanes = _lanes(slices)
+            for i, lane in enumerate(lanes):
+                uuid = track
+                if i:
+                    name, parent, _ = self._names.get(track, (f"track {track}", None, None))
+                    uuid = self._uuid()
+                    d = pb.TrackDescriptor(uuid=uuid, name=f"{name} ({i + 1})")
+                    if parent is not None:
+                        d.parent_uuid = parent
+                    extra.append(d)
+                events.extend(self._packet(ts, kind, uuid, s) for ts, kind, s in _events(lane))
+        for d in [*self._descriptors, *extra]:
+            out.append(pb.TracePacket(trusted_packet_sequence_id=_SEQUENCE_ID, track_descriptor=d))
+        out.extend(events)
+        return out
+
+    def serialize(self) -> bytes:
+        """The trace as bytes (a ``Trace`` message: repeated ``TracePacket``)."""
+        trace = self._pb.Trace()
+        trace.packet.extend(self.packets())
+        data: bytes = trace.SerializeToString()
+        return data
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write the trace to ``path``; returns the path."""
+        p = Path(path)
+        p.write_bytes(self.serialize())
+        return p
+
+
+# --------------------------------------------------------------------------- recordings
+
+
+def _upper(v: Any) -> str:
+    return str(v).upper() if v else "?"
+
+
+def _process_name(proc: Mapping[str, Any]) -> str:
+    role = proc.get("role") or "vLLM process"
+    parts = [f"vLLM {role}"]
+    for key, label in (("tp_rank", "tp"), ("pp_rank", "pp"), ("dp_rank", "dp")):
+        if proc.get(key) is not None:
+            parts.append(f"{label}{proc[key]}")
+    return " ".join(parts)
+
+
+def _thread_name(proc: Mapping[str, Any]) -> str:
+    role = proc.get("role") or "main"
+    return f"{role} tp{proc.get('tp_rank') or 0} pp{proc.get('pp_rank') or 0}"
+
+
+_STEP_ARGS = (
+    "mode",
+    "reason",
+    "runner",
+    "num_tokens",
+    "padded_tokens",
+    "num_reqs",
+    "padded_reqs",
+    "max_query_len",
+    "uniform_decode_query_len",
+    "uniform",
+    "replayed",
+    "pieces",
+    "captures",
+    "host_ns",
+    "cpu_launch_overhead_ns",
+    "gpu_busy_ns",
+    "gpu_idle_before_ns",
+    "gpu_step_ns",
+    "draft_mode",
+    "draft_reason",
+    "draft_replays",
+    "draft_dispatches",
+)
+
+
+def step_name(step: Mapping[str, Any]) -> str:
+    """``step 12 FULL hit`` (``step 12`` when the step carries no decision)."""
+    if step.get("mode"):
+        return f"step {step['step']} {_upper(step['mode'])} {step.get('reason') or ''}".strip()
+    return f"step {step['step']}"
+
+
+@dataclass(frozen=True)
+class RecordingTracks:
+    """What :func:`recording_tracks` added to a builder, per pid."""
+
+    process: dict[int, int]
+    thread: dict[int, int]
+    counts: dict[str, int]
+
+
+def recording_tracks(builder: TraceBuilder, recording: Any) -> RecordingTracks:
+    """Add a recording's processes, steps, phases and decisions to ``builder``.
+
+    ``recording`` is a :class:`probe.recording.Recording`. Returns the track uuids and the
+    number of slices of each category (``step``, ``phase``, ``dispatch``, ``replay``,
+    ``build``, ``reorder``, ``reorder_mark``).
+    """
+    procs = {int(p["pid"]): p for p in recording.processes()}
+    steps = recording.steps()
+    for s in steps:  # a step whose process row is missing still gets a track
+        procs.setdefault(int(s["pid"]), {"pid": s["pid"]})
+    process: dict[int, int] = {}
+    thread: dict[int, int] = {}
+    sub: dict[tuple[int, str], int] = {}
+    for pid in sorted(procs):
+        p = procs[pid]
+        process[pid] = builder.process_track(pid, _process_name(p))
+        thread[pid] = builder.thread_track(pid, pid, _thread_name(p))
+        for name in ("graph decisions", "metadata builds", "reorder"):
+            sub[(pid, name)] = builder.child_track(process[pid], name)
+        if p.get("boottime_ns") is not None and p.get("epoch_ns") is not None:
+            builder.clock_pair(int(p["boottime_ns"]), int(p["epoch_ns"]))
+    counts = dict.fromkeys(
+        ("step", "phase", "dispatch", "replay", "build", "reorder", "reorder_mark"), 0
+    )
+    for s in steps:
+        builder.add(
+            thread[int(s["pid"])],
+            Slice(
+                step_name(s),
+                int(s["t0_ns"]),
+                int(s["t1_ns"]),
+                "step",
+                {"step": int(s["step"]), **{k: s.get(k) for k in _STEP_ARGS}},
+            ),
+        )
+        counts["step"] += 1
+    for r in recording.rows("spans"):
+        name = str(r["phase"]) + (" (drafter)" if r["drafter"] else "")
+        builder.add(
+            thread[int(r["pid"])],
+            Slice(name, int(r["t0_ns"]), int(r["t1_ns"]), "phase", {"step": r["step"]}),
+        )
+        counts["phase"] += 1
+    for r in recording.rows("dispatches"):
+        who = "drafter " if r["drafter"] else ""
+        builder.add(
+            sub[(int(r["pid"]), "graph decisions")],
+            Slice(
+                f"{who}dispatch {_upper(r['mode'])} {r['reason'] or ''}".strip(),
+                int(r["t0_ns"]),
+                int(r["t1_ns"]),
+                "dispatch",
+                {k: r.get(k) for k in r if k not in ("pid", "t0_ns", "t1_ns")},
+            ),
+        )
+        counts["dispatch"] += 1
+    for r in recording.rows("replays"):
+        who = "drafter " if r["drafter"] else ""
+        builder.add(
+            sub[(int(r["pid"]), "graph decisions")],
+            Slice(
+                f"{who}{r['kind'] or 'replay'} {_upper(r['mode'])}",
+                int(r["t0_ns"]),
+                int(r["t1_ns"]),
+                "replay",
+                {k: r.get(k) for k in r if k not in ("pid", "t0_ns", "t1_ns")},
+            ),
+        )
+        counts["replay"] += 1
+    for r in recording.rows("builds"):
+        builder.add(
+            sub[(int(r["pid"]), "metadata builds")],
+            Slice(
+                f"{r['builder'] or 'build'} ({r['tag']})" if r["tag"] else str(r["builder"]),
+                int(r["t0_ns"]),
+                int(r["t1_ns"]),
+                "build",
+                {k: r.get(k) for k in r if k not in ("pid", "t0_ns", "t1_ns")},
+            ),
+        )
+        counts["build"] += 1
+    for r in recording.rows("reorders"):
+        track = sub[(int(r["pid"]), "reorder")]
+        args = {k: r.get(k) for k in r if k not in ("pid", "t0_ns", "t1_ns")}
+        builder.add(
+            track,
+            Slice(
+                "reorder" + (" (changed)" if r["changed"] else ""),
+                int(r["t0_ns"]),
+                int(r["t1_ns"]),
+                "reorder",
+                args,
+            ),
+        )
+        counts["reorder"] += 1
+        if r["changed"]:
+            builder.add(
+                track,
+                Slice(
+                    f"reorder moved {r['moved']}", int(r["t1_ns"]), int(r["t1_ns"]), "reorder", args
+                ),
+            )
+            counts["reorder_mark"] += 1
+    return RecordingTracks(process, thread, counts)
+
+
+def write_recording(recording: Any, path: str | os.PathLike[str]) -> Path:
+    """Write a recording as a Perfetto trace (``.pftrace``); returns the path.
+
+    ``recording`` is an open :class:`probe.recording.Recording`. Timestamps stay on
+    BOOTTIME (``timestamp_clock_id = 6``). Raises :class:`PerfettoUnavailableError` when
+    the ``perfetto`` package is missing.
+    """
+    builder = TraceBuilder()
+    recording_tracks(builder, recording)
+    return builder.write(path)

@@ -1,0 +1,128 @@
+"""``probe merge``: a recording and GPU profiles on one Perfetto timeline, and a per-step check.
+
+    probe merge run.probe.db trace.json.gz --out merged.pftrace          # Kineto
+    probe merge run.probe.db rocprof_out/ --out merged.pftrace           # rocprofv3 CSV dir
+    probe merge run.probe.db 1234_results.db --out merged.pftrace        # rocpd
+    probe merge run.probe.db trace.json.gz --report                      # per-step table
+
+Open the ``.pftrace`` at https://ui.perfetto.dev ("Open trace file"). A profile that
+cannot be placed on the recording's clock (another host, another run, no overlap) is an
+error naming the file; ``--offset-ns`` or ``--allow-unaligned`` merge it anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from probe.cli import UsageError, _open_recording
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "merge",
+        help="merge a recording with GPU profiles (rocprofv3, rocpd, Kineto) into Perfetto",
+        description=__doc__.split("\n")[0] if __doc__ else None,
+    )
+    p.add_argument("recording", help="probe recording (.probe.db)")
+    p.add_argument(
+        "profiles",
+        nargs="+",
+        metavar="PROFILE",
+        help="rocprofv3 CSV directory or files, rocprofv3 JSON, rocpd .db, Kineto .json[.gz]",
+    )
+    p.add_argument("--out", "-o", help="Perfetto trace to write (.pftrace)")
+    p.add_argument("--force", action="store_true", help="overwrite --out")
+    p.add_argument("--report", action="store_true", help="print the per-step launch table")
+    p.add_argument("--json", action="store_true", help="the report as JSON")
+    p.add_argument(
+        "--offset-ns",
+        type=int,
+        help="add this to every profile timestamp instead of aligning (BOOTTIME = t + offset)",
+    )
+    p.add_argument(
+        "--allow-unaligned",
+        action="store_true",
+        help="merge a profile that cannot be aligned, placed at the recording's first step",
+    )
+    p.add_argument(
+        "--forward-marker",
+        default="_model_forward",
+        help="Kineto Python event matched with the probe's forward spans (default: %(default)s)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from exporters.merge import (
+        AlignmentError,
+        align,
+        format_step_table,
+        load_profiles,
+        merge_to_perfetto,
+        profile_path,
+        step_table,
+    )
+    from exporters.profiles import ProfileError
+
+    if not args.out and not args.report and not args.json:
+        raise UsageError("merge: give --out FILE.pftrace and/or --report")
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not args.force:
+        raise UsageError(f"merge: {out} exists (use --force to overwrite)")
+    rec = _open_recording(args.recording)
+    try:
+        profiles = load_profiles(args.profiles)
+    except ProfileError as exc:
+        raise UsageError(str(exc)) from None
+    placed = []
+    try:
+        for prof in profiles:
+            al = align(
+                rec,
+                prof,
+                offset_ns=args.offset_ns,
+                allow_unaligned=args.allow_unaligned,
+                forward_marker=args.forward_marker,
+            )
+            placed.append((prof, al))
+    except AlignmentError as exc:
+        raise UsageError(str(exc)) from None
+    reports = []
+    for prof, al in placed:
+        if not args.json:
+            print(f"{profile_path(prof)}: {al.describe()}")
+        if args.report or args.json:
+            reports.append((prof, step_table(rec, prof, al)))
+    if out is not None:
+        from exporters.perfetto import PerfettoUnavailableError
+
+        try:
+            counts = merge_to_perfetto(rec, placed, out)
+        except PerfettoUnavailableError as exc:
+            raise UsageError(str(exc)) from None
+        except OSError as exc:
+            raise UsageError(f"merge: cannot write {out}: {exc.strerror or exc}") from None
+        except ValueError as exc:  # a timestamp the offset put before 0
+            raise UsageError(f"merge: {exc}; check --offset-ns") from None
+        if not args.json:
+            print(
+                f"wrote {out}: {counts['step']} steps, {counts['phase']} phase spans, "
+                f"{counts['kernels']} kernels, {counts['host_calls']} host calls, "
+                f"{counts['flows']} launch->kernel flows (open it at https://ui.perfetto.dev)"
+            )
+    if args.json:
+        print(
+            json.dumps(
+                [{"profile": profile_path(p), **t.as_dict()} for p, t in reports],
+                indent=1,
+                default=str,
+            )
+        )
+    elif args.report:
+        for prof, table in reports:
+            print(f"\n{profile_path(prof)}")
+            print(format_step_table(table))
+    return 0
