@@ -372,8 +372,7 @@ def updates(
             )
         for o in s.reorders:
             yield u("reorder_decisions_total", 1, changed="true" if o.changed else "false")
-            if o.moved:
-                yield u("reorder_moved_requests_total", o.moved)
+            yield u("reorder_moved_requests_total", o.moved)
     for g in gpu:
         yield u("forward_gpu_busy_seconds", g.busy_ns / 1e9)
         if g.idle_before_ns is not None:

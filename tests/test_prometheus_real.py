@@ -1,0 +1,211 @@
+"""Every dashboard query against a real Prometheus server scraping the probe's endpoint.
+
+A real ``prometheus`` (Debian 2.42; scripts/test installs it when root) scrapes the
+probe's ``/metrics`` every second on loopback while the real H200 recording's steps flow
+into the sink in chunks. Then every panel, annotation and variable query of every
+generated dashboard goes to ``/api/v1/query``: each must succeed, and the panels this
+recording can fill (PIECEWISE decode steps missed FULL for ``backend_support_too_low``)
+must return data with the recording's values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dashboards.generate import DASHBOARDS, queries
+from exporters.base import steps_from_recording
+from exporters.prometheus import ServingSink
+from probe.cli import default_recording
+from probe.recording import Recording
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(120)]
+
+PROMETHEUS = shutil.which("prometheus")
+CHUNKS = 6
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str, timeout: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+LABEL_VALUES = re.compile(r"^label_values\((\w+),\s*(\w+)\)$")
+
+
+def _query(base: str, expr: str) -> dict[str, Any]:
+    """An instant query; a Grafana ``label_values(metric, label)`` variable query goes to
+    the label-values API, as Grafana sends it."""
+    lv = LABEL_VALUES.match(expr)
+    if lv:
+        url = f"{base}/api/v1/label/{lv[2]}/values?" + urllib.parse.urlencode({"match[]": lv[1]})
+    else:
+        url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        return _get(url)  # type: ignore[no-any-return]
+    except urllib.error.HTTPError as exc:  # 400/422 carry Prometheus's error as JSON
+        return json.loads(exc.read())  # type: ignore[no-any-return]
+
+
+def _wait(pred: Any, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if pred():
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ServingSink]]:
+    if PROMETHEUS is None:
+        pytest.skip("the prometheus binary is not installed (apt-get install prometheus)")
+    d = tmp_path_factory.mktemp("prom")
+    sink = ServingSink("127.0.0.1", 0)
+    port = _free_port()
+    (d / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: probe\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{sink.port}']\n"
+    )
+    log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed in teardown)
+    proc = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={d / 'prometheus.yml'}",
+            f"--storage.tsdb.path={d / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait(
+            lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=1).status == 200,
+            30,
+            "prometheus to start",
+        )
+        yield base, sink
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        sink.close()
+
+
+@pytest.fixture(scope="module")
+def fed(prom: tuple[str, ServingSink]) -> str:
+    """The H200 recording fed into the sink in chunks, one per scrape interval."""
+    base, sink = prom
+    procs, steps, gpu = steps_from_recording(Recording.open(default_recording()))
+    info = procs[0]
+    mine = steps[info.pid]
+    timings = {g.step: g for g in gpu[info.pid]}
+    sink.process(info)
+    size = -(-len(mine) // CHUNKS)
+    for i in range(0, len(mine), size):
+        chunk = mine[i : i + size]
+        sink.steps(info, chunk, [timings[s.step] for s in chunk if s.step in timings])
+        time.sleep(1.2)
+
+    def scraped_all() -> bool:
+        r = _query(base, "sum(vllm_graph_probe_steps_total)")
+        res = r["data"]["result"]
+        return bool(res) and float(res[0]["value"][1]) == 1298
+
+    _wait(scraped_all, 20, "the last chunk to be scraped")
+    time.sleep(1.5)
+    return base
+
+
+def _concrete(expr: str) -> str:
+    """A dashboard query as Grafana would send it with every variable at "All"."""
+    return (
+        expr.replace("$__rate_interval", "1m")
+        .replace("$model_name", ".*")
+        .replace("$tp_rank", ".*")
+    )
+
+
+ALL = [(f, where, expr) for f, build in DASHBOARDS.items() for where, expr in queries(build())]
+
+
+def test_prometheus_scrapes_the_probe(fed: str) -> None:
+    up = _query(fed, 'up{job="probe"}')["data"]["result"]
+    assert up and up[0]["value"][1] == "1"
+
+
+@pytest.mark.parametrize(("dash", "where", "expr"), ALL, ids=[f"{f}:{w}" for f, w, _ in ALL])
+def test_every_dashboard_query_runs(fed: str, dash: str, where: str, expr: str) -> None:
+    r = _query(fed, _concrete(expr))
+    assert r["status"] == "success", r
+    assert r["data"] is not None
+
+
+def _values(base: str, expr: str) -> dict[str, float]:
+    r = _query(base, _concrete(expr))
+    assert r["status"] == "success"
+    return {
+        json.dumps(x["metric"], sort_keys=True): float(x["value"][1]) for x in r["data"]["result"]
+    }
+
+
+def test_panels_show_the_recordings_picture(fed: str) -> None:
+    by_title: dict[str, list[str]] = {}
+    for build in DASHBOARDS.values():
+        for p in build()["panels"]:
+            by_title[p["title"]] = [t["expr"] for t in p["targets"]]
+    # every panel this recording can fill has data
+    empty = [
+        (title, e)
+        for title, exprs in by_title.items()
+        for e in exprs
+        if title != "Probe health" and not _values(fed, e)
+    ]
+    assert not empty, empty
+    hit, graph, confirmed = (
+        list(_values(fed, e).values()) for e in by_title["FULL and graph hit rate"]
+    )
+    assert hit == [0.0]  # PIECEWISE engine: 0, not "no data"
+    assert graph[0] == pytest.approx(1292 / 1298, abs=0.01)
+    assert confirmed[0] == pytest.approx(1.0)
+    decode = _values(fed, by_title["Decode FULL hit rate (MTP)"][0])
+    assert list(decode.values()) == [0.0] and '"query_len": "2"' in next(iter(decode))
+    reasons = _values(fed, by_title["Miss reasons (steps/s, stacked)"][0])
+    top = max(reasons, key=lambda k: reasons[k])
+    assert json.loads(top) == {"mode": "piecewise", "reason": "backend_support_too_low"}
+    assert any("batch_too_big" in k for k in reasons)
+    warnings = _values(fed, by_title["Doctor warnings"][0])
+    codes = {json.loads(k)["code"] for k in warnings}
+    assert "spec_decode_needs_uniform_batch" in codes
+    engines = _values(fed, by_title["Engines"][0])
+    assert '"runner": "mrv2"' in next(iter(engines))
+    p50 = _values(fed, by_title["CPU launch overhead p50 / p99 by mode"][0])
+    # the recording's median launch overhead is ~3 ms
+    assert 1e-3 < max(p50.values()) < 10e-3
