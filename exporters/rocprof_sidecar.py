@@ -1,0 +1,228 @@
+"""A rocpd side-car database of a recording, for ``rocpd merge`` / ``rocpd convert``.
+
+:func:`write_sidecar` writes the probe's steps, phase spans, graph decisions and reorder
+decisions as rocpd regions (the storage roctx ranges get), with the rocpd schema of a
+rocprofv3 database of the same run when one is given, so ROCm's own tools put both on one
+timeline::
+
+    from exporters.rocprof_sidecar import write_sidecar
+    from probe.recording import Recording
+
+    write_sidecar(Recording.open("run.probe.db"), "probe_results.db",
+                  rocprof_db="1234_results.db")   # schema and node taken from it
+    # rocpd convert -i 1234_results.db probe_results.db --output-format pftrace
+
+Times stay BOOTTIME ns, rocprofv3's clock. Categories all contain ``MARKER`` (rocpd's
+marker views select on it): ``PROBE_MARKER_STEP``, ``PROBE_MARKER_PHASE``,
+``PROBE_MARKER_DISPATCH``, ``PROBE_MARKER_REPLAY``, ``PROBE_MARKER_BUILD``,
+``PROBE_MARKER_REORDER``. Reading the file back with :func:`exporters.rocprof.read_rocpd`
+gives them as markers named as on the Perfetto timeline. The recording holds no thread
+ids; spans are put on the process's main thread (tid = pid), where vLLM's worker runs its
+steps.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from exporters.profiles import ProfileError
+from exporters.rocprof import (
+    _VERSION_3,
+    _VERSION_4_1,
+    ROCPD_LAYOUTS,
+    _check_sqlite_file,
+    create_rocpd_db,
+    write_rocpd_regions,
+)
+
+__all__ = ["DEFAULT_LAYOUT", "SidecarSpan", "detect_rocpd_layout", "sidecar_spans", "write_sidecar"]
+
+DEFAULT_LAYOUT = "3.0.0"
+"""The rocpd schema written when no rocprofv3 database is given (ROCm 6.4 to 7.0's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarSpan:
+    """One region of the side-car (satisfies :class:`exporters.rocprof.RegionSpan`)."""
+
+    name: str
+    start_ns: int
+    end_ns: int
+    pid: int
+    tid: int
+    category: str
+
+
+@dataclass(frozen=True)
+class RocpdOrigin:
+    """What a rocprofv3 database says about itself: schema layout and node."""
+
+    layout: str
+    version: str
+    machine_id: str | None
+    hostname: str | None
+
+
+def detect_rocpd_layout(path: str | os.PathLike[str]) -> RocpdOrigin:
+    """The schema version (and node) of an existing rocpd database.
+
+    Raises :class:`ProfileError` naming the file when it is not a readable rocpd database
+    or its schema version is neither 3.x nor 4.1.x.
+    """
+    p = Path(path)
+    _check_sqlite_file(p)
+    try:
+        con = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise ProfileError(p, f"cannot open as SQLite: {exc}") from exc
+    try:
+        names = [
+            r[0]
+            for r in con.execute(
+                "SELECT name FROM sqlite_master WHERE name LIKE 'rocpd_metadata%' ORDER BY name"
+            )
+        ]
+        if not names:
+            raise ProfileError(p, "not a rocpd database: no rocpd_metadata table or view")
+        versions = sorted(
+            {
+                str(v)
+                for (v,) in con.execute(
+                    f"SELECT value FROM `{names[0]}` WHERE tag = 'schema_version'"
+                )
+            }
+        )
+        node_tables = [
+            r[0]
+            for r in con.execute(
+                "SELECT name FROM sqlite_master WHERE name LIKE 'rocpd_info_node%' ORDER BY name"
+            )
+        ]
+        machine_id = hostname = None
+        if node_tables:
+            row = con.execute(
+                f"SELECT machine_id, hostname FROM `{node_tables[0]}` LIMIT 1"
+            ).fetchone()
+            if row:
+                machine_id, hostname = row[0], row[1]
+    except sqlite3.DatabaseError as exc:
+        raise ProfileError(p, f"corrupt or unreadable rocpd database: {exc}") from exc
+    finally:
+        con.close()
+    if len(versions) != 1:
+        raise ProfileError(
+            p, f"rocpd_metadata has {'no' if not versions else 'mixed'} schema_version"
+        )
+    version = versions[0]
+    if _VERSION_3.match(version):
+        layout = "3.0.0"
+    elif _VERSION_4_1.match(version):
+        layout = "4.1.0"
+    else:
+        raise ProfileError(
+            p,
+            f"rocpd schema version {version!r} cannot be matched; a side-car can be written "
+            f"as {' or '.join(ROCPD_LAYOUTS)}",
+        )
+    return RocpdOrigin(layout, version, machine_id, hostname)
+
+
+def _up(v: Any) -> str:
+    return str(v).upper() if v else "?"
+
+
+def sidecar_spans(recording: Any) -> Iterator[SidecarSpan]:
+    """The regions :func:`write_sidecar` writes, in recording order."""
+    from exporters.perfetto import step_name
+
+    for s in recording.steps():
+        pid = int(s["pid"])
+        yield SidecarSpan(
+            step_name(s), int(s["t0_ns"]), int(s["t1_ns"]), pid, pid, "PROBE_MARKER_STEP"
+        )
+    for r in recording.rows("spans"):
+        pid = int(r["pid"])
+        name = str(r["phase"]) + (" (drafter)" if r["drafter"] else "")
+        yield SidecarSpan(name, int(r["t0_ns"]), int(r["t1_ns"]), pid, pid, "PROBE_MARKER_PHASE")
+    for r in recording.rows("dispatches"):
+        pid = int(r["pid"])
+        who = "drafter " if r["drafter"] else ""
+        yield SidecarSpan(
+            f"{who}dispatch {_up(r['mode'])} {r['reason'] or ''} step {r['step']}".replace(
+                "  ", " "
+            ),
+            int(r["t0_ns"]),
+            int(r["t1_ns"]),
+            pid,
+            pid,
+            "PROBE_MARKER_DISPATCH",
+        )
+    for r in recording.rows("replays"):
+        pid = int(r["pid"])
+        who = "drafter " if r["drafter"] else ""
+        yield SidecarSpan(
+            f"{who}{r['kind'] or 'replay'} {_up(r['mode'])} step {r['step']}",
+            int(r["t0_ns"]),
+            int(r["t1_ns"]),
+            pid,
+            pid,
+            "PROBE_MARKER_REPLAY",
+        )
+    for r in recording.rows("builds"):
+        pid = int(r["pid"])
+        yield SidecarSpan(
+            f"{r['builder']} ({r['tag']})",
+            int(r["t0_ns"]),
+            int(r["t1_ns"]),
+            pid,
+            pid,
+            "PROBE_MARKER_BUILD",
+        )
+    for r in recording.rows("reorders"):
+        pid = int(r["pid"])
+        yield SidecarSpan(
+            f"reorder {'changed' if r['changed'] else 'unchanged'} moved {r['moved']} "
+            f"step {r['step']}",
+            int(r["t0_ns"]),
+            int(r["t1_ns"]),
+            pid,
+            pid,
+            "PROBE_MARKER_REORDER",
+        )
+
+
+def write_sidecar(
+    recording: Any,
+    path: str | os.PathLike[str],
+    layout: str | None = None,
+    *,
+    rocprof_db: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+) -> int:
+    """Write the recording's spans to a new rocpd database at ``path``; returns the count.
+
+    ``layout`` is ``"3.0.0"`` or ``"4.1.0"``; when not given it is detected from
+    ``rocprof_db`` (a rocprofv3 ``*_results.db`` of the same run, whose node id and
+    hostname are reused too), else :data:`DEFAULT_LAYOUT`. Raises :class:`ProfileError`
+    for an unreadable ``rocprof_db``, ``ValueError`` for an unknown layout and
+    ``FileExistsError`` when ``path`` exists and ``overwrite`` is false.
+    """
+    machine_id = hostname = None
+    if rocprof_db is not None:
+        origin = detect_rocpd_layout(rocprof_db)
+        machine_id, hostname = origin.machine_id, origin.hostname
+        if layout is None:
+            layout = origin.layout
+    with create_rocpd_db(
+        path,
+        layout or DEFAULT_LAYOUT,
+        machine_id=machine_id,
+        hostname=hostname,
+        overwrite=overwrite,
+    ) as db:
+        return write_rocpd_regions(db, sidecar_spans(recording))
