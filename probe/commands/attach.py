@@ -1,0 +1,257 @@
+"""``probe attach``: turn the probe on in a running ``vllm serve``, watch, turn it off.
+
+    probe attach --url http://127.0.0.1:8000                      # live view until Ctrl-C
+    probe attach --url http://127.0.0.1:8000 --duration 60 --record run.probe.db --no-live
+    probe attach --pid 4242 --prometheus 127.0.0.1:9464 --otlp http://127.0.0.1:4318
+
+It asks every armed process of the server (``probe ps``) to enable its hooks over its
+control socket, reads their rings with the same collector as ``probe record``, keeps
+their heartbeats fresh, and on exit (Ctrl-C, ``--duration``, the server going away)
+disables everything it enabled. If this process dies instead, each vLLM process's
+watchdog disables itself once the heartbeat is older than 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from probe.cli import UsageError
+
+ENABLE_TIMEOUT_S = 60.0  # the first enable may import torch for device timing
+
+
+def _boottime_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+
+def exporter_sink(module: str, flag: str, arg: str) -> Any:
+    """``exporters.<module>.make_sink(arg)``, or a UsageError naming what is missing."""
+    try:
+        mod = importlib.import_module(f"exporters.{module}")
+    except ImportError as exc:
+        raise UsageError(
+            f"{flag}: exporters.{module} is not available ({exc}); install the "
+            f"'{module}' extra: pip install 'vllm-graph-probe[{module}]'"
+        ) from None
+    make = getattr(mod, "make_sink", None)
+    if make is None:
+        raise UsageError(f"{flag}: exporters.{module} has no make_sink(); update vllm-graph-probe")
+    try:
+        return make(arg)
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"{flag} {arg}: {exc}") from None
+
+
+class Session:
+    """Enable a set of armed processes, collect their rings, disable them again."""
+
+    def __init__(
+        self,
+        procs: Sequence[Any],
+        run_dir: Path,
+        sinks: Sequence[Any],
+        *,
+        gpu_timing: bool | int | None = None,
+        hooks: list[str] | None = None,
+        now_ns: Callable[[], int] = _boottime_ns,
+    ) -> None:
+        self.procs = list(procs)
+        self.run_dir = run_dir
+        self.sinks = list(sinks)
+        self.gpu_timing = gpu_timing
+        self.hooks = hooks
+        self.now_ns = now_ns
+        self.enabled: list[Any] = []
+        self.collector: Any = None
+
+    def enable(self) -> None:
+        from probe.collector import Collector
+        from probe.control import ControlError, request
+
+        args: dict[str, Any] = {}
+        if self.gpu_timing is not None:
+            args["gpu_timing"] = self.gpu_timing
+        if self.hooks is not None:
+            args["hooks"] = self.hooks
+        rings = []
+        for a in self.procs:
+            try:
+                reply = request(a.socket, "enable", timeout=ENABLE_TIMEOUT_S, **args)
+            except (ControlError, OSError) as exc:
+                self.disable()
+                raise UsageError(f"pid {a.pid} ({a.role}): {exc}") from None
+            self.enabled.append(a)
+            rings.append(self.run_dir / Path(str(reply["ring"])).name)
+        self.collector = Collector(None, self.sinks, rings=rings, now_ns=self.now_ns)
+
+    def alive(self) -> list[Any]:
+        from probe.control import pid_alive
+
+        return [a for a in self.enabled if pid_alive(a.pid)]
+
+    def disable(self) -> list[str]:
+        """Disable every process this session enabled; returns the problems met."""
+        from probe.control import ControlError, request
+
+        problems = []
+        for a in self.enabled:
+            try:
+                request(a.socket, "disable", timeout=10.0)
+            except (ControlError, OSError) as exc:
+                from probe.control import pid_alive
+
+                if pid_alive(a.pid):
+                    problems.append(f"pid {a.pid}: disable failed: {exc}")
+        self.enabled = []
+        return problems
+
+    def close(self) -> list[str]:
+        problems = self.disable()
+        if self.collector is not None:
+            self.collector.close()
+        return problems
+
+
+def run_session(
+    args: argparse.Namespace, *, title: str, live_default: bool, console: Any = None
+) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from probe.commands.ps import discover, run_dir
+    from probe.live import LiveStats, plain_lines, render
+
+    procs = [a for a in discover(args) if not a.error]
+    if not procs:
+        raise UsageError(
+            "no armed vLLM process found"
+            + (f" for {args.url}" if args.url else f" under pid {args.pid}" if args.pid else "")
+            + " (is vllm-graph-probe installed in vLLM's environment, PROBE_CONTROL not 0?)"
+        )
+    busy = [a for a in procs if a.status.get("attached_by")]
+    if busy:
+        a = busy[0]
+        raise UsageError(f"pid {a.pid} ({a.role}) is attached by pid {a.status['attached_by']}")
+    sinks: list[Any] = []
+    stats = LiveStats(roles={a.pid: a.role for a in procs})
+    sinks.append(stats)
+    writer = None
+    record = getattr(args, "record", None)
+    if record:
+        from probe.collector import RecordingSink
+        from probe.recording import RecordingWriter
+
+        out = Path(record)
+        if out.exists() and not args.force:
+            raise UsageError(f"attach: {out} exists (use --force to overwrite)")
+        if not out.parent.exists():
+            raise UsageError(f"attach: directory {out.parent} does not exist")
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(out) + suffix).unlink(missing_ok=True)
+        writer = RecordingWriter(out)
+        writer.set_meta(
+            command=["attach", *(sys.argv[1:] if sys.argv else [])],
+            host=socket.gethostname(),
+            attached_pids=[a.pid for a in procs],
+            started_epoch_ns=time.time_ns(),
+        )
+        sinks.append(RecordingSink(writer))
+    if getattr(args, "prometheus", None):
+        sinks.append(exporter_sink("prometheus", "--prometheus", args.prometheus))
+    if getattr(args, "otlp", None):
+        sinks.append(exporter_sink("otlp", "--otlp", args.otlp))
+
+    hooks = [h.strip() for h in args.hooks.split(",")] if getattr(args, "hooks", None) else None
+    gpu: bool | int | None = False if getattr(args, "no_gpu_timing", False) else None
+    session = Session(procs, run_dir(args), sinks, gpu_timing=gpu, hooks=hooks)
+    err = sys.stderr
+    stop = {"why": ""}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop["why"] = "interrupted"
+
+    old_int = signal.signal(signal.SIGINT, on_signal)
+    old_term = signal.signal(signal.SIGTERM, on_signal)
+    console = console if console is not None else Console()
+    live_on = live_default and not args.no_live and console.is_terminal
+    t_end = time.monotonic() + args.duration if args.duration else None
+    next_print = time.monotonic() + 5.0
+    try:
+        session.enable()
+        print(
+            f"probe: attached to {len(procs)} process(es): "
+            + ", ".join(f"{a.pid} {a.role}" for a in procs),
+            file=err,
+        )
+        live = (
+            Live(render(stats, title), console=console, auto_refresh=False, transient=False)
+            if live_on
+            else None
+        )
+        with live if live is not None else contextlib.nullcontext():
+            while not stop["why"]:
+                session.collector.poll()
+                if not session.alive():
+                    stop["why"] = "the server is gone"
+                    break
+                if t_end is not None and time.monotonic() >= t_end:
+                    stop["why"] = "duration reached"
+                    break
+                if live is not None:
+                    live.update(render(stats, title), refresh=True)
+                elif live_default and time.monotonic() >= next_print:
+                    print("\n".join(plain_lines(stats, title)), flush=True)
+                    next_print = time.monotonic() + 5.0
+                time.sleep(args.interval)
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+        if writer is not None:
+            writer.set_meta(ended_epoch_ns=time.time_ns(), stop_reason=stop["why"])
+        problems = session.close()
+    col = session.collector
+    steps = sum(p.steps_seen for p in col.procs.values()) if col is not None else 0
+    print(f"probe: detached ({stop['why']}); {steps:,} steps seen", file=err)
+    if not live_on:
+        print("\n".join(plain_lines(stats, title)))
+    if record:
+        print(f"probe: recording written to {record}", file=err)
+    for p in problems:
+        print(f"probe: warning: {p}", file=err)
+    for e in (col.errors if col is not None else [])[:5]:
+        print(f"probe: warning: {e}", file=err)
+    return 0
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    return run_session(args, title="probe attach", live_default=not args.no_live)
+
+
+def add_session_args(p: argparse.ArgumentParser) -> None:
+    from probe.commands.ps import add_target_args
+
+    add_target_args(p)
+    p.add_argument("--duration", type=float, help="detach after S seconds")
+    p.add_argument("--interval", type=float, default=0.1, help="ring poll interval, s")
+    p.add_argument("--hooks", help="comma-separated hook families (default: all)")
+    p.add_argument("--no-gpu-timing", action="store_true", help="no device events")
+    p.add_argument("--prometheus", metavar="ADDR", help="serve /metrics on ADDR (host:port)")
+    p.add_argument("--otlp", metavar="ENDPOINT", help="export OTLP to ENDPOINT")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("attach", help="enable the probe in a running vLLM server and watch it")
+    add_session_args(p)
+    p.add_argument("--record", metavar="FILE", help="also write a recording")
+    p.add_argument("--force", action="store_true", help="overwrite --record")
+    p.add_argument("--no-live", action="store_true", help="no live view (a summary at the end)")
+    p.set_defaults(func=cmd_attach)

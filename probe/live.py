@@ -1,0 +1,322 @@
+"""The live view (``probe top``, ``probe attach``): a sink that keeps a window of recent
+steps per rank and renders it, as rich panels in a terminal or plain lines elsewhere.
+
+It reuses the analyzers of :mod:`probe.analysis` on rows shaped like the recording's, so
+the live numbers and ``probe report`` share one set of definitions.
+
+    >>> stats = LiveStats()
+    >>> col = Collector(rings=rings, sinks=[stats])                  # doctest: +SKIP
+    >>> col.poll(); console.print(render(stats))                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from probe import analysis
+from probe.assemble import PHASE_COLUMNS, Step
+from probe.collector import ProcessState
+
+
+def _name(v: Any) -> str | None:
+    return None if v is None else str(v.name).lower() if hasattr(v, "name") else str(v)
+
+
+def step_row(s: Step) -> dict[str, Any]:
+    """A step as the recording's ``steps`` row (what :mod:`probe.analysis` reads)."""
+    row: dict[str, Any] = {
+        "pid": s.pid,
+        "step": s.step,
+        "t0_ns": s.t0,
+        "t1_ns": s.t1,
+        "host_ns": s.host_ns,
+        "num_tokens": s.num_tokens,
+        "num_reqs": s.num_reqs,
+        "mode": _name(s.mode),
+        "reason": _name(s.reason),
+        "padded_tokens": s.padded_tokens,
+        "padded_reqs": s.padded_reqs,
+        "max_query_len": s.max_query_len,
+        "uniform_decode_query_len": s.uniform_decode_query_len,
+        "uniform": int(s.uniform),
+        "replayed": int(s.replayed),
+        "cpu_launch_overhead_ns": s.cpu_launch_overhead_ns,
+        "gpu_busy_ns": None,
+        "gpu_idle_before_ns": None,
+        "gpu_step_ns": None,
+    }
+    for p in PHASE_COLUMNS:
+        row[f"{p.name.lower()}_ns"] = s.phases.get(p.name.lower(), 0)
+    return row
+
+
+def reorder_rows(s: Step) -> list[dict[str, Any]]:
+    return [
+        {
+            "threshold": r.threshold,
+            "spec_as_decode": int(r.spec_as_decode),
+            "num_reqs": r.num_reqs,
+            "num_decodes": r.num_decodes,
+            "changed": int(r.changed),
+            "moved": r.moved,
+        }
+        for r in s.reorders
+    ]
+
+
+@dataclass
+class RankView:
+    """The window of one process."""
+
+    pid: int
+    role: str = "?"
+    label: str = "-"
+    snapshot: dict[str, Any] | None = None
+    rows: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=4096))
+    reorders: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=4096))
+    arrivals: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
+    steps_total: int = 0
+    dropped: int = 0
+    faults: int = 0
+    gpu_done: int = 0
+
+
+def _boottime_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+
+class LiveStats:
+    """A :class:`probe.collector.Sink` holding the last ``window`` steps of every rank."""
+
+    def __init__(
+        self,
+        *,
+        window: int = 2048,
+        rate_window_s: float = 10.0,
+        clock_ns: Callable[[], int] = _boottime_ns,
+        roles: Mapping[int, str] | None = None,
+    ) -> None:
+        self.window = window
+        self.rate_window_ns = int(rate_window_s * 1e9)
+        self.clock_ns = clock_ns
+        self.roles = dict(roles or {})
+        self.ranks: dict[int, RankView] = {}
+
+    def _view(self, proc: ProcessState) -> RankView:
+        v = self.ranks.get(proc.pid)
+        if v is None:
+            v = RankView(
+                proc.pid,
+                role=self.roles.get(proc.pid, "?"),
+                rows=deque(maxlen=self.window),
+                reorders=deque(maxlen=self.window),
+            )
+            self.ranks[proc.pid] = v
+        return v
+
+    def on_process(self, proc: ProcessState) -> None:
+        v = self._view(proc)
+        if proc.snapshot is not None:
+            v.snapshot = proc.snapshot
+            v.label = proc.rank_label
+        v.dropped = proc.dropped
+        a = proc.assembler
+        if a is not None:
+            v.faults = sum(f.count for f in a.faults.values())
+            self._gpu(v, proc)
+
+    def on_steps(self, proc: ProcessState, steps: Sequence[Step]) -> None:
+        v = self._view(proc)
+        now = self.clock_ns()
+        for s in steps:
+            v.rows.append(step_row(s))
+            v.reorders.extend(reorder_rows(s))
+            if s.forward:
+                v.arrivals.append(s.t1 or now)
+        v.steps_total += len(steps)
+        v.dropped = proc.dropped
+        self._gpu(v, proc)
+
+    def _gpu(self, v: RankView, proc: ProcessState) -> None:
+        a = proc.assembler
+        if a is None or len(a.gpu) <= v.gpu_done:
+            return
+        by_step = {g.step: g for g in a.gpu[v.gpu_done :]}
+        v.gpu_done = len(a.gpu)
+        for row in v.rows:
+            g = by_step.get(row["step"])
+            if g is not None:
+                row["gpu_busy_ns"] = g.busy_ns
+                row["gpu_idle_before_ns"] = g.gpu_t0 if g.gpu_t0 >= 0 else None
+                row["gpu_step_ns"] = g.gpu_t1
+
+    def close(self) -> None:
+        pass
+
+    # -- summaries ------------------------------------------------------------------------
+
+    def step_rate(self, v: RankView) -> float:
+        now = self.clock_ns()
+        recent = [t for t in v.arrivals if now - t <= self.rate_window_ns]
+        return len(recent) / (self.rate_window_ns / 1e9)
+
+    def summary(self, v: RankView) -> dict[str, Any]:
+        rows = list(v.rows)
+        fw = analysis.forward_steps(rows)
+        lo = analysis.phase_breakdown(fw, by_mode=False)["all"] if fw else {}
+        phases = []
+        for name in ["cpu_launch_overhead_ns", *(f"{p}_ns" for p in analysis.PHASES)]:
+            st = lo.get(name) or {}
+            if st.get("n") and st.get("p99"):
+                phases.append((name.removesuffix("_ns"), st["p50"], st["p99"]))
+        snap = v.snapshot or {}
+        return {
+            "pid": v.pid,
+            "role": v.role,
+            "rank": v.label,
+            "steps_total": v.steps_total,
+            "steps_per_s": self.step_rate(v),
+            "hit_rates": analysis.hit_rates(fw),
+            "miss_reasons": [
+                (r["mode"], r["reason"], r["share"]) for r in analysis.miss_reasons(fw)[:3]
+            ],
+            "launch": phases,
+            "gpu": analysis.gpu_summary(fw),
+            "reorder": analysis.reorder_summary(v.reorders),
+            "traps": [t["message"] for t in snap.get("traps", []) or []],
+            "verdict": analysis.verdict(fw, snap) if fw else [],
+            "dropped": v.dropped,
+            "faults": v.faults,
+        }
+
+    def active(self) -> list[RankView]:
+        """Processes that ran steps (the ranks), in rank order."""
+        return sorted(
+            (v for v in self.ranks.values() if v.steps_total),
+            key=lambda v: (v.label, v.pid),
+        )
+
+    def aggregate(self) -> dict[str, Any]:
+        ranks = self.active()
+        rows = [r for v in ranks for r in v.rows]
+        fw = analysis.forward_steps(rows)
+        snap = next((v.snapshot for v in ranks if v.snapshot), None)
+        return {
+            "ranks": len(ranks),
+            "steps_per_s": sum(self.step_rate(v) for v in ranks),
+            "hit_rates": analysis.hit_rates(fw),
+            "verdict": analysis.verdict(fw, snap)[:1] if fw else [],
+        }
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _us(ns: float | None) -> str:
+    return "-" if ns is None else f"{ns / 1e3:,.0f}"
+
+
+def rank_lines(s: Mapping[str, Any]) -> list[str]:
+    """One rank's summary as short lines (under 80 columns but for the verdict)."""
+    h = s["hit_rates"]
+    out = [
+        f"{s['rank']} pid {s['pid']} {s['role']}: {s['steps_per_s']:.1f} steps/s, "
+        f"{s['steps_total']:,} steps, {s['dropped']:,} dropped, {s['faults']} faults",
+        f"  FULL {_pct(h['full_hit_rate'])}  graph {_pct(h['graph_rate'])}  "
+        f"decode FULL {_pct(h['decode_full_hit_rate'])}  (window {h['steps']:,} steps)",
+    ]
+    if s["miss_reasons"]:
+        out.append(
+            "  modes: "
+            + ", ".join(f"{m.upper()} {r} {share:.0%}" for m, r, share in s["miss_reasons"])
+        )
+    if s["launch"]:
+        first, *rest = s["launch"]
+        out.append(f"  CPU launch overhead p50 {_us(first[1])} µs, p99 {_us(first[2])} µs")
+        top = sorted(rest, key=lambda t: -(t[1] or 0))[:4]
+        if top:
+            out.append(
+                "  phase p50/p99 µs: "
+                + ", ".join(f"{n} {_us(p50)}/{_us(p99)}" for n, p50, p99 in top)
+            )
+    g = s["gpu"]
+    if g["steps_timed"]:
+        out.append(
+            f"  GPU idle before step p50 {_us(g['idle_before_ns']['p50'])} µs, "
+            f"idle share {_pct(g['idle_share'])}, {g['cpu_bound_steps']} CPU-bound"
+        )
+    else:
+        out.append("  GPU: no device timings (CPU engine or timing off)")
+    ro = s["reorder"]
+    if ro["decisions"]:
+        out.append(
+            f"  reorder: {ro['decisions']:,} decisions, {ro['changed']:,} changed, "
+            f"{ro['moved_requests']:,} moved, thresholds {ro['thresholds']}"
+        )
+    out.extend(f"  warning: {t}" for t in s["traps"])
+    if s["verdict"]:
+        out.append(f"  verdict: {s['verdict'][0]}")
+    return out
+
+
+def header_line(stats: LiveStats, title: str) -> str:
+    agg = stats.aggregate()
+    h = agg["hit_rates"]
+    return (
+        f"{title} | {agg['ranks']} rank(s), {agg['steps_per_s']:.1f} steps/s, "
+        f"FULL {_pct(h['full_hit_rate'])}, graph {_pct(h['graph_rate'])}"
+    )
+
+
+def plain_lines(stats: LiveStats, title: str = "probe") -> list[str]:
+    """The view as plain text (stdout not a terminal, ``--no-live`` progress)."""
+    out = [header_line(stats, title)]
+    agg = stats.aggregate()
+    if agg["verdict"]:
+        out.append(f"verdict: {agg['verdict'][0]}")
+    for v in stats.active():
+        out.extend(rank_lines(stats.summary(v)))
+    if not stats.active():
+        out.append("waiting for engine steps (send requests to the server)")
+    return out
+
+
+def render(stats: LiveStats, title: str = "probe") -> RenderableType:
+    """The view as rich panels: a header with the aggregate, then one panel per rank."""
+    agg = stats.aggregate()
+    head = Text(header_line(stats, title), style="bold")
+    if agg["verdict"]:
+        head.append("\n" + agg["verdict"][0], style="cyan")
+    parts: list[RenderableType] = [head]
+    for v in stats.active():
+        s = stats.summary(v)
+        lines = rank_lines(s)
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column()
+        for line in lines[1:]:
+            style = "yellow" if "warning:" in line else "cyan" if "verdict:" in line else None
+            grid.add_row(Text(line.strip(), style=style or ""))
+        parts.append(Panel(grid, title=lines[0], title_align="left"))
+    if not stats.active():
+        parts.append(Text("waiting for engine steps (send requests to the server)", style="dim"))
+    counts = Counter(v.role for v in stats.ranks.values())
+    parts.append(
+        Text(
+            "processes: " + ", ".join(f"{n} {r}" for r, n in sorted(counts.items())),
+            style="dim",
+        )
+    )
+    return Group(*parts)

@@ -1,0 +1,242 @@
+"""The live view (probe top / attach) and process discovery (probe ps), without an engine.
+
+The live view is fed real Step objects through the Sink interface and rendered on a
+recording rich Console at 80 columns, with rich's Live driven by an injected clock.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+from rich.live import Live
+
+from probe.assemble import Step
+from probe.live import LiveStats, plain_lines, render, step_row
+from probe.records import Mode, Reason, Reorder
+
+
+PROBE = str(Path(sys.executable).with_name("probe"))
+
+
+class FakeProc:
+    """The parts of probe.collector.ProcessState a sink reads."""
+
+    def __init__(self, pid: int, snapshot: dict[str, Any] | None = None) -> None:
+        self.pid = pid
+        self.snapshot = snapshot
+        self.dropped = 0
+        self.assembler = None
+
+    @property
+    def rank_label(self) -> str:
+        return f"tp{(self.snapshot or {}).get('tp_rank') or 0}"
+
+
+def mk_step(pid: int, n: int, mode: Mode, reason: Reason, t1: int, uniform: bool) -> Step:
+    return Step(
+        pid=pid,
+        step=n,
+        t0=t1 - 900_000,
+        t1=t1,
+        host_ns=900_000,
+        num_tokens=4,
+        num_reqs=4,
+        mode=mode,
+        reason=reason,
+        padded_tokens=4,
+        padded_reqs=4,
+        max_query_len=1,
+        uniform_decode_query_len=1,
+        uniform=uniform,
+        replayed=mode != Mode.NONE,
+        pieces=0,
+        captures=0,
+        cpu_launch_overhead_ns=300_000 + n * 1000,
+        phases={"prepare_inputs": 100_000, "forward_launch": 150_000, "sample": 50_000},
+        reorders=(Reorder(n, n % 2 == 0, 0, t1 - 10, t1, 1, 4, 4, 4, 1, False),),
+    )
+
+
+@pytest.fixture
+def stats() -> LiveStats:
+    now = {"t": 100_000_000_000}
+    st = LiveStats(clock_ns=lambda: now["t"], roles={11: "worker", 12: "worker"})
+    for pid, rank in ((11, 0), (12, 1)):
+        snap = {
+            "tp_rank": rank,
+            "traps": [{"code": "x", "message": "builder Foo sets cudagraph_support"}],
+        }
+        proc: Any = FakeProc(pid, snap)
+        st.on_process(proc)
+        steps = [
+            mk_step(
+                pid,
+                i,
+                Mode.FULL if i % 4 else Mode.PIECEWISE,
+                Reason.HIT if i % 4 else Reason.NOT_UNIFORM,
+                now["t"] - (40 - i) * 100_000_000,
+                bool(i % 4),
+            )
+            for i in range(1, 41)
+        ]
+        st.on_steps(proc, steps)
+    return st
+
+
+def test_step_row_matches_the_recording_columns() -> None:
+    from probe.recording import DDL
+
+    row = step_row(mk_step(1, 1, Mode.FULL, Reason.HIT, 10**9, True))
+    assert row["mode"] == "full" and row["reason"] == "hit"
+    for col in row:
+        assert col in DDL, col
+
+
+def test_summary_per_rank_and_aggregate(stats: LiveStats) -> None:
+    views = stats.active()
+    assert [v.label for v in views] == ["tp0", "tp1"]
+    s = stats.summary(views[0])
+    assert s["hit_rates"]["steps"] == 40 and s["hit_rates"]["full"] == 30
+    assert s["steps_per_s"] == pytest.approx(4.0)  # 40 steps in the last 10 s
+    assert s["miss_reasons"][0][:2] == ("full", "hit")
+    assert s["launch"][0][0] == "cpu_launch_overhead"
+    assert s["reorder"]["decisions"] == 40 and s["reorder"]["changed"] == 20
+    assert s["traps"] == ["builder Foo sets cudagraph_support"]
+    assert s["verdict"]
+    agg = stats.aggregate()
+    assert agg["ranks"] == 2 and agg["hit_rates"]["steps"] == 80
+    assert agg["steps_per_s"] == pytest.approx(8.0)
+
+
+def test_plain_lines_fit_80_columns(stats: LiveStats) -> None:
+    lines = plain_lines(stats, "probe top")
+    text = "\n".join(lines)
+    assert "tp0 pid 11 worker" in text and "tp1 pid 12 worker" in text
+    assert "FULL 75%" in text and "PIECEWISE not_uniform" in text
+    assert "CPU launch overhead p50" in text and "warning: builder Foo" in text
+    assert "verdict:" in text and "reorder: 40 decisions" in text
+    long = [ln for ln in lines if len(ln) > 80 and "verdict" not in ln]
+    assert not long, long
+
+
+def test_rich_view_at_80_columns_with_an_injected_clock(stats: LiveStats) -> None:
+    # this rich's Live takes its clock from the Console (Console(get_time=...))
+    buf = io.StringIO()
+    ticks = iter(float(i) for i in range(1000))
+    console = Console(
+        file=buf, width=80, force_terminal=True, color_system=None, get_time=lambda: next(ticks)
+    )
+    with Live(render(stats, "probe top"), console=console, auto_refresh=False) as live:
+        live.update(render(stats, "probe top"), refresh=True)
+    out = buf.getvalue()
+    assert "tp0 pid 11 worker" in out and "tp1 pid 12 worker" in out
+    assert "decode FULL" in out and "processes: 2 worker" in out
+    for line in out.splitlines():
+        assert len(line.rstrip()) <= 80 or "\x1b" in line, line
+
+
+def test_an_empty_view_says_it_waits() -> None:
+    st = LiveStats()
+    assert any("waiting for engine steps" in ln for ln in plain_lines(st))
+
+
+# -- discovery ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="pd-", dir="/tmp"))
+    os.chmod(d, 0o700)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_port_and_listening_pid_and_tree() -> None:
+    from probe.discover import descendants, listening_pids, port_of, tree_of_url
+
+    assert port_of("http://127.0.0.1:8123/v1") == 8123
+    assert port_of("127.0.0.1:9000") == 9000
+    assert port_of("https://example") == 443
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert os.getpid() in listening_pids(port)
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert child.pid in descendants(os.getpid())
+            assert {os.getpid(), child.pid} <= tree_of_url(f"http://127.0.0.1:{port}")
+        finally:
+            child.kill()
+            child.wait()
+
+
+def test_unknown_url_and_pid_are_clear_errors() -> None:
+    from probe.discover import DiscoveryError, tree_of_pid, tree_of_url
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening
+    with pytest.raises(DiscoveryError, match=f"listens on port {port}"):
+        tree_of_url(f"http://127.0.0.1:{port}")
+    with pytest.raises(DiscoveryError, match="no process with pid"):
+        tree_of_pid(2**22 + 12345)
+
+
+def test_ps_lists_servers_and_cleans_stale_sockets(run_dir: Path, clean_probe: None) -> None:
+    from probe.control import ControlServer
+    from probe.discover import find_processes
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = run_dir / f"ctl-{dead.pid}.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(stale))
+    srv = ControlServer(run_dir, environ={}, role_hint="worker")
+    srv.open()
+    try:
+        found = find_processes(run_dir)
+        assert [a.pid for a in found] == [os.getpid()]
+        assert found[0].status["enabled"] is False and found[0].error is None
+        assert not stale.exists()
+        assert find_processes(run_dir, pids=[os.getpid()])
+        out = subprocess.run(
+            [PROBE, "ps", "--run-dir", str(run_dir), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert '"pid": %d' % os.getpid() in out.stdout
+    finally:
+        srv.close()
+
+
+def test_attach_with_nothing_to_attach_is_a_usage_error(run_dir: Path) -> None:
+    out = subprocess.run(
+        [PROBE, "attach", "--run-dir", str(run_dir), "--no-live"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "no armed vLLM process found" in out.stderr
+
+
+def test_missing_exporter_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from probe.cli import UsageError
+    from probe.commands.attach import exporter_sink
+
+    monkeypatch.setitem(sys.modules, "exporters.nothere", None)
+    with pytest.raises(UsageError, match=r"exporters.nothere is not available.*\[nothere\]"):
+        exporter_sink("nothere", "--nothere", "x")
