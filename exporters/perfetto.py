@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exporters.base import MissingExtra
+
 __all__ = [
     "BOOTTIME_CLOCK_ID",
     "PerfettoUnavailableError",
@@ -55,18 +57,18 @@ REALTIME_CLOCK_ID = 1
 _SEQUENCE_ID = 0x5647  # any non-zero id; all packets are on one writer sequence
 
 
-class PerfettoUnavailableError(ImportError):
+class PerfettoUnavailableError(MissingExtra):
     """The ``perfetto`` package (its trace protos) is not installed."""
+
+    def __init__(self) -> None:
+        super().__init__("perfetto", "perfetto", "perfetto")
 
 
 def _protos() -> Any:
     try:
         from perfetto.protos.perfetto.trace import perfetto_trace_pb2
     except ImportError as exc:
-        raise PerfettoUnavailableError(
-            "writing Perfetto traces needs the 'perfetto' package: "
-            "pip install 'vllm-graph-probe[perfetto]' (or pip install perfetto)"
-        ) from exc
+        raise PerfettoUnavailableError() from exc
     return perfetto_trace_pb2
 
 

@@ -42,6 +42,12 @@ CG_SUPPORT_OVERRIDE = EnvVar(
 HOOKS = EnvVar("PROBE_HOOKS", "Comma-separated hook families to install (default: all).")
 CONTROL = EnvVar("PROBE_CONTROL", "0: do not open the per-process control socket.", "1")
 PLUGIN = EnvVar("PROBE_PLUGIN", "0: the vLLM plugin does nothing in this process.", "1")
+ROCTX = EnvVar(
+    "PROBE_ROCTX",
+    "1: also emit roctx ranges (steps, phases) and marks (graph and reorder decisions) "
+    "live in each vLLM process while the probe is enabled; needs ROCm's roctx module. "
+    "Adds about 6-7 us per V1 step (exporters/roctx_live.py).",
+)
 
 ALL: tuple[EnvVar, ...] = (
     ENABLE,
@@ -52,6 +58,7 @@ ALL: tuple[EnvVar, ...] = (
     HOOKS,
     CONTROL,
     PLUGIN,
+    ROCTX,
 )
 
 
