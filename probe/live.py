@@ -174,7 +174,7 @@ class LiveStats:
         fw = analysis.forward_steps(rows)
         lo = analysis.phase_breakdown(fw, by_mode=False)["all"] if fw else {}
         phases = []
-        for name in ["cpu_launch_overhead_ns", *(f"{p}_ns" for p in analysis.PHASES)]:
+        for name in ["cpu_launch_overhead_ns", *analysis.PHASES]:
             st = lo.get(name) or {}
             if st.get("n") and st.get("p99"):
                 phases.append((name.removesuffix("_ns"), st["p50"], st["p99"]))

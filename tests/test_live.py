@@ -25,7 +25,6 @@ from probe.assemble import Step
 from probe.live import LiveStats, plain_lines, render, step_row
 from probe.records import Mode, Reason, Reorder
 
-
 PROBE = str(Path(sys.executable).with_name("probe"))
 
 
@@ -124,6 +123,7 @@ def test_plain_lines_fit_80_columns(stats: LiveStats) -> None:
     text = "\n".join(lines)
     assert "tp0 pid 11 worker" in text and "tp1 pid 12 worker" in text
     assert "FULL 75%" in text and "PIECEWISE not_uniform" in text
+    assert "phase p50/p99 µs: forward_launch 150/150, prepare_inputs 100/100" in text
     assert "CPU launch overhead p50" in text and "warning: builder Foo" in text
     assert "verdict:" in text and "reorder: 40 decisions" in text
     long = [ln for ln in lines if len(ln) > 80 and "verdict" not in ln]
@@ -218,7 +218,7 @@ def test_ps_lists_servers_and_cleans_stale_sockets(run_dir: Path, clean_probe: N
             timeout=60,
         )
         assert out.returncode == 0, out.stderr
-        assert '"pid": %d' % os.getpid() in out.stdout
+        assert f'"pid": {os.getpid()}' in out.stdout
     finally:
         srv.close()
 

@@ -159,9 +159,9 @@ def run_session(
             Path(str(out) + suffix).unlink(missing_ok=True)
         writer = RecordingWriter(out)
         writer.set_meta(
-            command=["attach", *(sys.argv[1:] if sys.argv else [])],
+            command=["probe", *sys.argv[1:]],
             host=socket.gethostname(),
-            attached_pids=[a.pid for a in procs],
+            attached=[{"pid": a.pid, "role": a.role} for a in procs],
             started_epoch_ns=time.time_ns(),
         )
         sinks.append(RecordingSink(writer))

