@@ -29,12 +29,11 @@ from typing import Any, NoReturn
 from rich.console import Console
 
 from probe import config
+from probe.errors import UsageError
 
 EXIT_USAGE = 2
 
 
-class UsageError(Exception):
-    """A user mistake: printed as one line, exit status 2."""
 
 
 def default_recording() -> Path:

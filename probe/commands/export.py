@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from probe.cli import UsageError, _open_recording
+from probe.cli import _open_recording
+from probe.errors import UsageError
 
 
 def _sink_module(name: str) -> Any:

@@ -17,7 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from probe.cli import UsageError, _open_recording
+from probe.cli import _open_recording
+from probe.errors import UsageError
 
 
 def add_parser(sub: Any) -> None:

@@ -245,6 +245,8 @@ def enable(writer: Any, *, gpu_timing: bool | int = True) -> None:
                 log.info("probe: no device timing (%r)", exc)
         RT.on_first_step = [_first_step]
         RT.enabled = True
+        # roctx ranges for rocprofv3 (PROBE_ROCTX=1): wraps the hooks only when asked
+        importlib.import_module("exporters.roctx_live").start(RT, INSTALLER)
 
 
 def disable() -> Any:

@@ -1,0 +1,7 @@
+"""Exceptions shared by the command line and its subcommands."""
+
+from __future__ import annotations
+
+
+class UsageError(Exception):
+    """A user mistake: ``probe`` prints it as one line and exits with status 2."""
