@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ def summarize(path: Path) -> dict[str, Any]:
     tokens = sum(s["num_tokens"] or 0 for s in fw)
     dec = [s for s in fw if analysis.is_decode(s)]
 
-    def med(col: str, rows: list[dict[str, Any]]) -> float | None:
+    def med(col: str, rows: Sequence[Mapping[str, Any]]) -> float | None:
         vals = [r[col] for r in rows if r.get(col) is not None]
         return statistics.median(vals) if vals else None
 
