@@ -154,7 +154,8 @@ def run_arms(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
             if override:
                 argv += ["--override", override]
             t = time.monotonic()
-            res = subprocess.run([*argv, "--", *cmd])
+            # the workload's own output goes to stderr: stdout is the comparison
+            res = subprocess.run([*argv, "--", *cmd], stdout=sys.stderr)
             print(
                 f"probe ab: run {i} arm {arm}: exit {res.returncode} in "
                 f"{time.monotonic() - t:.1f}s -> {rec}",
