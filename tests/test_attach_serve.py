@@ -212,7 +212,7 @@ def test_ps_attach_detach_reattach(server: Server) -> None:
     assert {s["pid"] for s in steps} == {roles["worker"]}  # the worker is its own process
     procs = {p["pid"]: p for p in r.processes()}
     assert procs[roles["worker"]]["role"] == "worker" and procs[roles["worker"]]["runner"] == "v1"
-    assert {a["role"] for a in json.loads(r.meta()["attached"])} == {"api", "engine", "worker"}
+    assert {a["role"] for a in r.meta()["attached"]} == {"api", "engine", "worker"}
 
     # detached: nothing enabled, every ring gone, and the server serves on, identically
     rows = server.ps()

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from probe.cli import UsageError
+from probe.errors import UsageError
 
 ENABLE_TIMEOUT_S = 60.0  # the first enable may import torch for device timing
 
@@ -137,7 +137,10 @@ def run_session(
             + (f" for {args.url}" if args.url else f" under pid {args.pid}" if args.pid else "")
             + " (is vllm-graph-probe installed in vLLM's environment, PROBE_CONTROL not 0?)"
         )
-    busy = [a for a in procs if a.status.get("attached_by")]
+    from probe.control import pid_alive
+
+    # a reader that died is cleaned up by the process's watchdog; do not wait for it
+    busy = [a for a in procs if a.status.get("attached_by") and pid_alive(a.status["attached_by"])]
     if busy:
         a = busy[0]
         raise UsageError(f"pid {a.pid} ({a.role}) is attached by pid {a.status['attached_by']}")
