@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from probe.cli import UsageError
+from probe.errors import UsageError
 
 
 def run_dir(args: argparse.Namespace) -> Path:
