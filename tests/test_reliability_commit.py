@@ -76,3 +76,36 @@ def test_steps_are_committed_once_more_steps_follow(tmp_path: Path) -> None:
     finally:
         col.close()
         ring.close()
+
+
+class _RaisingSink:
+    """An exporter with a bug: every call raises."""
+
+    def on_process(self, proc: object) -> None:
+        raise RuntimeError("exporter bug")
+
+    def on_steps(self, proc: object, steps: object) -> None:
+        raise RuntimeError("exporter bug")
+
+    def close(self) -> None:
+        raise RuntimeError("exporter bug")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: Collector._drain/_announce/flush call sinks unguarded, so one raising "
+    "exporter stops the reader and the recording (probe/collector.py: wrap each sink call, "
+    "append to Collector.errors)",
+)
+def test_a_raising_sink_does_not_stop_the_reader_or_the_recording(tmp_path: Path) -> None:
+    ring = RingWriter.create(tmp_path / "ring-1234.shm", capacity=1024)
+    out = tmp_path / "run.probe.db"
+    col = Collector(rings=[ring.path], sinks=[_RaisingSink(), RecordingSink(RecordingWriter(out))])
+    try:
+        _burst(ring, 10)
+        col.poll()
+        col.close()
+        assert _committed_steps(out) == 10
+        assert any("exporter bug" in e for e in col.errors)
+    finally:
+        ring.close()

@@ -47,6 +47,12 @@ PROBE = Path(sys.executable).with_name("probe")
 ROUNDS = 3
 STEPS_PER_ROUND = 32  # one prefill step (4 prompts fit one batch) + 31 decode steps
 RING_CAPACITY = 256
+# secret-looking environment of the recorded run: none of it may reach the recording
+SECRETS = {
+    "HF_TOKEN": "hf_sekritTOKENvalue1234",
+    "OPENAI_API_KEY": "sk-sekritKEYvalue5678",
+    "AWS_SECRET_ACCESS_KEY": "sekritAWSvalue9012",
+}
 
 pytestmark = pytest.mark.engine
 
@@ -162,12 +168,24 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     )
     hook_rec = d / "hooks.probe.db"
     hook_faults = subprocess.Popen(
-        [str(PROBE), "record", "--out", str(hook_rec), "--", sys.executable, str(DRIVER)]
-        + ["--out", str(d / "hooks.json"), "--rounds", "1"],
+        [
+            str(PROBE),
+            "record",
+            "--out",
+            str(hook_rec),
+            "--",
+            sys.executable,
+            str(DRIVER),
+            "--out",
+            str(d / "hooks.json"),
+            "--rounds",
+            "1",
+        ],
         env=_env(
             PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
             PROBE_FAULT_RAISE_IN="reorder",
             PROBE_FAULT_BAD_TARGETS="1",
+            **SECRETS,
         ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -195,8 +213,16 @@ def _reader_faults(d: Path) -> dict[str, Any]:
     gate.mkdir()
     out: dict[str, Any] = {"run_dir": run_dir}
     engine = subprocess.Popen(
-        [sys.executable, str(DRIVER), "--out", str(d / "reader.json")]
-        + ["--rounds", str(ROUNDS), "--gate-dir", str(gate)],
+        [
+            sys.executable,
+            str(DRIVER),
+            "--out",
+            str(d / "reader.json"),
+            "--rounds",
+            str(ROUNDS),
+            "--gate-dir",
+            str(gate),
+        ],
         env=_env(
             PROBE_ENABLE="1",
             PROBE_RUN_DIR=str(run_dir),
@@ -218,6 +244,7 @@ def _reader_faults(d: Path) -> dict[str, Any]:
         out["r1"] = r1.out
         rings = list(run_dir.glob("ring-*.shm"))
         out["rings"] = rings
+        out["modes"] = {p.name: p.stat().st_mode & 0o777 for p in [run_dir, *rings]}
         out["after_r1"] = {p.name: _ring_header(p) for p in rings}
 
         # round 2: no reader at all; the tiny ring fills and stays full
@@ -405,3 +432,37 @@ def test_disk_full_reader_error_is_one_line(runs: dict[str, Any]) -> None:
         pytest.skip("cannot mount a small tmpfs here (not root)")
     assert "Traceback" not in r["r2_err"]
     assert "probe: error:" in r["r2_err"]
+
+
+# -- security (the control socket's tests live with it) --------------------------------------
+
+
+def test_no_secret_from_the_environment_reaches_the_recording(runs: dict[str, Any]) -> None:
+    rec: Path = runs["hooks_rec"]
+    files = [p for p in rec.parent.iterdir() if p.name.startswith(rec.name)]
+    blob = b"".join(p.read_bytes() for p in files)
+    assert len(blob) > 10_000
+    for name, value in SECRETS.items():
+        assert value.encode() not in blob, name
+        assert b"sekrit" not in blob
+
+
+def test_recording_meta_holds_only_allow_listed_keys(runs: dict[str, Any]) -> None:
+    meta = Recording.open(runs["hooks_rec"]).meta()
+    assert set(meta) <= {
+        "schema_version",
+        "created_epoch_ns",
+        "command",
+        "host",
+        "probe_version",
+        "override",
+        "started_epoch_ns",
+        "exit_code",
+        "ended_epoch_ns",
+    }
+
+
+def test_rings_are_owner_only_in_an_owner_only_directory(runs: dict[str, Any]) -> None:
+    modes = runs["reader"]["modes"]
+    assert modes.pop("run") == 0o700
+    assert modes and set(modes.values()) == {0o600}
