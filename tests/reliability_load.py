@@ -16,6 +16,7 @@ import json
 import multiprocessing as mp
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -93,6 +94,7 @@ class LoadResult:
     dropped: int
     steps_written: int
     steps_assembled: int
+    polls: int = 0
     writer_rss_kib: list[int] = field(default_factory=list)
     reader_rss_kib: list[int] = field(default_factory=list)
 
@@ -120,21 +122,27 @@ def run_load(seconds: float, capacity: int = 1 << 16, poll_s: float = 0.001) -> 
             time.sleep(0.01)
         sink = _Counting()
         col = Collector(rings=[path], sinks=[sink])
-        read = 0
+        read = polls = 0
         rss: list[int] = []
-        next_sample = 0.0
+        done = threading.Event()
+
+        def sample() -> None:  # a thread: samples even while one poll runs for long
+            while not done.wait(1.0):
+                rss.append(rss_kib())
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         t0 = time.monotonic()
         while True:
             read += col.poll()
-            now = time.monotonic()
-            if now >= next_sample:
-                rss.append(rss_kib())
-                next_sample = now + 1.0
+            polls += 1
             [state] = col.procs.values()
             if state.reader.writer_closed and state.reader.pending == 0:
                 break
             time.sleep(poll_s)
         elapsed = time.monotonic() - t0
+        done.set()
+        sampler.join()
         out = parent.recv()
         proc.join()
         col.close()
@@ -147,6 +155,7 @@ def run_load(seconds: float, capacity: int = 1 << 16, poll_s: float = 0.001) -> 
             dropped=out["dropped"],
             steps_written=out["steps"],
             steps_assembled=sink.steps,
+            polls=polls,
             writer_rss_kib=out["rss"],
             reader_rss_kib=rss,
         )
