@@ -34,8 +34,6 @@ from probe.errors import UsageError
 EXIT_USAGE = 2
 
 
-
-
 def default_recording() -> Path:
     """The bundled real recording (H200, tiny DeepSeek-V3.2 + MTP; see docs/evidence.md)."""
     ref = resources.files("probe") / "data" / "default.probe.db"
@@ -220,13 +218,43 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _live_snapshots(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Snapshots of a running server's processes, over their control sockets."""
+    from probe.commands.ps import discover
+    from probe.control import ControlError, request
+
+    snaps = []
+    for proc in discover(args):
+        if proc.error:
+            continue
+        try:
+            reply = request(proc.socket, "snapshot")
+        except (OSError, ControlError) as exc:
+            print(f"probe: warning: pid {proc.pid}: {exc}", file=sys.stderr)
+            continue
+        snap = reply.get("snapshot")
+        if reply.get("complete") and snap:
+            snaps.append(snap)
+    if not snaps:
+        raise UsageError(
+            "doctor: no process of that server has a snapshot yet (it is taken on the first "
+            "step while attached: run `probe attach --duration 5` under load, then again)"
+        )
+    return snaps
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from probe.report import doctor, render_doctor
 
-    rec = _open_recording(args.recording)
-    snaps = [p["snapshot"] for p in rec.processes() if p.get("snapshot")]
-    if not snaps:
-        raise UsageError(f"doctor: {rec.path} holds no static snapshot (no step was recorded)")
+    if args.pid or args.url:
+        if args.recording:
+            raise UsageError("doctor: give a recording or --pid/--url, not both")
+        snaps = _live_snapshots(args)
+    else:
+        rec = _open_recording(args.recording)
+        snaps = [p["snapshot"] for p in rec.processes() if p.get("snapshot")]
+        if not snaps:
+            raise UsageError(f"doctor: {rec.path} holds no static snapshot (no step was recorded)")
     out = [doctor(s) for s in snaps]
     if args.json:
         print(json.dumps(out, indent=2, default=str))
@@ -288,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("recording", nargs="?", help="recording (default: the bundled one)")
         q.add_argument("--json", action="store_true", help="machine-readable output")
         q.add_argument("--width", type=int, help="terminal width")
+        if name == "doctor":
+            from probe.commands.ps import add_target_args
+
+            add_target_args(q)
 
     sub.add_parser("env", help="list PROBE_* environment variables")
     c = sub.add_parser("collect", help="read the rings of a run directory into a recording")

@@ -221,6 +221,13 @@ def test_ps_attach_detach_reattach(server: Server) -> None:
     assert during and all(d == before for d in during)  # greedy, probe on
     assert server.load() == before
 
+    # the live engine's static picture, over the control socket, after detaching
+    doc = server.probe("doctor", "--url", server.url, "--json")
+    assert doc.returncode == 0, doc.stderr
+    snaps = json.loads(doc.stdout)
+    assert [s["pid"] for s in snaps] == [roles["worker"]]
+    assert snaps[0]["vllm_version"].startswith("0.32") and snaps[0]["groups"]
+
     again = server.probe("attach", "--pid", str(server.proc.pid), "--duration", "3", "--no-live")
     assert again.returncode == 0, again.stderr
     assert "attached to 3 process(es)" in again.stderr
