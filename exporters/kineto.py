@@ -200,6 +200,8 @@ def read_kineto(
             continue
         ph = e.get("ph")
         cat = e.get("cat")
+        if cat is not None and not isinstance(cat, str):
+            raise ProfileError(p, f"traceEvents[{i}]: 'cat' is {type(cat).__name__}, not text")
         if ph == "X":
             if cat == _KERNEL_CATEGORY:
                 start, end = times(i, e)

@@ -1991,6 +1991,8 @@ def read_rocpd(path: PathLike) -> Profile:
         return _read_rocpd(conn, p)
     except sqlite3.DatabaseError as exc:
         raise ProfileError(p, f"corrupt or unreadable rocpd database: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ProfileError(p, f"text that is not UTF-8 in the database ({exc.reason})") from None
     finally:
         conn.close()
 

@@ -137,19 +137,32 @@ def cmd_record(args: argparse.Namespace) -> int:
     old = signal.signal(signal.SIGINT, on_signal)
     old_term = signal.signal(signal.SIGTERM, on_signal)
     t_end = time.monotonic() + args.duration if args.duration else None
+    failed: str | None = None
     try:
         while child.poll() is None:
-            col.poll()
+            if failed is None:
+                failed = _storage_guard(col.poll, out)
+                if failed is not None:  # the command keeps running; recording stops
+                    print(
+                        f"probe: error: {failed}; recording stopped, the command goes on",
+                        file=sys.stderr,
+                    )
             if t_end is not None and time.monotonic() > t_end:
                 child.send_signal(signal.SIGINT)
                 t_end = None
             time.sleep(args.interval)
-        col.poll()
+        if failed is None:
+            failed = _storage_guard(col.poll, out)
     finally:
         signal.signal(signal.SIGINT, old)
         signal.signal(signal.SIGTERM, old_term)
-        writer.set_meta(exit_code=child.returncode, ended_epoch_ns=time.time_ns())
-        col.close()
+
+        def finish() -> None:
+            writer.set_meta(exit_code=child.returncode, ended_epoch_ns=time.time_ns())
+            col.close()
+
+        end_failed = _storage_guard(finish, out)
+        failed = failed or end_failed
         shutil.rmtree(run_dir, ignore_errors=True)
     steps = sum(p.steps_seen for p in col.procs.values())
     dropped = sum(p.dropped for p in col.procs.values())
@@ -160,7 +173,21 @@ def cmd_record(args: argparse.Namespace) -> int:
     )
     for e in col.errors[:5]:
         print(f"probe: warning: {e}", file=err)
+    if failed is not None:
+        print(f"probe: error: {failed}; what was committed before is readable", file=err)
+        return int(child.returncode or 1)
     return int(child.returncode or 0)
+
+
+def _storage_guard(fn: Callable[[], Any], out: Path) -> str | None:
+    """Run a step of the reader; a storage failure (disk full, read-only) becomes a line."""
+    import sqlite3
+
+    try:
+        fn()
+    except (sqlite3.Error, OSError) as exc:
+        return f"{out}: {' '.join(str(exc).split())}"
+    return None
 
 
 def _boottime() -> int:
@@ -202,18 +229,27 @@ def cmd_collect(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     seen_writer = False
+    out = Path(args.out)
+    failed: str | None = None
     try:
-        while not stop["now"]:
-            col.poll()
+        while not stop["now"] and failed is None:
+            failed = _storage_guard(col.poll, out)
             alive = [p for p in col.procs.values() if p.reader.writer_alive()]
             seen_writer = seen_writer or bool(col.procs)
             if seen_writer and not alive:
-                col.poll()
+                failed = failed or _storage_guard(col.poll, out)
                 break
             time.sleep(args.interval)
     finally:
-        writer.set_meta(ended_epoch_ns=time.time_ns())
-        col.close()
+
+        def finish() -> None:
+            writer.set_meta(ended_epoch_ns=time.time_ns())
+            col.close()
+
+        failed = failed or _storage_guard(finish, out)
+    if failed is not None:
+        print(f"probe: error: {failed}; what was committed before is readable", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -221,10 +257,15 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    import sqlite3
+
     from probe.report import build_report, render_report
 
     rec = _open_recording(args.recording)
-    rep = build_report(rec)
+    try:
+        rep = build_report(rec)
+    except sqlite3.DatabaseError as exc:
+        raise UsageError(f"{rec.path}: damaged recording ({' '.join(str(exc).split())})") from None
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
     else:

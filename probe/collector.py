@@ -32,7 +32,11 @@ RING_RE = re.compile(r"^ring-(\d+)\.shm$")
 
 
 class Sink(Protocol):
-    """Anything that consumes steps; exporters implement this too."""
+    """Anything that consumes steps; exporters implement this too.
+
+    A sink may also define ``tick()``, called once per poll (for periodic work such as
+    committing). A sink that raises is reported in ``Collector.errors``; the reader goes on.
+    """
 
     def on_process(self, proc: ProcessState) -> None: ...
 
@@ -114,34 +118,55 @@ class Collector:
         return total
 
     def _drain(self, proc: ProcessState) -> int:
+        """Read at most one ring's worth of records, handing steps on batch by batch.
+
+        Bounded per poll: a writer faster than the reader cannot keep the reader inside
+        one call (the ring drops instead, and counts it), and memory holds one batch.
+        """
         n = 0
         assembler = proc.assembler
         assert assembler is not None
-        out: list[Step] = []
-        while True:
-            recs = proc.reader.read(self.batch)
+        budget = max(self.batch, proc.reader.capacity // 4)
+        while n < budget:
+            recs = proc.reader.read(min(self.batch, budget - n))
             if not recs:
                 break
             n += len(recs)
+            out: list[Step] = []
             for rec in recs:
                 try:
                     decoded = proc.decoder.feed(rec)
                 except (ValueError, KeyError) as exc:  # an unknown enum value: skip, count
-                    self.errors.append(f"pid {proc.pid}: undecodable record ({exc})")
+                    self._error(f"pid {proc.pid}: undecodable record ({exc})")
                     continue
                 if decoded is not None:
                     out.extend(assembler.feed(decoded))
+            if out:
+                proc.steps_seen += len(out)
+                self._each_sink("on_steps", proc, out)
             if len(recs) < self.batch:
                 break
         if self._now is not None:
             proc.reader.touch_heartbeat(self._now())
         proc.dropped = proc.reader.dropped
         self._announce(proc)
-        if out:
-            proc.steps_seen += len(out)
-            for sink in self.sinks:
-                sink.on_steps(proc, out)
+        self._each_sink("tick")
         return n
+
+    def _error(self, msg: str) -> None:
+        if len(self.errors) < 1000 and msg not in self.errors:
+            self.errors.append(msg)
+
+    def _each_sink(self, method: str, *args: Any) -> None:
+        """Call every sink; one that raises is reported, never stops the reader."""
+        for sink in self.sinks:
+            fn = getattr(sink, method, None)
+            if fn is None:
+                continue
+            try:
+                fn(*args)
+            except Exception as exc:
+                self._error(f"sink {type(sink).__name__}.{method} failed: {exc!r}")
 
     def _announce(self, proc: ProcessState) -> None:
         changed = False
@@ -157,8 +182,7 @@ class Collector:
                     self.errors.append(f"pid {proc.pid}: unreadable snapshot")
                 changed = True
         if changed:
-            for sink in self.sinks:
-                sink.on_process(proc)
+            self._each_sink("on_process", proc)
 
     def flush(self) -> None:
         """Close the open step of every process (end of session)."""
@@ -168,10 +192,8 @@ class Collector:
             rest = proc.assembler.flush()
             if rest:
                 proc.steps_seen += len(rest)
-                for sink in self.sinks:
-                    sink.on_steps(proc, rest)
-            for sink in self.sinks:
-                sink.on_process(proc)
+                self._each_sink("on_steps", proc, rest)
+            self._each_sink("on_process", proc)
 
     def close(self) -> None:
         self.flush()
@@ -179,6 +201,7 @@ class Collector:
             try:
                 sink.close()
             except Exception as exc:
+                self._error(f"sink {type(sink).__name__}.close failed: {exc!r}")
                 log.warning("probe: sink %r failed to close: %r", sink, exc)
         for proc in self.procs.values():
             proc.reader.close()
@@ -224,6 +247,10 @@ class RecordingSink:
         self.writer.set_strings(proc.pid, proc.decoder.strings)
         self.writer.add_steps(steps)
         self._gpu(proc)
+
+    def tick(self) -> None:
+        """Once per poll: commit what arrived even when the engine has gone idle."""
+        self.writer.maybe_commit()
 
     def close(self) -> None:
         self.writer.close()

@@ -16,6 +16,7 @@ and rank), and per-step detail: ``spans``, ``dispatches``, ``replays``, ``builds
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -77,6 +78,9 @@ CREATE TABLE IF NOT EXISTS gpu (pid INTEGER, step INTEGER, busy_ns INTEGER,
 CREATE INDEX IF NOT EXISTS spans_step ON spans (pid, step);
 CREATE INDEX IF NOT EXISTS builds_step ON builds (pid, step);
 """
+
+
+TABLES = tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", DDL))
 
 
 class RecordingError(ValueError):
@@ -316,6 +320,9 @@ class RecordingWriter:
         self.join_gpu()
         self.commit()
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        # a finished recording is one self-contained file: readable on a read-only mount
+        # and by readers that create no -wal/-shm beside it
+        self.db.execute("PRAGMA journal_mode=DELETE")
         self.db.close()
 
 
@@ -340,12 +347,18 @@ class Recording:
             raise RecordingError(f"{p}: cannot read ({exc.strerror})") from None
         if head != b"SQLite format 3\x00":
             raise RecordingError(f"{p}: not a probe recording (not an SQLite database)")
+
+        def damaged(exc: BaseException) -> RecordingError:
+            why = " ".join(str(exc).split())  # SQLite's messages can span lines
+            return RecordingError(f"{p}: damaged or truncated recording ({why})")
+
         try:
             db = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+            db.text_factory = lambda b: b.decode("utf-8", "replace")
             app = db.execute("PRAGMA application_id").fetchone()[0]
             ver = db.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError as exc:
-            raise RecordingError(f"{p}: damaged or truncated recording ({exc})") from None
+            raise damaged(exc) from None
         if app != APPLICATION_ID:
             raise RecordingError(f"{p}: an SQLite database, but not a probe recording")
         if ver != SCHEMA_VERSION:
@@ -353,9 +366,15 @@ class Recording:
                 f"{p}: recording schema version {ver}; this probe reads version {SCHEMA_VERSION}"
             )
         try:
-            db.execute("SELECT count(*) FROM steps").fetchone()
+            check = db.execute("PRAGMA quick_check").fetchone()[0]
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
         except sqlite3.DatabaseError as exc:
-            raise RecordingError(f"{p}: damaged or truncated recording ({exc})") from None
+            raise damaged(exc) from None
+        if check != "ok":
+            raise damaged(RuntimeError(check))
+        missing = sorted(set(TABLES) - tables)
+        if missing:
+            raise RecordingError(f"{p}: damaged or incomplete recording (no {', '.join(missing)})")
         db.row_factory = sqlite3.Row
         return cls(p, db)
 

@@ -337,11 +337,6 @@ def test_renamed_target_is_reported_by_name_and_skipped(runs: dict[str, Any]) ->
     assert fault_plugin.RENAMED_ATTR in missing["fault.renamed_attr"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a target whose module is never imported stays deferred (lazy install) and "
-    "is reported nowhere; probe/hooks/__init__.py write_snapshot should list _deferred",
-)
 def test_removed_module_is_reported_by_name(runs: dict[str, Any]) -> None:
     missing = _missing(runs)
     assert "fault.gone_module" in missing
@@ -372,13 +367,6 @@ def test_killed_reader_recording_is_readable(runs: dict[str, Any]) -> None:
     assert worker["snapshot"]["vllm_version"].startswith("0.32")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: RecordingWriter commits only from add_steps (maybe_commit), so steps that "
-    "arrive in one burst before the engine goes idle stay uncommitted until the next step; "
-    "a reader killed then loses the whole burst (probe/collector.py Collector.poll should "
-    "call writer.maybe_commit() every poll)",
-)
 def test_killed_reader_recording_has_the_round_it_read(runs: dict[str, Any]) -> None:
     rec = Recording.open(runs["reader"]["r1"])
     fw = [s for s in rec.steps() if s["mode"] is not None]
@@ -421,11 +409,6 @@ def test_disk_full_reader_fails_with_the_reason_and_keeps_what_it_wrote(
     assert isinstance(r["r2_readable"], int), r["r2_readable"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: probe collect ends a full disk with a Python traceback, not one line "
-    "(probe/cli.py cmd_collect/cmd_record do not catch sqlite3.Error from the sink)",
-)
 def test_disk_full_reader_error_is_one_line(runs: dict[str, Any]) -> None:
     r = runs["reader"]
     if not r["mounted"]:

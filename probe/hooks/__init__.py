@@ -279,7 +279,15 @@ def write_snapshot(runner: Any) -> dict[str, Any]:
     except Exception as exc:
         RT.fault("static.snapshot", exc, disabled=False)
         snap = {"error": repr(exc)}
-    snap["hooks"] = {"installed": INSTALLER.installed_ids(), "missing": LAST_REPORT.missing}
+    not_imported = [
+        (t.hook_id, f"{mod}: not imported in this process")
+        for mod, ts in _deferred.items()
+        for t in ts
+    ]
+    snap["hooks"] = {
+        "installed": INSTALLER.installed_ids(),
+        "missing": [*LAST_REPORT.missing, *not_imported],
+    }
     RT.static["snapshot"] = snap
     RT.graph_ctx = graph_context(snap)
     RT.write_blob(BlobType.SNAPSHOT, json.dumps(snap, default=str).encode())
