@@ -158,7 +158,12 @@ class Collector:
             self.errors.append(msg)
 
     def _each_sink(self, method: str, *args: Any) -> None:
-        """Call every sink; one that raises is reported, never stops the reader."""
+        """Call every sink; an exporter that raises is reported, never stops the reader.
+
+        A sink with ``required = True`` (the recording) is different: its failure (disk
+        full, read-only) ends the session, so it is raised after the other sinks ran.
+        """
+        fatal: BaseException | None = None
         for sink in self.sinks:
             fn = getattr(sink, method, None)
             if fn is None:
@@ -166,7 +171,12 @@ class Collector:
             try:
                 fn(*args)
             except Exception as exc:
-                self._error(f"sink {type(sink).__name__}.{method} failed: {exc!r}")
+                if getattr(sink, "required", False):
+                    fatal = fatal or exc
+                else:
+                    self._error(f"sink {type(sink).__name__}.{method} failed: {exc!r}")
+        if fatal is not None:
+            raise fatal
 
     def _announce(self, proc: ProcessState) -> None:
         changed = False
@@ -196,19 +206,34 @@ class Collector:
             self._each_sink("on_process", proc)
 
     def close(self) -> None:
-        self.flush()
+        fatal: BaseException | None = None
+        try:
+            self.flush()
+        except Exception as exc:
+            fatal = exc
         for sink in self.sinks:
             try:
                 sink.close()
             except Exception as exc:
-                self._error(f"sink {type(sink).__name__}.close failed: {exc!r}")
-                log.warning("probe: sink %r failed to close: %r", sink, exc)
+                if getattr(sink, "required", False):
+                    fatal = fatal or exc
+                else:
+                    self._error(f"sink {type(sink).__name__}.close failed: {exc!r}")
+                    log.warning("probe: sink %r failed to close: %r", sink, exc)
         for proc in self.procs.values():
             proc.reader.close()
+        if fatal is not None:
+            raise fatal
 
 
 class RecordingSink:
-    """Writes steps and process facts into a recording."""
+    """Writes steps and process facts into a recording.
+
+    ``required``: a failure here (disk full, read-only) ends the session instead of being
+    logged and skipped like an exporter's.
+    """
+
+    required = True
 
     def __init__(self, writer: RecordingWriter) -> None:
         self.writer = writer

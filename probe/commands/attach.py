@@ -18,6 +18,7 @@ import contextlib
 import importlib
 import signal
 import socket
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -72,6 +73,7 @@ class Session:
         self.now_ns = now_ns
         self.enabled: list[Any] = []
         self.collector: Any = None
+        self.failed: str | None = None  # the recording's storage failed (disk full, ...)
 
     def enable(self) -> None:
         from probe.collector import Collector
@@ -115,9 +117,14 @@ class Session:
         return problems
 
     def close(self) -> list[str]:
+        import sqlite3
+
         problems = self.disable()
         if self.collector is not None:
-            self.collector.close()
+            try:
+                self.collector.close()
+            except (sqlite3.Error, OSError) as exc:
+                self.failed = f"recording failed: {' '.join(str(exc).split())}"
         return problems
 
 
@@ -202,7 +209,12 @@ def run_session(
         )
         with live if live is not None else contextlib.nullcontext():
             while not stop["why"]:
-                session.collector.poll()
+                try:
+                    session.collector.poll()
+                except (sqlite3.Error, OSError) as exc:  # the recording's disk, not vLLM
+                    session.failed = f"recording failed: {' '.join(str(exc).split())}"
+                    stop["why"] = session.failed
+                    break
                 if not session.alive():
                     stop["why"] = "the server is gone"
                     break
@@ -232,6 +244,13 @@ def run_session(
         print(f"probe: warning: {p}", file=err)
     for e in (col.errors if col is not None else [])[:5]:
         print(f"probe: warning: {e}", file=err)
+    if session.failed:
+        print(
+            f"probe: error: {record}: {session.failed}; the server was detached, what was "
+            "committed before is readable",
+            file=err,
+        )
+        return 1
     return 0
 
 
