@@ -14,12 +14,11 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_prometheus_real import ALL, _concrete, _free_port, _get, _wait
+from test_prometheus_real import ALL, _concrete, _free_port, _get, prometheus_server
 
 pytestmark = [pytest.mark.engine, pytest.mark.prometheus, pytest.mark.timeout(600)]
 
@@ -40,30 +39,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float]]
         pytest.skip("the prometheus binary is not installed (apt-get install prometheus)")
     pytest.importorskip("vllm")
     d = tmp_path_factory.mktemp("promlive")
-    probe_port, prom_port = _free_port(), _free_port()
-    (d / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: probe\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{probe_port}']\n"
-    )
-    log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed below)
-    prom = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={d / 'prometheus.yml'}",
-            f"--storage.tsdb.path={d / 'data'}",
-            f"--web.listen-address=127.0.0.1:{prom_port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{prom_port}"
-    try:
-        _wait(
-            lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=1).status == 200,
-            30,
-            "prometheus to start",
-        )
+    probe_port = _free_port()
+    with prometheus_server(d, [f"127.0.0.1:{probe_port}"]) as base:
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
         probe = Path(sys.executable).with_name("probe")
         rec = subprocess.run(
@@ -96,13 +73,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float]]
             base,
             float(up["data"]["result"][0]["value"][1]) if up["data"]["result"] else time.time(),
         )
-    finally:
-        prom.terminate()
-        try:
-            prom.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            prom.kill()
-        log.close()
 
 
 def test_engine_steps_reach_prometheus(run: tuple[str, float]) -> None:

@@ -10,6 +10,7 @@ must return data with the recording's values.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -76,17 +77,16 @@ def _wait(pred: Any, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.fixture(scope="module")
-def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ServingSink]]:
+@contextlib.contextmanager
+def prometheus_server(d: Any, targets: list[str]) -> Iterator[str]:
+    """A real Prometheus on a loopback port scraping ``targets`` every second; its URL."""
     if PROMETHEUS is None:
         pytest.skip("the prometheus binary is not installed (apt-get install prometheus)")
-    d = tmp_path_factory.mktemp("prom")
-    sink = ServingSink("127.0.0.1", 0)
     port = _free_port()
     (d / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         "scrape_configs:\n  - job_name: probe\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{sink.port}']\n"
+        f"      - targets: {targets!r}\n"
     )
     log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed in teardown)
     proc = subprocess.Popen(
@@ -107,7 +107,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Servin
             30,
             "prometheus to start",
         )
-        yield base, sink
+        yield base
     finally:
         proc.terminate()
         try:
@@ -116,6 +116,17 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Servin
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ServingSink]]:
+    if PROMETHEUS is None:
+        pytest.skip("the prometheus binary is not installed (apt-get install prometheus)")
+    sink = ServingSink("127.0.0.1", 0)
+    try:
+        with prometheus_server(tmp_path_factory.mktemp("prom"), [f"127.0.0.1:{sink.port}"]) as b:
+            yield b, sink
+    finally:
         sink.close()
 
 
