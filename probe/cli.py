@@ -126,6 +126,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     err = sys.stderr
     print(f"probe: recording {' '.join(cmd)} -> {out}", file=err)
     child = subprocess.Popen(cmd, env=env)
+    config.lower_reader_priority()  # after the fork: the command keeps the user's priority
     stop = {"n": 0}
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -221,6 +222,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
         started_epoch_ns=time.time_ns(),
     )
     col = Collector(run_dir, [RecordingSink(writer)], now_ns=_boottime)
+    config.lower_reader_priority()
     stop = {"now": False}
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -42,6 +42,12 @@ CG_SUPPORT_OVERRIDE = EnvVar(
 HOOKS = EnvVar("PROBE_HOOKS", "Comma-separated hook families to install (default: all).")
 CONTROL = EnvVar("PROBE_CONTROL", "0: do not open the per-process control socket.", "1")
 PLUGIN = EnvVar("PROBE_PLUGIN", "0: the vLLM plugin does nothing in this process.", "1")
+READER_NICE = EnvVar(
+    "PROBE_READER_NICE",
+    "Niceness added to the reader process (record/collect/attach/top), so that on a busy "
+    "host the engine gets the CPU first and the ring absorbs the wait; 0: unchanged.",
+    "10",
+)
 ROCTX = EnvVar(
     "PROBE_ROCTX",
     "1: also emit roctx ranges (steps, phases) and marks (graph and reorder decisions) "
@@ -95,6 +101,20 @@ def get_int(var: EnvVar, environ: Mapping[str, str] | None = None) -> int:
         return int(value or "0")
     except ValueError:
         raise ConfigError(var.name, value or "", "expected an integer") from None
+
+
+def lower_reader_priority(environ: Mapping[str, str] | None = None) -> int:
+    """Called by the reader commands: make way for the engine. Returns the increment used."""
+    try:
+        inc = get_int(READER_NICE, environ)
+    except ConfigError:
+        inc = 10
+    if inc > 0:
+        try:
+            os.nice(inc)
+        except OSError:
+            return 0
+    return max(inc, 0)
 
 
 def describe(environ: Mapping[str, str] | None = None) -> str:

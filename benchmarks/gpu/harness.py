@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -259,10 +260,24 @@ class Engine:
         raise RuntimeError(f"{self.label}: engine exited (rc={self.proc.wait()}); see its log")
 
     def run(self, **cmd: Any) -> dict[str, Any]:
+        """One repetition. ``probe="attached_paused"``: attached, with the reader process
+        stopped (SIGSTOP) for the repetition, so the reader's own CPU time cannot compete
+        with the engine; the ring holds the records until it resumes."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"op": "run", **cmd}) + "\n")
-        self.proc.stdin.flush()
-        return self.expect("result")
+        paused = cmd.get("probe") == "attached_paused"
+        if paused:
+            cmd["probe"] = "attached"
+            self.reader.send_signal(signal.SIGSTOP)
+        try:
+            self.proc.stdin.write(json.dumps({"op": "run", **cmd}) + "\n")
+            self.proc.stdin.flush()
+            res = self.expect("result")
+        finally:
+            if paused:
+                self.reader.send_signal(signal.SIGCONT)
+        if paused:
+            res["probe"] = "attached_paused"
+        return res
 
     def close(self) -> None:
         try:
@@ -320,8 +335,10 @@ def run_ab(a: Engine, b: Engine, reps: int) -> dict[str, Any]:
     }
 
 
-def run_overhead(eng: Engine, reps: int, out: Path) -> dict[str, Any]:
-    modes = ["attached", "detached", "absent", "profiler"]
+def run_overhead(
+    eng: Engine, reps: int, out: Path, modes: list[str] | None = None
+) -> dict[str, Any]:
+    modes = modes or ["attached", "detached", "absent", "profiler"]
     res: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for i in range(reps):
         rot = modes[i % len(modes) :] + modes[: i % len(modes)]
@@ -394,7 +411,7 @@ def suite(args: argparse.Namespace) -> None:
         try:
             if exp["kind"] == "overhead":
                 e = engine(exp["scenario"])
-                res = run_overhead(e, exp.get("reps", 5), out)
+                res = run_overhead(e, exp.get("reps", 5), out, exp.get("modes"))
                 if exp.get("groundtruth"):
                     res["groundtruth"] = run_groundtruth(e, out)
                 res["snapshot"] = e.ready.get("snapshot")

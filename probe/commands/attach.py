@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from probe import config
 from probe.errors import UsageError
 
 ENABLE_TIMEOUT_S = 60.0  # the first enable may import torch for device timing
@@ -197,6 +198,7 @@ def run_session(
     next_print = time.monotonic() + 5.0
     try:
         session.enable()
+        config.lower_reader_priority()
         print(
             f"probe: attached to {len(procs)} process(es): "
             + ", ".join(f"{a.pid} {a.role}" for a in procs),
