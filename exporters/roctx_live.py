@@ -1,4 +1,6 @@
-"""roctx ranges and marks emitted live inside the vLLM process (``PROBE_ROCTX=1``).
+"""roctx (``PROBE_ROCTX=1``) or NVTX (``PROBE_NVTX=1``) ranges and marks emitted live
+inside the vLLM process. NVTX uses :class:`exporters.nvtx.NvtxEmitter`, which has the
+roctx emitter's ``push``/``pop``/``mark``; everything below applies to both.
 
 With ``PROBE_ROCTX=1`` in vLLM's environment and ROCm's ``roctx`` module importable, each
 enable of the probe in a process also
@@ -70,13 +72,14 @@ _REASONS = {int(r): r.name.lower() for r in Reason}
 _REPLAY_KINDS = {int(k): k.name.lower() for k in ReplayKind}
 
 
-def _enabled(environ: Mapping[str, str] | None) -> bool:
+def _enabled(environ: Mapping[str, str] | None, which: str = "ROCTX") -> bool:
     from probe import config
 
+    var = getattr(config, which)
     try:
-        return config.get_bool(config.ROCTX, os.environ if environ is None else environ)
+        return config.get_bool(var, os.environ if environ is None else environ)
     except config.ConfigError as exc:
-        log.error("vllm-graph-probe: %s; roctx ranges are off", exc)
+        log.error("vllm-graph-probe: %s; %s ranges are off", exc, which.lower())
         return False
 
 
@@ -207,13 +210,24 @@ def start(
     the tee now, wraps the step/phase hooks installed now, and the rest (deferred and
     late targets) on the first step. Never raises: a missing ``roctx`` is logged.
     """
-    if not _enabled(environ):
+    emitter: Any
+    if _enabled(environ):
+        try:
+            emitter = RoctxEmitter(importer=importer)
+        except RoctxUnavailableError as exc:
+            log.error("vllm-graph-probe: %s=1 but %s", ENV_VAR, exc)
+            return None
+    elif _enabled(environ, "NVTX"):
+        # the same ranges and marks for Nsight Systems: NvtxEmitter has roctx's interface
+        from exporters.nvtx import NvtxEmitter, NvtxUnavailableError
+
+        try:
+            emitter = NvtxEmitter(importer=importer)
+        except NvtxUnavailableError as exc:
+            log.error("vllm-graph-probe: PROBE_NVTX=1 but %s", exc)
+            return None
+    else:
         _CURRENT[0] = None
-        return None
-    try:
-        emitter = RoctxEmitter(importer=importer)
-    except RoctxUnavailableError as exc:
-        log.error("vllm-graph-probe: %s=1 but %s", ENV_VAR, exc)
         return None
     try:
         live = RoctxLive(rt, emitter)

@@ -54,6 +54,11 @@ ROCTX = EnvVar(
     "live in each vLLM process while the probe is enabled; needs ROCm's roctx module. "
     "Adds about 6-7 us per V1 step (exporters/roctx_live.py).",
 )
+NVTX = EnvVar(
+    "PROBE_NVTX",
+    "1: emit NVTX ranges (steps, phases) and marks (graph and reorder decisions) live in "
+    "each vLLM process while attached, for Nsight Systems (needs the nvtx package).",
+)
 
 ALL: tuple[EnvVar, ...] = (
     ENABLE,
@@ -65,6 +70,7 @@ ALL: tuple[EnvVar, ...] = (
     CONTROL,
     PLUGIN,
     ROCTX,
+    NVTX,
 )
 
 

@@ -214,3 +214,30 @@ def test_a_failing_roctx_switches_itself_off(probe: tuple[type, Installer, Write
     fake.fail_on = None
     runner().execute_model(SchedulerOutput())
     assert fake.calls == []
+
+
+def test_nvtx_live_with_the_real_nvtx_package(probe: tuple[type, Installer, Writer]) -> None:
+    """PROBE_NVTX=1 drives the same ranges and marks through the real ``nvtx`` package
+    (without Nsight attached its calls are no-ops, so the calls are not observable; the
+    wrapping, the marks counted and the probe's records are)."""
+    pytest.importorskip("nvtx")
+    from exporters.nvtx import NvtxEmitter
+
+    runner, inst, writer = probe
+    live = roctx_live.start(RT, inst, {"PROBE_NVTX": "1"})
+    assert live is not None and isinstance(live.emitter, NvtxEmitter)
+    assert sorted(live.wrapped) == sorted(t.hook_id for t in TARGETS)
+    r = runner()
+    assert r.execute_model(SchedulerOutput()) == "output"
+    assert r.sample_tokens() == "tokens"
+    assert live.marks == 2  # the dispatch and the replay decision
+    kinds = [f[0] for f in writer.records]
+    assert kinds.count(int(RecordKind.SPAN)) == 3 and kinds.count(int(RecordKind.DISPATCH)) == 1
+    inst.uninstall()
+
+
+def test_neither_variable_means_nothing_is_wrapped(probe: tuple[type, Installer, Writer]) -> None:
+    _, inst, _ = probe
+    before = {h.hook_id: h.wrapper for h in inst.hooks.values()}
+    assert roctx_live.start(RT, inst, {}) is None
+    assert {h.hook_id: h.wrapper for h in inst.hooks.values()} == before
