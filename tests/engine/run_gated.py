@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -37,26 +36,11 @@ def main() -> None:
     ap.add_argument("--gate-dir", help="pace the rounds with done-<i>/go-<i> files here")
     ap.add_argument("--gate-timeout", type=float, default=180.0)
     args = ap.parse_args()
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
+    from run_llm import greedy, make_llm
+    from run_llm import prompts as make_prompts
 
-    llm = LLM(
-        model=str(HERE / "tiny_llama"),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        dtype="bfloat16",
-        max_model_len=512,
-        max_num_seqs=8,
-        max_num_batched_tokens=512,
-        seed=0,
-    )
-    prompts = [
-        {"prompt_token_ids": [(7 * i + j) % 1000 + 2 for j in range(5 + 9 * i)]}
-        for i in range(args.requests)
-    ]
-    sp = SamplingParams(
-        max_tokens=args.max_tokens, ignore_eos=True, detokenize=False, temperature=0
-    )
+    llm = make_llm()
+    prompts, sp = make_prompts(args.requests), greedy(args.max_tokens)
     gate = Path(args.gate_dir) if args.gate_dir else None
     outs = []
     for i in range(1, args.rounds + 1):

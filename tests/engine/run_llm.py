@@ -3,7 +3,8 @@
     python tests/engine/run_llm.py --out tokens.json [--requests 4] [--max-tokens 32]
 
 Writes the greedy output token ids as JSON so runs with and without the probe can be
-compared token for token.
+compared token for token. ``make_llm``/``prompts``/``greedy`` are shared with
+``run_gated.py``.
 """
 
 from __future__ import annotations
@@ -12,21 +13,16 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--requests", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=1)
-    args = ap.parse_args()
+def make_llm() -> Any:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
-    llm = LLM(
+    return LLM(
         model=str(HERE / "tiny_llama"),
         load_format="dummy",
         skip_tokenizer_init=True,
@@ -36,16 +32,32 @@ def main() -> None:
         max_num_batched_tokens=512,
         seed=0,
     )
-    prompts = [
-        {"prompt_token_ids": [(7 * i + j) % 1000 + 2 for j in range(5 + 9 * i)]}
-        for i in range(args.requests)
+
+
+def prompts(n: int) -> list[dict[str, list[int]]]:
+    return [
+        {"prompt_token_ids": [(7 * i + j) % 1000 + 2 for j in range(5 + 9 * i)]} for i in range(n)
     ]
-    sp = SamplingParams(
-        max_tokens=args.max_tokens, ignore_eos=True, detokenize=False, temperature=0
-    )
+
+
+def greedy(max_tokens: int) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False, temperature=0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--requests", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args()
+    llm = make_llm()
+    ps, sp = prompts(args.requests), greedy(args.max_tokens)
     outs = []
     for _ in range(args.rounds):
-        res = llm.generate(prompts, sp, use_tqdm=False)
+        res = llm.generate(ps, sp, use_tqdm=False)
         outs.append([list(r.outputs[0].token_ids) for r in res])
     Path(args.out).write_text(json.dumps(outs))
 
