@@ -87,9 +87,22 @@ def v1_runner_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., An
     return wrapper
 
 
+def _mode_members() -> tuple[Any, Any]:
+    """vLLM's FULL and PIECEWISE members: compared by identity on the hot path (an Enum's
+    ``.value`` and hash are Python-level and cost more than the rest of the record)."""
+    try:
+        from vllm.config import CUDAGraphMode
+
+        return CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
+    except Exception:
+        return None, None
+
+
 def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     """``CudagraphDispatcher.dispatch``: mode, padding and (on a miss) the reason."""
     sig = inspect.signature(orig)
+    full, piecewise = _mode_members()
+    hit = _HIT
 
     def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
@@ -99,20 +112,18 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         t1 = _clock(BOOTTIME)
         try:
             mode, desc = result[0], result[1]
-            m = int(mode.value)
+            m = 2 if mode is full else 1 if mode is piecewise else int(mode.value)
             num_tokens = args[0] if args else kwargs["num_tokens"]
             uniform = args[1] if len(args) > 1 else kwargs.get("uniform_decode", False)
             if m == 2:
-                reason = _HIT
+                reason = hit
             else:
                 call = _bind(sig, (self, *args), kwargs)
                 reason = int(_reasons().v1_reason(self, mode, desc, ctx=RT.graph_ctx, **call))
             pend = RT.pending
             num_reqs = pend.get("num_reqs") or 0
             max_q = pend.get("max_q") or 0
-            f = 0 if RT.in_step else _OUTSIDE
-            if RT.drafter:
-                f |= _DRAFTER
+            f = (0 if RT.in_step else _OUTSIDE) | (_DRAFTER if RT.drafter else 0)
             if uniform:
                 f |= _UNIFORM
             RT.write(
@@ -127,7 +138,7 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 desc.num_tokens,
                 num_reqs,
                 desc.num_reqs or 0,
-                pack_pair(max_q, self.uniform_decode_query_len),
+                (max_q << 32) | self.uniform_decode_query_len,  # pack_pair, inlined
             )
         except Exception as exc:
             hook.fail(exc)
