@@ -227,7 +227,12 @@ class ProbeHost:
 
     def heartbeat_ns(self) -> int:
         w = self.writer
-        return int(w.reader_heartbeat_ns) if w is not None else 0
+        if w is None:
+            return 0
+        try:
+            return int(w.reader_heartbeat_ns)
+        except ValueError:  # the ring was closed under us (disable, takeover): no reader
+            return 0
 
     def dropped(self) -> int:
         w = self.writer
@@ -503,13 +508,20 @@ class ControlServer:
         return self.clock_ns() - last > self.heartbeat_timeout_ns
 
     def watchdog(self) -> bool:
-        """Disable if the attached reader is gone or silent; True when it did."""
-        with self._lock:
-            if self.attached_by is None or not self._reader_stale():
-                return False
-            self.watchdog_trips += 1
-            self._disable(f"watchdog: reader pid {self.attached_by} gone or silent")
-            return True
+        """Disable if the attached reader is gone or silent; True when it did.
+
+        Never raises: it runs on the control thread, which must outlive any fault here.
+        """
+        try:
+            with self._lock:
+                if self.attached_by is None or not self._reader_stale():
+                    return False
+                self.watchdog_trips += 1
+                self._disable(f"watchdog: reader pid {self.attached_by} gone or silent")
+                return True
+        except Exception as exc:
+            log.warning("probe control: watchdog failed: %r", exc)
+            return False
 
     def _disable(self, why: str) -> None:
         log.info("vllm-graph-probe: disabled (%s)", why)

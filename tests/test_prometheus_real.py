@@ -218,5 +218,6 @@ def test_panels_show_the_recordings_picture(fed: str) -> None:
     engines = _values(fed, by_title["Engines"][0])
     assert '"runner": "mrv2"' in next(iter(engines))
     p50 = _values(fed, by_title["CPU launch overhead p50 / p99 by mode"][0])
-    # the recording's median launch overhead is ~3 ms
-    assert 1e-3 < max(p50.values()) < 10e-3
+    # the recording's median launch overhead is ~3 ms (a mode whose steps all fell out of
+    # the rate window reads NaN: not data, so it is left out)
+    assert 1e-3 < max(v for v in p50.values() if v == v) < 10e-3
