@@ -14,21 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-
-def _per_call(fn: Any, n: int, rounds: int = 15) -> float:
-    samples = []
-    for _ in range(rounds):
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            fn()
-        samples.append((time.perf_counter_ns() - t0) / n)
-    return statistics.median(samples)
+from _timing import per_call
 
 
 def main() -> None:
@@ -66,13 +56,13 @@ def main() -> None:
     writer = RingWriter.create(tmp / "ring-bench.shm", 1 << 22)
 
     def measure(label: str, call: Any, install: Any, uninstall: Any) -> None:
-        base = _per_call(call, a.n)
+        base = per_call(call, a.n)
         install()
         RT.enabled = False
-        off = _per_call(call, a.n)
+        off = per_call(call, a.n)
         hooks.enable(writer, gpu_timing=False)
         RT.in_step = 1
-        on = _per_call(call, a.n)
+        on = per_call(call, a.n)
         hooks.disable()
         RT.in_step = 0
         uninstall()

@@ -17,21 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 import types
 from pathlib import Path
-from typing import Any
 
-
-def _per_call(fn: Any, n: int, rounds: int = 15) -> float:
-    samples = []
-    for _ in range(rounds):
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            fn()
-        samples.append((time.perf_counter_ns() - t0) / n)
-    return statistics.median(samples)
+from _timing import per_call
 
 
 def _noop_roctx() -> types.ModuleType:
@@ -55,10 +44,10 @@ def main() -> None:
         from exporters.nvtx import NvtxEmitter
 
         nv = NvtxEmitter()
-        results["nvtx push+pop (cached message)"] = _per_call(
+        results["nvtx push+pop (cached message)"] = per_call(
             lambda: (nv.push("forward_launch"), nv.pop()), a.n
         )
-        results["nvtx mark (cached message)"] = _per_call(lambda: nv.mark("dispatch"), a.n)
+        results["nvtx mark (cached message)"] = per_call(lambda: nv.mark("dispatch"), a.n)
     except ImportError as exc:
         print(f"nvtx not measured: {exc}")
 
@@ -94,12 +83,12 @@ def main() -> None:
     RT.in_step = 1
     dispatch = (int(RecordKind.DISPATCH), int(Mode.FULL), int(Reason.HIT), 0, 7, 1, 2,
                 128, 128, 64, 64, 0)  # fmt: skip
-    results["probe span, enabled (no roctx)"] = _per_call(obj.noop, a.n)
-    results["DISPATCH record write (no roctx)"] = _per_call(lambda: RT.write(*dispatch), a.n)
+    results["probe span, enabled (no roctx)"] = per_call(obj.noop, a.n)
+    results["DISPATCH record write (no roctx)"] = per_call(lambda: RT.write(*dispatch), a.n)
     live = roctx_live.start(RT, inst, {"PROBE_ROCTX": "1"}, importer=lambda n: _noop_roctx())
     assert live is not None and live.wrapped == ["phase.v1.bench"]
-    results["probe span + roctx range"] = _per_call(obj.noop, a.n)
-    results["DISPATCH record write + roctx mark"] = _per_call(lambda: RT.write(*dispatch), a.n)
+    results["probe span + roctx range"] = per_call(obj.noop, a.n)
+    results["DISPATCH record write + roctx mark"] = per_call(lambda: RT.write(*dispatch), a.n)
     RT.reset()
     inst.uninstall()
     results["added by the roctx range, per wrapped call"] = (

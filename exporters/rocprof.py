@@ -1959,6 +1959,15 @@ def _nz(value: Any) -> int | None:
     return value if isinstance(value, int) and value != 0 else None
 
 
+def open_sqlite_readonly(p: Path) -> sqlite3.Connection:
+    """Open an existing SQLite file read-only; :class:`ProfileError` naming it otherwise."""
+    _check_sqlite_file(p)
+    try:
+        return sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise ProfileError(p, f"cannot open as SQLite: {exc}") from exc
+
+
 def read_rocpd(path: PathLike) -> Profile:
     """Read a rocpd SQLite database (rocprofv3's ``*_results.db`` or one this module wrote).
 
@@ -1982,11 +1991,7 @@ def read_rocpd(path: PathLike) -> Profile:
     file, a database without ``rocpd_metadata`` or the views, or an unknown schema version.
     """
     p = Path(path)
-    _check_sqlite_file(p)
-    try:
-        conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise ProfileError(p, f"cannot open as SQLite: {exc}") from exc
+    conn = open_sqlite_readonly(p)
     try:
         return _read_rocpd(conn, p)
     except sqlite3.DatabaseError as exc:

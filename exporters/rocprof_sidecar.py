@@ -35,8 +35,8 @@ from exporters.rocprof import (
     _VERSION_3,
     _VERSION_4_1,
     ROCPD_LAYOUTS,
-    _check_sqlite_file,
     create_rocpd_db,
+    open_sqlite_readonly,
     write_rocpd_regions,
 )
 
@@ -75,11 +75,7 @@ def detect_rocpd_layout(path: str | os.PathLike[str]) -> RocpdOrigin:
     or its schema version is neither 3.x nor 4.1.x.
     """
     p = Path(path)
-    _check_sqlite_file(p)
-    try:
-        con = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise ProfileError(p, f"cannot open as SQLite: {exc}") from exc
+    con = open_sqlite_readonly(p)
     try:
         names = [
             r[0]

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from probe.records import BlobType, Flag, RecordKind, payload_records
+from probe.records import BlobType, RecordKind, payload_records
 
 log = logging.getLogger("probe")
 
@@ -59,12 +59,10 @@ class Runtime:
         self.step = 0  # step sequence number of the current/last execute_model
         self.in_step = 0  # >0 inside execute_model / sample_tokens
         self.drafter = 0  # >0 inside the MTP drafter / speculator
-        self.build_tag = 0  # BuildTag while inside build_for_* wrappers
         self.in_build = 0
         self.pending: dict[str, Any] = {}  # runner-level context handed to inner hooks
         self.strings: dict[str, int] = {}
         self.faults: dict[str, int] = {}
-        self.snapshot_due = False
         self.gpu_timing = False
         self.graph_ctx: Any = None  # probe.reasons.GraphContext once known
         self.static: dict[str, Any] = {}  # facts collected at startup (resolve, override)
@@ -126,14 +124,6 @@ class Runtime:
             )
         except Exception:  # the probe must never raise into vLLM
             pass
-
-    def flags(self) -> int:
-        f = 0
-        if not self.in_step:
-            f |= Flag.OUTSIDE_STEP
-        if self.drafter:
-            f |= Flag.DRAFTER
-        return f
 
 
 RT = Runtime()

