@@ -110,6 +110,7 @@ class LiveStats:
         self.clock_ns = clock_ns
         self.roles = dict(roles or {})
         self.ranks: dict[int, RankView] = {}
+        self.closed = False
 
     def _view(self, proc: ProcessState) -> RankView:
         v = self.ranks.get(proc.pid)
@@ -160,12 +161,14 @@ class LiveStats:
                 row["gpu_step_ns"] = g.gpu_t1
 
     def close(self) -> None:
-        pass
+        self.closed = True  # rates from now on: the last window of each rank's own steps
 
     # -- summaries ------------------------------------------------------------------------
 
     def step_rate(self, v: RankView) -> float:
-        now = self.clock_ns()
+        if self.closed and not v.arrivals:
+            return 0.0
+        now = max(v.arrivals) if self.closed else self.clock_ns()
         recent = [t for t in v.arrivals if now - t <= self.rate_window_ns]
         return len(recent) / (self.rate_window_ns / 1e9)
 

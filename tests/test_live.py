@@ -118,6 +118,26 @@ def test_summary_per_rank_and_aggregate(stats: LiveStats) -> None:
     assert agg["steps_per_s"] == pytest.approx(8.0)
 
 
+def test_final_rate_is_the_ranks_last_window_not_zero() -> None:
+    """After the session ends (reader drained, sinks closed), the summary printed at exit
+    shows the rate of each rank's last 10 s of steps, not 0 because the clock moved on."""
+    now = {"t": 100_000_000_000}
+    st = LiveStats(clock_ns=lambda: now["t"], roles={11: "worker"})
+    proc: Any = FakeProc(11, {"tp_rank": 0})
+    st.on_process(proc)
+    steps = [
+        mk_step(11, i, Mode.FULL, Reason.HIT, now["t"] - (40 - i) * 100_000_000, True)
+        for i in range(1, 41)
+    ]
+    st.on_steps(proc, steps)
+    v = st.active()[0]
+    assert st.step_rate(v) == pytest.approx(4.0)
+    now["t"] += 60_000_000_000  # draining the ring and closing took a minute
+    assert st.step_rate(v) == 0.0  # live: nothing in the last 10 s
+    st.close()
+    assert st.step_rate(v) == pytest.approx(4.0)
+
+
 def test_plain_lines_fit_80_columns(stats: LiveStats) -> None:
     lines = plain_lines(stats, "probe top")
     text = "\n".join(lines)

@@ -202,10 +202,35 @@ def emit(obj: dict[str, Any]) -> None:
 # -- coordinator side ----------------------------------------------------------------------
 
 
+def parse_cpus(spec: str | None) -> set[int] | None:
+    """``"0-7,16"`` -> {0..7, 16}; None or "" -> None (no pinning)."""
+    if not spec:
+        return None
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def pin(cpus: set[int] | None) -> Any:
+    """A ``preexec_fn`` that pins the child (and the threads it starts) to ``cpus``."""
+    if not cpus:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 class Engine:
     """One engine process plus its ``probe collect`` reader process."""
 
-    def __init__(self, scenario: str, out: Path, label: str) -> None:
+    def __init__(
+        self,
+        scenario: str,
+        out: Path,
+        label: str,
+        cpus: set[int] | None = None,
+        reader_cpus: set[int] | None = None,
+    ) -> None:
         self.label = label
         self.run_dir = out / f"rings-{label}"
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -229,6 +254,7 @@ class Engine:
             stderr=self.log,
             text=True,
             env=env,
+            preexec_fn=pin(cpus),
         )
         self.recording = out / f"{label}.probe.db"
         self.reader = subprocess.Popen(
@@ -244,6 +270,7 @@ class Engine:
             ],
             env=env,
             stderr=self.log,
+            preexec_fn=pin(reader_cpus),
         )
         self.ready = self.expect("ready")
 
@@ -305,9 +332,20 @@ def spread(xs: list[float]) -> dict[str, Any]:
     }
 
 
-def run_ab(a: Engine, b: Engine, reps: int) -> dict[str, Any]:
+def out_of_time(deadline: float, started: float, done: int) -> bool:
+    """True when another repetition (as long as the mean one so far) would pass the deadline."""
+    if done == 0:
+        return False
+    return time.time() + (time.time() - started) / done + 20 > deadline
+
+
+def run_ab(a: Engine, b: Engine, reps: int, deadline: float = float("inf")) -> dict[str, Any]:
     results: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
+    started = time.time()
     for i in range(reps):
+        if out_of_time(deadline, started, i):
+            log(f"ab: stopping after {i} repetitions (deadline)")
+            break
         order = (("A", a), ("B", b)) if i % 2 == 0 else (("B", b), ("A", a))
         for arm, eng in order:
             r = eng.run(rep=i, probe="attached", seed=100 + i)
@@ -336,11 +374,19 @@ def run_ab(a: Engine, b: Engine, reps: int) -> dict[str, Any]:
 
 
 def run_overhead(
-    eng: Engine, reps: int, out: Path, modes: list[str] | None = None
+    eng: Engine,
+    reps: int,
+    out: Path,
+    modes: list[str] | None = None,
+    deadline: float = float("inf"),
 ) -> dict[str, Any]:
     modes = modes or ["attached", "detached", "absent", "profiler"]
     res: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    started = time.time()
     for i in range(reps):
+        if out_of_time(deadline, started, i):
+            log(f"overhead: stopping after {i} repetitions (deadline)")
+            break
         rot = modes[i % len(modes) :] + modes[: i % len(modes)]
         for m in rot:
             r = eng.run(rep=i, probe=m, seed=200 + i)
@@ -399,7 +445,9 @@ def suite(args: argparse.Namespace) -> None:
     def engine(name: str) -> Engine:
         if name not in engines:
             log(f"starting engine {name}")
-            engines[name] = Engine(name, out, name)
+            engines[name] = Engine(
+                name, out, name, parse_cpus(args.cpus), parse_cpus(args.reader_cpus)
+            )
             log(f"engine {name} ready in {engines[name].ready['init_s']:.0f}s")
         return engines[name]
 
@@ -411,12 +459,12 @@ def suite(args: argparse.Namespace) -> None:
         try:
             if exp["kind"] == "overhead":
                 e = engine(exp["scenario"])
-                res = run_overhead(e, exp.get("reps", 5), out, exp.get("modes"))
+                res = run_overhead(e, exp.get("reps", 5), out, exp.get("modes"), deadline)
                 if exp.get("groundtruth"):
                     res["groundtruth"] = run_groundtruth(e, out)
                 res["snapshot"] = e.ready.get("snapshot")
             elif exp["kind"] == "ab":
-                res = run_ab(engine(exp["a"]), engine(exp["b"]), exp.get("reps", 5))
+                res = run_ab(engine(exp["a"]), engine(exp["b"]), exp.get("reps", 5), deadline)
                 res["snapshots"] = {
                     "A": engines[exp["a"]].ready.get("snapshot"),
                     "B": engines[exp["b"]].ready.get("snapshot"),
@@ -447,6 +495,8 @@ def main() -> None:
     s.add_argument("--plan", required=True)
     s.add_argument("--out", required=True)
     s.add_argument("--deadline")
+    s.add_argument("--cpus", help="pin the engine processes to these CPUs, e.g. 0-7")
+    s.add_argument("--reader-cpus", help="pin the probe's reader processes, e.g. 8-9")
     args = ap.parse_args()
     if args.cmd == "engine":
         engine_main(args)

@@ -2,6 +2,8 @@
 # Runs a harness plan on a GPU machine with vLLM importable, then the ground-truth
 # analysis, and packs what comes back into $OUT (at most a few files).
 #   benchmarks/gpu/run_device.sh PLAN NAME SECONDS
+# Optional: CPUS / READER_CPUS (e.g. 0-11 / 12-13) pin the engines and the probe's readers;
+# CUDA_VISIBLE_DEVICES picks the GPU.
 set -uo pipefail
 PLAN=$1; NAME=$2; SECS=${3:-480}
 OUT=${OUT:-/tmp/out}; W=/tmp/$NAME; mkdir -p "$W" "$OUT"
@@ -12,7 +14,8 @@ if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
 fi
 DEADLINE=$(( $(date +%s) + SECS ))
 timeout -k 10 $(( SECS + 30 )) python3 benchmarks/gpu/harness.py suite --plan "$PLAN" --out "$W" \
-  --deadline "$DEADLINE" 2> "$W/suite.log"
+  --deadline "$DEADLINE" ${CPUS:+--cpus "$CPUS"} ${READER_CPUS:+--reader-cpus "$READER_CPUS"} \
+  2> "$W/suite.log"
 echo "suite rc=$?"; tail -40 "$W/suite.log"
 if [ -f "$W/groundtruth.trace.json" ]; then
   win=$(python3 -c "import json;r=json.load(open('$W/results.json'));print(*[e['result']['groundtruth']['window_boottime'] for e in r['experiments'] if e.get('kind')=='overhead' and 'result' in e][0])")

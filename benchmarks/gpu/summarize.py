@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sqlite3
 import statistics
 from pathlib import Path
@@ -45,6 +46,16 @@ def _rec_stats(db_path: Path, windows: list[list[int]]) -> dict[str, Any] | None
         "idle_us": med(5) / 1e3,
         "draft_us": med(6) / 1e3,
     }
+
+
+def median_ci(xs: list[float], n_boot: int = 10_000, seed: int = 0) -> tuple[float, ...]:
+    """Median and its 95% percentile-bootstrap interval (fixed seed: reproducible)."""
+    if len(xs) < 2:
+        m = xs[0] if xs else float("nan")
+        return m, m, m
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n_boot))
+    return statistics.median(xs), meds[int(0.025 * n_boot)], meds[int(0.975 * n_boot) - 1]
 
 
 def main() -> None:
@@ -95,14 +106,19 @@ def main() -> None:
             f"\nOverhead ({Path(f).name}): output tok/s per mode, ratio of medians to "
             "'absent' and the paired per-repetition ratios:\n"
         )
-        print("| mode | tok/s median | min-max | ratio to absent | paired ratios |")
-        print("|---|---:|---:|---:|---|")
+        print(
+            "| mode | reps | tok/s median | min-max | ratio of medians | "
+            "median paired ratio [95% CI] | paired ratios |"
+        )
+        print("|---|---:|---:|---:|---:|---:|---|")
         for m, x in r["modes"].items():
             t = x["tok_s"]
-            pr = ", ".join(f"{v:.2f}" for v in x["paired_ratio_to_absent"])
+            paired = x["paired_ratio_to_absent"]
+            pr = ", ".join(f"{v:.2f}" for v in paired) if len(paired) <= 8 else "(see JSON)"
+            med, lo, hi = median_ci(paired)
             print(
-                f"| {m} | {t['median']:.0f} | {t['min']:.0f}-{t['max']:.0f} | "
-                f"{x['ratio_to_absent']:.3f} | {pr} |"
+                f"| {m} | {t['n']} | {t['median']:.0f} | {t['min']:.0f}-{t['max']:.0f} | "
+                f"{x['ratio_to_absent']:.3f} | {med:.3f} [{lo:.3f}, {hi:.3f}] | {pr} |"
             )
         print(
             f"\nGreedy tokens identical across modes in every repetition: "
