@@ -126,6 +126,7 @@ def engine_main(args: argparse.Namespace) -> None:
             "init_s": init_s,
             "scenario": sc,
             "pid": os.getpid(),
+            "probe_path": str(Path(hooks.__file__).parents[1]),
             "snapshot": RT.static.get("snapshot"),
             "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name() if cuda else "cpu",
@@ -136,6 +137,10 @@ def engine_main(args: argparse.Namespace) -> None:
         try:
             if cmd["op"] == "quit":
                 break
+            if cmd["op"] == "stepwise":
+                installed = True
+                emit({"op": "result", **stepwise(llm, cmd, prompts, sp, writer)})
+                continue
             mode = cmd.get("probe", "attached")
             if mode == "absent" and installed:
                 hooks.uninstall()
@@ -194,6 +199,73 @@ def engine_main(args: argparse.Namespace) -> None:
     emit({"op": "bye"})
 
 
+def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) -> dict[str, Any]:
+    """The probe's cost per engine step, measured inside one run: the hooks (``families``)
+    are switched on and off in alternating blocks of ``block`` engine steps while
+    ``generates`` workloads run, and every ``LLMEngine.step`` is timed from outside the
+    probe. Blocks next to each other see the same machine state, so the drift that makes
+    throughput ratios noisy (+-15% between repetitions) cancels in the per-block pairs."""
+    from probe import hooks
+    from probe.runtime import RT
+
+    families = cmd.get("families")
+    hooks.uninstall()
+    hooks.install(families, lazy=False)
+    hooks.enable(writer, gpu_timing=cmd.get("gpu_timing", True))
+    block = int(cmd.get("block", 16))
+    eng = llm.llm_engine
+    orig = eng.step
+    rows: list[tuple[int, int, int]] = []  # (block index, on, ns)
+    state = {"i": 0}
+
+    def timed_step() -> Any:
+        i = state["i"]
+        state["i"] = i + 1
+        b = i // block
+        RT.enabled = b % 2 == 0
+        t0 = time.perf_counter_ns()
+        out = orig()
+        rows.append((b, int(RT.enabled), time.perf_counter_ns() - t0))
+        return out
+
+    eng.step = timed_step
+    try:
+        for g in range(int(cmd.get("generates", 10))):
+            llm.generate(prompts(500 + g), sp(cmd.get("out_len", 256)), use_tqdm=False)
+    finally:
+        del eng.step  # back to the class's method
+        RT.enabled = False
+    # each "on" block against the mean of the "off" blocks on both sides of it (a trend
+    # within a run, e.g. longer contexts, cancels); medians inside blocks
+    med = {b: statistics.median(v) for b, v in by_block_of(rows).items() if len(v) == block}
+    diffs = [
+        med[b] - (med[b - 1] + med[b + 1]) / 2
+        for b in sorted(med)
+        if b % 2 == 0 and b - 1 in med and b + 1 in med
+    ]
+    on_ns = [ns for _b, o, ns in rows if o]
+    off_ns = [ns for _b, o, ns in rows if not o]
+    return {
+        "families": families or "all",
+        "gpu_timing": cmd.get("gpu_timing", True),
+        "block": block,
+        "steps": len(rows),
+        "median_on_ns": statistics.median(on_ns) if on_ns else None,
+        "median_off_ns": statistics.median(off_ns) if off_ns else None,
+        "block_pairs": len(diffs),
+        "median_pair_diff_ns": statistics.median(diffs) if diffs else None,
+        "pair_diffs_ns": diffs,
+        "dropped": getattr(writer, "dropped", None),
+    }
+
+
+def by_block_of(rows: list[tuple[int, int, int]]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for b, _on, ns in rows:
+        out.setdefault(b, []).append(ns)
+    return out
+
+
 def emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(TAG + json.dumps(obj, default=str) + "\n")
     sys.stdout.flush()
@@ -237,7 +309,10 @@ class Engine:
         os.chmod(self.run_dir, 0o700)
         self.log = open(out / f"engine-{label}.log", "w")  # noqa: SIM115
         env = dict(os.environ)
-        env["PYTHONPATH"] = f"{REPO}:{env.get('PYTHONPATH', '')}"
+        # HARNESS_PROBE_PATH: another copy of the probe (e.g. an older commit, for a
+        # before/after on the same machine at the same time) ahead of this tree's
+        first = [p for p in (os.environ.get("HARNESS_PROBE_PATH"), str(REPO)) if p]
+        env["PYTHONPATH"] = ":".join([*first, env.get("PYTHONPATH", "")])
         env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
             [
@@ -448,7 +523,8 @@ def suite(args: argparse.Namespace) -> None:
             engines[name] = Engine(
                 name, out, name, parse_cpus(args.cpus), parse_cpus(args.reader_cpus)
             )
-            log(f"engine {name} ready in {engines[name].ready['init_s']:.0f}s")
+            r = engines[name].ready
+            log(f"engine {name} ready in {r['init_s']:.0f}s (probe from {r.get('probe_path')})")
         return engines[name]
 
     for exp in plan.get("experiments", []):
@@ -463,6 +539,24 @@ def suite(args: argparse.Namespace) -> None:
                 if exp.get("groundtruth"):
                     res["groundtruth"] = run_groundtruth(e, out)
                 res["snapshot"] = e.ready.get("snapshot")
+            elif exp["kind"] == "stepwise":
+                e = engine(exp["scenario"])
+                res = {"runs": [], "probe_path": e.ready.get("probe_path")}
+                for variant in exp.get("variants", [{}]):
+                    if time.time() + exp.get("variant_s", 30) > deadline:
+                        break
+                    assert e.proc.stdin is not None
+                    e.proc.stdin.write(json.dumps({"op": "stepwise", **variant}) + "\n")
+                    e.proc.stdin.flush()
+                    r = e.expect("result")
+                    res["runs"].append(r)
+                    log(
+                        f"stepwise {r['families']} gpu_timing={r['gpu_timing']}: "
+                        f"{r['steps']} steps, median on-off per block pair "
+                        f"{(r['median_pair_diff_ns'] or 0) / 1e3:.1f} us, "
+                        f"step median {(r['median_off_ns'] or 0) / 1e3:.0f} us"
+                    )
+                    save()
             elif exp["kind"] == "ab":
                 res = run_ab(engine(exp["a"]), engine(exp["b"]), exp.get("reps", 5), deadline)
                 res["snapshots"] = {

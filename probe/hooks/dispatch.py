@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from probe.hooks._base import Hook, Target
-from probe.records import Flag, Reason, RecordKind, pack_pair
+from probe.records import Flag, Reason, RecordKind
 from probe.runtime import BOOTTIME, RT
 
 _clock = time.clock_gettime_ns
@@ -48,6 +48,38 @@ def _bind(sig: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any])
     out = dict(bound.arguments)
     out.pop("self", None)
     return out
+
+
+class _ReasonMemo:
+    """Miss reasons by the call's inputs. A reason is a function of the arguments and of
+    the dispatcher's state, which only changes at start-up (captured/initialized flag) or
+    when the snapshot changes (``RT.graph_ctx``): both are in the key. So a PIECEWISE or
+    eager engine pays for the reason once per distinct batch shape, not once per step."""
+
+    __slots__ = ("cache", "limit")
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.cache: dict[Any, int] = {}
+        self.limit = limit
+
+    def get(self, key: Any, compute: Callable[[], Any]) -> int:
+        try:
+            return self.cache[key]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable argument: no memo for this call
+            return int(compute())
+        reason = int(compute())
+        if len(self.cache) >= self.limit:
+            self.cache.clear()
+        self.cache[key] = reason
+        return reason
+
+
+def _positions(sig: inspect.Signature, *names: str) -> list[int]:
+    """Index of each parameter in ``args`` (``self`` excluded); -1 when absent."""
+    params = [p for p in sig.parameters if p != "self"]
+    return [params.index(n) if n in params else -1 for n in names]
 
 
 def v1_runner_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
@@ -103,6 +135,7 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     sig = inspect.signature(orig)
     full, piecewise = _mode_members()
     hit = _HIT
+    memo = _ReasonMemo()
 
     def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
@@ -118,8 +151,22 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             if m == 2:
                 reason = hit
             else:
-                call = _bind(sig, (self, *args), kwargs)
-                reason = int(_reasons().v1_reason(self, mode, desc, ctx=RT.graph_ctx, **call))
+                ctx = RT.graph_ctx
+                key = (
+                    id(self),
+                    getattr(self, "keys_initialized", None),
+                    id(ctx),
+                    m,
+                    desc,
+                    args,
+                    tuple(kwargs.items()),
+                )
+                reason = memo.get(
+                    key,
+                    lambda: _reasons().v1_reason(
+                        self, mode, desc, ctx=ctx, **_bind(sig, (self, *args), kwargs)
+                    ),
+                )
             pend = RT.pending
             num_reqs = pend.get("num_reqs") or 0
             max_q = pend.get("max_q") or 0
@@ -148,8 +195,17 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
 
 
 def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
-    """``CudaGraphManager.dispatch`` (MRV2): the target's and the speculator's managers."""
+    """``CudaGraphManager.dispatch`` (MRV2): the target's and the speculator's managers.
+
+    The arguments are read by position (fixed at install from the signature, so both
+    0.26's four parameters and 0.33's six work); only a miss binds them, once per
+    distinct input (:class:`_ReasonMemo`)."""
     sig = inspect.signature(orig)
+    i_reqs, i_tok, i_utc, i_maxq = _positions(
+        sig, "num_reqs", "num_tokens", "uniform_token_count", "max_query_len"
+    )
+    memo = _ReasonMemo()
+    hit = _HIT
 
     def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
@@ -158,15 +214,35 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         desc = orig(self, *args, **kwargs)
         t1 = _clock(BOOTTIME)
         try:
-            call = _bind(sig, (self, *args), kwargs)
-            m = int(desc.cg_mode.value)
+            n = len(args)
+            num_reqs = args[i_reqs] if 0 <= i_reqs < n else kwargs.get("num_reqs", 0)
+            num_tokens = args[i_tok] if 0 <= i_tok < n else kwargs.get("num_tokens", 0)
+            utc = args[i_utc] if 0 <= i_utc < n else kwargs.get("uniform_token_count")
+            maxq = args[i_maxq] if 0 <= i_maxq < n else kwargs.get("max_query_len")
+            cg_mode = desc.cg_mode
+            m = int(cg_mode.value)
             if m == 2:
-                reason = _HIT
+                reason = hit
             else:
-                reason = int(_reasons().mrv2_reason(self, desc, ctx=RT.graph_ctx, **call))
+                ctx = RT.graph_ctx
+                key = (
+                    id(self),
+                    getattr(self, "_graphs_captured", None),
+                    id(ctx),
+                    m,
+                    desc.num_tokens,
+                    desc.num_reqs,
+                    args,
+                    tuple(kwargs.items()),
+                )
+                reason = memo.get(
+                    key,
+                    lambda: _reasons().mrv2_reason(
+                        self, desc, ctx=ctx, **_bind(sig, (self, *args), kwargs)
+                    ),
+                )
             dql = self.decode_query_len
-            utc = call.get("uniform_token_count")
-            max_q = call.get("max_query_len") or utc or 0
+            max_q = maxq or utc or 0
             f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
             if RT.drafter or type(self).__name__ != "ModelCudaGraphManager":
                 f |= _DRAFTER
@@ -180,11 +256,11 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 RT.step,
                 t0,
                 t1,
-                call["num_tokens"],
+                num_tokens,
                 desc.num_tokens,
-                call["num_reqs"],
+                num_reqs,
                 desc.num_reqs or 0,
-                pack_pair(max_q, dql),
+                (max_q << 32) | dql,  # pack_pair, inlined
             )
         except Exception as exc:
             hook.fail(exc)

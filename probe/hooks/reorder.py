@@ -30,6 +30,11 @@ _OUTSIDE = int(Flag.OUTSIDE_STEP)
 _MRV2 = int(Flag.MRV2)
 
 
+def _moved(before: Any, after: Any) -> int:
+    """Positions whose request changed."""
+    return sum(1 for x, y in zip(before, after, strict=False) if x != y)
+
+
 def v1_may_reorder(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     def _may_reorder_batch(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
@@ -46,7 +51,8 @@ def v1_may_reorder(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             t1 = _clock(BOOTTIME)
             try:
                 after = self.input_batch.req_ids
-                moved = sum(1 for x, y in zip(before, after, strict=False) if x != y)
+                # the common case (nothing moved) is one C-level list comparison
+                moved = 0 if before == after else _moved(before, after)
                 thr = self.reorder_batch_threshold
                 uq = getattr(self, "uniform_decode_query_len", 1)
                 counts = scheduler_output.num_scheduled_tokens.values()
@@ -86,7 +92,7 @@ def mrv2_sort(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         try:
             dql = args[-1] if args else kwargs.get("decode_query_len", 1)
             before = list(num_tokens_per_req)
-            moved = sum(1 for x, y in zip(before, result, strict=False) if x != y)
+            moved = 0 if before == list(result) else _moved(before, result)
             dec = [n for n in num_tokens_per_req.values() if n == dql]
             f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
             RT.write(
