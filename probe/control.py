@@ -129,6 +129,31 @@ def _cmdline(pid: int | str = "self") -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
+_RANK_IN_TITLE = {"tp_rank": r"_TP(\d+)", "pp_rank": r"_PP(\d+)", "dp_rank": r"_DP(\d+)"}
+
+
+def ranks_of(snap: Mapping[str, Any], title: Sequence[str]) -> dict[str, int | None]:
+    """TP/PP/DP ranks: the snapshot's (written at the first probed step); before that,
+    vLLM's parallel state when this process has initialized it, then the process title
+    (``VLLM::Worker_PP1_TP0``, ``VLLM::EngineCore_DP2``), so ``probe ps`` shows ranks
+    before anything was attached."""
+    ranks: dict[str, int | None] = {k: snap.get(k) for k in _RANK_IN_TITLE}
+    if all(v is not None for v in ranks.values()):
+        return ranks
+    live: dict[str, Any] = {}
+    if "vllm.distributed.parallel_state" in sys.modules:  # never import vLLM from here
+        from probe.hooks.snapshot import _ranks
+
+        live = _ranks()
+    text = " ".join(title)
+    for key, pattern in _RANK_IN_TITLE.items():
+        if ranks[key] is None and isinstance(live.get(key), int):
+            ranks[key] = live[key]
+        if ranks[key] is None and (m := re.search(pattern, text)):
+            ranks[key] = int(m.group(1))
+    return ranks
+
+
 def role_from(title: Sequence[str], stack_modules: Sequence[str] = ()) -> str:
     """``api``, ``engine``, ``worker`` or ``other``, from the process title and argv (as
     ``/proc/<pid>/cmdline`` shows them after vLLM's ``setproctitle``) or, before the title
@@ -432,7 +457,7 @@ class ControlServer:
             "ppid": os.getppid(),
             "role": self.role(title),
             "title": " ".join(title)[:200],
-            "ranks": {k: snap.get(k) for k in ("tp_rank", "pp_rank", "dp_rank")},
+            "ranks": ranks_of(snap, title),
             "vllm_version": getattr(vllm, "__version__", None) or snap.get("vllm_version"),
             "runner": snap.get("runner"),
             "model": snap.get("model") or _model_from_argv(title) or _model_from_argv(sys.argv),

@@ -325,3 +325,22 @@ def test_enable_attaches_the_families_asked_for_and_disable_removes_them(
 )
 def test_role_detection(title: list[str], stack: tuple[str, ...], role: str) -> None:
     assert control.role_from(title, stack) == role
+
+
+def test_ranks_before_the_first_step_come_from_the_process_title() -> None:
+    """``probe ps`` shows a TP/PP/DP worker's ranks before anything was attached (the
+    snapshot with the ranks is written at the first probed step): from vLLM's process
+    titles. The snapshot wins once it exists."""
+    assert control.ranks_of({}, ["VLLM::Worker_PP1_TP3"]) == {
+        "tp_rank": 3,
+        "pp_rank": 1,
+        "dp_rank": None,
+    }
+    assert control.ranks_of({}, ["VLLM::EngineCore_DP2"])["dp_rank"] == 2
+    assert control.ranks_of({}, ["python", "-m", "vllm.entrypoints.openai.api_server"]) == {
+        "tp_rank": None,
+        "pp_rank": None,
+        "dp_rank": None,
+    }
+    snap = {"tp_rank": 0, "pp_rank": 0, "dp_rank": 0}
+    assert control.ranks_of(snap, ["VLLM::Worker_TP1"]) == snap

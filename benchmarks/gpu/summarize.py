@@ -70,6 +70,7 @@ def main() -> None:
     )
     print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     over = []
+    steps: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
     for f in a.results:
         res = json.loads(Path(f).read_text())
         for e in res["experiments"]:
@@ -78,6 +79,9 @@ def main() -> None:
                 continue
             if e["kind"] == "overhead":
                 over.append((f, r))
+                continue
+            if e["kind"] == "stepwise":
+                steps.append((f, e, r))
                 continue
             for arm in ("A", "B"):
                 x = r[arm]
@@ -101,6 +105,7 @@ def main() -> None:
                     f"| {name} | {arm}: {x['scenario']['name']} | {t['median']:.0f} | "
                     f"{t['min']:.0f}-{t['max']:.0f} | {ratio} | " + " | ".join(cells) + " |"
                 )
+    print_stepwise(steps)
     for f, r in over:
         print(
             f"\nOverhead ({Path(f).name}): output tok/s per mode, ratio of medians to "
@@ -124,6 +129,31 @@ def main() -> None:
             f"\nGreedy tokens identical across modes in every repetition: "
             f"{r['token_identity']}; ring drops: {r.get('dropped')}"
         )
+
+
+def print_stepwise(steps: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> None:
+    for f, e, r in steps:
+        print(
+            f"\nStepwise ({Path(f).name}, {e['scenario']}, probe from {r.get('probe_path')}): "
+            "hooks on vs off in alternating blocks of engine steps; cost = median over the "
+            "'on' blocks of (block median - mean of the neighbouring 'off' blocks' medians)\n"
+        )
+        print(
+            "| hook families | device timing | steps | block pairs | cost per step µs "
+            "[95% CI] | step median µs (off) | cost / step |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for x in r["runs"]:
+            d = [v / 1e3 for v in x["pair_diffs_ns"]]
+            med, lo, hi = median_ci(d)
+            fam = x["families"] if isinstance(x["families"], str) else ", ".join(x["families"])
+            gt = x["gpu_timing"]
+            gts = "off" if gt is False else f"every {8 if gt is True else gt}th step"
+            off = x["median_off_ns"] / 1e3
+            print(
+                f"| {fam} | {gts} | {x['steps']} | {x['block_pairs']} | "
+                f"{med:.0f} [{lo:.0f}, {hi:.0f}] | {off:.0f} | {med / off:.1%} |"
+            )
 
 
 if __name__ == "__main__":
