@@ -235,14 +235,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     finally:
         del eng.step  # back to the class's method
         RT.enabled = False
-    # each "on" block against the mean of the "off" blocks on both sides of it (a trend
-    # within a run, e.g. longer contexts, cancels); medians inside blocks
-    med = {b: statistics.median(v) for b, v in by_block_of(rows).items() if len(v) == block}
-    diffs = [
-        med[b] - (med[b - 1] + med[b + 1]) / 2
-        for b in sorted(med)
-        if b % 2 == 0 and b - 1 in med and b + 1 in med
-    ]
+    diffs = block_costs(rows, block)
     on_ns = [ns for _b, o, ns in rows if o]
     off_ns = [ns for _b, o, ns in rows if not o]
     return {
@@ -257,6 +250,18 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         "pair_diffs_ns": diffs,
         "dropped": getattr(writer, "dropped", None),
     }
+
+
+def block_costs(rows: list[tuple[int, int, int]], block: int) -> list[float]:
+    """Per "on" block (even index): its median step time minus the mean of the medians of
+    the "off" blocks on both sides of it, so a trend within the run (longer contexts, a
+    drifting clock) cancels. Only whole blocks count."""
+    med = {b: statistics.median(v) for b, v in by_block_of(rows).items() if len(v) == block}
+    return [
+        med[b] - (med[b - 1] + med[b + 1]) / 2
+        for b in sorted(med)
+        if b % 2 == 0 and b - 1 in med and b + 1 in med
+    ]
 
 
 def by_block_of(rows: list[tuple[int, int, int]]) -> dict[int, list[int]]:

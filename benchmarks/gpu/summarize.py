@@ -148,7 +148,7 @@ def print_stepwise(steps: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> N
             med, lo, hi = median_ci(d)
             fam = x["families"] if isinstance(x["families"], str) else ", ".join(x["families"])
             gt = x["gpu_timing"]
-            gts = "off" if gt is False else f"every {8 if gt is True else gt}th step"
+            gts = "off" if gt is False else f"1 step in {8 if gt is True else gt}"
             off = x["median_off_ns"] / 1e3
             print(
                 f"| {fam} | {gts} | {x['steps']} | {x['block_pairs']} | "

@@ -1,0 +1,97 @@
+"""The GPU harness's own arithmetic, which docs/evidence.md's overhead numbers rest on:
+the stepwise cost per step (on/off blocks), the bootstrap interval, CPU pinning specs,
+the per-repetition deadline; and a TP=2 recording from the H200 read per rank."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks/gpu" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+harness = _load("harness")
+summarize = _load("summarize")
+
+
+def _rows(cost_ns: int, trend_ns: float, block: int, blocks: int, seed: int = 0) -> list:
+    """Steps of 3 ms with noise and a linear trend; 'on' blocks (even) cost ``cost_ns``."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(block * blocks):
+        b = i // block
+        on = b % 2 == 0
+        ns = 3_000_000 + trend_ns * i + rng.gauss(0, 50_000) + (cost_ns if on else 0)
+        rows.append((b, int(on), int(ns)))
+    return rows
+
+
+@pytest.mark.parametrize("trend", [0.0, 2_000.0, -2_000.0])
+def test_stepwise_recovers_the_cost_per_step_under_a_trend(trend: float) -> None:
+    rows = _rows(150_000, trend, block=16, blocks=101)
+    diffs = harness.block_costs(rows, 16)
+    assert len(diffs) == 49  # on-blocks 2..98 with an off block on both sides
+    med, lo, hi = summarize.median_ci(diffs)
+    assert lo <= 150_000 <= hi and abs(med - 150_000) < 20_000
+    # comparing each on block with the following off block alone would be biased by the
+    # trend (16 steps x 2 us = 32 us here): the two-sided mean is not
+    one_sided = [
+        sorted(v for b2, _o, v in rows if b2 == b)[8]
+        - sorted(v for b2, _o, v in rows if b2 == b + 1)[8]
+        for b in range(0, 100, 2)
+    ]
+    if trend:
+        assert abs(sorted(one_sided)[25] - 150_000) > abs(med - 150_000)
+
+
+def test_stepwise_without_a_cost_reads_zero_and_skips_partial_blocks() -> None:
+    rows = _rows(0, 0.0, block=8, blocks=41)[:-3]  # the last block is cut short
+    diffs = harness.block_costs(rows, 8)
+    assert len(diffs) == 19
+    med, _lo, _hi = summarize.median_ci(diffs)
+    assert abs(med) < 15_000  # noise: 50 us per step, medians of 8; a real cost was 150 us
+
+
+def test_median_ci_is_reproducible_and_degenerate_cases() -> None:
+    xs = [1.0, 2.0, 3.0, 4.0, 100.0]
+    assert summarize.median_ci(xs) == summarize.median_ci(xs)
+    assert summarize.median_ci([0.5]) == (0.5, 0.5, 0.5)
+
+
+def test_cpu_specs_and_deadline() -> None:
+    assert harness.parse_cpus("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
+    assert harness.parse_cpus("") is None and harness.parse_cpus(None) is None
+    assert harness.pin(None) is None
+    import time
+
+    now = time.time()
+    assert not harness.out_of_time(now + 5, now, 0)  # nothing done yet: always try one
+    assert harness.out_of_time(now + 25, now - 10, 1)  # a 10 s repetition + 20 s margin
+    assert not harness.out_of_time(now + 100, now - 10, 1)
+
+
+def test_tp2_recording_from_the_h200_reads_per_rank() -> None:
+    from probe.recording import Recording
+
+    rec = Recording.open(ROOT / "benchmarks/results/h200x2-2026-11-30/serve-tp2.probe.db")
+    procs = {p["pid"]: p for p in rec.processes() if p["tp_rank"] is not None}
+    assert sorted(p["tp_rank"] for p in procs.values()) == [0, 1]
+    steps = [s for s in rec.steps() if s["mode"] is not None]
+    per_rank = {pid: [s for s in steps if s["pid"] == pid] for pid in procs}
+    for rows in per_rank.values():
+        decode = [s for s in rows if s["uniform"]]
+        assert len(decode) > 900 and all(s["mode"] == "full" for s in decode)
