@@ -59,9 +59,11 @@ def _open_recording(path: str | None) -> Any:
 
 def cmd_record(args: argparse.Namespace) -> int:
     from probe.collector import Collector, RecordingSink, ring_dir_for_session
+    from probe.commands.attach import sample_every_arg
     from probe.hooks.snapshot import OverrideError, parse_override
     from probe.recording import RecordingWriter
 
+    sample = sample_every_arg(args)
     cmd = list(args.command)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -97,6 +99,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         env[config.HOOKS.name] = args.hooks
     if args.no_gpu_timing:
         env[config.GPU_TIMING.name] = "0"
+    if sample > 1:
+        env[config.SAMPLE_EVERY.name] = str(sample)
     try:
         writer = RecordingWriter(out)
     except Exception as exc:
@@ -106,6 +110,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         host=socket.gethostname(),
         probe_version=_version(),
         override=args.override or "",
+        sample_every=sample,
         started_epoch_ns=time.time_ns(),
     )
     sinks: list[Any] = [RecordingSink(writer)]
@@ -363,6 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--interval", type=float, default=0.05, help="ring poll interval, s")
     r.add_argument("--run-dir", help="directory for the session's rings")
     r.add_argument("--no-gpu-timing", action="store_true", help="no device events")
+    r.add_argument(
+        "--sample",
+        type=int,
+        default=1,
+        metavar="N",
+        help="record one engine step in N (the probe's cost per step divides by about N)",
+    )
     r.add_argument("--prometheus", metavar="ADDR", help="also serve /metrics on ADDR (host:port)")
     r.add_argument("--otlp", metavar="ENDPOINT", help="also export spans and metrics over OTLP")
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")

@@ -33,6 +33,12 @@ GPU_TIMING = EnvVar(
     "N: time every N-th step with device events (never synchronized); 0: off.",
     "8",
 )
+SAMPLE_EVERY = EnvVar(
+    "PROBE_SAMPLE_EVERY",
+    "N: record one engine step in N (every hook on for that step, off for the others); "
+    "the probe's cost per step divides by about N. 1: every step.",
+    "1",
+)
 CG_SUPPORT_OVERRIDE = EnvVar(
     "PROBE_CG_SUPPORT_OVERRIDE",
     "What-if: Builder=SUPPORT[,Builder=SUPPORT], e.g. "
@@ -65,6 +71,7 @@ ALL: tuple[EnvVar, ...] = (
     RUN_DIR,
     RING_CAPACITY,
     GPU_TIMING,
+    SAMPLE_EVERY,
     CG_SUPPORT_OVERRIDE,
     HOOKS,
     CONTROL,

@@ -12,7 +12,7 @@ request. Requests name a command from a fixed set and its arguments; nothing els
 accepted and no code or path travels over the socket::
 
     {"cmd": "status"}
-    {"cmd": "enable", "gpu_timing": false, "hooks": ["step", "dispatch"]}
+    {"cmd": "enable", "gpu_timing": false, "hooks": ["step", "dispatch"], "sample_every": 4}
     {"cmd": "disable"}
     {"cmd": "snapshot"}
 
@@ -65,7 +65,7 @@ _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 COMMANDS: dict[str, frozenset[str]] = {
     "status": frozenset(),
-    "enable": frozenset({"gpu_timing", "hooks"}),
+    "enable": frozenset({"gpu_timing", "hooks", "sample_every"}),
     "disable": frozenset(),
     "snapshot": frozenset(),
 }
@@ -221,7 +221,13 @@ class ProbeHost:
 
         return list(hooks.FAMILIES)
 
-    def enable(self, ring_path: Path, gpu_timing: int, families: list[str] | None) -> Any:
+    def enable(
+        self,
+        ring_path: Path,
+        gpu_timing: int,
+        families: list[str] | None,
+        sample_every: int = 1,
+    ) -> Any:
         """Create the ring and attach: the per-step hooks are installed only now."""
         from probe import hooks
         from probe.ring import RingWriter
@@ -231,7 +237,9 @@ class ProbeHost:
             ring_path.unlink()
         writer = RingWriter.create(ring_path, capacity)
         try:
-            hooks.attach(writer, families=families, gpu_timing=gpu_timing)
+            hooks.attach(
+                writer, families=families, gpu_timing=gpu_timing, sample_every=sample_every
+            )
         except BaseException:
             writer.close()
             raise
@@ -485,6 +493,9 @@ class ControlServer:
             gpu_timing = (every or 8) if gpu_timing else 0
         if not isinstance(gpu_timing, int) or gpu_timing < 0:
             raise ControlError("enable: gpu_timing must be true, false or a step interval >= 0")
+        sample_every = req.get("sample_every", 1)
+        if isinstance(sample_every, bool) or not isinstance(sample_every, int) or sample_every < 1:
+            raise ControlError("enable: sample_every must be an integer >= 1")
         families = req.get("hooks")
         if families is not None:
             if not isinstance(families, list) or not all(isinstance(f, str) for f in families):
@@ -503,7 +514,7 @@ class ControlServer:
         elif self.host.enabled:
             raise ControlError("the probe is already on in this process (PROBE_ENABLE=1)")
         ring = self.run_dir / f"ring-{self.pid}.shm"
-        self.host.enable(ring, gpu_timing, families)
+        self.host.enable(ring, gpu_timing, families, sample_every)
         self.ring_path = ring
         self.attached_by = peer_pid
         self.enabled_at_ns = self.clock_ns()

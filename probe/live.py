@@ -104,8 +104,10 @@ class LiveStats:
         rate_window_s: float = 10.0,
         clock_ns: Callable[[], int] = _boottime_ns,
         roles: Mapping[int, str] | None = None,
+        sample_every: int = 1,
     ) -> None:
         self.window = window
+        self.sample_every = max(1, sample_every)  # rates are of engine steps: recorded x N
         self.rate_window_ns = int(rate_window_s * 1e9)
         self.clock_ns = clock_ns
         self.roles = dict(roles or {})
@@ -170,7 +172,7 @@ class LiveStats:
             return 0.0
         now = max(v.arrivals) if self.closed else self.clock_ns()
         recent = [t for t in v.arrivals if now - t <= self.rate_window_ns]
-        return len(recent) / (self.rate_window_ns / 1e9)
+        return len(recent) * self.sample_every / (self.rate_window_ns / 1e9)
 
     def summary(self, v: RankView) -> dict[str, Any]:
         rows = list(v.rows)
@@ -281,6 +283,7 @@ def header_line(stats: LiveStats, title: str) -> str:
     return (
         f"{title} | {agg['ranks']} rank(s), {agg['steps_per_s']:.1f} steps/s, "
         f"FULL {_pct(h['full_hit_rate'])}, graph {_pct(h['graph_rate'])}"
+        + (f", 1 step in {stats.sample_every} recorded" if stats.sample_every > 1 else "")
     )
 
 

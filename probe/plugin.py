@@ -53,6 +53,7 @@ def start_ring(environ: Mapping[str, str] | None = None) -> object:
         writer,
         families=[f.strip() for f in fams.split(",")] if fams else None,
         gpu_timing=config.get_int(config.GPU_TIMING, env),
+        sample_every=max(1, config.get_int(config.SAMPLE_EVERY, env)),
     )
     return writer
 

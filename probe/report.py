@@ -87,6 +87,13 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
     )
     head.add_row("replay confirmed", f"{_pct(hr['replay_confirmed_rate'])} of graph steps")
     head.add_row("padding waste", _pct(hr["padding_waste"]))
+    sample = int(meta.get("sample_every") or 1)
+    if sample > 1:
+        head.add_row(
+            "sampled",
+            f"1 engine step in {sample} recorded (counts are of recorded steps; "
+            "rates and percentiles estimate all steps)",
+        )
     console.print(
         Panel(head, title=f"vllm-graph-probe report: {rep['recording']}", title_align="left")
     )

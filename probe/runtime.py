@@ -64,6 +64,9 @@ class Runtime:
         self.strings: dict[str, int] = {}
         self.faults: dict[str, int] = {}
         self.gpu_timing = False
+        self.sample_every = 1  # record 1 engine step in N (execute_model decides)
+        self.sample_n = 0
+        self.sampling = False  # attached with sample_every > 1
         self.graph_ctx: Any = None  # probe.reasons.GraphContext once known
         self.static: dict[str, Any] = {}  # facts collected at startup (resolve, override)
         self.on_first_step: list[Callable[[Any], None]] = []
@@ -92,6 +95,7 @@ class Runtime:
 
     def detach(self) -> Any:
         self.enabled = False
+        self.sampling = False
         writer, self.writer = self.writer, _NullWriter()
         self.write = self.writer.write
         return writer

@@ -119,6 +119,9 @@ def test_status_enable_snapshot_disable_round_trip(server: ControlServer, run_di
         (b'{"cmd": "enable", "path": "/tmp/evil.shm"}\n', "unknown argument(s) ['path']"),
         (b'{"cmd": "enable", "gpu_timing": "yes"}\n', "gpu_timing must be"),
         (b'{"cmd": "enable", "hooks": ["nope"]}\n', "unknown hook families"),
+        (b'{"cmd": "enable", "sample_every": 0}\n', "sample_every must be"),
+        (b'{"cmd": "enable", "sample_every": true}\n', "sample_every must be"),
+        (b'{"cmd": "enable", "sample_every": "4"}\n', "sample_every must be"),
         (b'{"cmd": "status", "x": ' + b"1" * (control.MAX_LINE + 10) + b"}\n", "longer than"),
         (b"x" * (control.MAX_LINE * 2), "longer than"),  # no newline at all
     ],
@@ -307,6 +310,17 @@ def test_enable_attaches_the_families_asked_for_and_disable_removes_them(
     assert set(hooks.FAMILIES) <= set(hooks._families)
     request(server.path, "disable")
     assert hooks._families == ["static"]
+
+
+def test_enable_with_sampling_and_disable_stops_it(server: ControlServer) -> None:
+    """``sample_every`` reaches the runtime; disabling ends sampling too, so no later
+    step can switch the hooks back on."""
+    from probe.runtime import RT
+
+    request(server.path, "enable", sample_every=4, gpu_timing=False)
+    assert RT.sampling and RT.sample_every == 4 and RT.sample_n == 0
+    request(server.path, "disable")
+    assert not RT.sampling and not RT.enabled
 
 
 @pytest.mark.parametrize(

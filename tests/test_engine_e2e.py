@@ -108,3 +108,49 @@ def test_report_shows_the_steps(runs: dict[str, Path]) -> None:
         timeout=120,
     )
     assert text.returncode == 0 and "graphs_disabled" in text.stdout
+
+
+def test_sampled_recording_has_one_whole_step_in_n(runs: dict[str, Path], tmp_path: Path) -> None:
+    """``probe record --sample 4``: every hook is on for one engine step in four and off
+    for the others, so the recording holds about a quarter of the steps, each one whole
+    (its phases, dispatch and builds), the greedy tokens are unchanged, and the report
+    says the recording is sampled."""
+    from probe.recording import Recording
+
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
+    probe = Path(sys.executable).with_name("probe")
+    rec = tmp_path / "sampled.probe.db"
+    cmd = [str(probe), "record", "--sample", "4", "--out", str(rec), "--"]
+    run = subprocess.run(
+        [*cmd, sys.executable, str(SCRIPT), "--out", str(tmp_path / "s.json"), "--rounds", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads((tmp_path / "s.json").read_text()) == json.loads(runs["off"].read_text())
+
+    every = [s for s in Recording.open(runs["rec"]).steps() if s["mode"] is not None]
+    r = Recording.open(rec)
+    sampled = [s for s in r.steps() if s["mode"] is not None]
+    assert r.meta()["sample_every"] == 4
+    assert len(every) // 4 - 2 <= len(sampled) <= len(every) // 4 + 2
+    assert all(s["prepare_inputs_ns"] and s["sample_ns"] and s["host_ns"] > 0 for s in sampled)
+    builds = {b["step"] for b in r.rows("builds")}
+    assert {s["step"] for s in sampled} <= builds
+    text = subprocess.run(
+        [str(probe), "report", str(rec), "--width", "120"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert text.returncode == 0 and "1 engine step in 4 recorded" in text.stdout
+    bad = subprocess.run(
+        [*cmd[:2], "--sample", "0", "--out", str(tmp_path / "x.db"), "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "--sample must be 1 or more" in bad.stderr
+    assert not (tmp_path / "x.db").exists()

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.live import Live
 
 from probe.assemble import Step
-from probe.live import LiveStats, plain_lines, render, step_row
+from probe.live import LiveStats, header_line, plain_lines, render, step_row
 from probe.records import Mode, Reason, Reorder
 
 PROBE = str(Path(sys.executable).with_name("probe"))
@@ -136,6 +136,24 @@ def test_final_rate_is_the_ranks_last_window_not_zero() -> None:
     assert st.step_rate(v) == 0.0  # live: nothing in the last 10 s
     st.close()
     assert st.step_rate(v) == pytest.approx(4.0)
+
+
+def test_sampled_view_shows_engine_step_rates() -> None:
+    """With one step in 4 recorded the rate shown is of engine steps (recorded x 4), and
+    the header says the view is sampled."""
+    now = {"t": 100_000_000_000}
+    st = LiveStats(clock_ns=lambda: now["t"], roles={11: "worker"}, sample_every=4)
+    proc: Any = FakeProc(11, {"tp_rank": 0})
+    st.on_process(proc)
+    st.on_steps(
+        proc,
+        [
+            mk_step(11, i, Mode.FULL, Reason.HIT, now["t"] - (40 - i) * 100_000_000, True)
+            for i in range(1, 41)
+        ],
+    )
+    assert st.step_rate(st.active()[0]) == pytest.approx(16.0)
+    assert "1 step in 4 recorded" in header_line(st, "probe top")
 
 
 def test_plain_lines_fit_80_columns(stats: LiveStats) -> None:

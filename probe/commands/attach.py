@@ -64,6 +64,7 @@ class Session:
         *,
         gpu_timing: bool | int | None = None,
         hooks: list[str] | None = None,
+        sample_every: int = 1,
         now_ns: Callable[[], int] = _boottime_ns,
     ) -> None:
         self.procs = list(procs)
@@ -71,6 +72,7 @@ class Session:
         self.sinks = list(sinks)
         self.gpu_timing = gpu_timing
         self.hooks = hooks
+        self.sample_every = sample_every
         self.now_ns = now_ns
         self.enabled: list[Any] = []
         self.collector: Any = None
@@ -85,6 +87,8 @@ class Session:
             args["gpu_timing"] = self.gpu_timing
         if self.hooks is not None:
             args["hooks"] = self.hooks
+        if self.sample_every > 1:
+            args["sample_every"] = self.sample_every
         rings = []
         for a in self.procs:
             try:
@@ -153,7 +157,8 @@ def run_session(
         a = busy[0]
         raise UsageError(f"pid {a.pid} ({a.role}) is attached by pid {a.status['attached_by']}")
     sinks: list[Any] = []
-    stats = LiveStats(roles={a.pid: a.role for a in procs})
+    sample = sample_every_arg(args)
+    stats = LiveStats(roles={a.pid: a.role for a in procs}, sample_every=sample)
     sinks.append(stats)
     writer = None
     record = getattr(args, "record", None)
@@ -173,6 +178,7 @@ def run_session(
             command=["probe", *sys.argv[1:]],
             host=socket.gethostname(),
             attached=[{"pid": a.pid, "role": a.role} for a in procs],
+            sample_every=sample,
             started_epoch_ns=time.time_ns(),
         )
         sinks.append(RecordingSink(writer))
@@ -183,7 +189,7 @@ def run_session(
 
     hooks = [h.strip() for h in args.hooks.split(",")] if getattr(args, "hooks", None) else None
     gpu: bool | int | None = False if getattr(args, "no_gpu_timing", False) else None
-    session = Session(procs, run_dir(args), sinks, gpu_timing=gpu, hooks=hooks)
+    session = Session(procs, run_dir(args), sinks, gpu_timing=gpu, hooks=hooks, sample_every=sample)
     err = sys.stderr
     stop = {"why": ""}
 
@@ -256,6 +262,15 @@ def run_session(
     return 0
 
 
+def sample_every_arg(args: argparse.Namespace) -> int:
+    n = getattr(args, "sample", 1)
+    if n is None:
+        return 1
+    if n < 1:
+        raise UsageError(f"--sample must be 1 or more (got {n})")
+    return int(n)
+
+
 def cmd_attach(args: argparse.Namespace) -> int:
     return run_session(args, title="probe attach", live_default=not args.no_live)
 
@@ -268,6 +283,13 @@ def add_session_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=float, default=0.1, help="ring poll interval, s")
     p.add_argument("--hooks", help="comma-separated hook families (default: all)")
     p.add_argument("--no-gpu-timing", action="store_true", help="no device events")
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=1,
+        metavar="N",
+        help="record one engine step in N (the probe's cost per step divides by about N)",
+    )
     p.add_argument("--prometheus", metavar="ADDR", help="serve /metrics on ADDR (host:port)")
     p.add_argument("--otlp", metavar="ENDPOINT", help="export OTLP to ENDPOINT")
 

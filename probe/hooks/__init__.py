@@ -129,7 +129,11 @@ def _install_missing(families: Sequence[str] | None, *, lazy: bool = True) -> No
 
 
 def attach(
-    writer: Any, *, families: Sequence[str] | None = None, gpu_timing: bool | int = True
+    writer: Any,
+    *,
+    families: Sequence[str] | None = None,
+    gpu_timing: bool | int = True,
+    sample_every: int = 1,
 ) -> None:
     """Install the hooks and start writing to ``writer`` (``probe attach`` / ``record``).
 
@@ -138,7 +142,7 @@ def attach(
     """
     with _lock:
         _install_missing(families)
-        enable(writer, gpu_timing=gpu_timing)
+        enable(writer, gpu_timing=gpu_timing, sample_every=sample_every)
 
 
 def detach() -> Any:
@@ -217,9 +221,12 @@ class _PostImport(importlib.abc.MetaPathFinder):
 # -- enable / disable ----------------------------------------------------------------------
 
 
-def enable(writer: Any, *, gpu_timing: bool | int = True) -> None:
+def enable(writer: Any, *, gpu_timing: bool | int = True, sample_every: int = 1) -> None:
     """Start writing records to ``writer``. The first step then installs late targets
     (builders, the model's logits, the drafter) and writes the static snapshot.
+
+    ``sample_every`` N > 1 records one engine step in N: ``execute_model`` switches every
+    hook on for that step and off for the others (a step is recorded whole or not at all).
 
     In a detached process (only the always-on hooks installed) this installs the rest
     first, like :func:`attach`. :func:`disable` leaves hooks dormant; :func:`detach`
@@ -244,6 +251,9 @@ def enable(writer: Any, *, gpu_timing: bool | int = True) -> None:
             except Exception as exc:
                 log.info("probe: no device timing (%r)", exc)
         RT.on_first_step = [_first_step]
+        RT.sample_every = max(1, int(sample_every))
+        RT.sample_n = 0
+        RT.sampling = RT.sample_every > 1
         RT.enabled = True
         # roctx ranges for rocprofv3 (PROBE_ROCTX=1): wraps the hooks only when asked
         importlib.import_module("exporters.roctx_live").start(RT, INSTALLER)

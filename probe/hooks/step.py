@@ -153,6 +153,9 @@ def execute(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]:
 
     def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            if RT.sampling:  # one step in N: every hook follows this decision
+                n = RT.sample_n = RT.sample_n + 1
+                RT.enabled = n % RT.sample_every == 0
             if not RT.enabled or (mrv2 and (kwargs.get("dummy_run") or kwargs.get("is_profile"))):
                 return orig(self, scheduler_output, *args, **kwargs)
             try:
@@ -204,6 +207,8 @@ def sample_tokens(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]
     def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             if not RT.enabled:
+                if RT.sampling and (RT.sample_n + 1) % RT.sample_every == 0:
+                    return _before_sampled_step(orig, self, args, kwargs)
                 return orig(self, *args, **kwargs)
             RT.in_step += 1
             t0 = _clock(BOOTTIME)
@@ -217,7 +222,7 @@ def sample_tokens(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]
                     timer = _timer()
                     if timer is not None:
                         timer.step_end(RT.step)
-                        if timer.sampled(RT.step + 1):
+                        if not RT.sampling and timer.sampled(RT.step + 1):
                             timer.mark_prev_end()
                 except Exception as exc:
                     hook.fail(exc)
@@ -225,6 +230,19 @@ def sample_tokens(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]
         return wrapper
 
     return factory
+
+
+def _before_sampled_step(orig: Callable[..., Any], runner: Any, args: Any, kwargs: Any) -> Any:
+    """``sample_tokens`` of an unrecorded step whose next step is recorded: the device
+    event at its end lets the next step's GPU idle gap be measured."""
+    result = orig(runner, *args, **kwargs)
+    try:
+        timer = _timer()
+        if timer is not None and timer.sampled(RT.step + 1):
+            timer.mark_prev_end()
+    except Exception:  # the probe never raises into vLLM
+        pass
+    return result
 
 
 def forward(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
