@@ -89,10 +89,14 @@ def test_v1_dispatch_record_matches_real_call(
     hooks.install(["dispatch"], lazy=False)
     hooks.enable(wring, gpu_timing=False)
     RT.graph_ctx = res.ctx
-    mode, desc = d.dispatch(num_tokens=num_tokens, uniform_decode=uniform)
+    for _ in range(3):  # a repeated miss is served from the reason memo, unchanged
+        mode, desc = d.dispatch(num_tokens=num_tokens, uniform_decode=uniform)
+    d.dispatch(num_tokens, uniform)  # the same call, positionally
     hooks.disable()
     expected = v1_reason(d, mode, desc, num_tokens=num_tokens, uniform_decode=uniform, ctx=res.ctx)
-    [rec] = [r for r in kit.drain(wring)[0] if isinstance(r, Dispatch)]
+    recs = [r for r in kit.drain(wring)[0] if isinstance(r, Dispatch)]
+    assert len(recs) == 4 and len({(r.mode, r.reason, r.flags) for r in recs}) == 1
+    rec = recs[0]
     assert (rec.mode.value, rec.reason) == (mode.value, expected)
     assert (rec.num_tokens, rec.padded_tokens) == (num_tokens, desc.num_tokens)
     assert bool(rec.flags & Flag.UNIFORM) == bool(uniform)
@@ -112,63 +116,18 @@ def test_mrv2_dispatch_record_matches_real_call(
     hooks.enable(wring, gpu_timing=False)
     RT.graph_ctx = res.ctx
     desc, kwargs = _mrv2_dispatch(m, q, prefill, 0)
+    _mrv2_dispatch(m, q, prefill, 0)  # a repeat: from the reason memo
+    m.dispatch(*kwargs.values())  # the same call, positionally (positions fixed at install)
+    RT.graph_ctx = None  # as after a new snapshot: not served from the memo
+    _mrv2_dispatch(m, q, prefill, 0)
     hooks.disable()
     expected = mrv2_reason(m, desc, ctx=res.ctx, **kwargs)
-    [rec] = [r for r in kit.drain(wring)[0] if isinstance(r, Dispatch)]
+    recs = [r for r in kit.drain(wring)[0] if isinstance(r, Dispatch)]
+    key = lambda r: (r.mode, r.num_tokens, r.padded_tokens, r.num_reqs, r.flags)  # noqa: E731
+    assert len(recs) == 4 and len({key(r) for r in recs}) == 1
+    assert recs[0].reason == recs[1].reason == recs[2].reason
+    assert recs[3].reason == mrv2_reason(m, desc, ctx=None, **kwargs)
+    rec = recs[0]
     assert (rec.mode.value, rec.reason) == (desc.cg_mode.value, expected)
     assert (rec.num_tokens, rec.padded_tokens, rec.num_reqs) == (sum(q), desc.num_tokens, len(q))
     assert rec.flags & Flag.MRV2
-
-
-@pytest.mark.parametrize(("engine", "q", "prefill"), MRV2_SHAPES, ids=lambda v: str(v))
-def test_mrv2_dispatch_positional_calls_and_repeats_record_the_same(
-    engine: str,
-    q: tuple[int, ...],
-    prefill: bool,
-    mrv2_managers: Callable[[str], tuple[Any, Resolved]],
-    wring: RingWriter,
-    kit: Any,
-) -> None:
-    """The hook reads arguments by position or keyword (positions fixed from the real
-    signature at install) and memoizes miss reasons: a repeated call and the same call
-    made positionally give the same record as the first, and a new graph context (a new
-    snapshot) is not served from the memo."""
-    m, res = mrv2_managers(engine)
-    hooks.install(["dispatch"], lazy=False)
-    hooks.enable(wring, gpu_timing=False)
-    RT.graph_ctx = res.ctx
-    desc, kwargs = _mrv2_dispatch(m, q, prefill, 0)
-    _mrv2_dispatch(m, q, prefill, 0)
-    m.dispatch(*kwargs.values())  # the same call, positionally
-    RT.graph_ctx = None  # as after a new snapshot: reasons are computed again
-    _mrv2_dispatch(m, q, prefill, 0)
-    hooks.disable()
-    recs = [r for r in kit.drain(wring)[0] if isinstance(r, Dispatch)]
-    assert len(recs) == 4
-    key = lambda r: (r.mode, r.num_tokens, r.padded_tokens, r.num_reqs, r.flags)  # noqa: E731
-    assert len({key(r) for r in recs}) == 1
-    assert recs[0].reason == recs[1].reason == recs[2].reason
-    assert recs[0].reason == mrv2_reason(m, desc, ctx=res.ctx, **kwargs)
-    assert recs[3].reason == mrv2_reason(m, desc, ctx=None, **kwargs)
-
-
-@pytest.mark.parametrize(("engine", "q"), V1_SHAPES, ids=lambda v: str(v))
-def test_v1_dispatch_repeated_miss_is_served_from_the_memo_unchanged(
-    engine: str,
-    q: tuple[int, ...],
-    v1_dispatchers: Callable[[str], tuple[Any, Resolved]],
-    wring: RingWriter,
-    kit: Any,
-) -> None:
-    d, res = v1_dispatchers(engine)
-    num_tokens, uniform = sum(q), _uniform_decode(q, d.uniform_decode_query_len)
-    hooks.install(["dispatch"], lazy=False)
-    hooks.enable(wring, gpu_timing=False)
-    RT.graph_ctx = res.ctx
-    for _ in range(3):
-        mode, desc = d.dispatch(num_tokens=num_tokens, uniform_decode=uniform)
-    d.dispatch(num_tokens, uniform)
-    hooks.disable()
-    expected = v1_reason(d, mode, desc, num_tokens=num_tokens, uniform_decode=uniform, ctx=res.ctx)
-    recs = [r for r in kit.drain(wring)[0] if isinstance(r, Dispatch)]
-    assert [r.reason for r in recs] == [expected] * 4
