@@ -149,7 +149,10 @@ def engine_main(args: argparse.Namespace) -> None:
                 hooks.install(lazy=False)
                 hooks.enable(writer, gpu_timing=True)
                 installed = True
-            if mode in ("attached",):
+            # "attached_s8": attached, recording one engine step in 8 (--sample 8)
+            every = int(mode.split("_s", 1)[1]) if mode.startswith("attached_s") else 1
+            RT.sampling, RT.sample_every, RT.sample_n = every > 1, every, 0
+            if mode == "attached" or every > 1:
                 RT.enabled = True
             elif mode == "detached" and installed:
                 RT.enabled = False
@@ -213,6 +216,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     hooks.install(families, lazy=False)
     hooks.enable(writer, gpu_timing=cmd.get("gpu_timing", True))
     block = int(cmd.get("block", 16))
+    every = int(cmd.get("sample_every", 1))  # "on" blocks record one step in `every`
     eng = llm.llm_engine
     orig = eng.step
     rows: list[tuple[int, int, int]] = []  # (block index, on, ns)
@@ -222,10 +226,12 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         i = state["i"]
         state["i"] = i + 1
         b = i // block
-        RT.enabled = b % 2 == 0
+        on = b % 2 == 0
+        RT.sampling, RT.sample_every = on and every > 1, every
+        RT.enabled = on
         t0 = time.perf_counter_ns()
         out = orig()
-        rows.append((b, int(RT.enabled), time.perf_counter_ns() - t0))
+        rows.append((b, int(on), time.perf_counter_ns() - t0))
         return out
 
     eng.step = timed_step
@@ -234,12 +240,13 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             llm.generate(prompts(500 + g), sp(cmd.get("out_len", 256)), use_tqdm=False)
     finally:
         del eng.step  # back to the class's method
-        RT.enabled = False
+        RT.enabled = RT.sampling = False
     diffs = block_costs(rows, block)
     on_ns = [ns for _b, o, ns in rows if o]
     off_ns = [ns for _b, o, ns in rows if not o]
     return {
         "families": families or "all",
+        "sample_every": every,
         "gpu_timing": cmd.get("gpu_timing", True),
         "block": block,
         "steps": len(rows),

@@ -147,6 +147,8 @@ def print_stepwise(steps: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> N
             d = [v / 1e3 for v in x["pair_diffs_ns"]]
             med, lo, hi = median_ci(d)
             fam = x["families"] if isinstance(x["families"], str) else ", ".join(x["families"])
+            if x.get("sample_every", 1) > 1:
+                fam += f", 1 step in {x['sample_every']}"
             gt = x["gpu_timing"]
             gts = "off" if gt is False else f"1 step in {8 if gt is True else gt}"
             off = x["median_off_ns"] / 1e3
