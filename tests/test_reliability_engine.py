@@ -430,6 +430,7 @@ def test_recording_meta_holds_only_allow_listed_keys(runs: dict[str, Any]) -> No
         "host",
         "probe_version",
         "override",
+        "sample_every",
         "started_epoch_ns",
         "exit_code",
         "ended_epoch_ns",
