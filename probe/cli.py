@@ -351,6 +351,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from probe.commands.attach import add_sample_arg
+
     p = _Parser(prog="probe", description=__doc__.split("\n")[0] if __doc__ else None)
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     _add_command_modules(sub)
@@ -368,13 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--interval", type=float, default=0.05, help="ring poll interval, s")
     r.add_argument("--run-dir", help="directory for the session's rings")
     r.add_argument("--no-gpu-timing", action="store_true", help="no device events")
-    r.add_argument(
-        "--sample",
-        type=int,
-        default=1,
-        metavar="N",
-        help="record one engine step in N (the probe's cost per step divides by about N)",
-    )
+    add_sample_arg(r)
     r.add_argument("--prometheus", metavar="ADDR", help="also serve /metrics on ADDR (host:port)")
     r.add_argument("--otlp", metavar="ENDPOINT", help="also export spans and metrics over OTLP")
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")

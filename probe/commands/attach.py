@@ -262,6 +262,17 @@ def run_session(
     return 0
 
 
+def add_sample_arg(p: argparse.ArgumentParser) -> None:
+    """``--sample N`` for ``attach``, ``top`` and ``record``."""
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=1,
+        metavar="N",
+        help="record one engine step in N (the probe's cost per step divides by about N)",
+    )
+
+
 def sample_every_arg(args: argparse.Namespace) -> int:
     n = getattr(args, "sample", 1)
     if n is None:
@@ -283,13 +294,7 @@ def add_session_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=float, default=0.1, help="ring poll interval, s")
     p.add_argument("--hooks", help="comma-separated hook families (default: all)")
     p.add_argument("--no-gpu-timing", action="store_true", help="no device events")
-    p.add_argument(
-        "--sample",
-        type=int,
-        default=1,
-        metavar="N",
-        help="record one engine step in N (the probe's cost per step divides by about N)",
-    )
+    add_sample_arg(p)
     p.add_argument("--prometheus", metavar="ADDR", help="serve /metrics on ADDR (host:port)")
     p.add_argument("--otlp", metavar="ENDPOINT", help="export OTLP to ENDPOINT")
 
