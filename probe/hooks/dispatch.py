@@ -52,17 +52,22 @@ def _bind(sig: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any])
 
 class _ReasonMemo:
     """Miss reasons by the call's inputs. A reason is a function of the arguments and of
-    the dispatcher's state, which only changes at start-up (captured/initialized flag) or
-    when the snapshot changes (``RT.graph_ctx``): both are in the key. So a PIECEWISE or
-    eager engine pays for the reason once per distinct batch shape, not once per step."""
+    the dispatcher's state, which only changes at start-up (the captured/initialized flag is
+    in the key) or when the snapshot changes (a new ``RT.graph_ctx`` empties the memo). So
+    a PIECEWISE or eager engine pays for the reason once per distinct batch shape, not once
+    per step."""
 
-    __slots__ = ("cache", "limit")
+    __slots__ = ("cache", "ctx", "limit")
 
     def __init__(self, limit: int = 4096) -> None:
         self.cache: dict[Any, int] = {}
+        self.ctx: Any = None
         self.limit = limit
 
-    def get(self, key: Any, compute: Callable[[], Any]) -> int:
+    def get(self, ctx: Any, key: Any, compute: Callable[[], Any]) -> int:
+        if ctx is not self.ctx:  # held, not compared by id: no reuse of a freed address
+            self.cache.clear()
+            self.ctx = ctx
         try:
             return self.cache[key]
         except KeyError:
@@ -155,13 +160,13 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 key = (
                     id(self),
                     getattr(self, "keys_initialized", None),
-                    id(ctx),
                     m,
                     desc,
                     args,
                     tuple(kwargs.items()),
                 )
                 reason = memo.get(
+                    ctx,
                     key,
                     lambda: _reasons().v1_reason(
                         self, mode, desc, ctx=ctx, **_bind(sig, (self, *args), kwargs)
@@ -228,7 +233,6 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 key = (
                     id(self),
                     getattr(self, "_graphs_captured", None),
-                    id(ctx),
                     m,
                     desc.num_tokens,
                     desc.num_reqs,
@@ -236,6 +240,7 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                     tuple(kwargs.items()),
                 )
                 reason = memo.get(
+                    ctx,
                     key,
                     lambda: _reasons().mrv2_reason(
                         self, desc, ctx=ctx, **_bind(sig, (self, *args), kwargs)
