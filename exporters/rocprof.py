@@ -1901,6 +1901,16 @@ _VERSION_3 = re.compile(r"^3(\.\d+){0,2}$")
 _VERSION_4_1 = re.compile(r"^4\.1(\.\d+)?$")
 
 
+def rocpd_layout(version: str) -> str | None:
+    """The table layout (one of :data:`ROCPD_LAYOUTS`) of a rocpd ``schema_version``;
+    None for a version this reader does not know."""
+    if _VERSION_3.match(version):
+        return "3.0.0"
+    if _VERSION_4_1.match(version):
+        return "4.1.0"
+    return None
+
+
 def _check_sqlite_file(p: Path) -> None:
     """Reject missing, empty, non-SQLite and truncated files before sqlite3 sees them."""
     try:
@@ -2024,11 +2034,8 @@ def _read_rocpd(conn: sqlite3.Connection, p: Path) -> Profile:
     if len(versions) > 1:
         raise ProfileError(p, f"mixed rocpd schema versions in one database: {', '.join(versions)}")
     version = versions[0]
-    if _VERSION_3.match(version):
-        layout = "3.0.0"
-    elif _VERSION_4_1.match(version):
-        layout = "4.1.0"
-    else:
+    layout = rocpd_layout(version)
+    if layout is None:
         raise ProfileError(
             p,
             f"unknown rocpd schema version {version!r}; this reader knows 3.x (nid/pid/tid "

@@ -32,11 +32,10 @@ from typing import Any
 
 from exporters.profiles import ProfileError
 from exporters.rocprof import (
-    _VERSION_3,
-    _VERSION_4_1,
     ROCPD_LAYOUTS,
     create_rocpd_db,
     open_sqlite_readonly,
+    rocpd_layout,
     write_rocpd_regions,
 )
 
@@ -115,11 +114,8 @@ def detect_rocpd_layout(path: str | os.PathLike[str]) -> RocpdOrigin:
             p, f"rocpd_metadata has {'no' if not versions else 'mixed'} schema_version"
         )
     version = versions[0]
-    if _VERSION_3.match(version):
-        layout = "3.0.0"
-    elif _VERSION_4_1.match(version):
-        layout = "4.1.0"
-    else:
+    layout = rocpd_layout(version)
+    if layout is None:
         raise ProfileError(
             p,
             f"rocpd schema version {version!r} cannot be matched; a side-car can be written "

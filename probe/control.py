@@ -142,9 +142,9 @@ def ranks_of(snap: Mapping[str, Any], title: Sequence[str]) -> dict[str, int | N
         return ranks
     live: dict[str, Any] = {}
     if "vllm.distributed.parallel_state" in sys.modules:  # never import vLLM from here
-        from probe.hooks.snapshot import _ranks
+        from probe.hooks.snapshot import live_ranks
 
-        live = _ranks()
+        live = live_ranks()
     text = " ".join(title)
     for key, pattern in _RANK_IN_TITLE.items():
         if ranks[key] is None and isinstance(live.get(key), int):

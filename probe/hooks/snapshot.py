@@ -198,7 +198,7 @@ def take_snapshot(runner: Any) -> dict[str, Any]:
         )
     except Exception:
         snap["platform"] = "unknown"
-    snap.update(_ranks())
+    snap.update(live_ranks())
     mc = getattr(vc, "model_config", None)
     snap["model"] = str(getattr(mc, "served_model_name", None) or getattr(mc, "model", ""))
     cc = getattr(vc, "compilation_config", None)
@@ -272,7 +272,8 @@ def _backend_name(backend: Any) -> str | None:
         return getattr(backend, "__name__", str(backend))
 
 
-def _ranks() -> dict[str, Any]:
+def live_ranks() -> dict[str, Any]:
+    """TP/PP/DP ranks from vLLM's parallel state (None where it is not initialized)."""
     out: dict[str, Any] = {}
     try:
         from vllm.distributed import parallel_state as ps
