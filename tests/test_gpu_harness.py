@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import statistics
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -64,6 +65,22 @@ def test_stepwise_without_a_cost_reads_zero_and_skips_partial_blocks() -> None:
     assert len(diffs) == 19
     med, _lo, _hi = summarize.median_ci(diffs)
     assert abs(med) < 15_000  # noise: 50 us per step, medians of 8; a real cost was 150 us
+
+
+def test_stepwise_by_means_sees_a_cost_paid_by_one_step_in_eight() -> None:
+    """Sampling: one step in 8 pays 8x; block medians read the unrecorded majority (about
+    zero), block means the cost throughput sees (the per-step average)."""
+    rng = random.Random(1)
+    rows = []
+    for i in range(16 * 61):
+        b = i // 16
+        on = b % 2 == 0
+        paid = on and i % 8 == 0
+        rows.append((b, int(on), int(3_000_000 + rng.gauss(0, 20_000) + (800_000 if paid else 0))))
+    by_median = summarize.median_ci(harness.block_costs(rows, 16))[0]
+    by_mean = summarize.median_ci(harness.block_costs(rows, 16, statistics.fmean))[0]
+    assert abs(by_median) < 30_000
+    assert abs(by_mean - 100_000) < 20_000
 
 
 def test_median_ci_is_reproducible_and_degenerate_cases() -> None:

@@ -213,8 +213,16 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
 
     families = cmd.get("families")
     hooks.uninstall()
+    st = None
+    if cmd.get("selftime"):  # time the probe's own code, hook by hook (selftime.py)
+        from selftime import SelfTime
+
+        st = SelfTime()
+        st.patch()
     hooks.install(families, lazy=False)
     hooks.enable(writer, gpu_timing=cmd.get("gpu_timing", True))
+    if st is not None:
+        st.time_ring(cmd.get("ring_stand_in"))
     block = int(cmd.get("block", 16))
     every = int(cmd.get("sample_every", 1))  # "on" blocks record one step in `every`
     eng = llm.llm_engine
@@ -227,6 +235,8 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         state["i"] = i + 1
         b = i // block
         on = b % 2 == 0
+        if st is not None and i == 2 * block:  # leave out the first step's one-off work
+            st.reset()
         RT.sampling, RT.sample_every = on and every > 1, every
         RT.enabled = on
         t0 = time.perf_counter_ns()
@@ -241,7 +251,13 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     finally:
         del eng.step  # back to the class's method
         RT.enabled = RT.sampling = False
+        if st is not None:
+            st.unpatch()  # the next install builds plain wrappers again
     diffs = block_costs(rows, block)
+    selftime = None
+    if st is not None:
+        on_after = sum(1 for b, o, _ns in rows if o and b >= 2)
+        selftime = st.result(on_after // max(1, every))
     on_ns = [ns for _b, o, ns in rows if o]
     off_ns = [ns for _b, o, ns in rows if not o]
     return {
@@ -255,15 +271,21 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         "block_pairs": len(diffs),
         "median_pair_diff_ns": statistics.median(diffs) if diffs else None,
         "pair_diffs_ns": diffs,
+        "pair_diffs_mean_ns": block_costs(rows, block, statistics.fmean),
         "dropped": getattr(writer, "dropped", None),
+        "selftime": selftime,
     }
 
 
-def block_costs(rows: list[tuple[int, int, int]], block: int) -> list[float]:
+def block_costs(
+    rows: list[tuple[int, int, int]], block: int, stat: Any = statistics.median
+) -> list[float]:
     """Per "on" block (even index): its median step time minus the mean of the medians of
     the "off" blocks on both sides of it, so a trend within the run (longer contexts, a
-    drifting clock) cancels. Only whole blocks count."""
-    med = {b: statistics.median(v) for b, v in by_block_of(rows).items() if len(v) == block}
+    drifting clock) cancels. Only whole blocks count. ``stat=statistics.fmean`` compares
+    block means instead: what throughput sees when only some steps in a block pay (one
+    step in N recorded), where the median reads the unrecorded majority."""
+    med = {b: stat(v) for b, v in by_block_of(rows).items() if len(v) == block}
     return [
         med[b] - (med[b - 1] + med[b + 1]) / 2
         for b in sorted(med)

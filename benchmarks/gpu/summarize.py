@@ -136,16 +136,22 @@ def print_stepwise(steps: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> N
         print(
             f"\nStepwise ({Path(f).name}, {e['scenario']}, probe from {r.get('probe_path')}): "
             "hooks on vs off in alternating blocks of engine steps; cost = median over the "
-            "'on' blocks of (block median - mean of the neighbouring 'off' blocks' medians)\n"
+            "'on' blocks of (block median - mean of the neighbouring 'off' blocks' medians); "
+            "'by means': the same with block means (what throughput sees when only one step "
+            "in N is recorded)\n"
         )
         print(
             "| hook families | device timing | steps | block pairs | cost per step µs "
-            "[95% CI] | step median µs (off) | cost / step |"
+            "[95% CI] | by means µs [95% CI] | step median µs (off) | cost / step |"
         )
-        print("|---|---|---:|---:|---:|---:|---:|")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
         for x in r["runs"]:
             d = [v / 1e3 for v in x["pair_diffs_ns"]]
             med, lo, hi = median_ci(d)
+            dm = [v / 1e3 for v in x.get("pair_diffs_mean_ns") or []]
+            mm, mlo, mhi = median_ci(dm) if dm else (float("nan"),) * 3
+            # the share of the step: by means when only some steps are recorded
+            share = mm if x.get("sample_every", 1) > 1 else med
             fam = x["families"] if isinstance(x["families"], str) else ", ".join(x["families"])
             if x.get("sample_every", 1) > 1:
                 fam += f", 1 step in {x['sample_every']}"
@@ -154,8 +160,31 @@ def print_stepwise(steps: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> N
             off = x["median_off_ns"] / 1e3
             print(
                 f"| {fam} | {gts} | {x['steps']} | {x['block_pairs']} | "
-                f"{med:.0f} [{lo:.0f}, {hi:.0f}] | {off:.0f} | {med / off:.1%} |"
+                f"{med:.0f} [{lo:.0f}, {hi:.0f}] | {mm:.0f} [{mlo:.0f}, {mhi:.0f}] | "
+                f"{off:.0f} | {share / off:.1%} |"
             )
+            st = x.get("selftime")
+            if st:
+                print_selftime(st)
+
+
+def print_selftime(st: dict[str, Any]) -> None:
+    """One stepwise run's self-time table (``selftime.py``), as an indented block."""
+    ring = st.get("ring_ns_per_write")
+    print(
+        f"\n    self time inside the engine: {st['self_us_per_step']:.1f} µs per step over "
+        f"{st['calls_per_step']:.1f} hooked calls ({st['timer_floor_ns_per_call']:.0f} ns per "
+        f"call is the timers' own floor); ring: {st['ring_writes_per_step']:.1f} writes per "
+        f"step at {(ring or 0):.0f} ns\n"
+    )
+    print("    | hook | calls / step | self µs / step | self ns / call |")
+    print("    |---|---:|---:|---:|")
+    for hid, h in sorted(st["hooks"].items(), key=lambda kv: -kv[1]["self_us_per_step"]):
+        print(
+            f"    | {hid} | {h['calls_per_step']:.2f} | {h['self_us_per_step']:.1f} | "
+            f"{h['self_ns_per_call']:.0f} |"
+        )
+    print()
 
 
 if __name__ == "__main__":

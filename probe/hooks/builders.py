@@ -26,7 +26,7 @@ from typing import Any
 
 from probe.hooks import step
 from probe.hooks._base import Hook, Target
-from probe.records import BuildTag, Flag, Phase, RecordKind, pack_pair
+from probe.records import BuildTag, Flag, Phase, RecordKind
 from probe.runtime import BOOTTIME, RT
 
 _clock = time.clock_gettime_ns
@@ -40,6 +40,29 @@ METHODS = {
     "build_for_cudagraph_capture": BuildTag.CAPTURE,
     "build_for_drafting": BuildTag.DRAFTING,
 }
+
+
+def _int_reader() -> Callable[[Any, int], int]:
+    """``read(t, i) == int(t[i])`` for a 1-D CPU integer tensor, without going through
+    torch's indexing (a 0-d tensor per call: ~1 µs in a hot loop, 5-10 µs inside the
+    engine). Reads the element in place after checking it lies inside the tensor; anything
+    unusual (GPU, strided, another dtype) takes ``int(t[i])``."""
+    import ctypes
+
+    try:
+        import torch
+
+        at = {torch.int32: ctypes.c_int32.from_address, torch.int64: ctypes.c_int64.from_address}
+    except Exception:  # no torch: nothing but the general path
+        at = {}
+
+    def read(t: Any, i: int) -> int:
+        get = at.get(t.dtype)
+        if get is not None and t.is_cpu and 0 <= i < t.shape[0] and t.dim() == 1:
+            return int(get(t.data_ptr() + i * t.stride(0) * t.element_size()).value)
+        return int(t[i])
+
+    return read
 
 
 def _split(md: Any) -> tuple[int, int, int, int]:
@@ -57,6 +80,10 @@ def build(tag: BuildTag) -> Callable[[Callable[..., Any], Hook], Any]:
     tag_v = int(tag)
 
     def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+        read_int = _int_reader()
+        names: dict[type, int] = {}  # builder class -> interned name (< 256) or 0
+        names_for: list[Any] = [None]  # ... in this string table (a new writer has its own)
+
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             if not RT.enabled or RT.in_build:
                 return orig(self, *args, **kwargs)
@@ -75,32 +102,40 @@ def build(tag: BuildTag) -> Callable[[Callable[..., Any], Hook], Any]:
                     cm = args[1] if len(args) > 1 else kwargs["common_attn_metadata"]
                 padded_tokens = cm.num_actual_tokens
                 padded_reqs = cm.num_reqs
-                real_tokens = int(cm.query_start_loc_cpu[padded_reqs])
+                real_tokens = read_int(cm.query_start_loc_cpu, padded_reqs)
                 real_reqs = padded_reqs if real_tokens == padded_tokens else 0
                 thr = getattr(self, "reorder_batch_threshold", None)
                 if thr is None:
                     thr = getattr(self, "decode_threshold", None)
                 nd, npf, ndt, npt = _split(md)
                 if npt == 0 and ndt:
-                    npt = real_tokens - (ndt - 1) + 1
+                    npt = max(real_tokens - (ndt - 1) + 1, 0)
                 f = 0 if RT.in_step else _OUTSIDE
                 if RT.drafter:
                     f |= _DRAFTER
                 t = tag_v if tag_v else (2 if RT.drafter else 0)
-                ident = RT.intern(type(self).__name__)
+                if names_for[0] is not RT.strings:
+                    names.clear()
+                    names_for[0] = RT.strings
+                cls = type(self)
+                ident = names.get(cls)
+                if ident is None:
+                    ident = RT.intern(cls.__name__)
+                    ident = names[cls] = ident if ident < 256 else 0
                 RT.write(
                     _BUILD,
                     t,
-                    ident if ident < 256 else 0,
+                    ident,
                     f,
                     RT.step,
                     t0,
                     t1,
-                    pack_pair(padded_tokens, real_tokens),
-                    pack_pair(padded_reqs, real_reqs),
-                    pack_pair(cm.max_query_len, (thr + 1) if thr is not None else 0),
-                    pack_pair(nd, npf),
-                    pack_pair(ndt, npt),
+                    # pack_pair, inlined (counts here are never negative)
+                    (padded_tokens << 32) | real_tokens,
+                    (padded_reqs << 32) | real_reqs,
+                    (cm.max_query_len << 32) | ((thr + 1) if thr is not None else 0),
+                    (nd << 32) | npf,
+                    (ndt << 32) | npt,
                 )
             except Exception as exc:
                 hook.fail(exc)

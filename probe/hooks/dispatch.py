@@ -81,6 +81,16 @@ class _ReasonMemo:
         return reason
 
 
+def _frozen(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """The call's arguments as a memo key: the runner passes ``valid_modes`` and
+    ``invalid_modes`` as sets (e.g. ``{CUDAGraphMode.FULL}`` for the logits dispatch every
+    step), which would make every such call unhashable and recompute its reason."""
+    return (
+        tuple(frozenset(a) if isinstance(a, set) else a for a in args),
+        tuple((k, frozenset(v) if isinstance(v, set) else v) for k, v in kwargs.items()),
+    )
+
+
 def _positions(sig: inspect.Signature, *names: str) -> list[int]:
     """Index of each parameter in ``args`` (``self`` excluded); -1 when absent."""
     params = [p for p in sig.parameters if p != "self"]
@@ -162,8 +172,7 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                     getattr(self, "keys_initialized", None),
                     m,
                     desc,
-                    args,
-                    tuple(kwargs.items()),
+                    _frozen(args, kwargs),
                 )
                 reason = memo.get(
                     ctx,
@@ -236,8 +245,7 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                     m,
                     desc.num_tokens,
                     desc.num_reqs,
-                    args,
-                    tuple(kwargs.items()),
+                    _frozen(args, kwargs),
                 )
                 reason = memo.get(
                     ctx,

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
+from operator import eq, ge
 from typing import Any
 
 from probe.hooks._base import Hook, Target
@@ -59,7 +61,7 @@ def v1_may_reorder(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 if thr is None:
                     nd = ndt = 0
                 else:
-                    dec = [n for n in counts if n <= thr]
+                    dec = list(filter(partial(ge, thr), counts))  # C-level, O(requests)
                     nd, ndt = len(dec), sum(dec)
                 f = 0 if RT.in_step else _OUTSIDE
                 RT.write(
@@ -93,7 +95,7 @@ def mrv2_sort(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             dql = args[-1] if args else kwargs.get("decode_query_len", 1)
             before = list(num_tokens_per_req)
             moved = 0 if before == list(result) else _moved(before, result)
-            dec = [n for n in num_tokens_per_req.values() if n == dql]
+            dec = list(filter(partial(eq, dql), num_tokens_per_req.values()))
             f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
             RT.write(
                 _REORDER,

@@ -102,6 +102,42 @@ def test_v1_dispatch_record_matches_real_call(
     assert bool(rec.flags & Flag.UNIFORM) == bool(uniform)
 
 
+def test_v1_dispatch_with_a_mode_set_is_memoized(
+    v1_dispatchers: Callable[[str], tuple[Any, Resolved]],
+    wring: RingWriter,
+    kit: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The runner's logits dispatch passes ``invalid_modes={CUDAGraphMode.FULL}`` every
+    step: a set, unhashable as it comes. Its miss reason is still computed once."""
+    from vllm.config import CUDAGraphMode
+
+    from probe.hooks import dispatch as hook_module
+
+    computed = []
+    real = hook_module._reasons
+    monkeypatch.setattr(hook_module, "_reasons", lambda: computed.append(1) or real())
+    d, res = v1_dispatchers("fap_ub_k1")
+    hooks.install(["dispatch"], lazy=False)
+    hooks.enable(wring, gpu_timing=False)
+    RT.graph_ctx = res.ctx
+    for _ in range(3):
+        mode, desc = d.dispatch(6, invalid_modes={CUDAGraphMode.FULL})
+    hooks.disable()
+    assert mode != CUDAGraphMode.FULL and len(computed) == 1
+    expected = v1_reason(
+        d,
+        mode,
+        desc,
+        num_tokens=6,
+        uniform_decode=False,
+        invalid_modes={CUDAGraphMode.FULL},
+        ctx=res.ctx,
+    )
+    recs = [r for r in kit.drain(wring)[0] if isinstance(r, Dispatch)]
+    assert [r.reason for r in recs] == [expected] * 3
+
+
 @pytest.mark.parametrize(("engine", "q", "prefill"), MRV2_SHAPES, ids=lambda v: str(v))
 def test_mrv2_dispatch_record_matches_real_call(
     engine: str,
