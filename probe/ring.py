@@ -88,7 +88,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol
@@ -240,6 +240,10 @@ def _refuse(*_args: object, **_kwargs: object) -> bool:
     return False
 
 
+def _refuse_many(_recs: object) -> int:
+    return 0
+
+
 class _HotPath:
     """The writer's state and its write functions, built once per ring.
 
@@ -276,13 +280,13 @@ class _HotPath:
         def total_dropped() -> int:
             return full_drops + sum(cell[0] for cell in list(contended.values()))
 
-        def drop_contended() -> bool:  # without the lock: touch only this thread's cell
+        def drop_contended(n: int = 1) -> bool:  # without the lock: only this thread's cell
             nonlocal dirty
             ident = get_ident()
             cell = contended.get(ident)
             if cell is None:
                 cell = contended[ident] = [0]
-            cell[0] += 1
+            cell[0] += n
             dirty = True
             return False
 
@@ -345,6 +349,32 @@ class _HotPath:
             finally:
                 release()
 
+        def write_many(recs: Sequence[tuple[int, ...]]) -> int:
+            """``write(*rec)`` for each, under one lock and one publish; returns how many
+            were committed (the rest are counted as drops)."""
+            nonlocal w, r, full_drops
+            if not acquire(False):
+                drop_contended(len(recs))
+                return 0
+            try:
+                n = 0
+                for rec in recs:
+                    if w - r >= capacity:
+                        r = words[w_read]
+                        if w - r >= capacity:
+                            full_drops += len(recs) - n
+                            words[w_dropped] = fold() if dirty else full_drops + contended_folded
+                            break
+                    pack_record(mm, base + (w & mask) * size, *rec)
+                    w += 1
+                    n += 1
+                words[w_write] = w  # publish after the slots (see "Ordering")
+                if dirty:
+                    words[w_dropped] = fold()
+                return n
+            finally:
+                release()
+
         def publish_dropped() -> None:  # the lock holder
             words[w_dropped] = fold()
 
@@ -353,6 +383,7 @@ class _HotPath:
 
         self.write: WriteFn = write
         self.write_raw: WriteRawFn = write_raw
+        self.write_many: Callable[[Sequence[tuple[int, ...]]], int] = write_many
         self.total_dropped: Callable[[], int] = total_dropped
         self.publish_dropped: Callable[[], None] = publish_dropped
         self.written: Callable[[], int] = written
@@ -378,6 +409,8 @@ class RingWriter:
     a drop when the ring is full or another thread is writing, and raise only for bad
     arguments (``struct.error`` for a field out of range, ``ValueError`` for a raw record
     that is not 64 bytes), writing nothing. After :meth:`close` they return False.
+    ``write_many(recs)`` writes a sequence of field tuples under one lock and one publish
+    (the probe's per-step buffer) and returns how many it committed.
     """
 
     __slots__ = (
@@ -390,11 +423,13 @@ class RingWriter:
         "_path",
         "_words",
         "write",
+        "write_many",
         "write_raw",
     )
 
     write: WriteFn
     write_raw: WriteRawFn
+    write_many: Callable[[Sequence[tuple[int, ...]]], int]
 
     def __init__(self, path: Path, mm: mmap.mmap, capacity: int) -> None:
         """Use :meth:`create`."""
@@ -407,6 +442,7 @@ class RingWriter:
         self._closed = False
         self.write = self._hot.write
         self.write_raw = self._hot.write_raw
+        self.write_many = self._hot.write_many
         _LIVE_WRITERS.add(self)
 
     @classmethod
@@ -505,6 +541,7 @@ class RingWriter:
         self._closed = True
         self.write = _refuse
         self.write_raw = _refuse
+        self.write_many = _refuse_many
         self._lock.acquire()
         self._hot.publish_dropped()
         _U32.pack_into(self._mm, _OFF_CLOSED, 1)
@@ -524,6 +561,7 @@ class RingWriter:
         self._closed = True
         self.write = _refuse
         self.write_raw = _refuse
+        self.write_many = _refuse_many
 
     def _check_open(self) -> None:
         if self._closed:

@@ -56,6 +56,7 @@ class Runtime:
         self.enabled = False
         self.writer: Any = _NullWriter()
         self.write: Callable[..., bool] = self.writer.write
+        self.flush: Callable[[], None] = _nothing  # the step buffer to the ring (attach)
         self.step = 0  # step sequence number of the current/last execute_model
         self.in_step = 0  # >0 inside execute_model / sample_tokens
         self.drafter = 0  # >0 inside the MTP drafter / speculator
@@ -74,9 +75,18 @@ class Runtime:
     # -- attachment --------------------------------------------------------------------
 
     def attach(self, writer: Any) -> None:
-        """Route records to ``writer`` (a RingWriter) and say hello with the clock pair."""
+        """Route records to ``writer`` (a RingWriter) and say hello with the clock pair.
+
+        Records written inside an engine step are held in a list and go to the ring when
+        the step's outermost hook returns (``in_step`` back to 0), in one ``write_many``:
+        one lock and one publish per step instead of per record (a ring write costs
+        ~5 µs inside the engine on the H200 host, an append well under one). Records
+        outside steps go at once. A writer without ``write_many`` gets every record
+        directly.
+        """
+        self.flush()
         self.writer = writer
-        self.write = writer.write
+        self.write, self.flush = _step_buffer(self, writer)
         self.strings = {}
         self.write(
             RecordKind.HELLO,
@@ -96,8 +106,9 @@ class Runtime:
     def detach(self) -> Any:
         self.enabled = False
         self.sampling = False
+        self.flush()
         writer, self.writer = self.writer, _NullWriter()
-        self.write = self.writer.write
+        self.write, self.flush = self.writer.write, _nothing
         return writer
 
     # -- slow-path helpers (never per hooked call in steady state) ----------------------
@@ -128,6 +139,37 @@ class Runtime:
             )
         except Exception:  # the probe must never raise into vLLM
             pass
+
+
+def _nothing() -> None:
+    pass
+
+
+def _step_buffer(rt: Runtime, writer: Any) -> tuple[Callable[..., bool], Callable[[], None]]:
+    """``(write, flush)`` for ``writer``: see :meth:`Runtime.attach`."""
+    many = getattr(writer, "write_many", None)
+    if many is None:
+        return writer.write, _nothing
+    buf: list[tuple[int, ...]] = []
+    append = buf.append
+
+    def flush() -> None:
+        n = len(buf)
+        if n:
+            recs = buf[:n]
+            del buf[:n]  # appends from another thread meanwhile stay for the next flush
+            try:
+                many(recs)
+            except Exception as exc:  # a field out of range: a probe bug, never vLLM's
+                rt.fault("ring.flush", exc, disabled=False)
+
+    def write(*fields: int) -> bool:
+        append(fields)
+        if not rt.in_step:
+            flush()
+        return True
+
+    return write, flush
 
 
 RT = Runtime()

@@ -98,6 +98,30 @@ def test_v1_dispatcher_observed(v1_dispatcher: Any, ring: RingWriter, kit: Any) 
     assert recs[1].reason == Reason.BATCH_TOO_BIG
 
 
+def test_records_inside_a_step_reach_the_ring_when_the_step_ends(
+    v1_dispatcher: Any, ring: RingWriter, kit: Any
+) -> None:
+    """Inside a step, records wait in the step buffer (one ring write per step); they
+    arrive in order when the step's outermost hook returns, or at detach."""
+    hooks.install(["dispatch"], lazy=False)
+    hooks.enable(ring, gpu_timing=False)
+    RT.in_step = 1
+    try:
+        v1_dispatcher.dispatch(num_tokens=6, uniform_decode=True)
+        v1_dispatcher.dispatch(num_tokens=40, uniform_decode=True)
+        assert [r for r in kit.drain(ring)[0] if isinstance(r, Dispatch)] == []
+    finally:
+        RT.in_step = 0
+    v1_dispatcher.dispatch(num_tokens=5, uniform_decode=True)  # outside a step: at once
+    recs = [r for r in kit.drain(ring)[0] if isinstance(r, Dispatch)]
+    assert [r.num_tokens for r in recs] == [6, 40, 5]
+    RT.in_step = 1
+    v1_dispatcher.dispatch(num_tokens=7, uniform_decode=True)
+    RT.in_step = 0
+    hooks.disable()  # a step cut short by detach: its records are not lost
+    assert [r.num_tokens for r in kit.drain(ring)[0] if isinstance(r, Dispatch)] == [7]
+
+
 def test_dormant_hook_writes_nothing(v1_dispatcher: Any, ring: RingWriter, kit: Any) -> None:
     hooks.install(["dispatch"], lazy=False)
     hooks.enable(ring, gpu_timing=False)

@@ -286,6 +286,21 @@ def test_reader_stalls_writer_drops_without_blocking(tmp_path: Path) -> None:
     writer.close()
 
 
+def test_write_many_commits_in_order_and_counts_what_did_not_fit(tmp_path: Path) -> None:
+    """The per-step batch: one lock, one publish; a full ring keeps the oldest and counts
+    the rest as drops, exactly as single writes would."""
+    path = tmp_path / "ring"
+    with RingWriter.create(path, 16) as writer, RingReader.open(path) as reader:
+        assert writer.write_many([fields_for(i) for i in range(10)]) == 10
+        assert writer.write_many([]) == 0
+        assert writer.write_many([fields_for(i) for i in range(10, 20)]) == 6  # 16 slots
+        assert writer.dropped == reader.dropped == 4
+        assert [RECORD.unpack(r)[7] for r in reader.read()] == list(range(16))
+        assert writer.write_many([fields_for(99)]) == 1  # reading freed the slots
+        assert [RECORD.unpack(r)[7] for r in reader.read()] == [99]
+    assert writer.write_many([fields_for(1)]) == 0  # closed: refused, nothing touched
+
+
 # 4. Several threads: the lock is only tried; contention is a counted drop
 
 
@@ -301,11 +316,12 @@ def test_contended_write_is_a_counted_drop(tmp_path: Path) -> None:
         t.join(5)
         assert done == [False]  # returned at once instead of waiting
         assert writer.write_raw(RECORD.pack(*fields_for(2))) is False
-        assert writer.dropped == 2 and reader.pending == 0
+        assert writer.write_many([fields_for(4), fields_for(5)]) == 0
+        assert writer.dropped == 4 and reader.pending == 0
         writer._lock.release()
         assert reader.dropped == 0  # contended drops reach the header with the next write
         assert writer.write(*fields_for(3))
-        assert reader.dropped == 2
+        assert reader.dropped == 4
         assert [RECORD.unpack(r)[7] for r in reader.read()] == [3]
 
 

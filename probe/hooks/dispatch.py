@@ -220,6 +220,8 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     )
     memo = _ReasonMemo()
     hit = _HIT
+    full, piecewise = _mode_members()
+    drafter_cls: dict[type, int] = {}  # manager class -> DRAFTER flag (the speculator's)
 
     def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
@@ -234,7 +236,7 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             utc = args[i_utc] if 0 <= i_utc < n else kwargs.get("uniform_token_count")
             maxq = args[i_maxq] if 0 <= i_maxq < n else kwargs.get("max_query_len")
             cg_mode = desc.cg_mode
-            m = int(cg_mode.value)
+            m = 2 if cg_mode is full else 1 if cg_mode is piecewise else int(cg_mode.value)
             if m == 2:
                 reason = hit
             else:
@@ -256,8 +258,12 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 )
             dql = self.decode_query_len
             max_q = maxq or utc or 0
-            f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
-            if RT.drafter or type(self).__name__ != "ModelCudaGraphManager":
+            cls = type(self)
+            d = drafter_cls.get(cls)
+            if d is None:
+                d = drafter_cls[cls] = 0 if cls.__name__ == "ModelCudaGraphManager" else _DRAFTER
+            f = _MRV2 | (0 if RT.in_step else _OUTSIDE) | d
+            if RT.drafter:
                 f |= _DRAFTER
             if utc is not None and utc == dql:
                 f |= _UNIFORM

@@ -94,7 +94,7 @@ def mrv2_sort(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         try:
             dql = args[-1] if args else kwargs.get("decode_query_len", 1)
             before = list(num_tokens_per_req)
-            moved = 0 if before == list(result) else _moved(before, result)
+            moved = 0 if before == result else _moved(before, result)
             dec = list(filter(partial(eq, dql), num_tokens_per_req.values()))
             f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
             RT.write(
