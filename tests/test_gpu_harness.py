@@ -83,6 +83,28 @@ def test_stepwise_by_means_sees_a_cost_paid_by_one_step_in_eight() -> None:
     assert abs(by_mean - 100_000) < 20_000
 
 
+def test_prefill_steps_on_one_parity_are_left_out() -> None:
+    """A fixed workload of 257 steps starts every time in an "on" block; its prefill steps
+    (3 ms longer here) would read as a probe cost that is not there. The harness leaves
+    those pairs out, and summarize does the same for runs stored without the exclusion."""
+    rng = random.Random(2)
+    per, gens, block = 257, 10, 16
+    starts = [g * per for g in range(gens)]
+    rows = []
+    for i in range(per * gens):
+        b = i // block
+        prefill = (i % per) < 3
+        ns = 3_000_000 + rng.gauss(0, 20_000) + (3_000_000 if prefill else 0)
+        rows.append((b, int(b % 2 == 0), int(ns)))
+    biased = harness.block_costs(rows, block, statistics.fmean)
+    assert statistics.fmean(biased) > 40_000 and max(biased) > 100_000
+    skip = harness.prefill_blocks(starts, block)
+    clean = harness.block_costs(rows, block, statistics.fmean, exclude=skip)
+    assert abs(statistics.fmean(clean)) < 15_000 and max(clean) < 100_000
+    stored = {"steps": per * gens, "block": block, "pair_diffs_mean_ns": biased}
+    assert summarize.clean_pairs(stored, gens, "pair_diffs_mean_ns") == clean
+
+
 def test_median_ci_is_reproducible_and_degenerate_cases() -> None:
     xs = [1.0, 2.0, 3.0, 4.0, 100.0]
     assert summarize.median_ci(xs) == summarize.median_ci(xs)

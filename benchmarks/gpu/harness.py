@@ -245,15 +245,18 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         return out
 
     eng.step = timed_step
+    starts: list[int] = []  # engine step index at which each workload began (its prefill)
     try:
         for g in range(int(cmd.get("generates", 10))):
+            starts.append(state["i"])
             llm.generate(prompts(500 + g), sp(cmd.get("out_len", 256)), use_tqdm=False)
     finally:
         del eng.step  # back to the class's method
         RT.enabled = RT.sampling = False
         if st is not None:
             st.unpatch()  # the next install builds plain wrappers again
-    diffs = block_costs(rows, block)
+    skip = prefill_blocks(starts, block)
+    diffs = block_costs(rows, block, exclude=skip)
     selftime = None
     if st is not None:
         on_after = sum(1 for b, o, _ns in rows if o and b >= 2)
@@ -271,25 +274,45 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         "block_pairs": len(diffs),
         "median_pair_diff_ns": statistics.median(diffs) if diffs else None,
         "pair_diffs_ns": diffs,
-        "pair_diffs_mean_ns": block_costs(rows, block, statistics.fmean),
+        "pair_diffs_mean_ns": block_costs(rows, block, statistics.fmean, exclude=skip),
+        "generate_starts": starts,
+        "excluded_blocks": sorted(skip),
         "dropped": getattr(writer, "dropped", None),
         "selftime": selftime,
     }
 
 
+PREFILL_STEPS = 8  # steps after a workload starts that may hold its prefill
+
+
+def prefill_blocks(starts: list[int], block: int, steps: int = PREFILL_STEPS) -> set[int]:
+    """Blocks holding the first ``steps`` steps of a workload. Each ``generate`` starts with
+    prefill steps milliseconds longer than decode; with a fixed workload they fall on the
+    same block parity every time (257 steps per generate: always an "on" block), which
+    biases the comparison, by block means most of all. Pairs touching them are left out."""
+    return {(s + i) // block for s in starts for i in range(steps)}
+
+
 def block_costs(
-    rows: list[tuple[int, int, int]], block: int, stat: Any = statistics.median
+    rows: list[tuple[int, int, int]],
+    block: int,
+    stat: Any = statistics.median,
+    exclude: set[int] | frozenset[int] = frozenset(),
 ) -> list[float]:
     """Per "on" block (even index): its median step time minus the mean of the medians of
     the "off" blocks on both sides of it, so a trend within the run (longer contexts, a
-    drifting clock) cancels. Only whole blocks count. ``stat=statistics.fmean`` compares
-    block means instead: what throughput sees when only some steps in a block pay (one
-    step in N recorded), where the median reads the unrecorded majority."""
+    drifting clock) cancels. Only whole blocks count, and no pair with a block in
+    ``exclude`` (:func:`prefill_blocks`). ``stat=statistics.fmean`` compares block means
+    instead: what throughput sees when only some steps in a block pay (one step in N
+    recorded), where the median reads the unrecorded majority."""
     med = {b: stat(v) for b, v in by_block_of(rows).items() if len(v) == block}
     return [
         med[b] - (med[b - 1] + med[b + 1]) / 2
         for b in sorted(med)
-        if b % 2 == 0 and b - 1 in med and b + 1 in med
+        if b % 2 == 0
+        and b - 1 in med
+        and b + 1 in med
+        and not exclude.intersection((b - 1, b, b + 1))
     ]
 
 

@@ -11,4 +11,4 @@ HARNESS_PROBE_PATH=$OLD CUDA_VISIBLE_DEVICES=1 CPUS=16-27 READER_CPUS=28-29 bash
 b=$!
 wait $a; wait $b
 grep -h "stepwise\|ready in\|stopping\|failed" /tmp/after.out /tmp/before.out
-tail -3 /tmp/after.out /tmp/before.out
+tail -n 3 /tmp/after.out /tmp/before.out

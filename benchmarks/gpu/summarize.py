@@ -131,12 +131,31 @@ def main() -> None:
         )
 
 
+def clean_pairs(x: dict[str, Any], generates: int | None, key: str) -> list[float]:
+    """A stepwise run's block-pair costs without the pairs that touch a workload's prefill.
+
+    Runs that recorded ``excluded_blocks`` were already cleaned by the harness. For older
+    runs the pairs are dropped here: pair j is on-block 2(j + 1) between its two off blocks
+    (``harness.block_costs`` keeps whole blocks from block 1 on), and the workloads started
+    every ``steps / generates`` steps (the same workload each time)."""
+    diffs = [float(v) for v in x.get(key) or []]
+    if "excluded_blocks" in x or not generates or x["steps"] % generates:
+        return diffs
+    per = x["steps"] // generates
+    block = int(x.get("block", 16))
+    skip = {(g * per + i) // block for g in range(generates) for i in range(8)}
+    return [
+        d for j, d in enumerate(diffs) if not skip.intersection((2 * j + 1, 2 * j + 2, 2 * j + 3))
+    ]
+
+
 def print_stepwise(steps: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> None:
     for f, e, r in steps:
         print(
             f"\nStepwise ({Path(f).name}, {e['scenario']}, probe from {r.get('probe_path')}): "
             "hooks on vs off in alternating blocks of engine steps; cost = median over the "
-            "'on' blocks of (block median - mean of the neighbouring 'off' blocks' medians); "
+            "'on' blocks of (block median - mean of the neighbouring 'off' blocks' medians), "
+            "pairs touching a workload's prefill steps left out; "
             "'by means': the same with block means (what throughput sees when only one step "
             "in N is recorded)\n"
         )
@@ -145,11 +164,14 @@ def print_stepwise(steps: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> N
             "[95% CI] | by means µs [95% CI] | step median µs (off) | cost / step |"
         )
         print("|---|---|---:|---:|---:|---:|---:|---:|")
-        for x in r["runs"]:
-            d = [v / 1e3 for v in x["pair_diffs_ns"]]
+        variants = e.get("variants") or []
+        for i, x in enumerate(r["runs"]):
+            gen = variants[i].get("generates", 10) if i < len(variants) else None
+            d = [v / 1e3 for v in clean_pairs(x, gen, "pair_diffs_ns")]
             med, lo, hi = median_ci(d)
-            dm = [v / 1e3 for v in x.get("pair_diffs_mean_ns") or []]
+            dm = [v / 1e3 for v in clean_pairs(x, gen, "pair_diffs_mean_ns")]
             mm, mlo, mhi = median_ci(dm) if dm else (float("nan"),) * 3
+            by_means = f"{mm:.0f} [{mlo:.0f}, {mhi:.0f}]" if dm else "n/a"
             # the share of the step: by means when only some steps are recorded
             share = mm if x.get("sample_every", 1) > 1 else med
             fam = x["families"] if isinstance(x["families"], str) else ", ".join(x["families"])
@@ -159,8 +181,8 @@ def print_stepwise(steps: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> N
             gts = "off" if gt is False else f"1 step in {8 if gt is True else gt}"
             off = x["median_off_ns"] / 1e3
             print(
-                f"| {fam} | {gts} | {x['steps']} | {x['block_pairs']} | "
-                f"{med:.0f} [{lo:.0f}, {hi:.0f}] | {mm:.0f} [{mlo:.0f}, {mhi:.0f}] | "
+                f"| {fam} | {gts} | {x['steps']} | {len(d)} | "
+                f"{med:.0f} [{lo:.0f}, {hi:.0f}] | {by_means} | "
                 f"{off:.0f} | {share / off:.1%} |"
             )
             st = x.get("selftime")
