@@ -249,13 +249,15 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     try:
         for g in range(int(cmd.get("generates", 10))):
             starts.append(state["i"])
-            llm.generate(prompts(500 + g), sp(cmd.get("out_len", 256)), use_tqdm=False)
+            n = int(cmd.get("requests", 0)) or None  # default: the scenario's
+            work = prompts(500 + g) if n is None else prompts(500 + g, n)
+            llm.generate(work, sp(cmd.get("out_len", 256)), use_tqdm=False)
     finally:
         del eng.step  # back to the class's method
         RT.enabled = RT.sampling = False
         if st is not None:
             st.unpatch()  # the next install builds plain wrappers again
-    skip = prefill_blocks(starts, block)
+    skip = prefill_blocks(starts, block, int(cmd.get("prefill_steps", PREFILL_STEPS)))
     diffs = block_costs(rows, block, exclude=skip)
     selftime = None
     if st is not None:
@@ -266,6 +268,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     return {
         "families": families or "all",
         "sample_every": every,
+        "requests": cmd.get("requests"),
         "gpu_timing": cmd.get("gpu_timing", True),
         "block": block,
         "steps": len(rows),

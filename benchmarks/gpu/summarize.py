@@ -177,6 +177,8 @@ def print_stepwise(steps: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> N
             fam = x["families"] if isinstance(x["families"], str) else ", ".join(x["families"])
             if x.get("sample_every", 1) > 1:
                 fam += f", 1 step in {x['sample_every']}"
+            if x.get("requests"):
+                fam += f", {x['requests']} requests"
             gt = x["gpu_timing"]
             gts = "off" if gt is False else f"1 step in {8 if gt is True else gt}"
             off = x["median_off_ns"] / 1e3
