@@ -12,6 +12,9 @@ Scenarios:
                path, with the reader polling the index's cache line all the time)
   full         no reader, a 1024-slot ring: all but the first 1024 writes are drops
   raw          write_raw() of a pre-packed record, no reader, room
+  step         the probe's step buffer (``Runtime.write`` inside a step): 16 records
+               appended, the 17th closes the step and the 17 go in one write_many();
+               timed per step, reported per record
 
 Usage::
 
@@ -40,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from probe.records import RECORD, RecordKind
 from probe.ring import MAX_CAPACITY, RingReader, RingWriter, WriteFn, WriteRawFn
 
-SCENARIOS = ("room", "drained", "busy", "full", "raw")
+SCENARIOS = ("room", "drained", "busy", "full", "raw", "step")
+PER_STEP = 17  # records per MRV2 engine step on the H200 (docs/evidence.md)
 READER_PERIOD_S = {"drained": 0.001, "busy": 0.0}
 
 
@@ -86,6 +90,31 @@ def _timed_raw(write_raw: WriteRawFn, n: int) -> tuple[array.array[int], int]:
         ok += write_raw(rec)
         samples[i] = pc() - t
     return samples, ok
+
+
+def _step_buffer(writer: RingWriter, n: int, timed: bool) -> tuple[array.array[int], float]:
+    """``n`` records through a Runtime attached to ``writer``, ``PER_STEP`` per step:
+    per-step times (ns per record) when ``timed``, and the mean ns per record."""
+    from probe.runtime import Runtime
+
+    rt = Runtime()
+    rt.attach(writer)  # one HELLO record first, as in the engine
+    write = rt.write
+    pc = time.perf_counter_ns
+    span = RecordKind.SPAN
+    steps = n // PER_STEP
+    samples = array.array("q", bytes(8 * steps if timed else 0))
+    t_all = pc()
+    for k in range(steps):
+        t = pc()
+        rt.in_step = 1
+        for i in range(PER_STEP - 1):
+            write(span, 4, 0, 0, k, i, i, i, i, i, i, i)
+        rt.in_step = 0
+        write(span, 1, 0, 0, k, k, k, k, k, k, k, k)  # the step's closing record: flush
+        if timed:
+            samples[k] = (pc() - t) // PER_STEP
+    return samples, (pc() - t_all) / max(1, steps * PER_STEP)
 
 
 def _untimed_write(write: WriteFn, n: int) -> float:
@@ -134,7 +163,22 @@ def run_scenario(name: str, n: int, directory: Path) -> dict[str, Any]:
             proc.start()
             if not ready.wait(60):
                 raise RuntimeError("reader process did not start")
-        if phase == "timed":
+        if name == "step":
+            samples, mean = _step_buffer(writer, n, phase == "timed")
+            if phase == "timed":
+                ordered = sorted(samples)
+                result.update(
+                    median_ns=int(statistics.median(ordered)),
+                    mean_ns=round(statistics.fmean(ordered), 1),
+                    p99_ns=_percentile(ordered, 0.99),
+                    p999_ns=_percentile(ordered, 0.999),
+                    max_ns=ordered[-1],
+                    committed=writer._hot.written() - 1,
+                    dropped=writer.dropped,
+                )
+            else:
+                result["mean_untimed_ns"] = round(mean, 1)
+        elif phase == "timed":
             if name == "raw":
                 samples, ok = _timed_raw(writer.write_raw, n)
             else:
