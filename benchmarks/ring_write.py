@@ -68,6 +68,17 @@ def _percentile(sorted_values: list[int], q: float) -> int:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
+def _timings(samples: array.array[int]) -> dict[str, Any]:
+    ordered = sorted(samples)
+    return {
+        "median_ns": int(statistics.median(ordered)),
+        "mean_ns": round(statistics.fmean(ordered), 1),
+        "p99_ns": _percentile(ordered, 0.99),
+        "p999_ns": _percentile(ordered, 0.999),
+        "max_ns": ordered[-1],
+    }
+
+
 def _timed_write(write: WriteFn, n: int) -> tuple[array.array[int], int]:
     pc = time.perf_counter_ns
     span = RecordKind.SPAN
@@ -166,16 +177,8 @@ def run_scenario(name: str, n: int, directory: Path) -> dict[str, Any]:
         if name == "step":
             samples, mean = _step_buffer(writer, n, phase == "timed")
             if phase == "timed":
-                ordered = sorted(samples)
-                result.update(
-                    median_ns=int(statistics.median(ordered)),
-                    mean_ns=round(statistics.fmean(ordered), 1),
-                    p99_ns=_percentile(ordered, 0.99),
-                    p999_ns=_percentile(ordered, 0.999),
-                    max_ns=ordered[-1],
-                    committed=writer._hot.written() - 1,
-                    dropped=writer.dropped,
-                )
+                committed = writer._hot.written() - 1  # less the HELLO record
+                result.update(_timings(samples), committed=committed, dropped=writer.dropped)
             else:
                 result["mean_untimed_ns"] = round(mean, 1)
         elif phase == "timed":
@@ -183,16 +186,7 @@ def run_scenario(name: str, n: int, directory: Path) -> dict[str, Any]:
                 samples, ok = _timed_raw(writer.write_raw, n)
             else:
                 samples, ok = _timed_write(writer.write, n)
-            ordered = sorted(samples)
-            result.update(
-                median_ns=int(statistics.median(ordered)),
-                mean_ns=round(statistics.fmean(ordered), 1),
-                p99_ns=_percentile(ordered, 0.99),
-                p999_ns=_percentile(ordered, 0.999),
-                max_ns=ordered[-1],
-                committed=ok,
-                dropped=writer.dropped,
-            )
+            result.update(_timings(samples), committed=ok, dropped=writer.dropped)
         else:
             mean = (
                 _untimed_raw(writer.write_raw, n)
