@@ -1,8 +1,10 @@
 """The event model: fixed-size binary records written by hooks, decoded by readers.
 
 Every hook inside vLLM writes exactly one 64-byte record per observation into the
-per-process shared-memory ring (:mod:`probe.ring`). Nothing else happens on the hot path:
-no formatting, no allocation beyond the ``struct.pack_into`` call. Readers decode records
+per-process shared-memory ring (:mod:`probe.ring`); those written inside an engine step
+are held as field tuples until the step ends and then packed into the ring together
+(:meth:`probe.runtime.Runtime.attach`). Nothing else happens on the hot path: no
+formatting, no allocation beyond the tuple and the ``struct.pack_into``. Readers decode records
 into the frozen dataclasses below and assemble them into steps (:mod:`probe.assemble`).
 
 Layout (little endian, 64 bytes)::

@@ -79,10 +79,10 @@ class Runtime:
 
         Records written inside an engine step are held in a list and go to the ring when
         the step's outermost hook returns (``in_step`` back to 0), in one ``write_many``:
-        one lock and one publish per step instead of per record (a ring write costs
-        ~5 µs inside the engine on the H200 host, an append well under one). Records
-        outside steps go at once. A writer without ``write_many`` gets every record
-        directly.
+        one lock and one publish per step instead of per record, and the packing in one
+        loop (inside the engine on the H200 host a record's average cost went from 3.6 to
+        3.0 µs). Records outside steps go at once; a crash loses at most the step in
+        flight. A writer without ``write_many`` gets every record directly.
         """
         self.flush()
         self.writer = writer
