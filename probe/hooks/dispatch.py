@@ -82,9 +82,11 @@ class _ReasonMemo:
 
 
 def _frozen(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """The call's arguments as a memo key: the runner passes ``valid_modes`` and
-    ``invalid_modes`` as sets (e.g. ``{CUDAGraphMode.FULL}`` for the logits dispatch every
-    step), which would make every such call unhashable and recompute its reason."""
+    """The call's arguments as a memo key. vLLM passes ``valid_modes``/``invalid_modes`` as
+    sets on exactly the calls that miss: forced eager and the drafter's eager steps
+    (``{CUDAGraphMode.NONE}``), cascade attention and encoder outputs (``invalid_modes=
+    {FULL}``), every re-dispatch under DP > 1, the kv-sharing fast-prefill logits dispatch.
+    Unhashable as they come, they would recompute the reason on every such call."""
     return (
         tuple(frozenset(a) if isinstance(a, set) else a for a in args),
         tuple((k, frozenset(v) if isinstance(v, set) else v) for k, v in kwargs.items()),

@@ -108,8 +108,9 @@ def test_v1_dispatch_with_a_mode_set_is_memoized(
     kit: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The runner's logits dispatch passes ``invalid_modes={CUDAGraphMode.FULL}`` every
-    step: a set, unhashable as it comes. Its miss reason is still computed once."""
+    """Calls that miss carry mode sets (here ``invalid_modes={CUDAGraphMode.FULL}``, as for
+    cascade attention or the kv-sharing logits dispatch): unhashable as they come. The
+    miss reason is still computed once."""
     from vllm.config import CUDAGraphMode
 
     from probe.hooks import dispatch as hook_module
