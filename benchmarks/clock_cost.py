@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+from _timing import per_call
 
 CLOCKS: dict[str, Any] = {
     "clock_gettime_ns(CLOCK_BOOTTIME)": partial(time.clock_gettime_ns, time.CLOCK_BOOTTIME),
@@ -38,26 +39,15 @@ def clocksource() -> dict[str, str]:
     return out
 
 
-def cost(fn: Any, n: int, rounds: int = 7) -> float:
-    loop = range(n)
-    res = []
-    for _ in range(rounds):
-        t0 = time.perf_counter_ns()
-        for _ in loop:
-            fn()
-        res.append((time.perf_counter_ns() - t0) / n)
-    return statistics.median(res)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    empty = cost(int, a.n)  # a C call that does nothing useful
+    empty = per_call(int, a.n, rounds=7)  # a C call that does nothing useful
     res: dict[str, Any] = {"clocksource": clocksource(), "empty_call_ns": empty, "clocks": {}}
     for name, fn in CLOCKS.items():
-        res["clocks"][name] = cost(fn, a.n) - empty
+        res["clocks"][name] = per_call(fn, a.n, rounds=7) - empty
     print(
         f"clock source: {res['clocksource']['current_clocksource']} "
         f"(available: {res['clocksource']['available_clocksource']})"

@@ -141,9 +141,11 @@ def clean_pairs(x: dict[str, Any], generates: int | None, key: str) -> list[floa
     diffs = [float(v) for v in x.get(key) or []]
     if "excluded_blocks" in x or not generates or x["steps"] % generates:
         return diffs
+    from harness import prefill_blocks  # this folder: on the path as script and in tests
+
     per = x["steps"] // generates
     block = int(x.get("block", 16))
-    skip = {(g * per + i) // block for g in range(generates) for i in range(8)}
+    skip = prefill_blocks([g * per for g in range(generates)], block)
     return [
         d for j, d in enumerate(diffs) if not skip.intersection((2 * j + 1, 2 * j + 2, 2 * j + 3))
     ]

@@ -58,7 +58,7 @@ def _int_reader() -> Callable[[Any, int], int]:
 
     def read(t: Any, i: int) -> int:
         get = at.get(t.dtype)
-        if get is not None and t.is_cpu and 0 <= i < t.shape[0] and t.dim() == 1:
+        if get is not None and t.dim() == 1 and t.is_cpu and 0 <= i < t.shape[0]:
             return int(get(t.data_ptr() + i * t.stride(0) * t.element_size()).value)
         return int(t[i])
 
@@ -81,8 +81,6 @@ def build(tag: BuildTag) -> Callable[[Callable[..., Any], Hook], Any]:
 
     def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         read_int = _int_reader()
-        names: dict[type, int] = {}  # builder class -> interned name (< 256) or 0
-        names_for: list[Any] = [None]  # ... in this string table (a new writer has its own)
 
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             if not RT.enabled or RT.in_build:
@@ -114,18 +112,11 @@ def build(tag: BuildTag) -> Callable[[Callable[..., Any], Hook], Any]:
                 if RT.drafter:
                     f |= _DRAFTER
                 t = tag_v if tag_v else (2 if RT.drafter else 0)
-                if names_for[0] is not RT.strings:
-                    names.clear()
-                    names_for[0] = RT.strings
-                cls = type(self)
-                ident = names.get(cls)
-                if ident is None:
-                    ident = RT.intern(cls.__name__)
-                    ident = names[cls] = ident if ident < 256 else 0
+                ident = RT.intern(type(self).__name__)
                 RT.write(
                     _BUILD,
                     t,
-                    ident,
+                    ident if ident < 256 else 0,
                     f,
                     RT.step,
                     t0,

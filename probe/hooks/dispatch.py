@@ -223,7 +223,6 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     memo = _ReasonMemo()
     hit = _HIT
     full, piecewise = _mode_members()
-    drafter_cls: dict[type, int] = {}  # manager class -> DRAFTER flag (the speculator's)
 
     def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
@@ -260,12 +259,8 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 )
             dql = self.decode_query_len
             max_q = maxq or utc or 0
-            cls = type(self)
-            d = drafter_cls.get(cls)
-            if d is None:
-                d = drafter_cls[cls] = 0 if cls.__name__ == "ModelCudaGraphManager" else _DRAFTER
-            f = _MRV2 | (0 if RT.in_step else _OUTSIDE) | d
-            if RT.drafter:
+            f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
+            if RT.drafter or type(self).__name__ != "ModelCudaGraphManager":
                 f |= _DRAFTER
             if utc is not None and utc == dql:
                 f |= _UNIFORM
