@@ -41,7 +41,7 @@ def main() -> None:
     results: dict[str, float] = {}
 
     try:
-        from exporters.nvtx import NvtxEmitter
+        from probe.markers import NvtxEmitter
 
         nv = NvtxEmitter()
         results["nvtx push+pop (cached message)"] = per_call(
@@ -51,7 +51,7 @@ def main() -> None:
     except ImportError as exc:
         print(f"nvtx not measured: {exc}")
 
-    from exporters import roctx_live
+    from probe import markers as roctx_live
     from probe.hooks import step
     from probe.hooks._base import Installer, Target
     from probe.records import Mode, Phase, Reason, RecordKind

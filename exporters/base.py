@@ -207,7 +207,7 @@ class ExportSink:
         if proc.assembler is not None:
             done = self._gpu_done.get(proc.pid, 0)
             gpu = [
-                GpuSample(g.step, g.busy_ns, g.gpu_t0 if g.gpu_t0 >= 0 else None)
+                GpuSample(g.step, g.busy_ns, g.idle_before_ns if g.idle_before_ns >= 0 else None)
                 for g in proc.assembler.gpu[done:]
             ]
             self._gpu_done[proc.pid] = len(proc.assembler.gpu)

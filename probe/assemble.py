@@ -21,6 +21,7 @@ from probe.records import (
     Dispatch,
     Fault,
     Flag,
+    Forward,
     GpuTiming,
     Mode,
     Phase,
@@ -101,6 +102,31 @@ def _union_ns(spans: Iterable[Span]) -> int:
     return total
 
 
+def _expand(recs: Iterable[Decoded]) -> Iterable[Decoded]:
+    """The folded records as the spans and replays they stand for: a DISPATCH with
+    ``Flag.SPAN`` is also the dispatch phase; a FORWARD record is the forward-launch span
+    and each replay counted in it (their times: the first replay's start to the last
+    one's end)."""
+    for r in recs:
+        if isinstance(r, Forward):
+            f = r.flags
+            yield Span(r.step, Phase.FORWARD_LAUNCH, r.t0, r.t1, f)
+            rt0, rt1 = (r.replay_t0, r.replay_t1) if r.replay_t0 else (r.t0, r.t1)
+            n = r.num_tokens
+            for _ in range(r.full_replays):
+                yield Replay(r.step, Mode.FULL, ReplayKind.REPLAY, f, rt0, rt1, n)
+            for _ in range(r.pieces):
+                yield Replay(r.step, Mode.PIECEWISE, ReplayKind.REPLAY, f, rt0, rt1, n)
+            for _ in range(r.captures):
+                yield Replay(r.step, r.mode, ReplayKind.CAPTURE, f, rt0, rt1, n)
+            for _ in range(r.passes):
+                yield Replay(r.step, Mode.PIECEWISE, ReplayKind.PASSTHROUGH, f, rt0, rt1, 0)
+            continue
+        if isinstance(r, Dispatch) and r.flags & Flag.SPAN:
+            yield Span(r.step, Phase.DISPATCH, r.t0, r.t1, r.flags & ~Flag.SPAN)
+        yield r
+
+
 @dataclass
 class _Open:
     step: int
@@ -146,6 +172,7 @@ class StepAssembler:
         return [step]
 
     def _close(self, o: _Open) -> Step:
+        o.records = list(_expand(o.records))
         spans = [r for r in o.records if isinstance(r, Span)]
         dispatches = [r for r in o.records if isinstance(r, Dispatch)]
         replays = [r for r in o.records if isinstance(r, Replay)]

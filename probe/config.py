@@ -58,7 +58,7 @@ ROCTX = EnvVar(
     "PROBE_ROCTX",
     "1: also emit roctx ranges (steps, phases) and marks (graph and reorder decisions) "
     "live in each vLLM process while the probe is enabled; needs ROCm's roctx module. "
-    "Adds about 6-7 us per V1 step (exporters/roctx_live.py).",
+    "Adds about 6-7 us per V1 step (probe/markers.py).",
 )
 NVTX = EnvVar(
     "PROBE_NVTX",

@@ -159,8 +159,8 @@ class LiveStats:
             g = by_step.get(row["step"])
             if g is not None:
                 row["gpu_busy_ns"] = g.busy_ns
-                row["gpu_idle_before_ns"] = g.gpu_t0 if g.gpu_t0 >= 0 else None
-                row["gpu_step_ns"] = g.gpu_t1
+                row["gpu_idle_before_ns"] = g.idle_before_ns if g.idle_before_ns >= 0 else None
+                row["gpu_step_ns"] = g.span_ns
 
     def close(self) -> None:
         self.closed = True  # rates from now on: the last window of each rank's own steps

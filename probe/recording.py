@@ -282,7 +282,13 @@ class RecordingWriter:
         self.db.executemany(
             "INSERT OR REPLACE INTO gpu VALUES (?, ?, ?, ?, ?)",
             [
-                (pid, g.step, g.busy_ns, g.gpu_t0 if g.gpu_t0 >= 0 else None, g.gpu_t1)
+                (
+                    pid,
+                    g.step,
+                    g.busy_ns,
+                    g.idle_before_ns if g.idle_before_ns >= 0 else None,
+                    g.span_ns,
+                )
                 for g in timings
             ],
         )

@@ -1,45 +1,69 @@
-"""The event model: fixed-size binary records written by hooks, decoded by readers.
+"""The event model: every record kind declared once, with its fields, types and units.
 
-Every hook inside vLLM writes exactly one 64-byte record per observation into the
-per-process shared-memory ring (:mod:`probe.ring`); those written inside an engine step
-are held as field tuples until the step ends and then packed into the ring together
-(:meth:`probe.runtime.Runtime.attach`). Nothing else happens on the hot path: no
-formatting, no allocation beyond the tuple and the ``struct.pack_into``. Readers decode records
-into the frozen dataclasses below and assemble them into steps (:mod:`probe.assemble`).
+Every hook inside vLLM writes fixed 64-byte records into the per-process shared-memory
+ring (:mod:`probe.ring`); readers decode them into the frozen dataclasses below and
+assemble them into steps (:mod:`probe.assemble`). Each dataclass *is* the declaration of
+its record kind: every field says where it lives in the 64 bytes (:func:`at`), its type
+(``int``, ``bool`` or an ``IntEnum``) and its unit. From that one declaration come
+
+- the packers: one positional function per kind, ``pack_<kind>(*fields)``, with the
+  fields in declaration order (:func:`packer_source` generates the Python one; the
+  compiled accelerator, :mod:`probe.accel`, is handed the same layout by
+  :func:`c_layout`), used by hooks as ``RT.put.span(...)``, ``RT.put.dispatch(...)``;
+- the decoder: :func:`decode` unpacks a record into its dataclass through the same
+  layout, checking enum values.
 
 Layout (little endian, 64 bytes)::
 
-    offset  size  field
+    offset  size  slot      meaning
     0       1     kind      RecordKind
-    1       1     a         kind-specific small field (phase id, mode, tag, ...)
-    2       1     b         kind-specific small field (reason, flags, ...)
-    3       1     c         flags (Flag bits)
+    1       1     a         small unsigned field (phase id, mode, tag, ...)
+    2       1     b         small unsigned field (reason, flags, ...)
+    3       1     c         small unsigned field (Flag bits)
     4       4     step      the writer's step sequence number (or a string/blob id)
-    8       8     t0        CLOCK_BOOTTIME ns (start)
-    16      8     t1        CLOCK_BOOTTIME ns (end)
-    24      40    v0..v4    five signed 64-bit kind-specific values
+    8       8     t0        signed 64-bit (CLOCK_BOOTTIME ns, usually)
+    16      8     t1        signed 64-bit
+    24      40    v0..v4    five signed 64-bit values; a value slot may hold two unsigned
+                            31-bit counts (``part="hi"``/``"lo"``)
 
-STRING and BLOB records reuse bytes 8..63 as 56 bytes of UTF-8 payload.
+A field with ``unknown_as=-1`` may be -1 ("unknown"); it is stored +1 so that 0 means
+unknown. STRING and BLOB records reuse bytes 8..63 as 56 bytes of UTF-8 payload.
 
 Example::
 
-    >>> rec = encode(RecordKind.SPAN, Phase.DISPATCH, 0, 0, 7, 100, 250)
-    >>> decode(rec)
+    >>> put = packers(lambda *rec: print(rec))
+    >>> put.span(7, 4, 100, 250, 0, 0, 0)
+    (1, 4, 0, 0, 7, 100, 250, 0, 0, 0, 0, 0)
+    >>> decode(encode(1, 4, 0, 0, 7, 100, 250))
     Span(step=7, phase=<Phase.DISPATCH: 4>, t0=100, t1=250, flags=0, v0=0, v1=0)
+
+Adding a field: add it to the dataclass with :func:`at` naming a free slot (or half
+slot); the packers, the decoder, the round-trip test (``tests/test_records.py``) and the
+compiled path follow from the declaration. Then write it at the hook's ``RT.put`` call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 RECORD_FORMAT = "<BBBBIqqqqqqq"
 RECORD = struct.Struct(RECORD_FORMAT)
 RECORD_SIZE = RECORD.size
 PAYLOAD = struct.Struct("<BBBBI56s")
 PAYLOAD_BYTES = 56
-assert RECORD_SIZE == 64 and PAYLOAD.size == 64
+if RECORD_SIZE != 64 or PAYLOAD.size != 64:
+    raise ImportError("probe.records: the record layout is not 64 bytes")
+
+SLOTS = ("a", "b", "c", "step", "t0", "t1", "v0", "v1", "v2", "v3", "v4")
+"""The value slots of a record, in wire order (after ``kind``)."""
+_SLOT_INDEX = {name: i for i, name in enumerate(SLOTS)}
+_SMALL = {"a": 0xFF, "b": 0xFF, "c": 0xFF, "step": 0xFFFFFFFF}
+PART_MASK = 0x7FFFFFFF  # a half slot holds an unsigned 31-bit count
 
 
 class RecordKind(enum.IntEnum):
@@ -53,6 +77,7 @@ class RecordKind(enum.IntEnum):
     BLOB = 8
     FAULT = 9
     HELLO = 10
+    FORWARD = 11
 
 
 class Phase(enum.IntEnum):
@@ -125,6 +150,357 @@ class Flag(enum.IntFlag):
     MRV2 = 8  # Model Runner V2
     BREAKABLE = 16  # breakable CUDA graph wrapper
     LAST = 32  # last chunk of a STRING/BLOB
+    SPAN = 64  # a DISPATCH record whose t0..t1 is also the step's dispatch phase
+
+
+# -- the declaration machinery ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """Where one declared field lives in the record, and what it is."""
+
+    name: str
+    slot: str  # one of SLOTS
+    part: str  # "" (the whole slot), "hi" or "lo" (an unsigned 31-bit half of a v slot)
+    unknown_as: int | None  # -1: stored +1, so that 0 on the wire means -1
+    type: Any  # int, bool or an IntEnum class
+    unit: str
+    doc: str
+
+
+def at(
+    slot: str,
+    part: str = "",
+    *,
+    unit: str = "",
+    doc: str = "",
+    unknown_as: int | None = None,
+    default: Any = dataclasses.MISSING,
+) -> Any:
+    """Declare a record field: its slot (and half), unit and meaning."""
+    if slot not in _SLOT_INDEX:
+        raise ValueError(f"unknown slot {slot!r}")
+    if part not in ("", "hi", "lo") or (part and not slot.startswith("v")):
+        raise ValueError(f"part {part!r} is only for v slots (hi/lo)")
+    meta = {"slot": slot, "part": part, "unit": unit, "doc": doc, "unknown_as": unknown_as}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class RecordSpec:
+    """One record kind: its wire kind, its name (``pack_<name>``) and its fields."""
+
+    kind: RecordKind
+    name: str
+    cls: type
+    fields: tuple[FieldSpec, ...]
+
+
+SPECS: dict[RecordKind, RecordSpec] = {}
+
+
+def record(kind: RecordKind, name: str) -> Callable[[type], type]:
+    """Class decorator: register a frozen dataclass as the declaration of ``kind``."""
+
+    def deco(cls: type) -> type:
+        hints = _resolved_hints(cls)
+        specs = []
+        used: set[tuple[str, str]] = set()
+        for f in dataclasses.fields(cls):
+            m = f.metadata
+            if "slot" not in m:
+                raise TypeError(f"{cls.__name__}.{f.name}: declare it with at(...)")
+            where = (m["slot"], m["part"])
+            clash = where in used or (m["slot"], "") in used
+            clash = clash or (not m["part"] and any(s == m["slot"] for s, _ in used))
+            if clash:
+                raise TypeError(f"{cls.__name__}.{f.name}: slot {where} used twice")
+            used.add(where)
+            specs.append(
+                FieldSpec(
+                    f.name,
+                    m["slot"],
+                    m["part"],
+                    m["unknown_as"],
+                    hints[f.name],
+                    m["unit"],
+                    m["doc"],
+                )
+            )
+        spec = RecordSpec(kind, name, cls, tuple(specs))
+        if kind in SPECS:
+            raise TypeError(f"record kind {kind.name} declared twice")
+        SPECS[kind] = spec
+        cls.SPEC = spec  # type: ignore[attr-defined]
+        return cls
+
+    return deco
+
+
+def _resolved_hints(cls: type) -> dict[str, Any]:
+    names = {
+        "int": int,
+        "bool": bool,
+        "Phase": Phase,
+        "Mode": Mode,
+        "Reason": Reason,
+        "ReplayKind": ReplayKind,
+        "BuildTag": BuildTag,
+    }
+    out: dict[str, Any] = {}
+    for name, ann in cls.__annotations__.items():
+        if ann in ("ClassVar[RecordSpec]",):
+            continue
+        out[name] = names[ann] if isinstance(ann, str) else ann
+    return out
+
+
+# -- the record kinds ---------------------------------------------------------------------
+
+
+@record(RecordKind.SPAN, "span")
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A host phase span: ``execute_model``/``sample_tokens`` (the step bracket) and any
+    phase not folded into a DISPATCH or FORWARD record."""
+
+    SPEC: ClassVar[RecordSpec]
+    step: int = at("step")
+    phase: Phase = at("a")
+    t0: int = at("t0", unit="ns", doc="CLOCK_BOOTTIME at entry")
+    t1: int = at("t1", unit="ns", doc="CLOCK_BOOTTIME at exit")
+    flags: int = at("c", default=0)
+    v0: int = at("v0", unit="tokens", doc="EXECUTE: total scheduled tokens", default=0)
+    v1: int = at("v1", unit="requests", doc="EXECUTE: scheduled requests", default=0)
+
+    @property
+    def dur_ns(self) -> int:
+        return self.t1 - self.t0
+
+
+@record(RecordKind.DISPATCH, "dispatch")
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """One graph-dispatch decision (V1 dispatcher or MRV2 graph manager).
+
+    ``num_tokens``/``num_reqs`` are real; ``padded_*`` are what the graph runs with. With
+    ``Flag.SPAN`` set, ``t0..t1`` is the runner's whole dispatch phase (the decision and
+    its span in one record); otherwise the dispatcher call alone.
+    """
+
+    SPEC: ClassVar[RecordSpec]
+    step: int = at("step")
+    mode: Mode = at("a")
+    reason: Reason = at("b")
+    flags: int = at("c")
+    t0: int = at("t0", unit="ns")
+    t1: int = at("t1", unit="ns")
+    num_tokens: int = at("v0", unit="tokens")
+    padded_tokens: int = at("v1", unit="tokens")
+    num_reqs: int = at("v2", unit="requests")
+    padded_reqs: int = at("v3", unit="requests")
+    max_query_len: int = at("v4", "hi", unit="tokens")
+    uniform_decode_query_len: int = at("v4", "lo", unit="tokens")
+
+
+@record(RecordKind.REPLAY, "replay")
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """A graph replay, capture or piecewise pass seen outside a target forward scope
+    (the drafter's, or a wrapper called with no forward hook around it)."""
+
+    SPEC: ClassVar[RecordSpec]
+    step: int = at("step")
+    mode: Mode = at("a")
+    kind: ReplayKind = at("b")
+    flags: int = at("c")
+    t0: int = at("t0", unit="ns")
+    t1: int = at("t1", unit="ns")
+    num_tokens: int = at("v0", unit="tokens")
+
+
+@record(RecordKind.FORWARD, "forward")
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """The forward launch and what replayed inside it, in one record.
+
+    ``t0..t1`` is the host time of the forward call (the FORWARD_LAUNCH phase). Inside
+    it: ``full_replays`` FULL graph replays, ``pieces`` PIECEWISE piece replays,
+    ``captures`` captures, ``passes`` calls into MRV2's piecewise runner, and the
+    ``mode``/``num_tokens`` of the last replay seen (NONE and 0 when none).
+    """
+
+    SPEC: ClassVar[RecordSpec]
+    step: int = at("step")
+    mode: Mode = at("a")
+    flags: int = at("c")
+    t0: int = at("t0", unit="ns")
+    t1: int = at("t1", unit="ns")
+    full_replays: int = at("v0", "hi", unit="replays")
+    pieces: int = at("v0", "lo", unit="replays")
+    captures: int = at("v1", "hi", unit="captures")
+    passes: int = at("v1", "lo", unit="calls")
+    num_tokens: int = at("v2", unit="tokens")
+    replay_t0: int = at("v3", unit="ns", doc="first replay's start (0: none)")
+    replay_t1: int = at("v4", unit="ns", doc="last replay's end (0: none)")
+
+
+@record(RecordKind.BUILD, "build")
+@dataclass(frozen=True, slots=True)
+class Build:
+    """One attention-metadata build: builder class, split and timing.
+
+    The split is what the builder itself decided (read off its metadata) or, where the
+    metadata carries none, what ``split_decodes_and_prefills`` returns for its inputs.
+    Counts are -1 where neither is available.
+    """
+
+    SPEC: ClassVar[RecordSpec]
+    step: int = at("step")
+    tag: BuildTag = at("a")
+    builder_id: int = at("b", doc="string id of the builder class (0: over 255)")
+    flags: int = at("c")
+    t0: int = at("t0", unit="ns")
+    t1: int = at("t1", unit="ns")
+    padded_tokens: int = at("v0", "hi", unit="tokens")
+    real_tokens: int = at("v0", "lo", unit="tokens")
+    padded_reqs: int = at("v1", "hi", unit="requests")
+    real_reqs: int = at("v1", "lo", unit="requests")
+    max_query_len: int = at("v2", "hi", unit="tokens")
+    reorder_batch_threshold: int = at("v2", "lo", unit="tokens", unknown_as=-1)
+    num_decodes: int = at("v3", "hi", unit="requests", unknown_as=-1)
+    num_prefills: int = at("v3", "lo", unit="requests", unknown_as=-1)
+    num_decode_tokens: int = at("v4", "hi", unit="tokens", unknown_as=-1)
+    num_prefill_tokens: int = at("v4", "lo", unit="tokens", unknown_as=-1)
+
+    @property
+    def dur_ns(self) -> int:
+        return self.t1 - self.t0
+
+
+@record(RecordKind.REORDER, "reorder")
+@dataclass(frozen=True, slots=True)
+class Reorder:
+    SPEC: ClassVar[RecordSpec]
+    step: int = at("step")
+    changed: bool = at("a")
+    flags: int = at("c")
+    t0: int = at("t0", unit="ns")
+    t1: int = at("t1", unit="ns")
+    threshold: int = at("v0", unit="tokens", doc="-1: no threshold")
+    num_reqs: int = at("v1", unit="requests")
+    num_decodes: int = at("v2", unit="requests")
+    num_decode_tokens: int = at("v3", unit="tokens")
+    moved: int = at("v4", unit="requests")
+    spec_as_decode: bool = at("b")
+
+
+@record(RecordKind.GPU, "gpu")
+@dataclass(frozen=True, slots=True)
+class GpuTiming:
+    """Device-event timings of one sampled step (read lazily in the writer)."""
+
+    SPEC: ClassVar[RecordSpec]
+    step: int = at("step")
+    busy_ns: int = at("v0", unit="ns", doc="forward: first to last event on the stream")
+    idle_before_ns: int = at("v1", unit="ns", doc="gap since the previous step; -1 unknown")
+    span_ns: int = at("v2", unit="ns", doc="the step's device span")
+
+
+@record(RecordKind.FAULT, "fault")
+@dataclass(frozen=True, slots=True)
+class Fault:
+    SPEC: ClassVar[RecordSpec]
+    hook_id: int = at("step", doc="string id of the hook name")
+    count: int = at("v0")
+    disabled: bool = at("a")
+
+
+@record(RecordKind.HELLO, "hello")
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """First record of every ring: who wrote it and the session's clock pair."""
+
+    SPEC: ClassVar[RecordSpec]
+    pid: int = at("v0")
+    boottime_ns: int = at("v1", unit="ns")
+    epoch_ns: int = at("v2", unit="ns")
+    perf_counter_ns: int = at("v3", unit="ns")
+    hot_path: int = at("v4", doc="1: the compiled accelerator, 0: pure Python", default=0)
+
+
+Decoded = Span | Dispatch | Replay | Forward | Build | Reorder | GpuTiming | Fault
+
+
+# -- derived: packers ---------------------------------------------------------------------
+
+
+def packer_source(spec: RecordSpec) -> str:
+    """Python source of ``pack_<name>(write)``: a function taking the declared fields in
+    order and calling ``write`` with the 12 wire values (kind first)."""
+    exprs = {s: "0" for s in SLOTS}
+    halves: dict[str, list[str]] = {}
+    for f in spec.fields:
+        v = f.name if f.unknown_as is None else f"({f.name} + 1)"
+        if f.part == "hi":
+            halves.setdefault(f.slot, []).append(f"({v} << 32)")
+        elif f.part == "lo":
+            halves.setdefault(f.slot, []).append(f"({v} & 0xFFFFFFFF)")
+        elif f.slot == "step":
+            exprs[f.slot] = f"{v} & 0xFFFFFFFF"
+        else:
+            exprs[f.slot] = v
+    for slot, parts in halves.items():
+        exprs[slot] = " | ".join(parts)
+    args = ", ".join(f.name for f in spec.fields)
+    body = ", ".join([str(int(spec.kind))] + [exprs[s] for s in SLOTS])
+    return (
+        f"def pack_{spec.name}(write):\n"
+        f"    def {spec.name}({args}):\n"
+        f"        return write({body})\n"
+        f"    return {spec.name}\n"
+    )
+
+
+_PACKER_FACTORIES: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {}
+for _spec in SPECS.values():
+    _ns: dict[str, Any] = {}
+    exec(packer_source(_spec), _ns)  # generated from the declaration above, nothing else
+    _PACKER_FACTORIES[_spec.name] = _ns[f"pack_{_spec.name}"]
+
+
+def c_layout(spec: RecordSpec) -> tuple[tuple[int, int, int], ...]:
+    """The layout the compiled packer takes: per field ``(slot index, part, bias)`` with
+    part 0 whole, 1 hi, 2 lo."""
+    return tuple(
+        (_SLOT_INDEX[f.slot], {"": 0, "hi": 1, "lo": 2}[f.part], 0 if f.unknown_as is None else 1)
+        for f in spec.fields
+    )
+
+
+class Packers:
+    """One positional packer per record kind, bound to one ``write`` (12 wire values)."""
+
+    __slots__ = tuple(s.name for s in SPECS.values())
+
+    span: Callable[..., Any]
+    dispatch: Callable[..., Any]
+    replay: Callable[..., Any]
+    forward: Callable[..., Any]
+    build: Callable[..., Any]
+    reorder: Callable[..., Any]
+    gpu: Callable[..., Any]
+    fault: Callable[..., Any]
+    hello: Callable[..., Any]
+
+
+def packers(write: Callable[..., Any]) -> Packers:
+    """The Python packers of every kind, writing through ``write``."""
+    p = Packers()
+    for name, factory in _PACKER_FACTORIES.items():
+        setattr(p, name, factory(write))
+    return p
 
 
 def encode(
@@ -141,118 +517,18 @@ def encode(
     v3: int = 0,
     v4: int = 0,
 ) -> bytes:
+    """One record from its 12 wire values (tests and raw tools; hooks use packers)."""
     return RECORD.pack(kind, a, b, c, step & 0xFFFFFFFF, t0, t1, v0, v1, v2, v3, v4)
 
 
-# Decoded forms. Readers work with these; the hot path never builds them.
-
-
-@dataclass(frozen=True, slots=True)
-class Span:
-    step: int
-    phase: Phase
-    t0: int
-    t1: int
-    flags: int = 0
-    v0: int = 0  # EXECUTE: total scheduled tokens
-    v1: int = 0  # EXECUTE: scheduled requests
-
-    @property
-    def dur_ns(self) -> int:
-        return self.t1 - self.t0
-
-
-@dataclass(frozen=True, slots=True)
-class Dispatch:
-    """One graph-dispatch decision (V1 dispatcher or MRV2 graph manager).
-
-    ``num_tokens``/``num_reqs`` are real; ``padded_*`` are what the graph runs with.
-    """
-
-    step: int
-    mode: Mode
-    reason: Reason
-    flags: int
-    t0: int
-    t1: int
-    num_tokens: int
-    padded_tokens: int
-    num_reqs: int
-    padded_reqs: int
-    max_query_len: int
-    uniform_decode_query_len: int
-
-
-@dataclass(frozen=True, slots=True)
-class Replay:
-    step: int
-    mode: Mode
-    kind: ReplayKind
-    flags: int
-    t0: int
-    t1: int
-    num_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class Build:
-    """One attention-metadata build: builder class, split and timing.
-
-    The split is what the builder itself decided (read off its metadata) or, where the
-    metadata carries none, what ``split_decodes_and_prefills`` returns for its inputs.
-    Counts are -1 where neither is available.
-    """
-
-    step: int
-    tag: BuildTag
-    builder_id: int
-    flags: int
-    t0: int
-    t1: int
-    padded_tokens: int
-    real_tokens: int
-    padded_reqs: int
-    real_reqs: int
-    max_query_len: int
-    reorder_batch_threshold: int  # -1 when the builder has none
-    num_decodes: int
-    num_prefills: int
-    num_decode_tokens: int
-    num_prefill_tokens: int
-
-    @property
-    def dur_ns(self) -> int:
-        return self.t1 - self.t0
-
-
-@dataclass(frozen=True, slots=True)
-class Reorder:
-    step: int
-    changed: bool
-    flags: int
-    t0: int
-    t1: int
-    threshold: int
-    num_reqs: int
-    num_decodes: int
-    num_decode_tokens: int
-    moved: int
-    spec_as_decode: bool
-
-
-@dataclass(frozen=True, slots=True)
-class GpuTiming:
-    step: int
-    busy_ns: int  # forward: first event to last event on the stream
-    gpu_t0: int  # event time relative to the writer's first event, ns
-    gpu_t1: int
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    hook_id: int  # string id of the hook name
-    count: int
-    disabled: bool
+def pack(rec: Decoded | Hello) -> bytes:
+    """The 64 bytes of a decoded record (the inverse of :func:`decode`)."""
+    spec: RecordSpec = type(rec).SPEC
+    out: list[bytes] = []
+    _PACKER_FACTORIES[spec.name](lambda *w: out.append(encode(*w)))(
+        *(getattr(rec, f.name) for f in spec.fields)
+    )
+    return out[0]
 
 
 def pack_pair(hi: int, lo: int) -> int:
@@ -264,65 +540,68 @@ def unpack_pair(v: int) -> tuple[int, int]:
     return v >> 32, v & 0xFFFFFFFF
 
 
-def _minus1(v: int) -> int:
-    """Counts that may be unknown are stored +1 so that 0 means unknown (-1)."""
-    return v - 1
+# -- derived: the decoder -----------------------------------------------------------------
 
 
-Decoded = Span | Dispatch | Replay | Build | Reorder | GpuTiming | Fault
+class RecordDecodeError(ValueError):
+    """A record whose kind or enum field holds a value no declaration allows."""
+
+
+def _field_decoder(f: FieldSpec) -> Callable[[tuple[int, ...]], Any]:
+    i = 1 + _SLOT_INDEX[f.slot]  # wire tuple index (kind is 0)
+    bias = 0 if f.unknown_as is None else 1
+    typ = f.type
+
+    def raw(w: tuple[int, ...]) -> int:
+        v = w[i]
+        if f.part == "hi":
+            v = v >> 32
+        elif f.part == "lo":
+            v = v & 0xFFFFFFFF
+        return v - bias
+
+    if typ is int:
+        return raw
+    if typ is bool:
+        return lambda w: bool(raw(w))
+
+    def as_enum(w: tuple[int, ...]) -> Any:
+        v = raw(w)
+        try:
+            return typ(v)
+        except ValueError:
+            raise RecordDecodeError(f"{f.name}: {v} is not a {typ.__name__}") from None
+
+    return as_enum
+
+
+_DECODERS: dict[int, tuple[type, tuple[Callable[[tuple[int, ...]], Any], ...]]] = {
+    int(s.kind): (s.cls, tuple(_field_decoder(f) for f in s.fields)) for s in SPECS.values()
+}
 
 
 def decode(rec: bytes | memoryview) -> Decoded | None:
-    """Decode one data record; STRING, BLOB and HELLO records return None (see Decoder)."""
-    kind, a, b, c, step, t0, t1, v0, v1, v2, v3, v4 = RECORD.unpack(rec)
-    if kind == RecordKind.SPAN:
-        return Span(step, Phase(a), t0, t1, c, v0, v1)
-    if kind == RecordKind.DISPATCH:
-        max_q, uq = unpack_pair(v4)
-        return Dispatch(step, Mode(a), Reason(b), c, t0, t1, v0, v1, v2, v3, max_q, uq)
-    if kind == RecordKind.REPLAY:
-        return Replay(step, Mode(a), ReplayKind(b), c, t0, t1, v0)
-    if kind == RecordKind.BUILD:
-        padded_tokens, real_tokens = unpack_pair(v0)
-        padded_reqs, real_reqs = unpack_pair(v1)
-        max_q, thr = unpack_pair(v2)
-        nd, npf = unpack_pair(v3)
-        ndt, npt = unpack_pair(v4)
-        return Build(
-            step,
-            BuildTag(a),
-            b,
-            c,
-            t0,
-            t1,
-            padded_tokens,
-            real_tokens,
-            padded_reqs,
-            real_reqs,
-            max_q,
-            _minus1(thr),
-            _minus1(nd),
-            _minus1(npf),
-            _minus1(ndt),
-            _minus1(npt),
-        )
-    if kind == RecordKind.REORDER:
-        return Reorder(step, bool(a), c, t0, t1, v0, v1, v2, v3, v4, bool(b))
-    if kind == RecordKind.GPU:
-        return GpuTiming(step, v0, v1, v2)
-    if kind == RecordKind.FAULT:
-        return Fault(step, v0, bool(a))
-    return None
+    """Decode one data record; STRING, BLOB and HELLO records return None (see Decoder).
+
+    Raises :class:`RecordDecodeError` for an unknown kind or an enum value out of range.
+    """
+    w = RECORD.unpack(rec)
+    kind = w[0]
+    if kind in (RecordKind.STRING, RecordKind.BLOB, RecordKind.HELLO):
+        return None
+    try:
+        cls, fields = _DECODERS[kind]
+    except KeyError:
+        raise RecordDecodeError(f"unknown record kind {kind}") from None
+    out: Decoded = cls(*(d(w) for d in fields))
+    return out
 
 
-@dataclass(frozen=True, slots=True)
-class Hello:
-    """First record of every ring: who wrote it and the session's clock pair."""
-
-    pid: int
-    boottime_ns: int
-    epoch_ns: int
-    perf_counter_ns: int
+def _decode_hello(rec: bytes | memoryview) -> Hello:
+    cls, fields = _DECODERS[int(RecordKind.HELLO)]
+    w = RECORD.unpack(rec)
+    hello: Hello = cls(*(d(w) for d in fields))
+    return hello
 
 
 class Decoder:
@@ -354,8 +633,7 @@ class Decoder:
                     self._blob_parts = []
             return None
         if kind == RecordKind.HELLO:
-            _, _, _, _, _, _t0, _t1, v0, v1, v2, v3, _v4 = RECORD.unpack(rec)
-            self.hello = Hello(v0, v1, v2, v3)
+            self.hello = _decode_hello(rec)
             return None
         return decode(rec)
 

@@ -91,8 +91,9 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
+from probe import accel
 from probe.records import RECORD, RECORD_SIZE
 
 __all__ = [
@@ -438,7 +439,10 @@ class RingWriter:
         self._words = _words(mm)
         self._capacity = capacity
         self._lock = threading.Lock()
-        self._hot = _HotPath(mm, self._words, capacity, self._lock)
+        compiled = accel.make_ring(mm, capacity)
+        self._hot: Any = (
+            compiled if compiled is not None else _HotPath(mm, self._words, capacity, self._lock)
+        )
         self._closed = False
         self.write = self._hot.write
         self.write_raw = self._hot.write_raw
@@ -509,14 +513,25 @@ class RingWriter:
         return self._capacity
 
     @property
+    def hot(self) -> Any:
+        """The object whose functions write: a compiled ``probe._accel.Ring`` (which the
+        runtime stages into directly) or the pure-Python hot path."""
+        return self._hot
+
+    @property
+    def compiled(self) -> bool:
+        """Whether this writer runs the compiled hot path (:mod:`probe.accel`)."""
+        return accel.is_compiled_ring(self._hot)
+
+    @property
     def written(self) -> int:
         """Records committed so far (the write index)."""
-        return self._hot.written()
+        return int(self._hot.written())
 
     @property
     def dropped(self) -> int:
         """Records dropped so far, exact (full ring and contended writes)."""
-        return self._hot.total_dropped()
+        return int(self._hot.total_dropped())
 
     @property
     def reader_heartbeat_ns(self) -> int:
@@ -544,6 +559,9 @@ class RingWriter:
         self.write_many = _refuse_many
         self._lock.acquire()
         self._hot.publish_dropped()
+        release = getattr(self._hot, "release", None)
+        if release is not None:  # the compiled ring lets go of the mapping first
+            release()
         _U32.pack_into(self._mm, _OFF_CLOSED, 1)
         self._unmap()
         _LIVE_WRITERS.discard(self)
@@ -562,6 +580,9 @@ class RingWriter:
         self.write = _refuse
         self.write_raw = _refuse
         self.write_many = _refuse_many
+        disown = getattr(self._hot, "disown", None)
+        if disown is not None:
+            disown()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -1,8 +1,14 @@
 """Process-local probe state shared by every hook in one vLLM process.
 
 One :class:`Runtime` object per process (``RT``). Hooks read ``RT.enabled`` first and
-return straight into vLLM when it is False: that is the entire idle cost. When enabled,
-hooks call ``RT.write(...)`` (bound to the ring writer's ``write``) with one record.
+return straight into vLLM when it is False: that is the entire idle cost (on the compiled
+path, :mod:`probe.accel`, that check runs in C before any Python frame). When enabled,
+hooks write one record with the packer of its kind, ``RT.put.span(...)``,
+``RT.put.dispatch(...)`` (declared in :mod:`probe.records`).
+
+The hot fields (``enabled``, ``step``, ``in_step``, ``drafter``, ...) live in the base
+class, :data:`probe.accel.Core`: C fields on the compiled path, so compiled wrappers read
+them without a lookup.
 
 Hooks bind ``RT`` once at import, so it is never replaced: tests call ``RT.reset()`` and
 attach their own writer.
@@ -16,7 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from probe.records import BlobType, RecordKind, payload_records
+from probe import accel
+from probe.records import BlobType, Packers, RecordKind, packers, payload_records
 
 log = logging.getLogger("probe")
 
@@ -42,11 +49,14 @@ class _NullWriter:
         return False
 
 
-class Runtime:
+class Runtime(accel.Core):  # type: ignore[misc]
     """Mutable state of the probe inside one vLLM process.
 
-    Attributes read on the hot path are plain instance attributes (one lookup each).
+    The fields read on every hooked call are the base class's (see the module doc); the
+    rest are plain instance attributes.
     """
+
+    put: Packers
 
     def __init__(self) -> None:
         self.reset()
@@ -55,13 +65,16 @@ class Runtime:
         """Back to the state of a fresh process: disabled, no ring, nothing counted."""
         self.enabled = False
         self.writer: Any = _NullWriter()
-        self.write: Callable[..., bool] = self.writer.write
+        self.write: Callable[..., bool] = self.writer.write  # 12 wire values (slow paths)
+        self.put = packers(self.write)
         self.flush: Callable[[], None] = _nothing  # the step buffer to the ring (attach)
+        self.hot_path = "python"  # which path the attached writer runs
         self.step = 0  # step sequence number of the current/last execute_model
         self.in_step = 0  # >0 inside execute_model / sample_tokens
         self.drafter = 0  # >0 inside the MTP drafter / speculator
         self.in_build = 0
         self.pending: dict[str, Any] = {}  # runner-level context handed to inner hooks
+        self.fwd: Any = None  # the open target forward launch (hooks.step.ForwardScope)
         self.strings: dict[str, int] = {}
         self.faults: dict[str, int] = {}
         self.gpu_timing = False
@@ -86,21 +99,21 @@ class Runtime:
         """
         self.flush()
         self.writer = writer
-        self.write, self.flush = _step_buffer(self, writer)
+        hot = getattr(writer, "hot", None)
+        if accel.can_bind(self, hot):
+            self.put, self.write, self.flush = accel.bind_packers(self, hot)
+            self.hot_path = "compiled"
+        else:
+            self.write, self.flush = _step_buffer(self, writer)
+            self.put = packers(self.write)
+            self.hot_path = "python"
         self.strings = {}
-        self.write(
-            RecordKind.HELLO,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
+        self.put.hello(
             os.getpid(),
             boottime_ns(),
             time.time_ns(),
             time.perf_counter_ns(),
-            0,
+            int(self.hot_path == "compiled"),
         )
 
     def detach(self) -> Any:
@@ -108,8 +121,25 @@ class Runtime:
         self.sampling = False
         self.flush()
         writer, self.writer = self.writer, _NullWriter()
+        hot = getattr(writer, "hot", None)
+        if hot is not None and accel.can_bind(self, hot):
+            hot.unbind()
         self.write, self.flush = self.writer.write, _nothing
+        self.put = packers(self.write)
+        self.hot_path = "python"
         return writer
+
+    def _forked(self) -> None:
+        """In a child created by ``fork``: the parent's ring is not ours. Drop what was
+        staged, stop writing, and keep nothing of the parent's writer."""
+        self.enabled = False
+        self.sampling = False
+        hot = getattr(self.writer, "hot", None)
+        if hot is not None and accel.can_bind(self, hot):
+            hot.disown()
+        self.writer = _NullWriter()
+        self.write, self.flush = self.writer.write, _nothing
+        self.put = packers(self.write)
 
     # -- slow-path helpers (never per hooked call in steady state) ----------------------
 
@@ -134,9 +164,7 @@ class Runtime:
             self.faults[hook_id] = n
             if n == 1:
                 log.warning("probe hook %s faulted (%r); disabled=%s", hook_id, exc, disabled)
-            self.write(
-                RecordKind.FAULT, int(disabled), 0, 0, self.intern(hook_id), 0, 0, n, 0, 0, 0, 0
-            )
+            self.put.fault(self.intern(hook_id), n, disabled)
         except Exception:  # the probe must never raise into vLLM
             pass
 
@@ -173,3 +201,4 @@ def _step_buffer(rt: Runtime, writer: Any) -> tuple[Callable[..., bool], Callabl
 
 
 RT = Runtime()
+os.register_at_fork(after_in_child=RT._forked)

@@ -9,10 +9,21 @@ from typing import Any
 
 import pytest
 
+from probe import accel
 from probe.records import Decoded, Decoder
 from probe.ring import RingReader, RingWriter
 
 MISSING = object()
+
+HOT_PATHS = ["compiled", "python"] if accel.COMPILED else ["python"]
+
+
+@pytest.fixture(params=HOT_PATHS)
+def hot_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Runs the test once per hot path (probe.accel): the compiled one, when built, and
+    pure Python. Ring writers, packers and wrappers made inside the test use it."""
+    with accel.use(request.param):
+        yield request.param
 
 
 @pytest.fixture

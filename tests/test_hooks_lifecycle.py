@@ -21,7 +21,7 @@ from probe.records import Dispatch, Mode, Reason, Reorder
 from probe.ring import RingWriter
 from probe.runtime import RT
 
-pytestmark = pytest.mark.usefixtures("clean_probe")
+pytestmark = pytest.mark.usefixtures("clean_probe", "hot_path")
 
 ALL_TARGETS = hooks.targets()
 
@@ -205,7 +205,7 @@ def test_probe_fault_removes_hook_keeps_result(
     def boom(*_a: Any) -> bool:
         raise RuntimeError("probe bug")
 
-    monkeypatch.setattr(RT, "write", boom)
+    monkeypatch.setattr(RT.put, "dispatch", boom)
     got = v1_dispatcher.dispatch(num_tokens=6, uniform_decode=True)
     assert got == expected
     assert vars(CudagraphDispatcher)["dispatch"] is original

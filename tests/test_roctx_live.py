@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from exporters import roctx_live
+from probe import markers as roctx_live
 from probe.hooks import step as step_hooks
 from probe.hooks._base import Installer, Target
 from probe.records import Mode, Phase, Reason, RecordKind, ReplayKind
@@ -80,12 +80,10 @@ def make_runner() -> type:
         def execute_model(self, scheduler_output: Any) -> str:
             self._prepare_inputs()
             # what the dispatch hook writes for a FULL decision
-            RT.write(
-                int(RecordKind.DISPATCH), int(Mode.FULL), int(Reason.HIT), 0, RT.step,
-                10, 20, 128, 128, 64, 64, 0,
-            )  # fmt: skip
-            RT.write(int(RecordKind.REPLAY), int(Mode.FULL), int(ReplayKind.REPLAY), 0,
-                     RT.step, 30, 40, 128, 0, 0, 0, 0)  # fmt: skip
+            RT.put.dispatch(
+                RT.step, int(Mode.FULL), int(Reason.HIT), 0, 10, 20, 128, 128, 64, 64, 0, 0
+            )
+            RT.put.replay(RT.step, int(Mode.FULL), int(ReplayKind.REPLAY), 0, 30, 40, 128)
             return "output"
 
         def _prepare_inputs(self) -> None:
@@ -114,7 +112,9 @@ TARGETS = (
 
 
 @pytest.fixture
-def probe() -> Iterator[tuple[type, Installer, Writer]]:
+def probe(
+    hot_path: str,
+) -> Iterator[tuple[type, Installer, Writer]]:
     RT.reset()
     runner = make_runner()
     inst = Installer()
@@ -221,7 +221,7 @@ def test_nvtx_live_with_the_real_nvtx_package(probe: tuple[type, Installer, Writ
     (without Nsight attached its calls are no-ops, so the calls are not observable; the
     wrapping, the marks counted and the probe's records are)."""
     pytest.importorskip("nvtx")
-    from exporters.nvtx import NvtxEmitter
+    from probe.markers import NvtxEmitter
 
     runner, inst, writer = probe
     live = roctx_live.start(RT, inst, {"PROBE_NVTX": "1"})

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 from typing import Any
 
+from probe import calibrate, markers
 from probe.hooks import builders, dispatch, reorder, replay, snapshot, step
 from probe.hooks._base import Installer, InstallReport, Target
 from probe.records import BlobType
@@ -237,6 +238,10 @@ def enable(writer: Any, *, gpu_timing: bool | int = True, sample_every: int = 1)
             # a detached process (only the always-on hooks): bring the rest in first
             _install_missing(None)
         RT.detach()
+        try:  # the probe's own cost per call, on the path about to run (probe.calibrate)
+            RT.static["calibration"] = calibrate.calibrate(RT)
+        except Exception as exc:
+            RT.static["calibration"] = {"error": repr(exc)}
         RT.attach(writer)
         RT.gpu_timing = False
         step.TIMER.clear()
@@ -256,7 +261,7 @@ def enable(writer: Any, *, gpu_timing: bool | int = True, sample_every: int = 1)
         RT.sampling = RT.sample_every > 1
         RT.enabled = True
         # roctx ranges for rocprofv3 (PROBE_ROCTX=1): wraps the hooks only when asked
-        importlib.import_module("exporters.roctx_live").start(RT, INSTALLER)
+        markers.start(RT, INSTALLER)
 
 
 def disable() -> Any:
@@ -298,6 +303,7 @@ def write_snapshot(runner: Any) -> dict[str, Any]:
         "installed": INSTALLER.installed_ids(),
         "missing": [*LAST_REPORT.missing, *not_imported],
     }
+    snap["probe"] = {"hot_path": RT.hot_path, "calibration": RT.static.get("calibration")}
     RT.static["snapshot"] = snap
     RT.graph_ctx = graph_context(snap)
     RT.write_blob(BlobType.SNAPSHOT, json.dumps(snap, default=str).encode())

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from probe import accel
 from probe.runtime import RT
 
 log = logging.getLogger("probe")
@@ -50,6 +51,11 @@ class Target:
         factory: ``factory(original, hook) -> wrapper``.
         inherit: wrap even when ``name`` is inherited rather than in ``owner.__dict__``
             (the wrapper is then set on the owner and deleted again on uninstall).
+        gate: put the wrapper behind the compiled dormant path (:func:`probe.accel.gate`):
+            ``"on"`` calls it only while the probe is enabled, ``"sampling"`` also while
+            sampling; ``""`` (hooks that must run while off, e.g. the static snapshot)
+            always calls it. A wrapper with a gate must itself bypass when off, which is
+            what runs on the pure-Python path.
     """
 
     hook_id: str
@@ -58,6 +64,7 @@ class Target:
     name: str
     factory: Factory
     inherit: bool = False
+    gate: str = ""
 
 
 @dataclass
@@ -146,7 +153,10 @@ class Installer:
                 report.missing.append((target.hook_id, f"{target.name!r} is not a plain function"))
             return False
         hook = Hook(target, owner, original, installer=self)
-        hook.wrapper = target.factory(func, hook)
+        wrapper = target.factory(func, hook)
+        if target.gate and isinstance(wrapper, types.FunctionType):
+            wrapper = accel.gate(func, wrapper, RT, sampling=target.gate == "sampling")
+        hook.wrapper = wrapper
         _mark(hook.wrapper, func, target.hook_id)
         setattr(owner, target.name, hook.wrapper)
         self.hooks[key] = hook
@@ -188,10 +198,11 @@ class Installer:
 
 
 def _mark(wrapper: Any, original: Any, hook_id: str) -> None:
-    """Make the wrapper look like the original to introspection (name, doc, signature)."""
-    if isinstance(wrapper, types.FunctionType):
-        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
-            with contextlib.suppress(AttributeError, TypeError):
-                setattr(wrapper, attr, getattr(original, attr))
-        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-        wrapper.__probe_hook__ = hook_id  # type: ignore[attr-defined]
+    """Make the wrapper look like the original to introspection (name, doc, signature):
+    a Python function or a compiled wrapper (which has a ``__dict__`` for this)."""
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(wrapper, attr, getattr(original, attr))
+    with contextlib.suppress(AttributeError, TypeError):
+        wrapper.__wrapped__ = original
+        wrapper.__probe_hook__ = hook_id

@@ -26,11 +26,10 @@ from typing import Any
 
 from probe.hooks import step
 from probe.hooks._base import Hook, Target
-from probe.records import BuildTag, Flag, Phase, RecordKind
+from probe.records import BuildTag, Flag, Phase
 from probe.runtime import BOOTTIME, RT
 
 _clock = time.clock_gettime_ns
-_BUILD = int(RecordKind.BUILD)
 _OUTSIDE = int(Flag.OUTSIDE_STEP)
 _DRAFTER = int(Flag.DRAFTER)
 
@@ -66,14 +65,14 @@ def _int_reader() -> Callable[[Any, int], int]:
 
 
 def _split(md: Any) -> tuple[int, int, int, int]:
-    """(num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens) + 1, 0 = unknown."""
+    """(num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens), -1 = unknown."""
     nd = getattr(md, "num_decodes", None)
     if nd is None:
-        return 0, 0, 0, 0
+        return -1, -1, -1, -1
     npf = getattr(md, "num_prefills", 0)
     ndt = getattr(md, "num_decode_tokens", 0)
     npt = getattr(md, "num_prefill_tokens", None)
-    return nd + 1, npf + 1, ndt + 1, (npt + 1) if npt is not None else 0
+    return nd, npf, ndt, npt if npt is not None else -1
 
 
 def build(tag: BuildTag) -> Callable[[Callable[..., Any], Hook], Any]:
@@ -106,27 +105,30 @@ def build(tag: BuildTag) -> Callable[[Callable[..., Any], Hook], Any]:
                 if thr is None:
                     thr = getattr(self, "decode_threshold", None)
                 nd, npf, ndt, npt = _split(md)
-                if npt == 0 and ndt:
-                    npt = max(real_tokens - (ndt - 1) + 1, 0)
+                if npt < 0 <= ndt:  # the builder left it out: the rest of the real tokens
+                    npt = real_tokens - ndt if real_tokens >= ndt else -1
                 f = 0 if RT.in_step else _OUTSIDE
                 if RT.drafter:
                     f |= _DRAFTER
                 t = tag_v if tag_v else (2 if RT.drafter else 0)
                 ident = RT.intern(type(self).__name__)
-                RT.write(
-                    _BUILD,
+                RT.put.build(
+                    RT.step,
                     t,
                     ident if ident < 256 else 0,
                     f,
-                    RT.step,
                     t0,
                     t1,
-                    # pack_pair, inlined (counts here are never negative)
-                    (padded_tokens << 32) | real_tokens,
-                    (padded_reqs << 32) | real_reqs,
-                    (cm.max_query_len << 32) | ((thr + 1) if thr is not None else 0),
-                    (nd << 32) | npf,
-                    (ndt << 32) | npt,
+                    padded_tokens,
+                    real_tokens,
+                    padded_reqs,
+                    real_reqs,
+                    cm.max_query_len,
+                    -1 if thr is None else thr,
+                    nd,
+                    npf,
+                    ndt,
+                    npt,
                 )
             except Exception as exc:
                 hook.fail(exc)
@@ -164,7 +166,12 @@ def late_targets(runner: Any) -> list[tuple[Target, Any]]:
             if name in vars(cls):
                 hook_id = f"build.{cls.__name__}.{name}"
                 out.append(
-                    (Target(hook_id, cls.__module__, cls.__qualname__, name, build(tag)), cls)
+                    (
+                        Target(
+                            hook_id, cls.__module__, cls.__qualname__, name, build(tag), gate="on"
+                        ),
+                        cls,
+                    )
                 )
     return out
 

@@ -13,6 +13,12 @@ Supports vLLM 0.26 to 0.33.
 A hit (FULL) costs one comparison. Only a miss computes its reason, from the dispatcher's
 own inputs and state (:mod:`probe.reasons`): misses are eager or piecewise steps, already
 the slow ones.
+
+One record per decision: inside the runner's dispatch phase (V1
+``_determine_batch_execution_and_padding``, MRV2 ``dispatch_cg_and_sync_dp``) the inner
+hook hands its decision to the outer one (``RT.pending["decision"]``; under DP > 1 the last
+re-dispatch wins, as in vLLM), which writes it with the phase's own span (``Flag.SPAN``).
+A dispatch with no runner phase around it (the MTP drafter's) writes its own record.
 """
 
 from __future__ import annotations
@@ -23,12 +29,12 @@ from collections.abc import Callable
 from typing import Any
 
 from probe.hooks._base import Hook, Target
-from probe.records import Flag, Reason, RecordKind
+from probe.records import Flag, Phase, Reason
 from probe.runtime import BOOTTIME, RT
 
 _clock = time.clock_gettime_ns
-_DISPATCH = int(RecordKind.DISPATCH)
-_SPAN = int(RecordKind.SPAN)
+_PHASE = int(Phase.DISPATCH)
+_SPANF = int(Flag.SPAN)
 _OUTSIDE = int(Flag.OUTSIDE_STEP)
 _DRAFTER = int(Flag.DRAFTER)
 _UNIFORM = int(Flag.UNIFORM)
@@ -116,6 +122,7 @@ def v1_runner_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., An
                 args[i_maxq] if 0 <= i_maxq < len(args) else kwargs.get("max_num_scheduled_tokens")
             )
             pend["force_eager"] = kwargs.get("force_eager", False)
+            pend["open"] = True
         except Exception as exc:
             hook.fail(exc)
             return orig(*args, **kwargs)
@@ -125,15 +132,81 @@ def v1_runner_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., An
         finally:
             t1 = _clock(BOOTTIME)
             try:
-                f = 0 if RT.in_step else _OUTSIDE
-                if RT.drafter:
-                    f |= _DRAFTER
-                RT.write(_SPAN, 4, 0, f, RT.step, t0, t1, 0, 0, 0, 0, 0)
-                pend.clear()
+                _close_phase(pend, t0, t1, 0)
             except Exception as exc:
                 hook.fail(exc)
 
     return wrapper
+
+
+def _close_phase(pend: dict[str, Any], t0: int, t1: int, extra: int) -> None:
+    """End of the runner's dispatch phase: its decision and span in one DISPATCH record
+    (or a plain span when no decision was made inside it)."""
+    decision = pend.get("decision")
+    pend.clear()
+    f = extra | (0 if RT.in_step else _OUTSIDE) | (_DRAFTER if RT.drafter else 0)
+    if decision is None:
+        RT.put.span(RT.step, _PHASE, t0, t1, f, 0, 0)
+        return
+    m, reason, df, num_tokens, padded_tokens, num_reqs, padded_reqs, max_q, uq = decision
+    RT.put.dispatch(
+        RT.step,
+        m,
+        reason,
+        df | _SPANF,
+        t0,
+        t1,
+        num_tokens,
+        padded_tokens,
+        num_reqs,
+        padded_reqs,
+        max_q,
+        uq,
+    )
+
+
+def _decide(
+    pend: dict[str, Any],
+    m: int,
+    reason: int,
+    f: int,
+    t0: int,
+    t1: int,
+    num_tokens: int,
+    padded_tokens: int,
+    num_reqs: int,
+    padded_reqs: int,
+    max_q: int,
+    uq: int,
+) -> None:
+    """A dispatcher's decision: to the open runner phase, or a record of its own."""
+    if pend.get("open"):
+        pend["decision"] = (
+            m,
+            reason,
+            f,
+            num_tokens,
+            padded_tokens,
+            num_reqs,
+            padded_reqs,
+            max_q,
+            uq,
+        )
+    else:
+        RT.put.dispatch(
+            RT.step,
+            m,
+            reason,
+            f,
+            t0,
+            t1,
+            num_tokens,
+            padded_tokens,
+            num_reqs,
+            padded_reqs,
+            max_q,
+            uq,
+        )
 
 
 def _mode_members() -> tuple[Any, Any]:
@@ -189,19 +262,19 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             f = (0 if RT.in_step else _OUTSIDE) | (_DRAFTER if RT.drafter else 0)
             if uniform:
                 f |= _UNIFORM
-            RT.write(
-                _DISPATCH,
+            _decide(
+                pend,
                 m,
                 reason,
                 f,
-                RT.step,
                 t0,
                 t1,
                 num_tokens,
                 desc.num_tokens,
                 num_reqs,
                 desc.num_reqs or 0,
-                (max_q << 32) | self.uniform_decode_query_len,  # pack_pair, inlined
+                max_q,
+                self.uniform_decode_query_len,
             )
         except Exception as exc:
             hook.fail(exc)
@@ -264,19 +337,19 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 f |= _DRAFTER
             if utc is not None and utc == dql:
                 f |= _UNIFORM
-            RT.write(
-                _DISPATCH,
+            _decide(
+                RT.pending,
                 m,
                 reason,
                 f,
-                RT.step,
                 t0,
                 t1,
                 num_tokens,
                 desc.num_tokens,
                 num_reqs,
                 desc.num_reqs or 0,
-                (max_q << 32) | dql,  # pack_pair, inlined
+                max_q,
+                dql,
             )
         except Exception as exc:
             hook.fail(exc)
@@ -291,33 +364,30 @@ def mrv2_sync_dp(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
             return orig(*args, **kwargs)
+        pend = RT.pending
+        pend["open"] = True
         t0 = _clock(BOOTTIME)
         try:
             return orig(*args, **kwargs)
         finally:
             t1 = _clock(BOOTTIME)
             try:
-                f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
-                if RT.drafter:
-                    f |= _DRAFTER
-                RT.write(_SPAN, 4, 0, f, RT.step, t0, t1, 0, 0, 0, 0, 0)
                 if kwargs.get("need_eager") and RT.in_step:
                     num_reqs = args[1] if len(args) > 1 else kwargs.get("num_reqs", 0)
                     num_tokens = args[2] if len(args) > 2 else kwargs.get("num_tokens", 0)
-                    RT.write(
-                        _DISPATCH,
+                    f = _MRV2 | (_DRAFTER if RT.drafter else 0)
+                    pend["decision"] = (
                         0,
                         int(Reason.FORCED_EAGER),
                         f,
-                        RT.step,
-                        t0,
-                        t1,
                         num_tokens,
                         num_tokens,
                         num_reqs,
                         num_reqs,
                         0,
+                        0,
                     )
+                _close_phase(pend, t0, t1, _MRV2)
             except Exception as exc:
                 hook.fail(exc)
 
@@ -334,6 +404,7 @@ TARGETS: tuple[Target, ...] = (
         "CudagraphDispatcher",
         "dispatch",
         v1_dispatch,
+        gate="on",
     ),
     Target(
         "dispatch.v1.runner",
@@ -341,6 +412,7 @@ TARGETS: tuple[Target, ...] = (
         "GPUModelRunner",
         "_determine_batch_execution_and_padding",
         v1_runner_dispatch,
+        gate="on",
     ),
     Target(
         "dispatch.mrv2.manager",
@@ -348,6 +420,14 @@ TARGETS: tuple[Target, ...] = (
         "CudaGraphManager",
         "dispatch",
         mrv2_dispatch,
+        gate="on",
     ),
-    Target("dispatch.mrv2.sync_dp", MRV2_RUNNER, "", "dispatch_cg_and_sync_dp", mrv2_sync_dp),
+    Target(
+        "dispatch.mrv2.sync_dp",
+        MRV2_RUNNER,
+        "",
+        "dispatch_cg_and_sync_dp",
+        mrv2_sync_dp,
+        gate="on",
+    ),
 )

@@ -23,11 +23,10 @@ from operator import eq, ge
 from typing import Any
 
 from probe.hooks._base import Hook, Target
-from probe.records import Flag, RecordKind
+from probe.records import Flag
 from probe.runtime import BOOTTIME, RT
 
 _clock = time.clock_gettime_ns
-_REORDER = int(RecordKind.REORDER)
 _OUTSIDE = int(Flag.OUTSIDE_STEP)
 _MRV2 = int(Flag.MRV2)
 
@@ -64,12 +63,10 @@ def v1_may_reorder(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                     dec = list(filter(partial(ge, thr), counts))  # C-level, O(requests)
                     nd, ndt = len(dec), sum(dec)
                 f = 0 if RT.in_step else _OUTSIDE
-                RT.write(
-                    _REORDER,
-                    int(moved > 0),
-                    int(thr is not None and uq > 1 and thr >= uq),
-                    f,
+                RT.put.reorder(
                     RT.step,
+                    moved > 0,
+                    f,
                     t0,
                     t1,
                     -1 if thr is None else thr,
@@ -77,6 +74,7 @@ def v1_may_reorder(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                     nd,
                     ndt,
                     moved,
+                    thr is not None and uq > 1 and thr >= uq,
                 )
             except Exception as exc:
                 hook.fail(exc)
@@ -97,12 +95,10 @@ def mrv2_sort(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             moved = 0 if before == result else _moved(before, result)
             dec = list(filter(partial(eq, dql), num_tokens_per_req.values()))
             f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
-            RT.write(
-                _REORDER,
-                int(moved > 0),
-                int(dql > 1),
-                f,
+            RT.put.reorder(
                 RT.step,
+                moved > 0,
+                f,
                 t0,
                 t1,
                 dql,
@@ -110,6 +106,7 @@ def mrv2_sort(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 len(dec),
                 sum(dec),
                 moved,
+                dql > 1,
             )
         except Exception as exc:
             hook.fail(exc)
@@ -125,6 +122,14 @@ TARGETS: tuple[Target, ...] = (
         "GPUModelRunner",
         "_may_reorder_batch",
         v1_may_reorder,
+        gate="on",
     ),
-    Target("reorder.mrv2", "vllm.v1.worker.gpu.model_runner", "", "sort_batch_req_ids", mrv2_sort),
+    Target(
+        "reorder.mrv2",
+        "vllm.v1.worker.gpu.model_runner",
+        "",
+        "sort_batch_req_ids",
+        mrv2_sort,
+        gate="on",
+    ),
 )

@@ -12,6 +12,9 @@ Supports vLLM 0.26 to 0.33.
 - ``CudaGraphManager.run_fullgraph`` (MRV2 FULL: bypasses the wrappers entirely) and
   ``run_pw_graph``; ``ModelCudaGraphManager.run_fullgraph`` is also the MRV2 FULL forward
   launch span.
+
+Inside a target forward launch (:class:`probe.hooks.step.ForwardScope`) a replay is not a
+record of its own: it is counted into that launch's FORWARD record.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from typing import Any
 
 from probe.hooks import step
 from probe.hooks._base import Hook, Target
-from probe.records import Flag, RecordKind
+from probe.records import Flag, ReplayKind
 from probe.runtime import BOOTTIME, RT
 
 _clock = time.clock_gettime_ns
-_REPLAY = int(RecordKind.REPLAY)
+_REPLAYED = int(ReplayKind.REPLAY)
+_CAPTURE = int(ReplayKind.CAPTURE)
+_PASS = int(ReplayKind.PASSTHROUGH)
 _OUTSIDE = int(Flag.OUTSIDE_STEP)
 _DRAFTER = int(Flag.DRAFTER)
 _MRV2 = int(Flag.MRV2)
@@ -74,23 +79,16 @@ def wrapper_call(breakable: bool) -> Callable[[Callable[..., Any], Hook], Any]:
             result = orig(self, *args, **kwargs)
             t1 = _clock(BOOTTIME)
             try:
-                f = extra | (0 if RT.in_step else _OUTSIDE)
-                if RT.drafter:
-                    f |= _DRAFTER
-                RT.write(
-                    _REPLAY,
-                    mode.value,
-                    0 if captured else 1,
-                    f,
-                    RT.step,
-                    t0,
-                    t1,
-                    getattr(desc, "num_tokens", 0),
-                    0,
-                    0,
-                    0,
-                    0,
-                )
+                n = getattr(desc, "num_tokens", 0)
+                scope = RT.fwd
+                if scope is not None and not RT.drafter:
+                    scope.replay(mode.value, captured, n, t0, t1)
+                else:
+                    f = extra | (0 if RT.in_step else _OUTSIDE)
+                    if RT.drafter:
+                        f |= _DRAFTER
+                    kind = _REPLAYED if captured else _CAPTURE
+                    RT.put.replay(RT.step, mode.value, kind, f, t0, t1, n)
             except Exception as exc:
                 hook.fail(exc)
             return result
@@ -108,10 +106,13 @@ def run_fullgraph(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         result = orig(self, desc, *args, **kwargs)
         t1 = _clock(BOOTTIME)
         try:
-            f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
-            if RT.drafter or type(self).__name__ != "ModelCudaGraphManager":
-                f |= _DRAFTER
-            RT.write(_REPLAY, 2, 0, f, RT.step, t0, t1, desc.num_tokens, 0, 0, 0, 0)
+            drafter = RT.drafter or type(self).__name__ != "ModelCudaGraphManager"
+            scope = RT.fwd
+            if scope is not None and not drafter:
+                scope.replay(2, True, desc.num_tokens, t0, t1)
+            else:
+                f = _MRV2 | (0 if RT.in_step else _OUTSIDE) | (_DRAFTER if drafter else 0)
+                RT.put.replay(RT.step, 2, _REPLAYED, f, t0, t1, desc.num_tokens)
         except Exception as exc:
             hook.fail(exc)
         return result
@@ -129,13 +130,15 @@ def run_pw_graph(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         result = orig(self, *args, **kwargs)
         t1 = _clock(BOOTTIME)
         try:
-            f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
-            if RT.drafter or type(self).__name__ != "ModelCudaGraphManager":
-                f |= _DRAFTER
-            if getattr(self, "use_breakable_cg", False):
-                f |= _BREAKABLE
-            # b=2: a pass into the piecewise runner; confirmation comes from the pieces
-            RT.write(_REPLAY, 1, 2, f, RT.step, t0, t1, 0, 0, 0, 0, 0)
+            drafter = RT.drafter or type(self).__name__ != "ModelCudaGraphManager"
+            scope = RT.fwd
+            if scope is not None and not drafter:
+                scope.passes += 1  # confirmation comes from the pieces
+            else:
+                f = _MRV2 | (0 if RT.in_step else _OUTSIDE) | (_DRAFTER if drafter else 0)
+                if getattr(self, "use_breakable_cg", False):
+                    f |= _BREAKABLE
+                RT.put.replay(RT.step, 1, _PASS, f, t0, t1, 0)
         except Exception as exc:
             hook.fail(exc)
         return result
@@ -152,6 +155,7 @@ TARGETS: tuple[Target, ...] = (
         "CUDAGraphWrapper",
         "__call__",
         wrapper_call(False),
+        gate="on",
     ),
     Target(
         "replay.breakable",
@@ -159,8 +163,25 @@ TARGETS: tuple[Target, ...] = (
         "BreakableCUDAGraphWrapper",
         "__call__",
         wrapper_call(True),
+        gate="on",
     ),
-    Target("replay.mrv2.run_fullgraph", CG, "CudaGraphManager", "run_fullgraph", run_fullgraph),
-    Target("replay.mrv2.run_pw_graph", CG, "CudaGraphManager", "run_pw_graph", run_pw_graph),
-    Target("phase.mrv2.forward_full", CG, "ModelCudaGraphManager", "run_fullgraph", step.forward),
+    Target(
+        "replay.mrv2.run_fullgraph",
+        CG,
+        "CudaGraphManager",
+        "run_fullgraph",
+        run_fullgraph,
+        gate="on",
+    ),
+    Target(
+        "replay.mrv2.run_pw_graph", CG, "CudaGraphManager", "run_pw_graph", run_pw_graph, gate="on"
+    ),
+    Target(
+        "phase.mrv2.forward_full",
+        CG,
+        "ModelCudaGraphManager",
+        "run_fullgraph",
+        step.forward,
+        gate="on",
+    ),
 )

@@ -11,7 +11,10 @@ Every other hook stamps its record with ``RT.step``; the reader groups by that n
 
 Phase spans (DESIGN "phases"): reorder, prepare_inputs, dispatch, metadata_build,
 forward_launch, logits, sample, draft. Each is one SPAN record written after the wrapped
-call returns, with BOOTTIME taken immediately around it.
+call returns, with BOOTTIME taken immediately around it; on the compiled path
+(:mod:`probe.accel`) a plain phase span is a C object that does all of that itself. The
+forward launch is one FORWARD record that also carries the graph replays seen inside it
+(:func:`forward`).
 """
 
 from __future__ import annotations
@@ -21,15 +24,19 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from probe import accel
 from probe.hooks._base import Hook, Target
-from probe.records import Flag, Phase, RecordKind
+from probe.records import Flag, Mode, Phase
 from probe.runtime import BOOTTIME, RT
 
 _clock = time.clock_gettime_ns
-_SPAN = int(RecordKind.SPAN)
-_GPU = int(RecordKind.GPU)
 _OUTSIDE = int(Flag.OUTSIDE_STEP)
 _DRAFTER = int(Flag.DRAFTER)
+_FULL = int(Mode.FULL)
+_PIECEWISE = int(Mode.PIECEWISE)
+_EXECUTE = int(Phase.EXECUTE)
+_SAMPLE_TOKENS = int(Phase.SAMPLE_TOKENS)
+_FORWARD = int(Phase.FORWARD_LAUNCH)
 
 V1 = "vllm.v1.worker.gpu_model_runner"
 MRV2 = "vllm.v1.worker.gpu.model_runner"
@@ -40,6 +47,10 @@ def span(phase: Phase, *, drafter: bool = False) -> Callable[[Callable[..., Any]
     ph = int(phase)
 
     def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+        compiled = accel.span_hook(orig, RT, ph, drafter)
+        if compiled is not None:
+            return compiled  # type: ignore[no-any-return]
+
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not RT.enabled:
                 return orig(*args, **kwargs)
@@ -56,13 +67,62 @@ def span(phase: Phase, *, drafter: bool = False) -> Callable[[Callable[..., Any]
                     f = 0 if RT.in_step else _OUTSIDE
                     if RT.drafter:
                         f |= _DRAFTER
-                    RT.write(_SPAN, ph, 0, f, RT.step, t0, t1, 0, 0, 0, 0, 0)
+                    RT.put.span(RT.step, ph, t0, t1, f, 0, 0)
                 except Exception as exc:
                     hook.fail(exc)
 
         return wrapper
 
     return factory
+
+
+class ForwardScope:
+    """The graph replays seen inside one target forward launch, for its FORWARD record.
+
+    Opened by the forward hooks around the target model's forward (in a step, outside the
+    drafter); the replay hooks add to it instead of writing records of their own.
+    """
+
+    __slots__ = ("captures", "full", "mode", "num_tokens", "passes", "pieces", "t0", "t1")
+
+    def __init__(self) -> None:
+        self.mode = 0
+        self.full = 0
+        self.pieces = 0
+        self.captures = 0
+        self.passes = 0
+        self.num_tokens = 0
+        self.t0 = 0
+        self.t1 = 0
+
+    def replay(self, mode: int, captured: bool, num_tokens: int, t0: int, t1: int) -> None:
+        if not captured:
+            self.captures += 1
+        elif mode == _FULL:
+            self.full += 1
+        elif mode == _PIECEWISE:
+            self.pieces += 1
+        self.mode = mode
+        self.num_tokens = num_tokens
+        if not self.t0:
+            self.t0 = t0
+        self.t1 = t1
+
+    def write(self, flags: int, t0: int, t1: int) -> None:
+        RT.put.forward(
+            RT.step,
+            self.mode,
+            flags,
+            t0,
+            t1,
+            self.full,
+            self.pieces,
+            self.captures,
+            self.passes,
+            self.num_tokens,
+            self.t0,
+            self.t1,
+        )
 
 
 class GpuTimer:
@@ -129,7 +189,7 @@ class GpuTimer:
             idle = -1 if prev is None else max(0, int(prev.elapsed_time(s0) * 1e6))
             span = int(s0.elapsed_time(s1) * 1e6)
             self._free.extend(e for e in (prev, s0, f0, f1, s1) if e is not None)
-            RT.write(_GPU, 0, 0, 0, step, 0, 0, busy, idle, span, 0, 0)
+            RT.put.gpu(step, busy, idle, span)
 
 
 TIMER: list[GpuTimer] = []  # at most one; created on enable when the device has events
@@ -178,20 +238,7 @@ def execute(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]:
                 t1 = _clock(BOOTTIME)
                 RT.in_step -= 1
                 try:
-                    RT.write(
-                        _SPAN,
-                        1,  # Phase.EXECUTE
-                        0,
-                        c,
-                        RT.step,
-                        t0,
-                        t1,
-                        n_tok,
-                        n_req,
-                        0,
-                        0,
-                        0,
-                    )
+                    RT.put.span(RT.step, _EXECUTE, t0, t1, c, n_tok, n_req)
                 except Exception as exc:
                     hook.fail(exc)
 
@@ -218,7 +265,7 @@ def sample_tokens(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]
                 t1 = _clock(BOOTTIME)
                 RT.in_step -= 1
                 try:
-                    RT.write(_SPAN, 2, 0, c, RT.step, t0, t1, 0, 0, 0, 0, 0)
+                    RT.put.span(RT.step, _SAMPLE_TOKENS, t0, t1, c, 0, 0)
                     timer = _timer()
                     if timer is not None:
                         timer.step_end(RT.step)
@@ -246,26 +293,36 @@ def _before_sampled_step(orig: Callable[..., Any], runner: Any, args: Any, kwarg
 
 
 def forward(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
-    """The forward launch (V1 ``_model_forward``): a span plus the device events."""
+    """The forward launch (V1 ``_model_forward``, MRV2 ``ModelCudaGraphManager.
+    run_fullgraph``): the device events and one FORWARD record holding the launch span and
+    the replays inside it. Outside a step or inside the drafter it is a plain SPAN (and
+    the replays write their own records)."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
             return orig(*args, **kwargs)
-        timer = _timer() if RT.in_step and not RT.drafter else None
+        outer = RT.fwd
+        scope = ForwardScope() if RT.in_step and not RT.drafter and outer is None else None
+        timer = _timer() if scope is not None else None
         if timer is not None:
             timer.forward_start()
+        RT.fwd = scope if scope is not None else outer
         t0 = _clock(BOOTTIME)
         try:
             return orig(*args, **kwargs)
         finally:
             t1 = _clock(BOOTTIME)
+            RT.fwd = outer
             try:
                 if timer is not None:
                     timer.forward_end()
                 f = 0 if RT.in_step else _OUTSIDE
                 if RT.drafter:
                     f |= _DRAFTER
-                RT.write(_SPAN, 7, 0, f, RT.step, t0, t1, 0, 0, 0, 0, 0)
+                if scope is not None:
+                    scope.write(f, t0, t1)
+                elif outer is None:
+                    RT.put.span(RT.step, _FORWARD, t0, t1, f, 0, 0)
             except Exception as exc:
                 hook.fail(exc)
 
@@ -273,32 +330,42 @@ def forward(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
 
 
 class _TimedContext:
-    """Wraps MRV2's ``set_forward_context`` manager: its body is the eager/PW forward."""
+    """Wraps MRV2's ``set_forward_context`` manager: its body is the eager/PW forward,
+    recorded like :func:`forward`."""
 
-    __slots__ = ("_cm", "_t0", "_timer")
+    __slots__ = ("_cm", "_outer", "_scope", "_t0", "_timer")
 
     def __init__(self, cm: Any) -> None:
         self._cm = cm
         self._t0 = 0
         self._timer: GpuTimer | None = None
+        self._scope: ForwardScope | None = None
+        self._outer: ForwardScope | None = None
 
     def __enter__(self) -> Any:
         value = self._cm.__enter__()
-        self._timer = _timer() if RT.in_step and not RT.drafter else None
-        if self._timer is not None:
-            self._timer.forward_start()
+        outer = self._outer = RT.fwd
+        if not RT.drafter and outer is None:
+            self._scope = RT.fwd = ForwardScope()
+            self._timer = _timer()
+            if self._timer is not None:
+                self._timer.forward_start()
         self._t0 = _clock(BOOTTIME)
         return value
 
     def __exit__(self, *exc: Any) -> Any:
         t1 = _clock(BOOTTIME)
+        RT.fwd = self._outer
         try:
             if self._timer is not None:
                 self._timer.forward_end()
             f = 0 if RT.in_step else _OUTSIDE
             if RT.drafter:
                 f |= _DRAFTER
-            RT.write(_SPAN, 7, 0, f, RT.step, self._t0, t1, 0, 0, 0, 0, 0)
+            if self._scope is not None:
+                self._scope.write(f, self._t0, t1)
+            elif self._outer is None:
+                RT.put.span(RT.step, _FORWARD, self._t0, t1, f, 0, 0)
         except Exception:
             pass
         return self._cm.__exit__(*exc)
@@ -322,8 +389,22 @@ def _first_step(runner: Any) -> None:
 
 TARGETS: tuple[Target, ...] = (
     # classic runner
-    Target("step.v1.execute_model", V1, "GPUModelRunner", "execute_model", execute("v1")),
-    Target("step.v1.sample_tokens", V1, "GPUModelRunner", "sample_tokens", sample_tokens("v1")),
+    Target(
+        "step.v1.execute_model",
+        V1,
+        "GPUModelRunner",
+        "execute_model",
+        execute("v1"),
+        gate="sampling",
+    ),
+    Target(
+        "step.v1.sample_tokens",
+        V1,
+        "GPUModelRunner",
+        "sample_tokens",
+        sample_tokens("v1"),
+        gate="sampling",
+    ),
     Target(
         "phase.v1.prepare_inputs",
         V1,
@@ -338,7 +419,7 @@ TARGETS: tuple[Target, ...] = (
         "_build_attention_metadata",
         span(Phase.METADATA_BUILD),
     ),
-    Target("phase.v1.forward_launch", V1, "GPUModelRunner", "_model_forward", forward),
+    Target("phase.v1.forward_launch", V1, "GPUModelRunner", "_model_forward", forward, gate="on"),
     Target("phase.v1.sample", V1, "GPUModelRunner", "_sample", span(Phase.SAMPLE)),
     Target(
         "phase.v1.draft",
@@ -348,9 +429,21 @@ TARGETS: tuple[Target, ...] = (
         span(Phase.DRAFT, drafter=True),
     ),
     # Model Runner V2
-    Target("step.mrv2.execute_model", MRV2, "GPUModelRunner", "execute_model", execute("mrv2")),
     Target(
-        "step.mrv2.sample_tokens", MRV2, "GPUModelRunner", "sample_tokens", sample_tokens("mrv2")
+        "step.mrv2.execute_model",
+        MRV2,
+        "GPUModelRunner",
+        "execute_model",
+        execute("mrv2"),
+        gate="sampling",
+    ),
+    Target(
+        "step.mrv2.sample_tokens",
+        MRV2,
+        "GPUModelRunner",
+        "sample_tokens",
+        sample_tokens("mrv2"),
+        gate="sampling",
     ),
     Target(
         "phase.mrv2.prepare_inputs",
@@ -366,7 +459,9 @@ TARGETS: tuple[Target, ...] = (
         "prepare_attn",
         span(Phase.PREPARE_INPUTS),
     ),
-    Target("phase.mrv2.forward_context", MRV2, "", "set_forward_context", forward_context),
+    Target(
+        "phase.mrv2.forward_context", MRV2, "", "set_forward_context", forward_context, gate="on"
+    ),
     Target("phase.mrv2.sample", MRV2, "GPUModelRunner", "sample", span(Phase.SAMPLE)),
 )
 

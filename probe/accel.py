@@ -1,0 +1,177 @@
+"""Which hot path runs inside vLLM: the compiled accelerator or pure Python.
+
+The per-call work of the probe (the timed wrapper around a hooked vLLM method, the step
+buffer and the publish of a whole step into the ring) has two implementations with the
+same behaviour:
+
+- ``compiled``: the C extension :mod:`probe._accel`, built by ``pip install`` when a C
+  compiler and the Python headers are there (``setup.py``);
+- ``python``: the code in :mod:`probe.ring`, :mod:`probe.runtime` and the hook modules.
+
+The compiled one is chosen automatically when it imports; ``PROBE_ACCEL=0`` in the
+environment of the vLLM process forces pure Python. One log line says when the extension
+is missing; the ring's HELLO record carries which path ran, so the recording's meta and
+``probe doctor`` show it.
+
+    >>> from probe import accel
+    >>> accel.NAME in ("compiled", "python")
+    True
+
+Tests and benchmarks switch the wrappers, packers and ring writer between the two with
+:func:`use`; the hot state object (:data:`Core`, the base of ``Runtime``) is fixed at import.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+from probe import records
+
+log = logging.getLogger("probe")
+
+__all__ = [
+    "COMPILED",
+    "NAME",
+    "WHY_NOT",
+    "Core",
+    "active",
+    "gate",
+    "make_ring",
+    "span_hook",
+    "use",
+]
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    if os.environ.get("PROBE_ACCEL", "").strip() == "0":
+        return None, "PROBE_ACCEL=0"
+    try:
+        import probe._accel as _accel
+    except ImportError as exc:
+        return None, f"the extension probe._accel is not built ({exc})"
+    return _accel, ""
+
+
+_C, WHY_NOT = _load()
+COMPILED = _C is not None
+"""True when the compiled accelerator imported (and was not turned off)."""
+NAME = "compiled" if COMPILED else "python"
+if not COMPILED and WHY_NOT != "PROBE_ACCEL=0":
+    log.info("probe: using the pure-Python hot path: %s", WHY_NOT)
+
+
+class PyCore:
+    """The hot state in pure Python: the same fields as ``probe._accel.Core``."""
+
+    enabled: int
+    in_step: int
+    drafter: int
+    in_build: int
+    sampling: int
+    gpu_timing: int
+    step: int
+    sample_every: int
+    sample_n: int
+
+    def __init__(self) -> None:
+        self.enabled = 0
+        self.in_step = 0
+        self.drafter = 0
+        self.in_build = 0
+        self.sampling = 0
+        self.gpu_timing = 0
+        self.step = 0
+        self.sample_every = 1
+        self.sample_n = 0
+
+
+Core: type = _C.Core if _C is not None else PyCore
+"""Base class of :class:`probe.runtime.Runtime`."""
+
+_active = NAME
+
+
+def active() -> str:
+    """The path new wrappers, packers and ring writers use: ``compiled`` or ``python``."""
+    return _active
+
+
+@contextmanager
+def use(name: str) -> Iterator[None]:
+    """Make new wrappers, packers and ring writers use ``name`` (tests, benchmarks)."""
+    global _active
+    if name not in ("compiled", "python"):
+        raise ValueError(f"unknown hot path {name!r}; known: compiled, python")
+    if name == "compiled" and not COMPILED:
+        raise RuntimeError(f"the compiled hot path is not available: {WHY_NOT}")
+    old, _active = _active, name
+    try:
+        yield
+    finally:
+        _active = old
+
+
+def _compiled() -> ModuleType | None:
+    return _C if _active == "compiled" else None
+
+
+def make_ring(mm: Any, capacity: int) -> Any | None:
+    """The compiled writer of a mapped ring, or None for the pure-Python one."""
+    c = _compiled()
+    return None if c is None else c.Ring(mm, capacity)
+
+
+def is_compiled_ring(hot: Any) -> bool:
+    return _C is not None and isinstance(hot, _C.Ring)
+
+
+def bind_packers(
+    rt: Any, ring: Any
+) -> tuple[records.Packers, Callable[..., Any], Callable[[], None]]:
+    """``(put, stage, flush)`` of a compiled ring bound to the compiled Core ``rt``."""
+    ring.bind(rt)
+    put = records.Packers()
+    for spec in records.SPECS.values():
+        setattr(put, spec.name, ring.packer(int(spec.kind), records.c_layout(spec)))
+    return put, ring.stage, ring.flush
+
+
+def can_bind(rt: Any, hot: Any) -> bool:
+    """Whether ``rt`` can stage straight into the compiled ring ``hot``."""
+    return _C is not None and isinstance(rt, _C.Core) and isinstance(hot, _C.Ring)
+
+
+def span_hook(orig: Callable[..., Any], rt: Any, phase: int, drafter: bool) -> Any | None:
+    """A compiled phase-span wrapper around ``orig``, or None (use the Python one)."""
+    c = _compiled()
+    if c is None or not isinstance(rt, c.Core):
+        return None
+    return c.Span(orig, rt, phase, drafter)
+
+
+def gate(
+    orig: Callable[..., Any], impl: Callable[..., Any], rt: Any, sampling: bool = False
+) -> Any:
+    """``impl`` behind a compiled dormant path (off: ``orig`` is called straight from C);
+    ``impl`` itself on the Python path. ``sampling``: call ``impl`` while sampling too."""
+    c = _compiled()
+    if c is None or not isinstance(rt, c.Core):
+        return impl
+    return c.Gate(orig, impl, rt, sampling)
+
+
+def _check_span_layout() -> None:
+    """The compiled Span writes SPAN records itself: its wire slots must be the declared
+    ones (step, phase in a, flags in c, t0, t1)."""
+    got = {f.name: f.slot for f in records.SPECS[records.RecordKind.SPAN].fields}
+    want = {"step": "step", "phase": "a", "flags": "c", "t0": "t0", "t1": "t1"}
+    if any(got.get(k) != v for k, v in want.items()):
+        raise ImportError(f"probe.accel: the SPAN declaration {got} no longer matches probe._accel")
+
+
+_check_span_layout()
