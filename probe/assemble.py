@@ -83,6 +83,12 @@ class StepAssembler:
         self._open.records.append(rec)
         return out
 
+    def take_gpu(self) -> list[GpuTiming]:
+        """The device timings that arrived since the last call (the collector hands them
+        to every sink once)."""
+        out, self.gpu = self.gpu, []
+        return out
+
     def flush(self) -> list[Step]:
         if self._open is None:
             return []

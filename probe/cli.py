@@ -22,7 +22,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -30,14 +29,11 @@ from rich.console import Console
 
 from probe import config
 from probe.errors import UsageError
+from probe.recording import default_recording
+
+__all__ = ["default_recording", "main"]
 
 EXIT_USAGE = 2
-
-
-def default_recording() -> Path:
-    """The bundled real recording (H200, tiny DeepSeek-V3.2 + MTP; see docs/evidence.md)."""
-    ref = resources.files("probe") / "data" / "default.probe.db"
-    return Path(str(ref))
 
 
 def _console(args: argparse.Namespace) -> Console:
@@ -266,11 +262,14 @@ def cmd_collect(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     import sqlite3
 
+    from probe.recording import RecordingError
     from probe.report import build_report, render_report
 
     rec = _open_recording(args.recording)
     try:
         rep = build_report(rec)
+    except RecordingError as exc:
+        raise UsageError(str(exc)) from None
     except sqlite3.DatabaseError as exc:
         raise UsageError(f"{rec.path}: damaged recording ({' '.join(str(exc).split())})") from None
     if args.json:

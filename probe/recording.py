@@ -21,7 +21,7 @@ import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,6 @@ from probe.records import (
     BuildTag,
     Dispatch,
     Flag,
-    GpuTiming,
     Hello,
     Mode,
     Phase,
@@ -41,7 +40,7 @@ from probe.records import (
     ReplayKind,
     Span,
 )
-from probe.step import STEP_COLUMNS, Step
+from probe.step import STEP_COLUMNS, GpuSample, Step
 
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x56475052  # "VGPR"
@@ -319,14 +318,11 @@ class RecordingWriter:
     def set_strings(self, pid: int, strings: dict[int, str]) -> None:
         self._builder_names.update({(pid, k): v for k, v in strings.items()})
 
-    def add_gpu(self, pid: int, timings: Iterable[GpuTiming]) -> None:
+    def add_gpu(self, pid: int, timings: Iterable[GpuSample]) -> None:
         """Device timings arrive a few steps late; they are joined into steps on close."""
         self.db.executemany(
             "INSERT OR REPLACE INTO gpu VALUES (?, ?, ?, ?, ?)",
-            [
-                (pid, g.step, g.busy_ns, g.gpu_t0 if g.gpu_t0 >= 0 else None, g.gpu_t1)
-                for g in timings
-            ],
+            [(pid, g.step, g.busy_ns, g.idle_before_ns, g.step_ns) for g in timings],
         )
 
     def join_gpu(self) -> None:
@@ -597,7 +593,7 @@ class Recording:
                     kw[c.attr] = ids[pid][name if name is not None else "?"]
                 else:
                     kw[c.attr] = rd.value(t.name, row, c.name, v, c.kind, min=c.min)
-            if "flags" in t.record.__dataclass_fields__:
+            if "flags" in {f.name for f in fields(t.record)}:
                 kw["flags"] = int(flags)
             yield (pid, step), t.record(**kw)
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import enum
 import types
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Annotated
 
-from probe.records import Build, Dispatch, Mode, Phase, Reason, Reorder, Replay, Span
+from probe.records import Build, Dispatch, GpuTiming, Mode, Phase, Reason, Reorder, Replay, Span
 
-__all__ = ["PHASES", "PHASE_COLUMNS", "STEP_COLUMNS", "Col", "Column", "Step"]
+__all__ = ["PHASES", "PHASE_COLUMNS", "STEP_COLUMNS", "Col", "Column", "GpuSample", "Step"]
 
 PHASE_COLUMNS: tuple[Phase, ...] = (
     Phase.REORDER,
@@ -117,6 +117,37 @@ class Step:
     def graph(self) -> bool:
         """Dispatched to a graph (FULL or PIECEWISE)."""
         return self.mode is not None and self.mode != Mode.NONE
+
+    @property
+    def gpu(self) -> GpuSample | None:
+        """The step's device timing, once it arrived."""
+        if self.gpu_busy_ns is None:
+            return None
+        return GpuSample(self.step, self.gpu_busy_ns, self.gpu_idle_before_ns, self.gpu_step_ns)
+
+    def with_gpu(self, g: GpuSample) -> Step:
+        """This step with its device timing joined in."""
+        return replace(
+            self, gpu_busy_ns=g.busy_ns, gpu_idle_before_ns=g.idle_before_ns, gpu_step_ns=g.step_ns
+        )
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """Device timing of one step's forward; arrives a few steps after the step.
+
+    ``idle_before_ns`` is None for the first timed step (no previous event).
+    """
+
+    step: int
+    busy_ns: int
+    idle_before_ns: int | None
+    step_ns: int | None = None
+
+    @classmethod
+    def of(cls, g: GpuTiming) -> GpuSample:
+        # the ring's GPU record carries the idle gap and the step span in gpu_t0/gpu_t1
+        return cls(g.step, g.busy_ns, g.gpu_t0 if g.gpu_t0 >= 0 else None, g.gpu_t1)
 
 
 @dataclass(frozen=True)
