@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 from rich.console import Console
 
 from probe import config
+from probe.commands import open_recording
 from probe.errors import UsageError
 from probe.recording import default_recording
 
@@ -40,14 +41,8 @@ def _console(args: argparse.Namespace) -> Console:
     return Console(width=getattr(args, "width", None) or None, soft_wrap=False)
 
 
-def _open_recording(path: str | None) -> Any:
-    from probe.recording import Recording, RecordingError
-
-    p = Path(path) if path else default_recording()
-    try:
-        return Recording.open(p)
-    except RecordingError as exc:
-        raise UsageError(str(exc)) from None
+# kept for commands written against the old private name
+_open_recording = open_recording
 
 
 # -- record ---------------------------------------------------------------------------------
@@ -265,7 +260,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from probe.recording import RecordingError
     from probe.report import build_report, render_report
 
-    rec = _open_recording(args.recording)
+    rec = open_recording(args.recording)
     try:
         rep = build_report(rec)
     except RecordingError as exc:
@@ -312,7 +307,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             raise UsageError("doctor: give a recording or --pid/--url, not both")
         snaps = _live_snapshots(args)
     else:
-        rec = _open_recording(args.recording)
+        rec = open_recording(args.recording)
         snaps = [p["snapshot"] for p in rec.processes() if p.get("snapshot")]
         if not snaps:
             raise UsageError(f"doctor: {rec.path} holds no static snapshot (no step was recorded)")
