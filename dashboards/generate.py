@@ -357,8 +357,13 @@ def host_overhead() -> dict[str, Any]:
         ),
         panel(
             "GPU idle share",
-            "gpu_idle_share = idle before steps / (idle + forward busy).",
-            [target(R["gpu_idle_share"], "gpu_idle_share")],
+            "gpu_idle_share = idle before steps / the step periods (idle + the step's span "
+            "on the device); host_bound_share = steps whose GPU idled for over 10% of the "
+            "step period / timed steps (probe.analysis.RATIOS).",
+            [
+                target(R["gpu_idle_share"], "gpu_idle_share"),
+                target(R["host_bound_share"], "host_bound_share"),
+            ],
             ratio=True,
         ),
         panel(

@@ -2,8 +2,9 @@
 
     python -m dashboards.render_recording [RECORDING] [--out docs/dashboards] [--window 1]
 
-One PNG per dashboard, one subplot per panel, titled as the panel. Each quantity uses the
-definitions of the panel's PromQL (:mod:`exporters.metrics`), computed per ``--window``
+One PNG per dashboard, one subplot per panel, titled as the panel. Each quantity is the
+one definition the panel's PromQL is derived from (:data:`probe.analysis.RATIOS`, over
+the recording's Steps), computed per ``--window``
 seconds of the recording's step start times (BOOTTIME, shown relative to the first step)
 instead of ``rate(...[$__rate_interval])``. Quantiles here are exact per window; the
 dashboards interpolate them from the explicit buckets.
@@ -14,7 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,41 +29,48 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
 from dashboards.generate import DASHBOARDS
-from exporters.base import ProcessInfo, steps_from_recording
+from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import LAUNCH_BUCKETS
-from probe.analysis import PHASES, is_decode, percentile
-from probe.cli import default_recording
-from probe.recording import Recording
+from probe.analysis import PHASES, RATIOS, percentile
+from probe.recording import Recording, default_recording
+from probe.records import Build, BuildTag, Reorder
+from probe.step import Step
 
-Row = Mapping[str, Any]
+
+@dataclass(frozen=True)
+class At:
+    """Something that happened at ``t`` (BOOTTIME ns): a step, a build, a reorder."""
+
+    t: int
+    step: Step
+    item: Any = None
 
 
 class Data:
     def __init__(self, rec: Recording, window_s: float) -> None:
-        self.rows = [s for s in rec.steps() if s["mode"] is not None]
-        self.t_start = min(s["t0_ns"] for s in self.rows)
+        steps = list(rec.iter_steps())
+        names = rec.builder_names()
+        self.rows = [At(s.t0, s) for s in steps if s.forward]
+        self.t_start = min(a.t for a in self.rows)
         self.window_ns = int(window_s * 1e9)
         self.window_s = window_s
-        self.procs: list[ProcessInfo] = steps_from_recording(rec)[0]
-        self.builds = list(rec.rows("builds"))
-        self.reorders = list(rec.rows("reorders"))
-        starts = {(s["pid"], s["step"]): s["t0_ns"] for s in rec.steps()}
-        for b in self.builds:
-            b["t"] = b["t0_ns"]
-        for o in self.reorders:
-            o["t"] = starts.get((o["pid"], o["step"]), o["t0_ns"])
-        for s in self.rows:
-            s["t"] = s["t0_ns"]
+        self.procs: list[ProcessInfo] = processes_from_recording(rec)
+        self.builds = [
+            At(b.t0, s, (names.get(s.pid, {}).get(b.builder_id, "?"), b))
+            for s in steps
+            for b in s.builds
+        ]
+        self.reorders = [At(s.t0, s, o) for s in steps for o in s.reorders]
 
-    def bins(self, rows: Iterable[Row]) -> dict[float, list[Row]]:
-        out: dict[float, list[Row]] = defaultdict(list)
+    def bins(self, rows: Iterable[At]) -> dict[float, list[At]]:
+        out: dict[float, list[At]] = defaultdict(list)
         for r in rows:
-            k = (r["t"] - self.t_start) // self.window_ns
-            out[k * self.window_s] = [*out.get(k * self.window_s, []), r]
+            k = (r.t - self.t_start) // self.window_ns
+            out[k * self.window_s].append(r)
         return dict(sorted(out.items()))
 
     def series(
-        self, rows: Iterable[Row], f: Callable[[list[Row]], float | None]
+        self, rows: Iterable[At], f: Callable[[list[At]], float | None]
     ) -> tuple[list[float], list[float]]:
         xs, ys = [], []
         for t, rs in self.bins(rows).items():
@@ -72,30 +81,34 @@ class Data:
         return xs, ys
 
 
-def _ratio(num: Callable[[Row], bool], den: Callable[[Row], bool]) -> Callable[[list[Row]], Any]:
-    def f(rs: list[Row]) -> float | None:
-        d = sum(1 for r in rs if den(r))
-        return sum(1 for r in rs if den(r) and num(r)) / d if d else None
-
-    return f
+def _ratio(name: str) -> Callable[[list[At]], float | None]:
+    """One of :data:`probe.analysis.RATIOS` over a window's steps."""
+    return lambda rs: RATIOS[name].of(a.step for a in rs)
 
 
-def _line(ax: Axes, d: Data, rows: Iterable[Row], f: Any, label: str) -> None:
+def _mode(s: Step) -> str:
+    return s.mode.name.lower() if s.mode is not None else "none"
+
+
+def _line(ax: Axes, d: Data, rows: Iterable[At], f: Any, label: str) -> None:
     xs, ys = d.series(list(rows), f)
     ax.plot(xs, ys, marker=".", label=label)
 
 
-def _stack(ax: Axes, d: Data, rows: Sequence[Row], key: Callable[[Row], str]) -> None:
+def _stack(ax: Axes, d: Data, rows: Sequence[At], key: Callable[[Step], str]) -> None:
     bins = d.bins(rows)
-    keys = sorted({key(r) for r in rows})
+    keys = sorted({key(r.step) for r in rows})
     xs = list(bins)
-    ys = [[sum(1 for r in bins[t] if key(r) == k) / d.window_s for t in xs] for k in keys]
+    ys = [[sum(1 for r in bins[t] if key(r.step) == k) / d.window_s for t in xs] for k in keys]
     if keys:
         ax.stackplot(xs, ys, labels=keys, alpha=0.8)
 
 
-def _pct(field: str, q: float) -> Callable[[list[Row]], float | None]:
-    return lambda rs: percentile([r[field] / 1e9 for r in rs if r.get(field) is not None], q)
+def _pct(field: str, q: float) -> Callable[[list[At]], float | None]:
+    def f(rs: list[At]) -> float | None:
+        return percentile([v / 1e9 for r in rs if (v := getattr(r.step, field)) is not None], q)
+
+    return f
 
 
 def _text(ax: Axes, lines: Sequence[str]) -> None:
@@ -105,57 +118,38 @@ def _text(ax: Axes, lines: Sequence[str]) -> None:
 
 def draw(title: str, ax: Axes, d: Data) -> None:
     rows = d.rows
-    graph = ("full", "piecewise")
     if title == "FULL and graph hit rate":
-        _line(ax, d, rows, _ratio(lambda r: r["mode"] == "full", lambda r: True), "full_hit_rate")
-        _line(ax, d, rows, _ratio(lambda r: r["mode"] in graph, lambda r: True), "graph_rate")
-        _line(
-            ax,
-            d,
-            rows,
-            _ratio(lambda r: bool(r["replayed"]), lambda r: r["mode"] in graph),
-            "replay_confirmed_rate",
-        )
+        for name in ("full_hit_rate", "graph_rate", "replay_confirmed_rate"):
+            _line(ax, d, rows, _ratio(name), name)
         ax.set_ylim(-0.05, 1.05)
     elif title == "Decode FULL hit rate (MTP)":
-        for ql in sorted({r["uniform_decode_query_len"] for r in rows if is_decode(r)}):
-            sel = [r for r in rows if is_decode(r) and r["uniform_decode_query_len"] == ql]
-            _line(
-                ax, d, sel, _ratio(lambda r: r["mode"] == "full", lambda r: True), f"query_len {ql}"
-            )
+        for ql in sorted({r.step.uniform_decode_query_len for r in rows if r.step.decode}):
+            sel = [r for r in rows if r.step.decode and r.step.uniform_decode_query_len == ql]
+            _line(ax, d, sel, _ratio("decode_full_hit_rate"), f"query_len {ql}")
         ax.set_ylim(-0.05, 1.05)
     elif title == "Miss reasons (steps/s, stacked)":
-        _stack(ax, d, rows, lambda r: f"{r['mode']} / {r['reason']}")
+        _stack(ax, d, rows, lambda s: f"{_mode(s)} / {s.reason.label if s.reason else None}")
     elif title == "Drafter (MTP) graph modes":
         _stack(
             ax,
             d,
-            [r for r in rows if r["draft_mode"]],
-            lambda r: f"{r['draft_mode']} / {r['draft_reason']}",
+            [r for r in rows if r.step.draft_mode is not None],
+            lambda s: (
+                f"{s.draft_mode.name.lower() if s.draft_mode is not None else None} / "
+                f"{s.draft_reason.label if s.draft_reason else None}"
+            ),
         )
     elif title == "Padding waste":
-
-        def waste(rs: list[Row]) -> float | None:
-            g = [r for r in rs if r["mode"] != "none"]
-            p = sum(r["padded_tokens"] for r in g)
-            return (p - sum(r["num_tokens"] for r in g)) / p if p else None
-
-        _line(ax, d, rows, waste, "padding_waste")
+        _line(ax, d, rows, _ratio("padding_waste"), "padding_waste")
         ax.set_ylim(-0.05, 1.05)
     elif title == "Tokens through graphs (tokens/s)":
-        g = [r for r in rows if r["mode"] != "none"]
-        _line(ax, d, g, lambda rs: sum(r["padded_tokens"] for r in rs) / d.window_s, "padded")
-        _line(ax, d, g, lambda rs: sum(r["num_tokens"] for r in rs) / d.window_s, "real")
+        g = [r for r in rows if r.step.graph]
+        _line(ax, d, g, lambda rs: sum(r.step.padded_tokens for r in rs) / d.window_s, "padded")
+        _line(ax, d, g, lambda rs: sum(r.step.num_tokens for r in rs) / d.window_s, "real")
     elif title == "FULL hit rate per rank":
         for p in d.procs:
-            sel = [r for r in rows if r["pid"] == p.pid]
-            _line(
-                ax,
-                d,
-                sel,
-                _ratio(lambda r: r["mode"] == "full", lambda r: True),
-                f"{p.rank} ({p.pid})",
-            )
+            sel = [r for r in rows if r.step.pid == p.pid]
+            _line(ax, d, sel, _ratio("full_hit_rate"), f"{p.rank} ({p.pid})")
         ax.set_ylim(-0.05, 1.05)
     elif title == "Doctor warnings":
         _text(ax, [f"{p.pid} {code}: {msg}" for p in d.procs for code, msg in p.traps])
@@ -169,13 +163,17 @@ def draw(title: str, ax: Axes, d: Data) -> None:
             ],
         )
     elif title == "CPU launch overhead (heatmap)":
-        bins = d.bins([r for r in rows if r["cpu_launch_overhead_ns"] is not None])
+        bins = d.bins([r for r in rows if r.step.cpu_launch_overhead_ns is not None])
         edges = [0.0, *LAUNCH_BUCKETS]
         last = max(bins, default=0.0)
         times = [i * d.window_s for i in range(int(last / d.window_s) + 1)]
         grid = [
             [
-                sum(1 for r in bins.get(t, []) if lo < r["cpu_launch_overhead_ns"] / 1e9 <= hi)
+                sum(
+                    1
+                    for r in bins.get(t, [])
+                    if lo < (r.step.cpu_launch_overhead_ns or 0) / 1e9 <= hi
+                )
                 for t in times
             ]
             for lo, hi in itertools.pairwise(edges)
@@ -193,8 +191,8 @@ def draw(title: str, ax: Axes, d: Data) -> None:
         ax.set_xlabel("s since first step")
         return
     elif title == "CPU launch overhead p50 / p99 by mode":
-        for mode in sorted({r["mode"] for r in rows}):
-            sel = [r for r in rows if r["mode"] == mode]
+        for mode in sorted({_mode(r.step) for r in rows}):
+            sel = [r for r in rows if _mode(r.step) == mode]
             _line(ax, d, sel, _pct("cpu_launch_overhead_ns", 50), f"p50 {mode}")
             _line(ax, d, sel, _pct("cpu_launch_overhead_ns", 99), f"p99 {mode}")
         ax.set_yscale("log")
@@ -202,13 +200,14 @@ def draw(title: str, ax: Axes, d: Data) -> None:
         bins = d.bins(rows)
         xs = list(bins)
         ys = [
-            [sum((r[f"{p}_ns"] or 0) for r in bins[t]) / len(bins[t]) / 1e9 for t in xs]
+            [sum(r.step.phases.get(p, 0) for r in bins[t]) / len(bins[t]) / 1e9 for t in xs]
             for p in PHASES
         ]
         ax.stackplot(xs, ys, labels=PHASES, alpha=0.85)
     elif title == "Step host time p50 by mode":
-        for mode in sorted({r["mode"] for r in rows}):
-            _line(ax, d, [r for r in rows if r["mode"] == mode], _pct("host_ns", 50), f"p50 {mode}")
+        for mode in sorted({_mode(r.step) for r in rows}):
+            sel = [r for r in rows if _mode(r.step) == mode]
+            _line(ax, d, sel, _pct("host_ns", 50), f"p50 {mode}")
         ax.set_yscale("log")
     elif title == "GPU idle before step":
         _line(ax, d, rows, _pct("gpu_idle_before_ns", 50), "p50 idle")
@@ -216,30 +215,25 @@ def draw(title: str, ax: Axes, d: Data) -> None:
         _line(ax, d, rows, _pct("gpu_busy_ns", 50), "p50 forward busy")
         ax.set_yscale("log")
     elif title == "GPU idle share":
-
-        def share(rs: list[Row]) -> float | None:
-            idle = sum(r["gpu_idle_before_ns"] or 0 for r in rs)
-            busy = sum(r["gpu_busy_ns"] or 0 for r in rs)
-            return idle / (idle + busy) if idle + busy else None
-
-        _line(ax, d, rows, share, "gpu_idle_share")
+        _line(ax, d, rows, _ratio("gpu_idle_share"), "gpu_idle_share")
+        _line(ax, d, rows, _ratio("host_bound_share"), "host_bound_share")
         ax.set_ylim(-0.05, 1.05)
     elif title == "Metadata build time by builder (mean)":
-        builds = [b for b in d.builds if b["tag"] != "capture"]
-        for name in sorted({b["builder"] or "?" for b in builds}):
-            for dr in (0, 1):
-                sel = [b for b in builds if (b["builder"] or "?") == name and b["drafter"] == dr]
+        builds = [b for b in d.builds if b.item[1].tag != BuildTag.CAPTURE]
+        for name in sorted({b.item[0] for b in builds}):
+            for dr in (False, True):
+                sel = [b for b in builds if b.item[0] == name and bool(b.item[1].flags & 1) == dr]
                 if sel:
                     _line(
                         ax,
                         d,
                         sel,
-                        lambda rs: sum(b["t1_ns"] - b["t0_ns"] for b in rs) / len(rs) / 1e9,
+                        lambda rs: sum(_build(b).dur_ns for b in rs) / len(rs) / 1e9,
                         f"{name} drafter={'true' if dr else 'false'}",
                     )
     elif title == "Reorder decisions":
-        for ch in (0, 1):
-            sel = [o for o in d.reorders if o["changed"] == ch]
+        for ch in (False, True):
+            sel = [o for o in d.reorders if _reorder(o).changed == ch]
             if sel:
                 _line(
                     ax,
@@ -249,14 +243,18 @@ def draw(title: str, ax: Axes, d: Data) -> None:
                     f"changed={'true' if ch else 'false'}",
                 )
         _line(
-            ax, d, d.reorders, lambda rs: sum(o["moved"] for o in rs) / d.window_s, "moved requests"
+            ax,
+            d,
+            d.reorders,
+            lambda rs: sum(_reorder(o).moved for o in rs) / d.window_s,
+            "moved requests",
         )
     elif title == "CPU launch overhead p50 per rank":
         for p in d.procs:
             _line(
                 ax,
                 d,
-                [r for r in rows if r["pid"] == p.pid],
+                [r for r in rows if r.step.pid == p.pid],
                 _pct("cpu_launch_overhead_ns", 50),
                 p.rank,
             )
@@ -275,6 +273,16 @@ def draw(title: str, ax: Axes, d: Data) -> None:
         ax.legend(fontsize=6, loc="best")
     ax.set_xlabel("s since first step")
     ax.grid(alpha=0.3)
+
+
+def _build(a: At) -> Build:
+    b: Build = a.item[1]
+    return b
+
+
+def _reorder(a: At) -> Reorder:
+    o: Reorder = a.item
+    return o
 
 
 def render(rec: Recording, out: Path, window_s: float = 1.0) -> list[Path]:

@@ -1,11 +1,11 @@
 """The interface every live sink shares, and the pieces exporters have in common.
 
 A sink consumes what the reader process assembles: :class:`probe.collector.Sink`
-(``on_process(proc)``, ``on_steps(proc, steps)``, ``close()``), re-exported here as
+(``on_process(proc)``, ``on_steps(proc, steps, gpu)``, ``close()``), re-exported here as
 :class:`Sink`. Exporters (Prometheus, OTLP) build on :class:`ExportSink`, which turns a
-live :class:`~probe.collector.ProcessState` into a plain :class:`ProcessInfo` and its
-GPU timings into :class:`GpuSample`, so the same sink also takes a finished recording
-(:func:`replay`, used by ``probe export``)::
+live :class:`~probe.collector.ProcessState` into a plain :class:`ProcessInfo`, so the
+same sink also takes a finished recording (:func:`replay`, used by ``probe export``:
+the recording's Steps, from :meth:`~probe.recording.Recording.iter_steps`)::
 
     >>> from exporters.base import load_sink, replay              # doctest: +SKIP
     >>> sink = load_sink("prometheus").make_sink("127.0.0.1:9464")  # doctest: +SKIP
@@ -21,26 +21,14 @@ from __future__ import annotations
 import importlib
 import socket
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
 
-from probe.assemble import PHASE_COLUMNS, Step
 from probe.collector import ProcessState, Sink
 from probe.recording import Recording
-from probe.records import (
-    Build,
-    BuildTag,
-    Dispatch,
-    Mode,
-    Phase,
-    Reason,
-    Reorder,
-    Replay,
-    ReplayKind,
-    Span,
-)
+from probe.step import GpuSample, Step
 
 __all__ = [
     "EXTRAS",
@@ -52,8 +40,8 @@ __all__ = [
     "Sink",
     "StepConsumer",
     "load_sink",
+    "processes_from_recording",
     "replay",
-    "steps_from_recording",
 ]
 
 # sink module -> the extra that installs its library
@@ -150,15 +138,14 @@ class ProcessInfo:
     @classmethod
     def from_state(cls, proc: ProcessState) -> ProcessInfo:
         hello = proc.hello
-        faults = proc.assembler.faults.values() if proc.assembler is not None else ()
         return cls.from_snapshot(
             proc.pid,
             proc.snapshot,
             boottime_ns=hello.boottime_ns if hello else None,
             epoch_ns=hello.epoch_ns if hello else None,
             dropped=proc.dropped,
-            hook_faults=sum(f.count for f in faults),
-            builder_names=dict(proc.decoder.strings),
+            hook_faults=proc.hook_faults,
+            builder_names=proc.builder_names,
         )
 
     @property
@@ -170,15 +157,6 @@ class ProcessInfo:
         if self.boottime_ns is None or self.epoch_ns is None:
             raise ValueError(f"pid {self.pid}: no clock pair (hello record) yet")
         return boottime_ns - self.boottime_ns + self.epoch_ns
-
-
-@dataclass(frozen=True)
-class GpuSample:
-    """Device timing of one step's forward (arrives a few steps after the step)."""
-
-    step: int
-    busy_ns: int
-    idle_before_ns: int | None
 
 
 class StepConsumer(Protocol):
@@ -196,21 +174,10 @@ class ExportSink:
     for recordings. Subclasses implement :meth:`process`, :meth:`steps` and :meth:`close`.
     """
 
-    def __init__(self) -> None:
-        self._gpu_done: dict[int, int] = {}
-
     def on_process(self, proc: ProcessState) -> None:
         self.process(ProcessInfo.from_state(proc))
 
-    def on_steps(self, proc: ProcessState, steps: Sequence[Step]) -> None:
-        gpu: list[GpuSample] = []
-        if proc.assembler is not None:
-            done = self._gpu_done.get(proc.pid, 0)
-            gpu = [
-                GpuSample(g.step, g.busy_ns, g.idle_before_ns if g.idle_before_ns >= 0 else None)
-                for g in proc.assembler.gpu[done:]
-            ]
-            self._gpu_done[proc.pid] = len(proc.assembler.gpu)
+    def on_steps(self, proc: ProcessState, steps: Sequence[Step], gpu: Sequence[GpuSample]) -> None:
         self.steps(ProcessInfo.from_state(proc), steps, gpu)
 
     def process(self, info: ProcessInfo) -> None:
@@ -223,45 +190,17 @@ class ExportSink:
         raise NotImplementedError
 
 
-# -- recordings -> steps ---------------------------------------------------------------------
+# -- recordings -> sinks ---------------------------------------------------------------------
 
 
-def _enum(cls: Any, name: str | None, default: Any = None) -> Any:
-    if name is None:
-        return default
-    return cls[name.upper()]
-
-
-def _group(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[int, int], list[Mapping[str, Any]]]:
-    out: dict[tuple[int, int], list[Mapping[str, Any]]] = defaultdict(list)
-    for r in rows:
-        out[(r["pid"], r["step"])].append(r)
-    return out
-
-
-def steps_from_recording(
-    rec: Recording,
-) -> tuple[list[ProcessInfo], dict[int, list[Step]], dict[int, list[GpuSample]]]:
-    """A recording as the collector would have delivered it: process facts, steps, GPU.
-
-    Builder names are given small ids (``ProcessInfo.builder_names``) as the ring's string
-    table does; everything else is the recorded value.
-    """
-    meta = rec.meta()
-    host = str(meta.get("host") or "")
+def processes_from_recording(rec: Recording) -> list[ProcessInfo]:
+    """A recording's processes as the collector would have announced them."""
+    host = str(rec.meta().get("host") or "")
     faults: dict[int, int] = defaultdict(int)
-    for f in rec.rows("faults"):
+    for f in rec.faults():
         faults[f["pid"]] += f["count"] or 0
-    spans = _group(rec.rows("spans"))
-    dispatches = _group(rec.rows("dispatches"))
-    replays = _group(rec.rows("replays"))
-    builds = _group(rec.rows("builds"))
-    reorders = _group(rec.rows("reorders"))
-    names: dict[int, dict[str, int]] = defaultdict(dict)
-    for (pid, _), rows in builds.items():
-        for b in rows:
-            names[pid].setdefault(b["builder"] or "?", len(names[pid]) + 1)
-    procs = [
+    names = rec.builder_names()
+    return [
         ProcessInfo.from_snapshot(
             p["pid"],
             p["snapshot"],
@@ -270,131 +209,32 @@ def steps_from_recording(
             epoch_ns=p["epoch_ns"],
             dropped=p["dropped"] or 0,
             hook_faults=faults[p["pid"]],
-            builder_names={v: k for k, v in names[p["pid"]].items()},
+            builder_names=names.get(p["pid"], {}),
         )
         for p in rec.processes()
     ]
-    steps: dict[int, list[Step]] = defaultdict(list)
-    gpu: dict[int, list[GpuSample]] = defaultdict(list)
-    for r in rec.steps():
-        key = (r["pid"], r["step"])
-        phases = {p.name.lower(): r.get(f"{p.name.lower()}_ns") or 0 for p in PHASE_COLUMNS}
-        steps[r["pid"]].append(
-            Step(
-                pid=r["pid"],
-                step=r["step"],
-                t0=r["t0_ns"],
-                t1=r["t1_ns"],
-                host_ns=r["host_ns"] or 0,
-                num_tokens=r["num_tokens"] or 0,
-                num_reqs=r["num_reqs"] or 0,
-                mode=_enum(Mode, r["mode"]),
-                reason=_enum(Reason, r["reason"]),
-                padded_tokens=r["padded_tokens"] or 0,
-                padded_reqs=r["padded_reqs"] or 0,
-                max_query_len=r["max_query_len"] or 0,
-                uniform_decode_query_len=r["uniform_decode_query_len"] or 0,
-                uniform=bool(r["uniform"]),
-                replayed=bool(r["replayed"]),
-                pieces=r["pieces"] or 0,
-                captures=r["captures"] or 0,
-                cpu_launch_overhead_ns=r["cpu_launch_overhead_ns"],
-                phases=phases,
-                draft_mode=_enum(Mode, r["draft_mode"]),
-                draft_reason=_enum(Reason, r["draft_reason"]),
-                draft_replays=r["draft_replays"] or 0,
-                draft_dispatches=r["draft_dispatches"] or 0,
-                runner=r["runner"] or "v1",
-                spans=tuple(
-                    Span(s["step"], Phase[s["phase"].upper()], s["t0_ns"], s["t1_ns"], s["drafter"])
-                    for s in spans.get(key, ())
-                ),
-                dispatches=tuple(
-                    Dispatch(
-                        d["step"],
-                        Mode[d["mode"].upper()],
-                        _enum(Reason, d["reason"], Reason.UNKNOWN),
-                        d["drafter"] | (4 if d["uniform"] else 0),
-                        d["t0_ns"],
-                        d["t1_ns"],
-                        d["num_tokens"],
-                        d["padded_tokens"],
-                        d["num_reqs"],
-                        d["padded_reqs"],
-                        d["max_query_len"],
-                        d["uniform_decode_query_len"],
-                    )
-                    for d in dispatches.get(key, ())
-                ),
-                replays=tuple(
-                    Replay(
-                        x["step"],
-                        Mode[x["mode"].upper()],
-                        ReplayKind[x["kind"].upper()],
-                        x["drafter"] | (16 if x["breakable"] else 0),
-                        x["t0_ns"],
-                        x["t1_ns"],
-                        x["num_tokens"],
-                    )
-                    for x in replays.get(key, ())
-                ),
-                builds=tuple(
-                    Build(
-                        b["step"],
-                        _enum(BuildTag, b["tag"], BuildTag.STEP),
-                        names[b["pid"]][b["builder"] or "?"],
-                        b["drafter"],
-                        b["t0_ns"],
-                        b["t1_ns"],
-                        b["padded_tokens"],
-                        b["real_tokens"],
-                        b["padded_reqs"],
-                        b["real_reqs"],
-                        b["max_query_len"],
-                        b["reorder_batch_threshold"],
-                        b["num_decodes"],
-                        b["num_prefills"],
-                        b["num_decode_tokens"],
-                        b["num_prefill_tokens"],
-                    )
-                    for b in builds.get(key, ())
-                ),
-                reorders=tuple(
-                    Reorder(
-                        o["step"],
-                        bool(o["changed"]),
-                        0,
-                        o["t0_ns"],
-                        o["t1_ns"],
-                        o["threshold"],
-                        o["num_reqs"],
-                        o["num_decodes"],
-                        o["num_decode_tokens"],
-                        o["moved"],
-                        bool(o["spec_as_decode"]),
-                    )
-                    for o in reorders.get(key, ())
-                ),
-            )
-        )
-        if r["gpu_busy_ns"] is not None:
-            gpu[r["pid"]].append(GpuSample(r["step"], r["gpu_busy_ns"], r["gpu_idle_before_ns"]))
-    return procs, dict(steps), dict(gpu)
 
 
 def replay(rec: Recording, sink: StepConsumer, *, batch: int = 256) -> int:
-    """Feed a recording into ``sink`` in step order, ``batch`` steps at a time.
+    """Feed a recording into ``sink`` in step order, ``batch`` steps at a time, each
+    chunk with the device timings of its steps.
 
     Returns the number of steps fed. The sink is not closed.
     """
-    procs, steps, gpu = steps_from_recording(rec)
     n = 0
-    for info in procs:
+    for info in processes_from_recording(rec):
         sink.process(info)
-        mine = steps.get(info.pid, [])
-        timings = {g.step: g for g in gpu.get(info.pid, [])}
-        for i in range(0, len(mine), batch):
-            chunk = mine[i : i + batch]
-            sink.steps(info, chunk, [timings[s.step] for s in chunk if s.step in timings])
-            n += len(chunk)
+        chunk: list[Step] = []
+        for s in rec.iter_steps(info.pid):
+            chunk.append(s)
+            if len(chunk) == batch:
+                n += _feed(sink, info, chunk)
+                chunk = []
+        if chunk:
+            n += _feed(sink, info, chunk)
     return n
+
+
+def _feed(sink: StepConsumer, info: ProcessInfo, chunk: list[Step]) -> int:
+    sink.steps(info, chunk, [g for s in chunk if (g := s.gpu) is not None])
+    return len(chunk)

@@ -29,10 +29,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from exporters.base import GpuSample, ProcessInfo
-from probe.analysis import PHASES
-from probe.assemble import Step
+from exporters.base import ProcessInfo
+from probe import analysis
 from probe.records import BuildTag, Mode
+from probe.step import PHASES, GpuSample, Step
 
 NAMESPACE = "vllm_graph_probe"
 PROCESS_LABELS: tuple[str, ...] = ("model_name", "engine", "pid", "tp_rank", "pp_rank", "dp_rank")
@@ -193,6 +193,22 @@ _DEFS = (
         (),
         GPU_BUCKETS,
     ),
+    _m(
+        "gpu_step_seconds",
+        "histogram",
+        "s",
+        "A step's span on the device, its first to its last event (forward, sampling and "
+        "drafting); with the idle gap before it, the step period.",
+        (),
+        GPU_BUCKETS,
+    ),
+    _m(
+        "host_bound_steps_total",
+        "counter",
+        "{step}",
+        f"Steps whose GPU sat idle before them for more than {analysis.HOST_BOUND_SHARE:.0%} "
+        "of the step period (idle gap + the step's span on the device): the host was late.",
+    ),
     # -- reorder
     _m(
         "reorder_decisions_total",
@@ -240,55 +256,11 @@ _DEFS = (
 METRICS: Mapping[str, Metric] = {m.name: m for m in _DEFS}
 
 
-def _rate(expr: str, window: str) -> str:
-    return f"sum(rate({expr}[{window}]))"
-
-
 def ratio_queries(window: str = "5m", by: str = "", selector: str = "") -> dict[str, str]:
-    """The ratios of DESIGN as PromQL over the counters (``by``: e.g. ``"pid"``).
-
-    ``selector`` is a label matcher list without braces, e.g. ``model_name=~"$model_name"``.
-    """
-
-    def s(name: str, extra: str = "") -> str:
-        inner = ", ".join(x for x in (extra, selector) if x)
-        return f"{NAMESPACE}_{name}" + (f"{{{inner}}}" if inner else "")
-
-    def r(name: str, extra: str = "") -> str:
-        agg = f"sum by ({by})" if by else "sum"
-        return f"{agg}(rate({s(name, extra)}[{window}]))"
-
-    def num(name: str, extra: str, base: str) -> str:
-        # `or 0 * base`: a numerator with no series yet (no FULL step at all) reads 0, not
-        # "no data"; the zeros add nothing to the sum
-        agg = f"sum by ({by})" if by else "sum"
-        return f"{agg}(rate({s(name, extra)}[{window}]) or 0 * rate({s(base)}[{window}]))"
-
-    full = 'mode="full"'
-    graph = 'mode=~"full|piecewise"'
-    changed = 'changed="true"'
-    steps = r("steps_total")
-    padded = r("padded_tokens_total")
-    idle = r("gpu_idle_before_step_seconds_sum")
-    decode = num("decode_full_steps_total", "", "decode_steps_total")
-    reorders = "reorder_decisions_total"
-    return {
-        # full_hit_rate = FULL / forward steps
-        "full_hit_rate": f"{num('steps_total', full, 'steps_total')}\n  / {steps}",
-        # graph_rate = FULL or PIECEWISE / forward steps
-        "graph_rate": f"{num('steps_total', graph, 'steps_total')}\n  / {steps}",
-        # decode_full_hit_rate = FULL / uniform decode steps (the MTP headline)
-        "decode_full_hit_rate": f"{decode}\n  / {r('decode_steps_total')}",
-        # padding_waste = (padded - real) / padded tokens
-        "padding_waste": f"({padded} - {r('real_tokens_total')})\n  / {padded}",
-        # replay_confirmed_rate = confirmed replays / graph-dispatched steps
-        "replay_confirmed_rate": f"{num('replays_confirmed_total', '', 'steps_total')}\n"
-        f"  / {r('steps_total', graph)}",
-        # share of GPU time spent idle waiting for the host before steps
-        "gpu_idle_share": f"{idle}\n  / ({idle} + {r('forward_gpu_busy_seconds_sum')})",
-        # share of reorder decisions that changed the batch order
-        "reorder_changed_share": f"{num(reorders, changed, reorders)}\n  / {r(reorders)}",
-    }
+    """Every ratio of :data:`probe.analysis.RATIOS` as PromQL over the counters (``by``:
+    e.g. ``"pid"``; ``selector``: label matchers without braces, e.g.
+    ``model_name=~"$model_name"``)."""
+    return {name: r.promql(window, by, selector, NAMESPACE) for name, r in analysis.RATIOS.items()}
 
 
 RATIOS: Mapping[str, str] = ratio_queries()
@@ -321,11 +293,6 @@ def _name(v: Mode | None) -> str:
     return "unknown" if v is None else v.name.lower()
 
 
-def _is_decode(s: Step) -> bool:
-    # probe.analysis.is_decode on a Step
-    return s.uniform and s.uniform_decode_query_len >= 1
-
-
 def updates(
     info: ProcessInfo, steps: Sequence[Step], gpu: Sequence[GpuSample] = ()
 ) -> Iterator[Update]:
@@ -342,7 +309,7 @@ def updates(
         mode = s.mode.name.lower()
         reason = s.reason.label if s.reason is not None else "unknown"
         yield u("steps_total", 1, mode=mode, reason=reason)
-        if _is_decode(s):
+        if s.decode:
             ql = str(s.uniform_decode_query_len)
             yield u("decode_steps_total", 1, query_len=ql)
             if s.mode == Mode.FULL:
@@ -375,8 +342,15 @@ def updates(
             yield u("reorder_moved_requests_total", o.moved)
     for g in gpu:
         yield u("forward_gpu_busy_seconds", g.busy_ns / 1e9)
+        if g.step_ns is not None:
+            yield u("gpu_step_seconds", g.step_ns / 1e9)
         if g.idle_before_ns is not None:
             yield u("gpu_idle_before_step_seconds", g.idle_before_ns / 1e9)
+            if g.step_ns is not None:
+                bound = g.idle_before_ns > analysis.HOST_BOUND_SHARE * (
+                    g.idle_before_ns + g.step_ns
+                )
+                yield u("host_bound_steps_total", 1.0 if bound else 0.0)
 
 
 def process_updates(info: ProcessInfo, previous: ProcessInfo | None) -> Iterator[Update]:

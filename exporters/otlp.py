@@ -48,8 +48,8 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 from exporters.base import ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, Update, process_updates, updates
-from probe.assemble import Step
 from probe.records import Flag, Phase
+from probe.step import Step
 
 log = logging.getLogger("probe")
 

@@ -29,7 +29,7 @@ from prometheus_client.exposition import generate_latest
 
 from exporters.base import ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, Update, process_updates, updates
-from probe.assemble import Step
+from probe.step import Step
 
 DEFAULT_ADDR = "127.0.0.1:9464"
 

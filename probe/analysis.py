@@ -1,28 +1,62 @@
-"""Analyzers: plain functions over a recording's rows (HTA style).
+"""Analyzers: plain functions over :class:`~probe.step.Step` (HTA style), and the one
+definition of every derived number.
 
-Each takes rows as :meth:`probe.recording.Recording.steps` returns them (dicts) and
-returns plain data, so reports, exporters and tests share one set of definitions:
+Each takes ``Iterable[Step]`` (from :meth:`probe.recording.Recording.iter_steps`, or the
+live view's window) and returns plain data, so the report, the live view, ``probe ab``,
+the metric set and the dashboards share one set of definitions:
 
+- :data:`RATIOS`: every ratio (hit rates, padding waste, GPU idle share, host-bound
+  share, ...) as a sum over steps divided by a sum over steps, each sum named by the
+  counter that exports it, with the PromQL that computes the same ratio beside it
+  (:func:`ratio`, :meth:`Ratio.promql`).
 - :func:`hit_rates`: ``full_hit_rate`` (FULL / forward steps), ``graph_rate`` (FULL or
   PIECEWISE / forward steps), ``decode_full_hit_rate`` (FULL / uniform decode steps; the
   headline with MTP), ``padding_waste`` ((padded - real) / padded tokens), replay
   confirmation.
 - :func:`miss_reasons`: counts and a few example steps per (mode, reason).
 - :func:`phase_breakdown`: percentiles of CPU launch overhead and of every phase.
-- :func:`reorder_summary`, :func:`gpu_summary`, :func:`verdict`.
+- :func:`reorder_summary`, :func:`build_summary`, :func:`gpu_summary`, :func:`verdict`.
+
+    >>> from probe.recording import Recording, default_recording
+    >>> steps = list(Recording.open(default_recording()).iter_steps())
+    >>> round(ratio("gpu_idle_share", steps), 3)
+    0.313
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from probe.assemble import PHASE_COLUMNS
+from probe.records import BuildTag, Mode
+from probe.step import PHASES, GpuSample, Step
 
-PHASES = [p.name.lower() for p in PHASE_COLUMNS]
-Row = Mapping[str, Any]
+__all__ = [
+    "HOST_BOUND_SHARE",
+    "PHASES",
+    "RATIOS",
+    "REASON_TEXT",
+    "Ratio",
+    "Term",
+    "build_summary",
+    "forward_steps",
+    "gpu_summary",
+    "hit_rates",
+    "host_bound",
+    "miss_reasons",
+    "percentile",
+    "phase_breakdown",
+    "ratio",
+    "reorder_summary",
+    "verdict",
+]
+
+#: a step is host-bound when the GPU sat idle before it for more than this share of the
+#: step period (idle gap + the step's span on the device)
+HOST_BOUND_SHARE = 0.10
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -38,24 +72,200 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
 
 
-def forward_steps(steps: Iterable[Row]) -> list[Row]:
-    return [s for s in steps if s.get("mode") is not None]
+def forward_steps(steps: Iterable[Step]) -> list[Step]:
+    """The steps that ran the model (the ones every rate counts)."""
+    return [s for s in steps if s.forward]
 
 
-def is_decode(s: Row) -> bool:
-    return bool(s.get("uniform")) and (s.get("uniform_decode_query_len") or 0) >= 1
+def host_bound(s: Step | GpuSample, share: float = HOST_BOUND_SHARE) -> bool | None:
+    """Did the GPU wait for the host before the step for more than ``share`` of the step
+    period (idle gap + the step's span on the device)? None without device timing."""
+    g = s.gpu if isinstance(s, Step) else s
+    if g is None or g.idle_before_ns is None or g.step_ns is None:
+        return None
+    return g.idle_before_ns > share * (g.idle_before_ns + g.step_ns)
 
 
-def hit_rates(steps: Iterable[Row]) -> dict[str, Any]:
+# -- the ratios, each defined once ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Term:
+    """A sum over forward steps, and the exported series that carries the same sum.
+
+    ``series`` is the Prometheus name without the ``vllm_graph_probe_`` namespace and
+    ``matcher`` its label matcher; ``value`` is one step's contribution (times in ns).
+    """
+
+    series: str
+    value: Callable[[Step], float]
+    matcher: str = ""
+    sign: int = 1
+
+    def total(self, steps: Sequence[Step]) -> float:
+        return self.sign * sum(self.value(s) for s in steps)
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """``sum(numerator) / sum(denominator)`` over forward steps; None when the
+    denominator is 0 (no data, never a made-up 0)."""
+
+    name: str
+    help: str
+    numerator: tuple[Term, ...]
+    denominator: tuple[Term, ...]
+    #: the PromQL's value is this ratio times ``promql_scale`` (ns here, s there)
+    promql_scale: float = 1.0
+
+    def of(self, steps: Iterable[Step]) -> float | None:
+        fw = forward_steps(steps)
+        den = sum(t.total(fw) for t in self.denominator)
+        return sum(t.total(fw) for t in self.numerator) / den if den else None
+
+    def promql(
+        self,
+        window: str = "5m",
+        by: str = "",
+        selector: str = "",
+        namespace: str = "vllm_graph_probe",
+    ) -> str:
+        """The same ratio over the exported counters (``by``: e.g. ``"pid"``; ``selector``:
+        label matchers without braces, e.g. ``model_name=~"$model_name"``)."""
+        agg = f"sum by ({by})" if by else "sum"
+
+        def series(t: Term) -> str:
+            inner = ", ".join(x for x in (t.matcher, selector) if x)
+            return f"{namespace}_{t.series}" + (f"{{{inner}}}" if inner else "")
+
+        def rate(t: Term) -> str:
+            return f"rate({series(t)}[{window}])"
+
+        def side(terms: tuple[Term, ...], base: Term | None) -> str:
+            parts = []
+            for i, t in enumerate(terms):
+                if i == 0 and base is not None and (t.series, t.matcher) != (base.series, ""):
+                    # `or 0 * base`: a numerator with no series yet (no FULL step at all)
+                    # reads 0, not "no data"; the zeros add nothing to the sum
+                    parts.append(f"{agg}({rate(t)} or 0 * rate({series(base)}[{window}]))")
+                else:
+                    parts.append(f"{agg}({rate(t)})")
+            out = parts[0] + "".join(
+                f" {'-' if t.sign < 0 else '+'} {p}"
+                for t, p in zip(terms[1:], parts[1:], strict=True)
+            )
+            return f"({out})" if len(parts) > 1 else out
+
+        base = Term(self.denominator[0].series, self.denominator[0].value)
+        return f"{side(self.numerator, base)}\n  / {side(self.denominator, None)}"
+
+
+def _one(pred: Callable[[Step], bool]) -> Callable[[Step], float]:
+    return lambda s: 1.0 if pred(s) else 0.0
+
+
+def _graph_tokens(attr: str) -> Callable[[Step], float]:
+    return lambda s: float(getattr(s, attr)) if s.graph else 0.0
+
+
+_STEPS = Term("steps_total", _one(lambda s: True))
+_GRAPH = Term("steps_total", _one(lambda s: s.graph), 'mode=~"full|piecewise"')
+# device and host times are summed in integer ns (exact); the series carry seconds, which
+# a ratio of two times does not see
+_IDLE = Term("gpu_idle_before_step_seconds_sum", lambda s: s.gpu_idle_before_ns or 0)
+_REORDERS = Term("reorder_decisions_total", lambda s: float(len(s.reorders)))
+_LAUNCH_N = Term(
+    "cpu_launch_overhead_seconds_count", _one(lambda s: s.cpu_launch_overhead_ns is not None)
+)
+
+RATIOS: Mapping[str, Ratio] = {
+    r.name: r
+    for r in (
+        Ratio(
+            "full_hit_rate",
+            "FULL / forward steps",
+            (Term("steps_total", _one(lambda s: s.mode == Mode.FULL), 'mode="full"'),),
+            (_STEPS,),
+        ),
+        Ratio("graph_rate", "FULL or PIECEWISE / forward steps", (_GRAPH,), (_STEPS,)),
+        Ratio(
+            "decode_full_hit_rate",
+            "FULL / uniform decode steps (the MTP headline)",
+            (Term("decode_full_steps_total", _one(lambda s: s.decode and s.mode == Mode.FULL)),),
+            (Term("decode_steps_total", _one(lambda s: s.decode)),),
+        ),
+        Ratio(
+            "padding_waste",
+            "(padded - real) / padded tokens, over graph-dispatched steps",
+            (
+                Term("padded_tokens_total", _graph_tokens("padded_tokens")),
+                Term("real_tokens_total", _graph_tokens("num_tokens"), sign=-1),
+            ),
+            (Term("padded_tokens_total", _graph_tokens("padded_tokens")),),
+        ),
+        Ratio(
+            "replay_confirmed_rate",
+            "graph-dispatched steps whose replay was observed / graph-dispatched steps",
+            (Term("replays_confirmed_total", _one(lambda s: s.graph and s.replayed)),),
+            (_GRAPH,),
+        ),
+        Ratio(
+            "gpu_idle_share",
+            "GPU idle before steps / the step periods (idle gap + the step's span on the "
+            "device), over steps with device timing",
+            (_IDLE,),
+            (_IDLE, Term("gpu_step_seconds_sum", lambda s: s.gpu_step_ns or 0)),
+        ),
+        Ratio(
+            "host_bound_share",
+            f"host-bound steps (GPU idle before the step > {HOST_BOUND_SHARE:.0%} of the step "
+            "period) / steps with device timing",
+            (Term("host_bound_steps_total", _one(lambda s: bool(host_bound(s)))),),
+            (
+                Term(
+                    "gpu_idle_before_step_seconds_count",
+                    _one(lambda s: s.gpu_idle_before_ns is not None),
+                ),
+            ),
+        ),
+        Ratio(
+            "cpu_launch_overhead_mean",
+            "mean CPU launch overhead per forward step (ns here; seconds in PromQL)",
+            (Term("cpu_launch_overhead_seconds_sum", lambda s: s.cpu_launch_overhead_ns or 0),),
+            (_LAUNCH_N,),
+            promql_scale=1e-9,
+        ),
+        Ratio(
+            "reorder_changed_share",
+            "batch reorder decisions that changed the order / reorder decisions",
+            (
+                Term(
+                    "reorder_decisions_total",
+                    lambda s: float(sum(1 for o in s.reorders if o.changed)),
+                    'changed="true"',
+                ),
+            ),
+            (_REORDERS,),
+        ),
+    )
+}
+
+
+def ratio(name: str, steps: Iterable[Step]) -> float | None:
+    """One of :data:`RATIOS` over ``steps``."""
+    return RATIOS[name].of(steps)
+
+
+def hit_rates(steps: Iterable[Step]) -> dict[str, Any]:
     fw = forward_steps(steps)
     n = len(fw)
-    full = sum(1 for s in fw if s["mode"] == "full")
-    pw = sum(1 for s in fw if s["mode"] == "piecewise")
-    dec = [s for s in fw if is_decode(s)]
-    dec_full = sum(1 for s in dec if s["mode"] == "full")
-    confirmed = sum(1 for s in fw if s["mode"] in ("full", "piecewise") and s.get("replayed"))
-    real = sum(s.get("num_tokens") or 0 for s in fw if s["mode"] != "none")
-    padded = sum(s.get("padded_tokens") or 0 for s in fw if s["mode"] != "none")
+    full = sum(1 for s in fw if s.mode == Mode.FULL)
+    pw = sum(1 for s in fw if s.mode == Mode.PIECEWISE)
+    dec = [s for s in fw if s.decode]
+    dec_full = sum(1 for s in dec if s.mode == Mode.FULL)
+    confirmed = sum(1 for s in fw if s.graph and s.replayed)
+    real = sum(s.num_tokens for s in fw if s.graph)
+    padded = sum(s.padded_tokens for s in fw if s.graph)
     return {
         "steps": n,
         "full": full,
@@ -63,34 +273,42 @@ def hit_rates(steps: Iterable[Row]) -> dict[str, Any]:
         "none": n - full - pw,
         "decode_steps": len(dec),
         "decode_full": dec_full,
-        "full_hit_rate": full / n if n else None,
-        "graph_rate": (full + pw) / n if n else None,
-        "decode_full_hit_rate": dec_full / len(dec) if dec else None,
+        "full_hit_rate": ratio("full_hit_rate", fw),
+        "graph_rate": ratio("graph_rate", fw),
+        "decode_full_hit_rate": ratio("decode_full_hit_rate", fw),
         "replay_confirmed": confirmed,
-        "replay_confirmed_rate": confirmed / (full + pw) if full + pw else None,
+        "replay_confirmed_rate": ratio("replay_confirmed_rate", fw),
         "padded_tokens": padded,
         "real_tokens": real,
-        "padding_waste": (padded - real) / padded if padded else None,
+        "padding_waste": ratio("padding_waste", fw),
     }
 
 
-def miss_reasons(steps: Iterable[Row], examples: int = 3) -> list[dict[str, Any]]:
+def _mode(s: Step) -> str:
+    return s.mode.name.lower() if s.mode is not None else "none"
+
+
+def _reason(s: Step) -> str:
+    return s.reason.label if s.reason is not None else "unknown"
+
+
+def miss_reasons(steps: Iterable[Step], examples: int = 3) -> list[dict[str, Any]]:
     counts: Counter[tuple[str, str]] = Counter()
     ex: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for s in forward_steps(steps):
-        key = (s["mode"], s.get("reason") or "unknown")
+        key = (_mode(s), _reason(s))
         counts[key] += 1
         if len(ex[key]) < examples:
             ex[key].append(
                 {
-                    "pid": s["pid"],
-                    "step": s["step"],
-                    "num_tokens": s.get("num_tokens"),
-                    "num_reqs": s.get("num_reqs"),
-                    "max_query_len": s.get("max_query_len"),
-                    "uniform_decode_query_len": s.get("uniform_decode_query_len"),
-                    "uniform": bool(s.get("uniform")),
-                    "padded_tokens": s.get("padded_tokens"),
+                    "pid": s.pid,
+                    "step": s.step,
+                    "num_tokens": s.num_tokens,
+                    "num_reqs": s.num_reqs,
+                    "max_query_len": s.max_query_len,
+                    "uniform_decode_query_len": s.uniform_decode_query_len,
+                    "uniform": s.uniform,
+                    "padded_tokens": s.padded_tokens,
                 }
             )
     total = sum(counts.values())
@@ -116,68 +334,72 @@ def _pcts(values: Sequence[float]) -> dict[str, float | None]:
     }
 
 
-def phase_breakdown(steps: Iterable[Row], by_mode: bool = True) -> dict[str, Any]:
+def phase_breakdown(steps: Iterable[Step], by_mode: bool = True) -> dict[str, Any]:
     fw = forward_steps(steps)
-    groups: dict[str, list[Row]] = {"all": fw}
+    groups: dict[str, list[Step]] = {"all": fw}
     if by_mode:
         for s in fw:
-            groups.setdefault(s["mode"], []).append(s)
+            groups.setdefault(_mode(s), []).append(s)
     out: dict[str, Any] = {}
-    for name, rows in groups.items():
+    for name, group in groups.items():
         entry: dict[str, Any] = {
             "cpu_launch_overhead_ns": _pcts(
-                [
-                    r["cpu_launch_overhead_ns"]
-                    for r in rows
-                    if r.get("cpu_launch_overhead_ns") is not None
-                ]
+                [s.cpu_launch_overhead_ns for s in group if s.cpu_launch_overhead_ns is not None]
             ),
-            "host_ns": _pcts([r["host_ns"] for r in rows if r.get("host_ns")]),
+            "host_ns": _pcts([s.host_ns for s in group if s.host_ns]),
         }
         for p in PHASES:
-            entry[p] = _pcts([r.get(f"{p}_ns") or 0 for r in rows])
+            entry[p] = _pcts([s.phases.get(p, 0) for s in group])
         out[name] = entry
     return out
 
 
-def gpu_summary(steps: Iterable[Row]) -> dict[str, Any]:
-    fw = [s for s in forward_steps(steps) if s.get("gpu_busy_ns") is not None]
-    idle = [s["gpu_idle_before_ns"] for s in fw if s.get("gpu_idle_before_ns") is not None]
-    busy = [s["gpu_busy_ns"] for s in fw]
-    step_ns = [s["gpu_step_ns"] for s in fw if s.get("gpu_step_ns")]
-    total_idle = sum(idle)
-    total_step = sum(step_ns) + total_idle
+def gpu_summary(steps: Iterable[Step], share: float = HOST_BOUND_SHARE) -> dict[str, Any]:
+    fw = [s for s in forward_steps(steps) if s.gpu_busy_ns is not None]
+    idle = [s.gpu_idle_before_ns for s in fw if s.gpu_idle_before_ns is not None]
+    bound = [s for s in fw if host_bound(s, share)]
+    phase_ns = {p: sum(s.phases.get(p, 0) for s in bound) for p in PHASES}
+    top = max(phase_ns, key=lambda p: phase_ns[p]) if bound else None
     return {
         "steps_timed": len(fw),
-        "forward_busy_ns": _pcts(busy),
+        "forward_busy_ns": _pcts([s.gpu_busy_ns for s in fw if s.gpu_busy_ns is not None]),
         "idle_before_ns": _pcts(idle),
-        "idle_share": total_idle / total_step if total_step else None,
+        "idle_share": ratio("gpu_idle_share", fw),
         "cpu_bound_steps": sum(1 for i in idle if i > 0),
+        "host_bound_threshold": share,
+        "host_bound_steps": len(bound),
+        "host_bound_share": len(bound) / len(idle) if idle else None,
+        "host_bound_top_phase": top,
     }
 
 
-def reorder_summary(reorders: Iterable[Row]) -> dict[str, Any]:
-    rows = list(reorders)
-    thresholds = Counter(r["threshold"] for r in rows)
+def reorder_summary(steps: Iterable[Step]) -> dict[str, Any]:
+    rows = [o for s in steps for o in s.reorders]
+    thresholds = Counter(r.threshold for r in rows)
     return {
         "decisions": len(rows),
-        "changed": sum(1 for r in rows if r["changed"]),
-        "moved_requests": sum(r["moved"] for r in rows),
+        "changed": sum(1 for r in rows if r.changed),
+        "moved_requests": sum(r.moved for r in rows),
         "thresholds": {str(k): v for k, v in thresholds.most_common()},
-        "spec_as_decode": sum(1 for r in rows if r["spec_as_decode"]),
-        "decodes": sum(r["num_decodes"] for r in rows),
-        "reqs": sum(r["num_reqs"] for r in rows),
+        "spec_as_decode": sum(1 for r in rows if r.spec_as_decode),
+        "decodes": sum(r.num_decodes for r in rows),
+        "reqs": sum(r.num_reqs for r in rows),
     }
 
 
-def build_summary(builds: Iterable[Row]) -> list[dict[str, Any]]:
-    groups: dict[tuple[str, str, int], list[int]] = defaultdict(list)
-    for b in builds:
-        groups[(b.get("builder") or "?", b.get("tag") or "step", b.get("drafter") or 0)].append(
-            b["t1_ns"] - b["t0_ns"]
-        )
+def build_summary(
+    steps: Iterable[Step], builder_names: Mapping[int, Mapping[int, str]]
+) -> list[dict[str, Any]]:
+    """Metadata builds per (builder class, tag, drafter); ``builder_names``: per pid, the
+    builder id -> class name table (:meth:`Recording.builder_names`)."""
+    groups: dict[tuple[str, str, bool], list[int]] = defaultdict(list)
+    for s in steps:
+        names = builder_names.get(s.pid, {})
+        for b in s.builds:
+            name = names.get(b.builder_id) or "?"
+            groups[(name, BuildTag(b.tag).name.lower(), bool(b.flags & 1))].append(b.dur_ns)
     return [
-        {"builder": k[0], "tag": k[1], "drafter": bool(k[2]), **_pcts(v), "total_ns": sum(v)}
+        {"builder": k[0], "tag": k[1], "drafter": k[2], **_pcts(v), "total_ns": sum(v)}
         for k, v in sorted(groups.items(), key=lambda kv: -sum(kv[1]))
     ]
 
@@ -199,7 +421,7 @@ REASON_TEXT = {
 }
 
 
-def verdict(steps: Sequence[Row], snapshot: Mapping[str, Any] | None = None) -> list[str]:
+def verdict(steps: Iterable[Step], snapshot: Mapping[str, Any] | None = None) -> list[str]:
     """Plain-words findings, most important first."""
     out: list[str] = []
     fw = forward_steps(steps)
@@ -209,13 +431,22 @@ def verdict(steps: Sequence[Row], snapshot: Mapping[str, Any] | None = None) -> 
     lim = snap.get("limiting_group") or {}
     support = snap.get("min_support") or (snap.get("resolve") or {}).get("min_cg_support") or "?"
     group = lim.get("builder") or (snap.get("resolve") or {}).get("min_cg_attn_backend") or "?"
+
+    def why(reason: str | None) -> str:
+        return REASON_TEXT.get(reason or "", reason or "unknown").format(
+            support=support, group=group
+        )
+
+    def label(s: Step) -> str | None:
+        return s.reason.label if s.reason is not None else None
+
     rates = hit_rates(fw)
-    dec = [s for s in fw if is_decode(s)]
+    dec = [s for s in fw if s.decode]
     if dec:
-        by_mode = Counter(s["mode"] for s in dec)
+        by_mode = Counter(_mode(s) for s in dec)
         top_mode, _ = by_mode.most_common(1)[0]
-        reasons = Counter(s.get("reason") for s in dec if s["mode"] != "full")
-        uq = dec[0].get("uniform_decode_query_len") or 1
+        reasons = Counter(label(s) for s in dec if s.mode != Mode.FULL)
+        uq = dec[0].uniform_decode_query_len or 1
         what = f"decode steps with MTP (query length {uq})" if uq > 1 else "decode steps"
         if top_mode == "full":
             out.append(
@@ -223,19 +454,13 @@ def verdict(steps: Sequence[Row], snapshot: Mapping[str, Any] | None = None) -> 
             )
         else:
             reason, _ = reasons.most_common(1)[0] if reasons else ("unknown", 0)
-            text = REASON_TEXT.get(reason or "", reason or "unknown").format(
-                support=support, group=group
-            )
             out.append(
-                f"{what} ran {top_mode.upper()} because {text} "
+                f"{what} ran {top_mode.upper()} because {why(reason)} "
                 f"({by_mode[top_mode]} of {len(dec)} decode steps)"
             )
-    others = Counter(s.get("reason") for s in fw if not is_decode(s) and s["mode"] != "full")
+    others = Counter(label(s) for s in fw if not s.decode and s.mode != Mode.FULL)
     for reason, n in others.most_common(2):
-        text = REASON_TEXT.get(reason or "", reason or "unknown").format(
-            support=support, group=group
-        )
-        out.append(f"{n} non-decode step(s) missed FULL: {text}")
+        out.append(f"{n} non-decode step(s) missed FULL: {why(reason)}")
     if rates["replay_confirmed_rate"] is not None and rates["replay_confirmed_rate"] < 0.999:
         out.append(
             f"only {rates['replay_confirmed_rate']:.1%} of graph-dispatched steps showed a "
@@ -247,4 +472,13 @@ def verdict(steps: Sequence[Row], snapshot: Mapping[str, Any] | None = None) -> 
             f"CPU launch overhead median {lo['p50'] / 1e3:.0f} µs, p99 "
             f"{(lo['p99'] or 0) / 1e3:.0f} µs per step"
         )
+    gpu = gpu_summary(fw)
+    if gpu["host_bound_share"] is not None:
+        line = (
+            f"host-bound: {gpu['host_bound_share']:.0%} of timed steps found the GPU idle for "
+            f"over {gpu['host_bound_threshold']:.0%} of the step period"
+        )
+        if gpu["host_bound_top_phase"]:
+            line += f" (their largest host phase: {gpu['host_bound_top_phase']})"
+        out.append(line)
     return out

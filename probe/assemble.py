@@ -25,69 +25,14 @@ from probe.records import (
     GpuTiming,
     Mode,
     Phase,
-    Reason,
     Reorder,
     Replay,
     ReplayKind,
     Span,
 )
+from probe.step import PHASE_COLUMNS, Step
 
-PHASE_COLUMNS: tuple[Phase, ...] = (
-    Phase.REORDER,
-    Phase.PREPARE_INPUTS,
-    Phase.DISPATCH,
-    Phase.METADATA_BUILD,
-    Phase.FORWARD_LAUNCH,
-    Phase.LOGITS,
-    Phase.SAMPLE,
-    Phase.DRAFT,
-    Phase.SYNC_STALL,
-)
-
-
-@dataclass(frozen=True)
-class Step:
-    """One engine step on one rank. Times are CLOCK_BOOTTIME ns; durations ns.
-
-    ``mode``/``reason`` are the target model's dispatch; ``replayed`` is True when a replay
-    of that mode was observed (FULL: one replay; PIECEWISE: at least one piece).
-    ``cpu_launch_overhead_ns`` runs from step start to the end of the forward launch.
-    """
-
-    pid: int
-    step: int
-    t0: int
-    t1: int
-    host_ns: int
-    num_tokens: int
-    num_reqs: int
-    mode: Mode | None
-    reason: Reason | None
-    padded_tokens: int
-    padded_reqs: int
-    max_query_len: int
-    uniform_decode_query_len: int
-    uniform: bool
-    replayed: bool
-    pieces: int
-    captures: int
-    cpu_launch_overhead_ns: int | None
-    phases: dict[str, int]
-    draft_mode: Mode | None = None
-    draft_reason: Reason | None = None
-    draft_replays: int = 0
-    draft_dispatches: int = 0
-    runner: str = "v1"
-    spans: tuple[Span, ...] = ()
-    builds: tuple[Build, ...] = ()
-    reorders: tuple[Reorder, ...] = ()
-    dispatches: tuple[Dispatch, ...] = ()
-    replays: tuple[Replay, ...] = ()
-
-    @property
-    def forward(self) -> bool:
-        """A step that ran the model (the ones hit rates count)."""
-        return self.mode is not None
+__all__ = ["PHASE_COLUMNS", "Step", "StepAssembler"]
 
 
 def _union_ns(spans: Iterable[Span]) -> int:
@@ -162,6 +107,12 @@ class StepAssembler:
         if self._open is None:
             self._open = _Open(rec.step)
         self._open.records.append(rec)
+        return out
+
+    def take_gpu(self) -> list[GpuTiming]:
+        """The device timings that arrived since the last call (the collector hands them
+        to every sink once)."""
+        out, self.gpu = self.gpu, []
         return out
 
     def flush(self) -> list[Step]:

@@ -22,36 +22,27 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
 
 from rich.console import Console
 
 from probe import config
+from probe.commands import open_recording
 from probe.errors import UsageError
+from probe.recording import default_recording
+
+__all__ = ["default_recording", "main"]
 
 EXIT_USAGE = 2
-
-
-def default_recording() -> Path:
-    """The bundled real recording (H200, tiny DeepSeek-V3.2 + MTP; see docs/evidence.md)."""
-    ref = resources.files("probe") / "data" / "default.probe.db"
-    return Path(str(ref))
 
 
 def _console(args: argparse.Namespace) -> Console:
     return Console(width=getattr(args, "width", None) or None, soft_wrap=False)
 
 
-def _open_recording(path: str | None) -> Any:
-    from probe.recording import Recording, RecordingError
-
-    p = Path(path) if path else default_recording()
-    try:
-        return Recording.open(p)
-    except RecordingError as exc:
-        raise UsageError(str(exc)) from None
+# kept for commands written against the old private name
+_open_recording = open_recording
 
 
 # -- record ---------------------------------------------------------------------------------
@@ -266,11 +257,14 @@ def cmd_collect(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     import sqlite3
 
+    from probe.recording import RecordingError
     from probe.report import build_report, render_report
 
-    rec = _open_recording(args.recording)
+    rec = open_recording(args.recording)
     try:
         rep = build_report(rec)
+    except RecordingError as exc:
+        raise UsageError(str(exc)) from None
     except sqlite3.DatabaseError as exc:
         raise UsageError(f"{rec.path}: damaged recording ({' '.join(str(exc).split())})") from None
     if args.json:
@@ -313,7 +307,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             raise UsageError("doctor: give a recording or --pid/--url, not both")
         snaps = _live_snapshots(args)
     else:
-        rec = _open_recording(args.recording)
+        rec = open_recording(args.recording)
         snaps = [p["snapshot"] for p in rec.processes() if p.get("snapshot")]
         if not snaps:
             raise UsageError(f"doctor: {rec.path} holds no static snapshot (no step was recorded)")

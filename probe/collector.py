@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from probe.assemble import Step, StepAssembler
+from probe.assemble import StepAssembler
 from probe.recording import RecordingWriter
 from probe.records import BlobType, Decoder, Hello
 from probe.ring import RingFormatError, RingReader
+from probe.step import GpuSample, Step
 
 log = logging.getLogger("probe")
 
@@ -34,13 +35,18 @@ RING_RE = re.compile(r"^ring-(\d+)\.shm$")
 class Sink(Protocol):
     """Anything that consumes steps; exporters implement this too.
 
-    A sink may also define ``tick()``, called once per poll (for periodic work such as
-    committing). A sink that raises is reported in ``Collector.errors``; the reader goes on.
+    ``on_steps`` gets each finished step once, and each device timing once (``gpu``: the
+    timings that arrived since the last call, for steps already delivered or in
+    ``steps``; either may be empty). A sink may also define ``tick()``, called once per
+    poll (for periodic work such as committing). A sink that raises is reported in
+    ``Collector.errors``; the reader goes on.
     """
 
     def on_process(self, proc: ProcessState) -> None: ...
 
-    def on_steps(self, proc: ProcessState, steps: Sequence[Step]) -> None: ...
+    def on_steps(
+        self, proc: ProcessState, steps: Sequence[Step], gpu: Sequence[GpuSample]
+    ) -> None: ...
 
     def close(self) -> None: ...
 
@@ -62,6 +68,17 @@ class ProcessState:
     @property
     def hello(self) -> Hello | None:
         return self.decoder.hello
+
+    @property
+    def builder_names(self) -> dict[int, str]:
+        """The ring's string table: builder class names by id (``Build.builder_id``)."""
+        return dict(self.decoder.strings)
+
+    @property
+    def hook_faults(self) -> int:
+        """Faults counted inside this process's hooks so far."""
+        a = self.assembler
+        return sum(f.count for f in a.faults.values()) if a is not None else 0
 
     @property
     def rank_label(self) -> str:
@@ -141,9 +158,7 @@ class Collector:
                     continue
                 if decoded is not None:
                     out.extend(assembler.feed(decoded))
-            if out:
-                proc.steps_seen += len(out)
-                self._each_sink("on_steps", proc, out)
+            self._deliver(proc, out)
             if len(recs) < self.batch:
                 break
         if self._now is not None:
@@ -152,6 +167,13 @@ class Collector:
         self._announce(proc)
         self._each_sink("tick")
         return n
+
+    def _deliver(self, proc: ProcessState, steps: list[Step]) -> None:
+        assert proc.assembler is not None
+        gpu = [GpuSample.of(g) for g in proc.assembler.take_gpu()]
+        if steps or gpu:
+            proc.steps_seen += len(steps)
+            self._each_sink("on_steps", proc, steps, gpu)
 
     def _error(self, msg: str) -> None:
         if len(self.errors) < 1000 and msg not in self.errors:
@@ -199,10 +221,7 @@ class Collector:
         for proc in self.procs.values():
             self._drain(proc)
             assert proc.assembler is not None
-            rest = proc.assembler.flush()
-            if rest:
-                proc.steps_seen += len(rest)
-                self._each_sink("on_steps", proc, rest)
+            self._deliver(proc, proc.assembler.flush())
             self._each_sink("on_process", proc)
 
     def close(self) -> None:
@@ -237,7 +256,6 @@ class RecordingSink:
 
     def __init__(self, writer: RecordingWriter) -> None:
         self.writer = writer
-        self._gpu_done: dict[int, int] = {}
 
     def on_process(self, proc: ProcessState) -> None:
         w = self.writer
@@ -248,7 +266,6 @@ class RecordingSink:
         w.set_strings(proc.pid, proc.decoder.strings)
         a = proc.assembler
         if a is not None:
-            self._gpu(proc)
             w.set_faults(
                 proc.pid,
                 {proc.decoder.name(f.hook_id): (f.count, f.disabled) for f in a.faults.values()},
@@ -259,19 +276,11 @@ class RecordingSink:
                 a.anomalies.clear()
         w.commit()
 
-    def _gpu(self, proc: ProcessState) -> None:
-        a = proc.assembler
-        if a is None:
-            return
-        done = self._gpu_done.get(proc.pid, 0)
-        if len(a.gpu) > done:
-            self.writer.add_gpu(proc.pid, a.gpu[done:])
-            self._gpu_done[proc.pid] = len(a.gpu)
-
-    def on_steps(self, proc: ProcessState, steps: Sequence[Step]) -> None:
+    def on_steps(self, proc: ProcessState, steps: Sequence[Step], gpu: Sequence[GpuSample]) -> None:
         self.writer.set_strings(proc.pid, proc.decoder.strings)
         self.writer.add_steps(steps)
-        self._gpu(proc)
+        if gpu:
+            self.writer.add_gpu(proc.pid, gpu)
 
     def tick(self) -> None:
         """Once per poll: commit what arrived even when the engine has gone idle."""

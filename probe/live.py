@@ -1,8 +1,9 @@
 """The live view (``probe top``, ``probe attach``): a sink that keeps a window of recent
 steps per rank and renders it, as rich panels in a terminal or plain lines elsewhere.
 
-It reuses the analyzers of :mod:`probe.analysis` on rows shaped like the recording's, so
-the live numbers and ``probe report`` share one set of definitions.
+It keeps :class:`~probe.step.Step` objects and runs the analyzers of
+:mod:`probe.analysis` on them, so the live numbers and ``probe report`` share one set of
+definitions.
 
     >>> stats = LiveStats()
     >>> col = Collector(rings=rings, sinks=[stats])                  # doctest: +SKIP
@@ -23,54 +24,8 @@ from rich.table import Table
 from rich.text import Text
 
 from probe import analysis
-from probe.assemble import PHASE_COLUMNS, Step
 from probe.collector import ProcessState
-
-
-def _name(v: Any) -> str | None:
-    return None if v is None else str(v.name).lower() if hasattr(v, "name") else str(v)
-
-
-def step_row(s: Step) -> dict[str, Any]:
-    """A step as the recording's ``steps`` row (what :mod:`probe.analysis` reads)."""
-    row: dict[str, Any] = {
-        "pid": s.pid,
-        "step": s.step,
-        "t0_ns": s.t0,
-        "t1_ns": s.t1,
-        "host_ns": s.host_ns,
-        "num_tokens": s.num_tokens,
-        "num_reqs": s.num_reqs,
-        "mode": _name(s.mode),
-        "reason": _name(s.reason),
-        "padded_tokens": s.padded_tokens,
-        "padded_reqs": s.padded_reqs,
-        "max_query_len": s.max_query_len,
-        "uniform_decode_query_len": s.uniform_decode_query_len,
-        "uniform": int(s.uniform),
-        "replayed": int(s.replayed),
-        "cpu_launch_overhead_ns": s.cpu_launch_overhead_ns,
-        "gpu_busy_ns": None,
-        "gpu_idle_before_ns": None,
-        "gpu_step_ns": None,
-    }
-    for p in PHASE_COLUMNS:
-        row[f"{p.name.lower()}_ns"] = s.phases.get(p.name.lower(), 0)
-    return row
-
-
-def reorder_rows(s: Step) -> list[dict[str, Any]]:
-    return [
-        {
-            "threshold": r.threshold,
-            "spec_as_decode": int(r.spec_as_decode),
-            "num_reqs": r.num_reqs,
-            "num_decodes": r.num_decodes,
-            "changed": int(r.changed),
-            "moved": r.moved,
-        }
-        for r in s.reorders
-    ]
+from probe.step import GpuSample, Step
 
 
 @dataclass
@@ -81,13 +36,11 @@ class RankView:
     role: str = "?"
     label: str = "-"
     snapshot: dict[str, Any] | None = None
-    rows: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=4096))
-    reorders: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=4096))
+    steps: deque[Step] = field(default_factory=lambda: deque(maxlen=4096))
     arrivals: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
     steps_total: int = 0
     dropped: int = 0
     faults: int = 0
-    gpu_done: int = 0
 
 
 def _boottime_ns() -> int:
@@ -120,8 +73,7 @@ class LiveStats:
             v = RankView(
                 proc.pid,
                 role=self.roles.get(proc.pid, "?"),
-                rows=deque(maxlen=self.window),
-                reorders=deque(maxlen=self.window),
+                steps=deque(maxlen=self.window),
             )
             self.ranks[proc.pid] = v
         return v
@@ -132,35 +84,29 @@ class LiveStats:
             v.snapshot = proc.snapshot
             v.label = proc.rank_label
         v.dropped = proc.dropped
-        a = proc.assembler
-        if a is not None:
-            v.faults = sum(f.count for f in a.faults.values())
-            self._gpu(v, proc)
+        v.faults = proc.hook_faults
 
-    def on_steps(self, proc: ProcessState, steps: Sequence[Step]) -> None:
+    def on_steps(
+        self, proc: ProcessState, steps: Sequence[Step], gpu: Sequence[GpuSample] = ()
+    ) -> None:
         v = self._view(proc)
         now = self.clock_ns()
         for s in steps:
-            v.rows.append(step_row(s))
-            v.reorders.extend(reorder_rows(s))
+            v.steps.append(s)
             if s.forward:
                 v.arrivals.append(s.t1 or now)
         v.steps_total += len(steps)
         v.dropped = proc.dropped
-        self._gpu(v, proc)
-
-    def _gpu(self, v: RankView, proc: ProcessState) -> None:
-        a = proc.assembler
-        if a is None or len(a.gpu) <= v.gpu_done:
-            return
-        by_step = {g.step: g for g in a.gpu[v.gpu_done :]}
-        v.gpu_done = len(a.gpu)
-        for row in v.rows:
-            g = by_step.get(row["step"])
-            if g is not None:
-                row["gpu_busy_ns"] = g.busy_ns
-                row["gpu_idle_before_ns"] = g.idle_before_ns if g.idle_before_ns >= 0 else None
-                row["gpu_step_ns"] = g.span_ns
+        v.faults = proc.hook_faults
+        if gpu:
+            # timings trail their steps by a few: join them from the newest step back
+            by_step = {g.step: g for g in gpu}
+            for i in range(len(v.steps) - 1, -1, -1):
+                g = by_step.pop(v.steps[i].step, None)
+                if g is not None:
+                    v.steps[i] = v.steps[i].with_gpu(g)
+                if not by_step:
+                    break
 
     def close(self) -> None:
         self.closed = True  # rates from now on: the last window of each rank's own steps
@@ -175,8 +121,7 @@ class LiveStats:
         return len(recent) * self.sample_every / (self.rate_window_ns / 1e9)
 
     def summary(self, v: RankView) -> dict[str, Any]:
-        rows = list(v.rows)
-        fw = analysis.forward_steps(rows)
+        fw = analysis.forward_steps(v.steps)
         lo = analysis.phase_breakdown(fw, by_mode=False)["all"] if fw else {}
         phases = []
         for name in ["cpu_launch_overhead_ns", *analysis.PHASES]:
@@ -196,7 +141,7 @@ class LiveStats:
             ],
             "launch": phases,
             "gpu": analysis.gpu_summary(fw),
-            "reorder": analysis.reorder_summary(v.reorders),
+            "reorder": analysis.reorder_summary(v.steps),
             "traps": [t["message"] for t in snap.get("traps", []) or []],
             "verdict": analysis.verdict(fw, snap) if fw else [],
             "dropped": v.dropped,
@@ -212,8 +157,7 @@ class LiveStats:
 
     def aggregate(self) -> dict[str, Any]:
         ranks = self.active()
-        rows = [r for v in ranks for r in v.rows]
-        fw = analysis.forward_steps(rows)
+        fw = analysis.forward_steps(s for v in ranks for s in v.steps)
         snap = next((v.snapshot for v in ranks if v.snapshot), None)
         return {
             "ranks": len(ranks),

@@ -25,11 +25,11 @@ def _pct(x: float | None) -> str:
 
 def build_report(rec: Recording) -> dict[str, Any]:
     """Everything ``probe report`` shows, as plain data (the ``--json`` output)."""
-    steps = rec.steps()
+    steps = list(rec.iter_steps())
     procs = rec.processes()
     per_rank = []
     for p in procs:
-        rows = [s for s in steps if s["pid"] == p["pid"]]
+        rows = [s for s in steps if s.pid == p["pid"]]
         if not rows:
             continue
         snap = p.get("snapshot") or {}
@@ -54,11 +54,11 @@ def build_report(rec: Recording) -> dict[str, Any]:
         "miss_reasons": analysis.miss_reasons(steps),
         "phases": analysis.phase_breakdown(steps),
         "gpu": analysis.gpu_summary(steps),
-        "reorder": analysis.reorder_summary(rec.rows("reorders")),
-        "builds": analysis.build_summary(rec.rows("builds")),
-        "faults": list(rec.rows("faults")),
-        "outside_steps": list(rec.rows("outside")),
-        "anomalies": [a["message"] for a in rec.rows("anomalies")],
+        "reorder": analysis.reorder_summary(steps),
+        "builds": analysis.build_summary(steps, rec.builder_names()),
+        "faults": rec.faults(),
+        "outside_steps": rec.outside(),
+        "anomalies": rec.anomalies(),
         "per_rank": per_rank,
         "verdict": analysis.verdict(steps, main_snap),
         "traps": main_snap.get("traps", []),

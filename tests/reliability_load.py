@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probe.assemble import Step
 from probe.collector import Collector, ProcessState
 from probe.records import Mode, Phase, Reason, RecordKind, pack_pair
 from probe.ring import RingWriter
+from probe.step import Step
 
 
 def rss_kib(pid: int | str = "self") -> int:
@@ -77,7 +77,7 @@ class _Counting:
     def on_process(self, proc: ProcessState) -> None:
         pass
 
-    def on_steps(self, proc: ProcessState, steps: Sequence[Step]) -> None:
+    def on_steps(self, proc: ProcessState, steps: Sequence[Step], gpu: Sequence[Any]) -> None:
         self.steps += len(steps)
 
     def close(self) -> None:

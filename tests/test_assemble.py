@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -232,3 +233,84 @@ def test_open_wrong_schema_version(tmp_path: Path) -> None:
     with pytest.raises(RecordingError, match="schema version 99") as info:
         Recording.open(path)
     assert str(path) in str(info.value)
+
+
+def test_iter_steps_gives_back_the_steps_written(tmp_path: Path) -> None:
+    path = tmp_path / "run.probe.db"
+    steps = _write(path)
+    rec = Recording.open(path)
+    try:
+        back = list(rec.iter_steps())
+    finally:
+        rec.close()
+
+    # what the recording does not keep: a span's v0/v1 (the step's num_tokens/num_reqs
+    # carry them) and the ring's builder ids (names are stored; ids are the recording's)
+    def kept(s: Step) -> Step:
+        return replace(
+            s,
+            spans=tuple(replace(x, v0=0, v1=0) for x in s.spans),
+            builds=tuple(replace(b, builder_id=0) for b in s.builds),
+        )
+
+    assert [kept(s) for s in back] == [kept(s) for s in steps]
+    assert [s.spans for s in back] != [()] * len(back)
+
+
+def _poke(path: Path, sql: str) -> None:
+    db = sqlite3.connect(path)
+    db.execute(sql)
+    db.commit()
+    db.close()
+
+
+@pytest.mark.parametrize(
+    ("sql", "message"),
+    [
+        ("UPDATE steps SET mode = 'fast' WHERE step = 1", r"step 1\): mode is 'fast', not one of"),
+        ("UPDATE steps SET num_tokens = -3 WHERE step = 2", r"num_tokens is -3, below 0"),
+        ("UPDATE steps SET host_ns = 'soon' WHERE step = 1", r"host_ns is 'soon', not an integer"),
+        ("UPDATE steps SET uniform = 2 WHERE step = 1", r"uniform is 2, not 0 or 1"),
+        ("UPDATE steps SET runner = 'v9' WHERE step = 1", r"runner is 'v9', not one of v1, mrv2"),
+        ("UPDATE steps SET t0_ns = NULL WHERE step = 1", r"t0_ns is NULL"),
+        ("UPDATE spans SET phase = 'nap'", r"spans row .*phase is 'nap'"),
+    ],
+)
+def test_iter_steps_refuses_a_value_that_does_not_fit(
+    tmp_path: Path, sql: str, message: str
+) -> None:
+    path = tmp_path / "run.probe.db"
+    _write(path)
+    _poke(path, sql)
+    rec = Recording.open(path)
+    with pytest.raises(RecordingError, match=message) as info:
+        list(rec.iter_steps())
+    assert str(path) in str(info.value)
+    rec.close()
+
+
+@pytest.mark.parametrize(
+    ("sql", "message"),
+    [
+        ("DROP TABLE steps", r"no steps"),
+        ("CREATE VIEW mine AS SELECT 1", r"also holds view mine"),
+        ("CREATE TABLE notes (x)", r"also holds table notes"),
+        ("CREATE TRIGGER t AFTER INSERT ON meta BEGIN SELECT 1; END", r"also holds trigger t"),
+        ("ALTER TABLE steps DROP COLUMN draft_mode", r"table steps has no draft_mode"),
+    ],
+)
+def test_open_refuses_anything_but_the_schema(tmp_path: Path, sql: str, message: str) -> None:
+    path = tmp_path / "run.probe.db"
+    _write(path)
+    _poke(path, sql)
+    with pytest.raises(RecordingError, match=message):
+        Recording.open(path)
+
+
+def test_a_view_in_place_of_a_table_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "run.probe.db"
+    _write(path)
+    _poke(path, "ALTER TABLE steps RENAME TO steps_real")
+    _poke(path, "CREATE VIEW steps AS SELECT * FROM steps_real")
+    with pytest.raises(RecordingError, match=r"steps: a view"):
+        Recording.open(path)

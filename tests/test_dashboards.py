@@ -78,3 +78,12 @@ def test_editing_the_generator_without_regenerating_fails(tmp_path: Path) -> Non
         timeout=60,
     )
     assert again.returncode == 0, again.stderr
+
+
+def test_every_ratio_is_documented_as_defined() -> None:
+    """docs/metrics.md shows each ratio's PromQL as probe.analysis.RATIOS writes it."""
+    from exporters.metrics import ratio_queries
+
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    stale = [name for name, q in ratio_queries().items() if f"`{name}`" not in doc or q not in doc]
+    assert not stale

@@ -21,9 +21,10 @@ import pytest
 from rich.console import Console
 from rich.live import Live
 
-from probe.assemble import Step
-from probe.live import LiveStats, header_line, plain_lines, render, step_row
+from probe import analysis
+from probe.live import LiveStats, header_line, plain_lines, render
 from probe.records import Mode, Reason, Reorder
+from probe.step import GpuSample, Step
 
 PROBE = str(Path(sys.executable).with_name("probe"))
 
@@ -35,7 +36,7 @@ class FakeProc:
         self.pid = pid
         self.snapshot = snapshot
         self.dropped = 0
-        self.assembler = None
+        self.hook_faults = 0
 
     @property
     def rank_label(self) -> str:
@@ -93,13 +94,23 @@ def stats() -> LiveStats:
     return st
 
 
-def test_step_row_matches_the_recording_columns() -> None:
-    from probe.recording import DDL
-
-    row = step_row(mk_step(1, 1, Mode.FULL, Reason.HIT, 10**9, True))
-    assert row["mode"] == "full" and row["reason"] == "hit"
-    for col in row:
-        assert col in DDL, col
+def test_late_gpu_timings_join_their_steps() -> None:
+    """Device timings arrive a few steps after their steps; the view joins each into its
+    step, and the GPU numbers are analysis's own over those steps."""
+    st = LiveStats(clock_ns=lambda: 10**12, roles={11: "worker"})
+    proc: Any = FakeProc(11, {"tp_rank": 0})
+    st.on_process(proc)
+    steps = [mk_step(11, i, Mode.FULL, Reason.HIT, 10**11 + i * 10**6, True) for i in range(1, 9)]
+    st.on_steps(proc, steps[:4], [])
+    # steps 1..3 timed, delivered with the next batch (step 4's timing is still on the way)
+    gpu = [GpuSample(i, 500_000, 100_000 * i, 800_000) for i in range(1, 4)]
+    st.on_steps(proc, steps[4:], gpu)
+    v = st.active()[0]
+    assert [s.gpu_idle_before_ns for s in v.steps] == [100_000, 200_000, 300_000, *[None] * 5]
+    g = st.summary(v)["gpu"]
+    assert g["steps_timed"] == 3
+    assert g["idle_share"] == pytest.approx(600_000 / (600_000 + 3 * 800_000))
+    assert g == analysis.gpu_summary(v.steps)
 
 
 def test_summary_per_rank_and_aggregate(stats: LiveStats) -> None:

@@ -26,10 +26,11 @@ from typing import Any
 import pytest
 
 from dashboards.generate import DASHBOARDS, queries
-from exporters.base import steps_from_recording
+from exporters.base import processes_from_recording, replay
+from exporters.metrics import ratio_queries
 from exporters.prometheus import ServingSink
-from probe.cli import default_recording
-from probe.recording import Recording
+from probe import analysis
+from probe.recording import Recording, default_recording
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(120)]
 
@@ -134,15 +135,14 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Servin
 def fed(prom: tuple[str, ServingSink]) -> str:
     """The H200 recording fed into the sink in chunks, one per scrape interval."""
     base, sink = prom
-    procs, steps, gpu = steps_from_recording(Recording.open(default_recording()))
-    info = procs[0]
-    mine = steps[info.pid]
-    timings = {g.step: g for g in gpu[info.pid]}
+    rec = Recording.open(default_recording())
+    [info] = processes_from_recording(rec)
+    mine = list(rec.iter_steps(info.pid))
     sink.process(info)
     size = -(-len(mine) // CHUNKS)
     for i in range(0, len(mine), size):
         chunk = mine[i : i + size]
-        sink.steps(info, chunk, [timings[s.step] for s in chunk if s.step in timings])
+        sink.steps(info, chunk, [g for s in chunk if (g := s.gpu) is not None])
         time.sleep(1.2)
 
     def scraped_all() -> bool:
@@ -221,3 +221,60 @@ def test_panels_show_the_recordings_picture(fed: str) -> None:
     # the recording's median launch overhead is ~3 ms (a mode whose steps all fell out of
     # the rate window reads NaN: not data, so it is left out)
     assert 1e-3 < max(v for v in p50.values() if v == v) < 10e-3
+
+
+# -- every ratio both ways ---------------------------------------------------------------------
+
+
+def _scraped(base: str, total: int) -> bool:
+    res = _query(base, "sum(vllm_graph_probe_steps_total)")["data"]["result"]
+    return bool(res) and float(res[0]["value"][1]) == total
+
+
+@pytest.fixture(scope="module")
+def twice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The whole recording exported twice, a scrape apart: every series then has its
+    samples at the same two scrapes, so ``rate()`` scales every counter by the same
+    factor and a ratio of rates is the ratio of the recording's sums."""
+    if PROMETHEUS is None:
+        pytest.skip("the prometheus binary is not installed (apt-get install prometheus)")
+    sink = ServingSink("127.0.0.1", 0)
+    try:
+        with prometheus_server(
+            tmp_path_factory.mktemp("prom2"), [f"127.0.0.1:{sink.port}"]
+        ) as base:
+            replay(Recording.open(default_recording()), sink)
+            # steps_total counts forward steps
+            n = sum(1 for s in Recording.open(default_recording()).iter_steps() if s.forward)
+            _wait(lambda: _scraped(base, n), 20, "the first export to be scraped")
+            replay(Recording.open(default_recording()), sink)
+            _wait(lambda: _scraped(base, 2 * n), 20, "the second export to be scraped")
+            yield base
+    finally:
+        sink.close()
+
+
+@pytest.mark.parametrize("name", sorted(analysis.RATIOS))
+def test_every_ratio_agrees_with_its_promql(twice: str, name: str) -> None:
+    """Each ratio through probe.analysis on the recording's Steps, and through its PromQL
+    (the dashboards' text) on a real Prometheus loaded from the export: within 1%."""
+    steps = list(Recording.open(default_recording()).iter_steps())
+    want = analysis.ratio(name, steps)
+    assert want is not None, f"{name}: the bundled recording has no data for it"
+    got = _values(twice, ratio_queries()[name])
+    assert len(got) == 1, got
+    value = next(iter(got.values())) / analysis.RATIOS[name].promql_scale
+    assert value == pytest.approx(want, rel=0.01, abs=1e-9), (name, value, want)
+
+
+def test_gpu_idle_share_is_idle_over_the_step_period() -> None:
+    """The number the report and the dashboard used to disagree on (31.3% vs 75.1% on
+    this recording): one definition now, idle / (idle + the step's device span)."""
+    steps = list(Recording.open(default_recording()).iter_steps())
+    timed = [s for s in steps if s.forward and s.gpu_busy_ns is not None]
+    idle = sum(s.gpu_idle_before_ns or 0 for s in timed)
+    period = idle + sum(s.gpu_step_ns or 0 for s in timed)
+    busy = idle + sum(s.gpu_busy_ns or 0 for s in timed)
+    assert analysis.ratio("gpu_idle_share", steps) == idle / period
+    assert round(idle / period, 3) == 0.313 and round(idle / busy, 3) == 0.751
+    assert "gpu_step_seconds_sum" in ratio_queries()["gpu_idle_share"]

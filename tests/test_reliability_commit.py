@@ -77,7 +77,7 @@ class _RaisingSink:
     def on_process(self, proc: object) -> None:
         raise RuntimeError("exporter bug")
 
-    def on_steps(self, proc: object, steps: object) -> None:
+    def on_steps(self, proc: object, steps: object, gpu: object) -> None:
         raise RuntimeError("exporter bug")
 
     def close(self) -> None:

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,18 @@ from rich.console import Console
 from rich.table import Table
 
 from probe import analysis
+from probe.step import Step
 
 PHASES = ("prepare_inputs", "metadata_build", "forward_launch", "sample", "draft")
+
+
+def _phase_median(phase: str, steps: Sequence[Step]) -> float | None:
+    return statistics.median(s.phases.get(phase, 0) for s in steps) if steps else None
+
+
+def _mode_reason(s: Step) -> str:
+    mode = s.mode.name.lower() if s.mode is not None else None
+    return f"{mode}/{s.reason.label if s.reason is not None else None}"
 
 
 def summarize(path: Path) -> dict[str, Any]:
@@ -45,19 +55,21 @@ def summarize(path: Path) -> dict[str, Any]:
         rec = Recording.open(path)
     except RecordingError as exc:
         raise UsageError(str(exc)) from None
-    steps = rec.steps()
+    try:
+        fw = analysis.forward_steps(rec.iter_steps())
+    except RecordingError as exc:
+        raise UsageError(str(exc)) from None
     meta = rec.meta()
-    fw = analysis.forward_steps(steps)
     rec.close()
     if not fw:
         raise UsageError(f"{path}: no forward steps recorded")
     rates = analysis.hit_rates(fw)
-    busy_ns = sum(s["t1_ns"] - s["t0_ns"] for s in fw)
-    tokens = sum(s["num_tokens"] or 0 for s in fw)
-    dec = [s for s in fw if analysis.is_decode(s)]
+    busy_ns = sum(s.t1 - s.t0 for s in fw)
+    tokens = sum(s.num_tokens for s in fw)
+    dec = [s for s in fw if s.decode]
 
-    def med(col: str, rows: Sequence[Mapping[str, Any]]) -> float | None:
-        vals = [r[col] for r in rows if r.get(col) is not None]
+    def med(value: Callable[[Step], int | None], steps: Sequence[Step]) -> float | None:
+        vals = [v for s in steps if (v := value(s)) is not None]
         return statistics.median(vals) if vals else None
 
     wall = None
@@ -71,11 +83,11 @@ def summarize(path: Path) -> dict[str, Any]:
         "wall_s": wall,
         "full_hit_rate": rates["full_hit_rate"],
         "decode_full_hit_rate": rates["decode_full_hit_rate"],
-        "reasons": dict(Counter(f"{s['mode']}/{s['reason']}" for s in fw).most_common(3)),
-        "decode_host_ns": med("host_ns", dec),
-        "decode_cpu_launch_overhead_ns": med("cpu_launch_overhead_ns", dec),
-        "decode_gpu_idle_before_ns": med("gpu_idle_before_ns", dec),
-        **{f"decode_{p}_ns": med(f"{p}_ns", dec) for p in PHASES},
+        "reasons": dict(Counter(_mode_reason(s) for s in fw).most_common(3)),
+        "decode_host_ns": med(lambda s: s.host_ns, dec),
+        "decode_cpu_launch_overhead_ns": med(lambda s: s.cpu_launch_overhead_ns, dec),
+        "decode_gpu_idle_before_ns": med(lambda s: s.gpu_idle_before_ns, dec),
+        **{f"decode_{p}_ns": _phase_median(p, dec) for p in PHASES},
     }
 
 

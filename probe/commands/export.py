@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from probe.cli import _open_recording
+from probe.commands import open_recording
 from probe.errors import UsageError
 
 
@@ -51,7 +51,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         else None
     )
     perfetto_out = _check_out(args.perfetto, "--perfetto") if args.perfetto else None
-    rec = _open_recording(args.recording)
+    rec = open_recording(args.recording)
     from exporters.base import replay
 
     err = sys.stderr

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from probe.cli import _open_recording
+from probe.commands import open_recording
 from probe.errors import UsageError
 
 
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not args.force:
         raise UsageError(f"merge: {out} exists (use --force to overwrite)")
-    rec = _open_recording(args.recording)
+    rec = open_recording(args.recording)
     try:
         profiles = load_profiles(args.profiles)
     except ProfileError as exc:

@@ -1,0 +1,81 @@
+"""The layers by process: code that runs inside vLLM imports nothing of the reader side.
+
+The engine side (plugin, runtime, hooks, ring writer, control server, the live markers)
+runs in every vLLM process; the reader side (collector, assembler, recording, analysis,
+report, live view, CLI) and ``exporters/`` run in ``probe``'s own process. A fresh
+interpreter arms the probe the way vLLM does, enables the hooks on a real ring with the
+live markers asked for, and lists what got imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+READER_SIDE = (
+    "probe.analysis",
+    "probe.assemble",
+    "probe.cli",
+    "probe.collector",
+    "probe.commands",
+    "probe.discover",
+    "probe.live",
+    "probe.recording",
+    "probe.report",
+    "probe.step",
+)
+
+ENGINE = """
+import json, os, sys, tempfile
+from probe import plugin, hooks, control, runtime
+ring = plugin.ring_path_for(os.getpid(), {"PROBE_RUN_DIR": tempfile.mkdtemp()})
+from probe.ring import RingWriter
+writer = RingWriter.create(ring, 1 << 16)
+hooks.attach(writer, gpu_timing=False)
+hooks.disable()
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("probe", "exporters"))))
+"""
+
+
+def _engine_modules(tmp_path: Path) -> list[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PROBE_ROCTX": "1",
+        "PROBE_NVTX": "1",
+        "PROBE_RUN_DIR": str(tmp_path),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", ENGINE],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=True,
+    )
+    mods: list[str] = json.loads(out.stdout.strip().splitlines()[-1])
+    return mods
+
+
+def test_the_engine_side_imports_hooks_and_records(tmp_path: Path) -> None:
+    mods = _engine_modules(tmp_path)
+    assert {"probe.hooks", "probe.records", "probe.runtime", "probe.ring"} <= set(mods)
+
+
+def test_the_engine_side_imports_no_exporter(tmp_path: Path) -> None:
+    mods = _engine_modules(tmp_path)
+    assert [m for m in mods if m.split(".")[0] == "exporters"] == []
+
+
+def test_the_engine_side_imports_nothing_of_the_reader_side(tmp_path: Path) -> None:
+    mods = _engine_modules(tmp_path)
+    reader = [m for m in mods if m.startswith(READER_SIDE)]
+    assert reader == []
