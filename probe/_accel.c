@@ -63,6 +63,7 @@ typedef struct {
     long long step;
     long long sample_every;
     long long sample_n;
+    long long timer_every; /* >0: the GPU timer samples 1 step in N (Python handles those) */
     struct RingObject *ring; /* strong; the ring the packers and spans stage into */
 } CoreObject;
 
@@ -78,6 +79,8 @@ static PyMemberDef core_members[] = {
     {"step", T_LONGLONG, offsetof(CoreObject, step), 0, "the current step number"},
     {"sample_every", T_LONGLONG, offsetof(CoreObject, sample_every), 0, "record 1 step in N"},
     {"sample_n", T_LONGLONG, offsetof(CoreObject, sample_n), 0, "steps seen while sampling"},
+    {"timer_every", T_LONGLONG, offsetof(CoreObject, timer_every), 0,
+     "GPU timer period in steps (0: no timer)"},
     {NULL}};
 
 /* ---------------------------------------------------------------------------------- */
@@ -161,6 +164,21 @@ static void ring_stage_span(RingObject *r, int phase, int flags, long long step,
     memcpy(p + 4, &s, 4);
     put_u64(p + 8, t0);
     put_u64(p + 16, t1);
+    ring_staged(r);
+}
+
+static void ring_stage_wire(RingObject *r, int kind, int a, int b, int c, long long step,
+                            int64_t t0, int64_t t1, int64_t v0, int64_t v1, int64_t v2,
+                            int64_t v3, int64_t v4) {
+    uint8_t *p = ring_slot(r);
+    p[0] = (uint8_t)kind;
+    p[1] = (uint8_t)a;
+    p[2] = (uint8_t)b;
+    p[3] = (uint8_t)c;
+    uint32_t s = (uint32_t)step;
+    memcpy(p + 4, &s, 4);
+    int64_t v[7] = {t0, t1, v0, v1, v2, v3, v4};
+    memcpy(p + 8, v, 56);
     ring_staged(r);
 }
 
@@ -710,6 +728,361 @@ static PyTypeObject SpanType =
 static PyTypeObject GateType =
     WRAP_TYPE(Gate, "Gate(orig, impl, core, sampling=False): the dormant path in C.");
 
+
+/* ---------------------------------------------------------------------------------- */
+/* Step and Dispatch: the common path of two Python hooks, in C                         */
+/*                                                                                    */
+/* Each takes the Python hook (``impl``) too and hands it every call off the common    */
+/* path (sampling, the first step, the GPU timer's steps, a dispatch miss, anything it  */
+/* cannot read), so both write the same records.                                       */
+/* ---------------------------------------------------------------------------------- */
+
+#define KIND_DISPATCH 2
+#define FLAG_UNIFORM 4
+#define FLAG_MRV2 8
+#define PHASE_EXECUTE 1
+#define PHASE_SAMPLE_TOKENS 2
+#define REASON_HIT 1
+
+static PyObject *S_total, *S_num_sched, *S_on_first_step, *S_pending, *S_open, *S_decision,
+    *S_num_reqs, *S_max_q, *S_num_tokens, *S_cg_mode, *S_uniform_decode, *S_udql, *S_dql,
+    *S_uniform_token_count, *S_max_query_len, *S_dummy_run, *S_is_profile;
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict;
+    PyObject *weakrefs;
+    PyObject *orig;
+    PyObject *impl;   /* Step: the Python hook; Dispatch: record(result, t0, t1, *args) */
+    CoreObject *core;
+    PyObject *full;   /* Dispatch: vLLM's CUDAGraphMode.FULL */
+    int which;        /* Step: 0 execute_model, 1 sample_tokens; Dispatch: 0 V1, 1 MRV2 */
+    int mrv2;         /* Step: Flag.MRV2 on its spans */
+    int pos[4];       /* Dispatch MRV2: num_reqs, num_tokens, uniform_token_count,
+                         max_query_len positions after self (-1: absent) */
+} FastObject;
+
+static PyTypeObject StepType;
+static PyTypeObject DispatchType;
+
+/* the keyword ``name`` of a vectorcall, borrowed, or NULL */
+static PyObject *kwarg(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                       PyObject *name) {
+    if (kwnames == NULL) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+        if (k == name || PyUnicode_Compare(k, name) == 0) return args[nargs + i];
+    }
+    return NULL;
+}
+
+static int has_first_step(CoreObject *c) {
+    PyObject *cbs = PyObject_GetAttr((PyObject *)c, S_on_first_step);
+    if (cbs == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int t = PyObject_IsTrue(cbs);
+    Py_DECREF(cbs);
+    if (t < 0) PyErr_Clear();
+    return t != 0;
+}
+
+static PyObject *step_call(FastObject *self, PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames) {
+    CoreObject *c = self->core;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (!c->enabled && !c->sampling) return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    RingObject *r = c->ring;
+    long long every = c->timer_every;
+    if (c->sampling || r == NULL) goto slow;
+    if (self->which == 0) {
+        if (nargs < 2 || (every > 0 && (c->step + 1) % every == 0) || has_first_step(c)) goto slow;
+        if (self->mrv2) {
+            PyObject *d = kwarg(args, nargs, kwnames, S_dummy_run);
+            PyObject *p = kwarg(args, nargs, kwnames, S_is_profile);
+            if ((d && PyObject_IsTrue(d)) || (p && PyObject_IsTrue(p))) goto slow;
+        }
+        PyObject *so = args[1];
+        PyObject *tot = PyObject_GetAttr(so, S_total);
+        if (tot == NULL) goto slow_clear;
+        long long ntok = PyLong_AsLongLong(tot);
+        Py_DECREF(tot);
+        if (ntok == -1 && PyErr_Occurred()) goto slow_clear;
+        PyObject *sched = PyObject_GetAttr(so, S_num_sched);
+        if (sched == NULL) goto slow_clear;
+        Py_ssize_t nreq = PyObject_Size(sched);
+        Py_DECREF(sched);
+        if (nreq < 0) goto slow_clear;
+        c->step++;
+        c->in_step++;
+        int64_t t0 = boottime();
+        PyObject *res = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+        int64_t t1 = boottime();
+        c->in_step--;
+        if (c->ring != NULL)
+            ring_stage_wire(c->ring, KIND_SPAN, PHASE_EXECUTE, 0, self->mrv2 ? FLAG_MRV2 : 0,
+                            c->step, t0, t1, ntok, nreq, 0, 0, 0);
+        return res;
+    }
+    if (!c->enabled) goto slow;
+    if (every > 0 && (c->step % every == 0 || (c->step + 1) % every == 0)) goto slow;
+    c->in_step++;
+    int64_t t0 = boottime();
+    PyObject *res = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    int64_t t1 = boottime();
+    c->in_step--;
+    if (c->ring != NULL)
+        ring_stage_wire(c->ring, KIND_SPAN, PHASE_SAMPLE_TOKENS, 0, self->mrv2 ? FLAG_MRV2 : 0,
+                        c->step, t0, t1, 0, 0, 0, 0, 0);
+    return res;
+slow_clear:
+    PyErr_Clear();
+slow:
+    return PyObject_Vectorcall(self->impl, args, nargsf, kwnames);
+}
+
+/* getattr(o, name) as a long long; -1 and an error set when it is not an int; None -> 0 */
+static long long attr_ll(PyObject *o, PyObject *name, int *bad) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) {
+        *bad = 1;
+        return 0;
+    }
+    long long x = 0;
+    if (v != Py_None) {
+        x = PyLong_AsLongLong(v);
+        if (x == -1 && PyErr_Occurred()) *bad = 1;
+    }
+    Py_DECREF(v);
+    return x;
+}
+
+static long long obj_ll(PyObject *v, int *bad) { /* None/NULL -> 0, truthiness as vLLM's "or 0" */
+    if (v == NULL || v == Py_None) return 0;
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred()) *bad = 1;
+    return x;
+}
+
+static PyObject *dispatch_record_slow(FastObject *self, PyObject *res, int64_t t0, int64_t t1,
+                                      PyObject *const *args, Py_ssize_t nargs,
+                                      PyObject *kwnames) {
+    /* record(result, t0, t1, *args, **kwargs): the Python hook's own recording */
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(tb);
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject **buf = PyMem_Malloc((size_t)(3 + nargs + nk) * sizeof(PyObject *));
+    if (buf == NULL) {
+        PyErr_Clear();
+        return res;
+    }
+    PyObject *a0 = PyLong_FromLongLong(t0), *a1 = PyLong_FromLongLong(t1);
+    if (a0 && a1) {
+        buf[0] = res;
+        buf[1] = a0;
+        buf[2] = a1;
+        for (Py_ssize_t i = 0; i < nargs + nk; i++) buf[3 + i] = args[i];
+        PyObject *r = PyObject_Vectorcall(self->impl, buf, (size_t)(3 + nargs), kwnames);
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(a0);
+    Py_XDECREF(a1);
+    PyMem_Free(buf);
+    PyErr_Clear(); /* the record function counts its own faults */
+    return res;
+}
+
+static PyObject *dispatch_call(FastObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    CoreObject *c = self->core;
+    if (!c->enabled) return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    int64_t t0 = boottime();
+    PyObject *res = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    int64_t t1 = boottime();
+    if (res == NULL) return NULL;
+    RingObject *r = c->ring;
+    if (r == NULL || nargs < 1) return dispatch_record_slow(self, res, t0, t1, args, nargs, kwnames);
+    PyObject *me = args[0];
+    PyObject *desc, *mode;
+    int bad = 0;
+    long long num_tokens, num_reqs = 0, max_q = 0, uq;
+    int f = (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
+    PyObject *pend = PyObject_GetAttr((PyObject *)c, S_pending);
+    if (pend == NULL || !PyDict_CheckExact(pend)) {
+        Py_XDECREF(pend);
+        return dispatch_record_slow(self, res, t0, t1, args, nargs, kwnames);
+    }
+    if (self->which == 0) { /* V1: (mode, BatchDescriptor) */
+        if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) < 2) goto slow;
+        mode = PyTuple_GET_ITEM(res, 0);
+        desc = PyTuple_GET_ITEM(res, 1);
+        if (mode != self->full) goto slow;
+        PyObject *nt = nargs > 1 ? args[1] : kwarg(args, nargs, kwnames, S_num_tokens);
+        if (nt == NULL) goto slow;
+        num_tokens = obj_ll(nt, &bad);
+        PyObject *un = nargs > 2 ? args[2] : kwarg(args, nargs, kwnames, S_uniform_decode);
+        if (un != NULL) {
+            int t = PyObject_IsTrue(un);
+            if (t < 0) goto slow_clear;
+            if (t) f |= FLAG_UNIFORM;
+        }
+        num_reqs = obj_ll(PyDict_GetItemWithError(pend, S_num_reqs), &bad);
+        max_q = obj_ll(PyDict_GetItemWithError(pend, S_max_q), &bad);
+        uq = attr_ll(me, S_udql, &bad);
+    } else { /* MRV2: BatchExecutionDescriptor */
+        desc = res;
+        mode = PyObject_GetAttr(desc, S_cg_mode);
+        if (mode == NULL) goto slow_clear;
+        Py_DECREF(mode); /* the member lives as long as the enum */
+        if (mode != self->full) goto slow;
+        Py_ssize_t n = nargs - 1;
+        PyObject *v[4];
+        PyObject *names[4] = {S_num_reqs, S_num_tokens, S_uniform_token_count, S_max_query_len};
+        for (int i = 0; i < 4; i++) {
+            int p = self->pos[i];
+            v[i] = (p >= 0 && p < n) ? args[1 + p] : kwarg(args, nargs, kwnames, names[i]);
+        }
+        num_reqs = obj_ll(v[0], &bad);
+        num_tokens = obj_ll(v[1], &bad);
+        long long utc = obj_ll(v[2], &bad);
+        long long mq = obj_ll(v[3], &bad);
+        max_q = mq ? mq : utc;
+        uq = attr_ll(me, S_dql, &bad);
+        f |= FLAG_MRV2;
+        if (strcmp(_PyType_Name(Py_TYPE(me)), "ModelCudaGraphManager") != 0) f |= FLAG_DRAFTER;
+        if (v[2] != NULL && v[2] != Py_None && utc == uq) f |= FLAG_UNIFORM;
+    }
+    long long padded = attr_ll(desc, S_num_tokens, &bad);
+    long long padded_reqs = attr_ll(desc, S_num_reqs, &bad);
+    if (bad || PyErr_Occurred()) goto slow_clear;
+    if (max_q < 0 || max_q > INT32_MAX || uq < 0 || uq > UINT32_MAX) goto slow;
+    PyObject *open = PyDict_GetItemWithError(pend, S_open);
+    if (open != NULL && PyObject_IsTrue(open) == 1) {
+        PyObject *d = Py_BuildValue("(iiiLLLLLL)", 2, REASON_HIT, f, num_tokens, padded, num_reqs,
+                                    padded_reqs, max_q, uq);
+        if (d == NULL || PyDict_SetItem(pend, S_decision, d) < 0) {
+            Py_XDECREF(d);
+            goto slow_clear;
+        }
+        Py_DECREF(d);
+    } else {
+        if (PyErr_Occurred()) goto slow_clear;
+        ring_stage_wire(r, KIND_DISPATCH, 2, REASON_HIT, f, c->step, t0, t1, num_tokens, padded,
+                        num_reqs, padded_reqs, (int64_t)((uint64_t)max_q << 32) | (uint32_t)uq);
+    }
+    Py_DECREF(pend);
+    return res;
+slow_clear:
+    PyErr_Clear();
+slow:
+    Py_DECREF(pend);
+    return dispatch_record_slow(self, res, t0, t1, args, nargs, kwnames);
+}
+
+static PyObject *fast_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    FastObject *self = (FastObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    PyObject *orig, *impl, *core, *full = Py_None;
+    int which = 0, mrv2 = 0;
+    self->pos[0] = self->pos[1] = self->pos[2] = self->pos[3] = -1;
+    if (type == &StepType) {
+        static char *kwlist[] = {"orig", "impl", "core", "which", "mrv2", NULL};
+        if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO!i|p", kwlist, &orig, &impl, &CoreType,
+                                         &core, &which, &mrv2))
+            goto fail;
+        self->vectorcall = (vectorcallfunc)step_call;
+    } else {
+        static char *kwlist[] = {"orig", "record", "core", "full", "which", "positions", NULL};
+        PyObject *pos = NULL;
+        if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO!Oi|O", kwlist, &orig, &impl, &CoreType,
+                                         &core, &full, &which, &pos))
+            goto fail;
+        if (pos != NULL && pos != Py_None && !PyArg_ParseTuple(pos, "iiii", &self->pos[0], &self->pos[1],
+                                             &self->pos[2], &self->pos[3]))
+            goto fail;
+        self->vectorcall = (vectorcallfunc)dispatch_call;
+    }
+    if (!PyCallable_Check(orig) || !PyCallable_Check(impl)) {
+        PyErr_SetString(PyExc_TypeError, "orig and impl must be callable");
+        goto fail;
+    }
+    self->which = which;
+    self->mrv2 = mrv2;
+    Py_INCREF(orig);
+    self->orig = orig;
+    Py_INCREF(impl);
+    self->impl = impl;
+    Py_INCREF(core);
+    self->core = (CoreObject *)core;
+    Py_INCREF(full);
+    self->full = full;
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static int fast_traverse(FastObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->dict);
+    Py_VISIT(self->orig);
+    Py_VISIT(self->impl);
+    Py_VISIT((PyObject *)self->core);
+    Py_VISIT(self->full);
+    return 0;
+}
+
+static int fast_clear(FastObject *self) {
+    Py_CLEAR(self->dict);
+    Py_CLEAR(self->orig);
+    Py_CLEAR(self->impl);
+    Py_CLEAR(self->core);
+    Py_CLEAR(self->full);
+    return 0;
+}
+
+static void fast_dealloc(FastObject *self) {
+    PyObject_GC_UnTrack(self);
+    if (self->weakrefs) PyObject_ClearWeakRefs((PyObject *)self);
+    fast_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *fast_repr(FastObject *self) {
+    return PyUnicode_FromFormat("<probe %s around %R>", Py_TYPE(self)->tp_name, self->orig);
+}
+
+static PyMemberDef fast_members[] = {
+    {"orig", T_OBJECT, offsetof(FastObject, orig), READONLY, "the wrapped original"},
+    {"impl", T_OBJECT, offsetof(FastObject, impl), READONLY, "the Python hook it hands off to"},
+    {NULL}};
+
+#define FAST_TYPE(NAME, DOC)                                                                   \
+    {                                                                                          \
+        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "probe._accel." #NAME,                       \
+        .tp_basicsize = sizeof(FastObject),                                                    \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |     \
+                    Py_TPFLAGS_METHOD_DESCRIPTOR,                                              \
+        .tp_doc = DOC, .tp_new = fast_make, .tp_dealloc = (destructor)fast_dealloc,            \
+        .tp_traverse = (traverseproc)fast_traverse, .tp_clear = (inquiry)fast_clear,           \
+        .tp_call = PyVectorcall_Call, .tp_vectorcall_offset = offsetof(FastObject, vectorcall), \
+        .tp_descr_get = wrap_get, .tp_dictoffset = offsetof(FastObject, dict),                 \
+        .tp_weaklistoffset = offsetof(FastObject, weakrefs), .tp_members = fast_members,       \
+        .tp_getset = wrap_getset, .tp_methods = wrap_methods, .tp_repr = (reprfunc)fast_repr,  \
+        .tp_getattro = PyObject_GenericGetAttr, .tp_setattro = PyObject_GenericSetAttr,        \
+    }
+
+static PyTypeObject StepType = FAST_TYPE(
+    Step, "Step(orig, impl, core, which, mrv2=False): execute_model/sample_tokens in C.");
+static PyTypeObject DispatchType = FAST_TYPE(
+    Dispatch, "Dispatch(orig, record, core, full, which, positions=None): a FULL hit in C.");
+
 /* ---------------------------------------------------------------------------------- */
 /* Core type                                                                          */
 /* ---------------------------------------------------------------------------------- */
@@ -762,12 +1135,32 @@ static struct PyModuleDef moddef = {
     "The compiled hot path of vllm-graph-probe (see probe/accel.py).", -1, module_methods};
 
 PyMODINIT_FUNC PyInit__accel(void) {
-    PyTypeObject *types[] = {&CoreType, &RingType, &PackerType, &SpanType, &GateType};
+#define INTERN(var, text)                                                                      \
+    if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL;
+    INTERN(S_total, "total_num_scheduled_tokens");
+    INTERN(S_num_sched, "num_scheduled_tokens");
+    INTERN(S_on_first_step, "on_first_step");
+    INTERN(S_pending, "pending");
+    INTERN(S_open, "open");
+    INTERN(S_decision, "decision");
+    INTERN(S_num_reqs, "num_reqs");
+    INTERN(S_max_q, "max_q");
+    INTERN(S_num_tokens, "num_tokens");
+    INTERN(S_cg_mode, "cg_mode");
+    INTERN(S_uniform_decode, "uniform_decode");
+    INTERN(S_udql, "uniform_decode_query_len");
+    INTERN(S_dql, "decode_query_len");
+    INTERN(S_uniform_token_count, "uniform_token_count");
+    INTERN(S_max_query_len, "max_query_len");
+    INTERN(S_dummy_run, "dummy_run");
+    INTERN(S_is_profile, "is_profile");
+    PyTypeObject *types[] = {&CoreType, &RingType,  &PackerType,  &SpanType,
+                             &GateType, &StepType, &DispatchType};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0) return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (m == NULL) return NULL;
-    const char *names[] = {"Core", "Ring", "Packer", "Span", "Gate"};
+    const char *names[] = {"Core", "Ring", "Packer", "Span", "Gate", "Step", "Dispatch"};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         Py_INCREF(types[i]);
         if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) return NULL;

@@ -77,6 +77,7 @@ class PyCore:
     step: int
     sample_every: int
     sample_n: int
+    timer_every: int
 
     def __init__(self) -> None:
         self.enabled = 0
@@ -88,6 +89,7 @@ class PyCore:
         self.step = 0
         self.sample_every = 1
         self.sample_n = 0
+        self.timer_every = 0
 
 
 Core: type = _C.Core if _C is not None else PyCore
@@ -165,13 +167,56 @@ def gate(
     return c.Gate(orig, impl, rt, sampling)
 
 
-def _check_span_layout() -> None:
-    """The compiled Span writes SPAN records itself: its wire slots must be the declared
-    ones (step, phase in a, flags in c, t0, t1)."""
-    got = {f.name: f.slot for f in records.SPECS[records.RecordKind.SPAN].fields}
-    want = {"step": "step", "phase": "a", "flags": "c", "t0": "t0", "t1": "t1"}
-    if any(got.get(k) != v for k, v in want.items()):
-        raise ImportError(f"probe.accel: the SPAN declaration {got} no longer matches probe._accel")
+def step_hook(
+    orig: Callable[..., Any], impl: Callable[..., Any], rt: Any, which: int, mrv2: bool
+) -> Any | None:
+    """``execute_model`` (which=0) or ``sample_tokens`` (1) with its common path compiled,
+    handing every other call to the Python hook ``impl``; None on the Python path."""
+    c = _compiled()
+    if c is None or not isinstance(rt, c.Core):
+        return None
+    return c.Step(orig, impl, rt, which, mrv2)
 
 
-_check_span_layout()
+def dispatch_hook(
+    orig: Callable[..., Any],
+    record: Callable[..., Any],
+    rt: Any,
+    full: Any,
+    which: int,
+    positions: tuple[int, int, int, int] | None = None,
+) -> Any | None:
+    """A dispatcher (which=0: V1 ``CudagraphDispatcher``, 1: MRV2 ``CudaGraphManager``)
+    whose FULL hits are recorded in C; every other result goes to the Python ``record(
+    result, t0, t1, *args, **kwargs)``. None on the Python path or without vLLM's FULL."""
+    c = _compiled()
+    if c is None or not isinstance(rt, c.Core) or full is None:
+        return None
+    return c.Dispatch(orig, record, rt, full, which, positions)
+
+
+def _check_wire_layout() -> None:
+    """The compiled Span, Step and Dispatch write SPAN and DISPATCH records themselves:
+    those two declarations must keep the wire slots the C code uses."""
+    wire = {
+        records.RecordKind.SPAN: {
+            "step": ("step", ""), "phase": ("a", ""), "flags": ("c", ""), "t0": ("t0", ""),
+            "t1": ("t1", ""), "v0": ("v0", ""), "v1": ("v1", ""),
+        },
+        records.RecordKind.DISPATCH: {
+            "step": ("step", ""), "mode": ("a", ""), "reason": ("b", ""), "flags": ("c", ""),
+            "t0": ("t0", ""), "t1": ("t1", ""), "num_tokens": ("v0", ""),
+            "padded_tokens": ("v1", ""), "num_reqs": ("v2", ""), "padded_reqs": ("v3", ""),
+            "max_query_len": ("v4", "hi"), "uniform_decode_query_len": ("v4", "lo"),
+        },
+    }  # fmt: skip
+    for kind, want in wire.items():
+        got = {f.name: (f.slot, f.part) for f in records.SPECS[kind].fields}
+        if got != want:
+            raise ImportError(
+                f"probe.accel: the {kind.name} declaration {got} no longer "
+                "matches the records probe._accel writes itself"
+            )
+
+
+_check_wire_layout()

@@ -78,6 +78,7 @@ class Runtime(accel.Core):  # type: ignore[misc]
         self.strings: dict[str, int] = {}
         self.faults: dict[str, int] = {}
         self.gpu_timing = False
+        self.timer_every = 0  # the GPU timer's period (compiled fast paths leave its steps)
         self.sample_every = 1  # record 1 engine step in N (execute_model decides)
         self.sample_n = 0
         self.sampling = False  # attached with sample_every > 1
@@ -119,6 +120,7 @@ class Runtime(accel.Core):  # type: ignore[misc]
     def detach(self) -> Any:
         self.enabled = False
         self.sampling = False
+        self.timer_every = 0
         self.flush()
         writer, self.writer = self.writer, _NullWriter()
         hot = getattr(writer, "hot", None)

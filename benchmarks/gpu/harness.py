@@ -223,6 +223,8 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     hooks.enable(writer, gpu_timing=cmd.get("gpu_timing", True))
     if st is not None:
         st.time_ring(cmd.get("ring_stand_in"))
+    bare: list[tuple[int, int]] = []  # "off" blocks: (scheduled tokens, launch ns)
+    unbare = bare_timer(bare) if cmd.get("bare_timer") else None
     block = int(cmd.get("block", 16))
     every = int(cmd.get("sample_every", 1))  # "on" blocks record one step in `every`
     eng = llm.llm_engine
@@ -255,6 +257,8 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     finally:
         del eng.step  # back to the class's method
         RT.enabled = RT.sampling = False
+        if unbare is not None:
+            unbare()
         if st is not None:
             st.unpatch()  # the next install builds plain wrappers again
     skip = prefill_blocks(starts, block, int(cmd.get("prefill_steps", PREFILL_STEPS)))
@@ -282,7 +286,95 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         "excluded_blocks": sorted(skip),
         "dropped": getattr(writer, "dropped", None),
         "selftime": selftime,
+        "bare_launch": bare_summary(bare) if unbare is not None else None,
     }
+
+
+def bare_timer(rows: list[tuple[int, int]]) -> Any:
+    """The CPU launch overhead of the probe's definition (step start to the end of the
+    target's forward launch) measured by one plain timer pair, in the steps where the probe
+    is off: the reference the probe's own recorded figure (its "on" steps) is held against.
+    Wraps whatever is installed (the probe's dormant hooks); returns the undo."""
+    import importlib
+
+    from probe.runtime import RT
+
+    clock = time.clock_gettime_ns
+    boot = time.CLOCK_BOOTTIME
+    state = {"t0": 0, "n": 0, "open": False}
+    placed: list[tuple[Any, str, Any]] = []
+    exec_targets = [
+        ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model"),
+        ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "execute_model"),
+    ]
+    fwd_targets = [
+        ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_model_forward"),
+        ("vllm.v1.worker.gpu.cudagraph_utils", "ModelCudaGraphManager", "run_fullgraph"),
+    ]
+
+    def place(cls: Any, name: str, wrapper: Any) -> None:
+        placed.append((cls, name, vars(cls)[name]))
+        setattr(cls, name, wrapper)
+
+    def exec_wrap(inner: Any) -> Any:
+        def execute_model(self: Any, so: Any, *a: Any, **k: Any) -> Any:
+            if RT.enabled or k.get("dummy_run") or k.get("is_profile"):
+                return inner(self, so, *a, **k)
+            state["t0"], state["n"], state["open"] = (
+                clock(boot),
+                so.total_num_scheduled_tokens,
+                True,
+            )
+            try:
+                return inner(self, so, *a, **k)
+            finally:
+                state["open"] = False
+
+        return execute_model
+
+    def fwd_wrap(inner: Any) -> Any:
+        def forward(*a: Any, **k: Any) -> Any:
+            if not state["open"] or RT.enabled:
+                return inner(*a, **k)
+            out = inner(*a, **k)
+            if state["open"]:
+                rows.append((int(state["n"]), clock(boot) - int(state["t0"])))
+                state["open"] = False  # the first target launch of the step
+            return out
+
+        return forward
+
+    for mod, cls_name, name in exec_targets:
+        try:
+            cls = getattr(importlib.import_module(mod), cls_name)
+        except Exception:
+            continue
+        if name in vars(cls):
+            place(cls, name, exec_wrap(vars(cls)[name]))
+    for mod, cls_name, name in fwd_targets:
+        try:
+            cls = getattr(importlib.import_module(mod), cls_name)
+        except Exception:
+            continue
+        if name in vars(cls):
+            place(cls, name, fwd_wrap(vars(cls)[name]))
+
+    def undo() -> None:
+        for cls, name, orig in reversed(placed):
+            setattr(cls, name, orig)
+
+    return undo
+
+
+def bare_summary(rows: list[tuple[int, int]]) -> dict[str, Any]:
+    """Medians per scheduled-token count (decode steps share one), most common first."""
+    by: dict[int, list[int]] = {}
+    for n, ns in rows:
+        by.setdefault(n, []).append(ns)
+    out = []
+    for n, v in sorted(by.items(), key=lambda kv: -len(kv[1]))[:4]:
+        out.append({"num_tokens": n, "steps": len(v), "median_ns": statistics.median(v)})
+    return {"steps": len(rows), "by_tokens": out}
 
 
 PREFILL_STEPS = 8  # steps after a workload starts that may hold its prefill

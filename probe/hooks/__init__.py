@@ -244,6 +244,7 @@ def enable(writer: Any, *, gpu_timing: bool | int = True, sample_every: int = 1)
             RT.static["calibration"] = {"error": repr(exc)}
         RT.attach(writer)
         RT.gpu_timing = False
+        RT.timer_every = 0
         step.TIMER.clear()
         if gpu_timing:
             try:
@@ -253,6 +254,7 @@ def enable(writer: Any, *, gpu_timing: bool | int = True, sample_every: int = 1)
                     every = 8 if gpu_timing is True else int(gpu_timing)
                     step.TIMER.append(step.GpuTimer(every))
                     RT.gpu_timing = True
+                    RT.timer_every = step.TIMER[0].every
             except Exception as exc:
                 log.info("probe: no device timing (%r)", exc)
         RT.on_first_step = [_first_step]

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from probe import accel
 from probe.hooks._base import Hook, Target
 from probe.records import Flag, Phase, Reason
 from probe.runtime import BOOTTIME, RT
@@ -227,12 +228,7 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     hit = _HIT
     memo = _ReasonMemo()
 
-    def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not RT.enabled:
-            return orig(self, *args, **kwargs)
-        t0 = _clock(BOOTTIME)
-        result = orig(self, *args, **kwargs)
-        t1 = _clock(BOOTTIME)
+    def record(result: Any, t0: int, t1: int, self: Any, *args: Any, **kwargs: Any) -> None:
         try:
             mode, desc = result[0], result[1]
             m = 2 if mode is full else 1 if mode is piecewise else int(mode.value)
@@ -278,9 +274,19 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             )
         except Exception as exc:
             hook.fail(exc)
+
+    def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not RT.enabled:
+            return orig(self, *args, **kwargs)
+        t0 = _clock(BOOTTIME)
+        result = orig(self, *args, **kwargs)
+        t1 = _clock(BOOTTIME)
+        record(result, t0, t1, self, *args, **kwargs)
         return result
 
-    return dispatch
+    # a FULL hit (the steady state) is recorded in C; everything else by ``record``
+    compiled = accel.dispatch_hook(orig, record, RT, full, 0)
+    return compiled if compiled is not None else dispatch
 
 
 def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
@@ -297,12 +303,7 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     hit = _HIT
     full, piecewise = _mode_members()
 
-    def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not RT.enabled:
-            return orig(self, *args, **kwargs)
-        t0 = _clock(BOOTTIME)
-        desc = orig(self, *args, **kwargs)
-        t1 = _clock(BOOTTIME)
+    def record(desc: Any, t0: int, t1: int, self: Any, *args: Any, **kwargs: Any) -> None:
         try:
             n = len(args)
             num_reqs = args[i_reqs] if 0 <= i_reqs < n else kwargs.get("num_reqs", 0)
@@ -353,9 +354,20 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             )
         except Exception as exc:
             hook.fail(exc)
+
+    def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not RT.enabled:
+            return orig(self, *args, **kwargs)
+        t0 = _clock(BOOTTIME)
+        desc = orig(self, *args, **kwargs)
+        t1 = _clock(BOOTTIME)
+        record(desc, t0, t1, self, *args, **kwargs)
         return desc
 
-    return dispatch
+    # a FULL hit (the steady state) is recorded in C; everything else by ``record``
+    positions = (i_reqs, i_tok, i_utc, i_maxq)
+    compiled = accel.dispatch_hook(orig, record, RT, full, 1, positions)
+    return compiled if compiled is not None else dispatch
 
 
 def mrv2_sync_dp(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:

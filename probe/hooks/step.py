@@ -242,7 +242,8 @@ def execute(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]:
                 except Exception as exc:
                     hook.fail(exc)
 
-        return execute_model
+        compiled = accel.step_hook(orig, execute_model, RT, 0, mrv2)
+        return compiled if compiled is not None else execute_model
 
     return factory
 
@@ -274,7 +275,8 @@ def sample_tokens(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]
                 except Exception as exc:
                     hook.fail(exc)
 
-        return wrapper
+        compiled = accel.step_hook(orig, wrapper, RT, 1, bool(c))
+        return compiled if compiled is not None else wrapper
 
     return factory
 
