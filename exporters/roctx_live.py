@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-from exporters.rocprof import RoctxEmitter, RoctxUnavailableError
+from exporters.roctx_emit import RoctxEmitter, RoctxUnavailableError
 from probe.records import Flag, Mode, Reason, RecordKind, ReplayKind
 
 __all__ = ["ENV_VAR", "RoctxLive", "start"]
