@@ -21,7 +21,9 @@ import pytest
 from perfetto_read import read_trace
 from profiles_data import profile_path
 
-from exporters.merge import AlignmentError, align, load_profile, step_table
+from exporters.timelines.align import AlignmentError, align
+from exporters.timelines.crosscheck import step_table
+from exporters.timelines.load import load_profile
 from probe.cli import main
 from probe.recording import Recording
 
@@ -163,7 +165,7 @@ def test_truncated_recording(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 
 def test_truncated_rocpd(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from exporters.rocprof import create_rocpd_db
+    from exporters.timelines.rocpd_writer import create_rocpd_db
 
     db = tmp_path / "r_results.db"
     with create_rocpd_db(db, hostname="h") as w:
@@ -175,7 +177,7 @@ def test_truncated_rocpd(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_wrong_rocpd_schema_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from exporters.rocprof import create_rocpd_db
+    from exporters.timelines.rocpd_writer import create_rocpd_db
 
     db = tmp_path / "v9_results.db"
     with create_rocpd_db(db, hostname="h") as w:

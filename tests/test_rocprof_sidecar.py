@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from exporters.profiles import ProfileError
-from exporters.rocprof import create_rocpd_db, read_rocpd
 from exporters.rocprof_sidecar import detect_rocpd_layout, sidecar_spans, write_sidecar
+from exporters.timelines.model import ProfileError
+from exporters.timelines.rocpd import read_rocpd
+from exporters.timelines.rocpd_writer import create_rocpd_db
 from probe.recording import Recording
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +27,7 @@ def test_read_back_gives_the_spans(tmp_path: Path) -> None:
     out = tmp_path / "probe_results.db"
     n = write_sidecar(rec, out)
     prof = read_rocpd(out)
-    assert prof.meta.get("schema_version") == "3.0.0"
+    assert prof.meta.get("schema_version") == "3"
     assert sorted(map(_key, prof.markers)) == sorted(map(_key, sidecar_spans(rec)))
     assert prof.kernels == () and prof.host_calls == ()
     counts = Counter(m.category for m in prof.markers)
@@ -50,10 +51,10 @@ def test_schema_and_node_follow_the_rocprof_db(tmp_path: Path) -> None:
     with create_rocpd_db(rocprof, "4.1.0", machine_id="abc123", hostname="mi355x-7"):
         pass
     origin = detect_rocpd_layout(rocprof)
-    assert (origin.layout, origin.machine_id, origin.hostname) == ("4.1.0", "abc123", "mi355x-7")
+    assert (origin.version, origin.machine_id, origin.hostname) == ("4.1.0", "abc123", "mi355x-7")
     out = tmp_path / "probe_results.db"
     write_sidecar(Recording.open(WINDOW), out, rocprof_db=rocprof)
-    assert detect_rocpd_layout(out).layout == "4.1.0"
+    assert detect_rocpd_layout(out).version == "4.1.0"
     assert detect_rocpd_layout(out).hostname == "mi355x-7"
     assert len(read_rocpd(out).markers) == 483
     with pytest.raises(FileExistsError):

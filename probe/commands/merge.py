@@ -57,16 +57,11 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exporters.merge import (
-        AlignmentError,
-        align,
-        format_step_table,
-        load_profiles,
-        merge_to_perfetto,
-        profile_path,
-        step_table,
-    )
-    from exporters.profiles import ProfileError
+    from exporters.timelines.align import AlignmentError, align
+    from exporters.timelines.crosscheck import format_step_table, step_table
+    from exporters.timelines.load import load_profiles, profile_path
+    from exporters.timelines.merge import merge_to_perfetto
+    from exporters.timelines.model import ProfileError
 
     if not args.out and not args.report and not args.json:
         raise UsageError("merge: give --out FILE.pftrace and/or --report")
