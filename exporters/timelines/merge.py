@@ -14,10 +14,17 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from exporters.perfetto import Slice, TraceBuilder, _lanes, recording_tracks
 from exporters.timelines.align import Alignment, shift_profile
 from exporters.timelines.model import GpuKernel, Profile
 
 __all__ = ["merge_to_perfetto"]
+
+
+def _thread_name(profile: Profile, pid: int, tid: int) -> str:
+    names = profile.meta.get("thread_names")
+    name = names.get(f"{pid} {tid}") if isinstance(names, dict) else None
+    return name if isinstance(name, str) and name else f"{profile.source} thread {tid}"
 
 
 def merge_to_perfetto(
@@ -27,12 +34,14 @@ def merge_to_perfetto(
 ) -> dict[str, int]:
     """Write one Perfetto trace: the recording's tracks above each profile's GPU kernels.
 
-    Host calls and markers of a recorded pid go under that process; kernels go on
-    ``GPU <device>`` tracks, one child per stream; each launch (graph launches included)
-    gets a flow arrow to every kernel it launched. Returns counts of what was written.
+    A profile's host calls and markers (Kineto's CPU events, rocprofv3's API calls and
+    roctx ranges) go on their own thread's track: a Perfetto thread track with the event's
+    pid and tid, inside that process (the recording's, when it is one), so they sit with
+    the thread's other tracks. Slices of one thread that overlap without nesting are
+    spread over several thread tracks of that thread. Kernels go on ``GPU <device>``
+    tracks, one child per stream; each launch (graph launches included) gets a flow arrow
+    to every kernel it launched. Returns counts of what was written.
     """
-    from exporters.perfetto import Slice, TraceBuilder, recording_tracks
-
     b = TraceBuilder()
     tracks = recording_tracks(b, recording)
     counts = dict(tracks.counts)
@@ -40,29 +49,12 @@ def merge_to_perfetto(
     for profile, al in profiles:
         prof = shift_profile(profile, al.offset_ns)
         src = profile.source
-        proc: dict[int, int] = dict(tracks.process)
-        sub: dict[tuple[int, int, str], int] = {}
-
-        def host_track(
-            pid: int,
-            tid: int,
-            what: str,
-            proc: dict[int, int] = proc,
-            sub: dict[tuple[int, int, str], int] = sub,
-            src: str = src,
-        ) -> int:
-            if pid not in proc:
-                proc[pid] = b.process_track(pid, f"{src} process {pid}")
-            key = (pid, tid, what)
-            if key not in sub:
-                sub[key] = b.child_track(proc[pid], f"{src} {what} (tid {tid})")
-            return sub[key]
-
         by_corr: dict[int, list[GpuKernel]] = {}
         for k in prof.kernels:
             if k.correlation_id is not None:
                 by_corr.setdefault(k.correlation_id, []).append(k)
         flow_in: dict[int, int] = {}
+        per_thread: dict[tuple[int, int], list[Slice]] = {}
         for c in prof.host_calls:
             flows: tuple[int, ...] = ()
             ks = by_corr.get(c.correlation_id) if c.correlation_id is not None else None
@@ -75,8 +67,7 @@ def merge_to_perfetto(
                         ids.append(f)
                 flows = tuple(ids)
                 counts["flows"] += len(ids)
-            b.add(
-                host_track(c.pid, c.tid, "runtime"),
+            per_thread.setdefault((c.pid, c.tid), []).append(
                 Slice(
                     c.name,
                     c.start_ns,
@@ -88,15 +79,22 @@ def merge_to_perfetto(
                         "graph_launch": c.is_graph_launch or None,
                     },
                     flows_out=flows,
-                ),
+                )
             )
             counts["host_calls"] += 1
         for m in prof.markers:
-            b.add(
-                host_track(m.pid, m.tid, "markers"),
-                Slice(m.name, m.start_ns, m.end_ns, m.category),
+            per_thread.setdefault((m.pid, m.tid), []).append(
+                Slice(m.name, m.start_ns, m.end_ns, m.category)
             )
             counts["markers"] += 1
+        for (pid, tid), slices in sorted(per_thread.items()):
+            if pid not in tracks.process:
+                tracks.process[pid] = b.process_track(pid, f"{src} process {pid}")
+            name = _thread_name(profile, pid, tid)
+            # one thread track per lane: a lane the builder split off itself would be a
+            # plain named track, no longer the thread's
+            for lane in _lanes(slices):
+                b.extend(b.thread_track(pid, tid, name), lane)
         gpus: dict[int | None, int] = {}
         streams: dict[tuple[int | None, int | None], int] = {}
         for k in prof.kernels:
