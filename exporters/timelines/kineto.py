@@ -137,11 +137,14 @@ def _plain(path: Path, key: str, value: Any, depth: int = 0) -> Any:
     return value
 
 
-def _parse_decimal(text: str) -> Decimal:
+def _parse_decimal(text: str) -> Decimal | float:
     try:
-        return Decimal(text)
+        d = Decimal(text)
     except InvalidOperation:  # pragma: no cover - json only hands over valid numbers
         raise ValueError(text) from None
+    if d.adjusted() > 40:  # far past any clock; arithmetic on it would overflow the context
+        return float("-inf") if d.is_signed() else float("inf")
+    return d
 
 
 def read_kineto(
