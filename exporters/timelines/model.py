@@ -61,9 +61,20 @@ class ProfileError(ValueError):
 
     def __init__(self, path: str | os.PathLike[str], problem: str, where: str = "") -> None:
         self.path = str(path)
-        self.where = where
-        self.problem = problem
-        super().__init__(f"{self.path}: {where}: {problem}" if where else f"{self.path}: {problem}")
+        self.where = _one_line(where)
+        self.problem = _one_line(problem)
+        shown = _one_line(self.path)
+        super().__init__(
+            f"{shown}: {self.where}: {self.problem}" if where else f"{shown}: {self.problem}"
+        )
+
+
+def _one_line(text: str) -> str:
+    """Text quoted from a file (a header, a name) with its control characters escaped, so
+    the error stays one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True, slots=True)
