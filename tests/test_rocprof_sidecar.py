@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from exporters.rocprof_sidecar import detect_rocpd_layout, sidecar_spans, write_sidecar
-from exporters.timelines.model import ProfileError
+from exporters.timelines.model import GpuKernel, ProfileError
 from exporters.timelines.rocpd import read_rocpd
 from exporters.timelines.rocpd_writer import create_rocpd_db
 from probe.recording import Recording
@@ -75,3 +75,25 @@ def test_unknown_schema_in_the_rocprof_db(tmp_path: Path) -> None:
     not_db.write_text("hello")
     with pytest.raises(ProfileError, match="not an SQLite database"):
         detect_rocpd_layout(not_db)
+
+
+def test_cli_export_and_merge_write_the_side_car(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from probe.cli import main
+
+    out = tmp_path / "probe_results.db"
+    assert main(["export", str(WINDOW), "--rocpd", str(out)]) == 0
+    assert len(read_rocpd(out).markers) == 483
+    assert main(["export", str(WINDOW), "--rocpd", str(out)]) == 2  # no silent overwrite
+    assert "exists" in capsys.readouterr().err
+    rocprof = tmp_path / "1424_results.db"
+    with create_rocpd_db(rocprof, "4.1.0", machine_id="abc123", hostname="mi355x-7") as db:
+        db.add_kernels([GpuKernel("gemm", 1000, 2000, 0, 0, 7, 1424, 1424)])
+    side = tmp_path / "side.db"
+    assert (
+        main(["merge", str(WINDOW), str(rocprof), "--rocpd", str(side), "--allow-unaligned"]) == 0
+    )
+    assert "483 probe spans" in capsys.readouterr().out
+    origin = detect_rocpd_layout(side)
+    assert (origin.version, origin.hostname) == ("4.1.0", "mi355x-7")
