@@ -1,4 +1,4 @@
-"""Cost of the live NVTX and roctx output (exporters/nvtx.py, exporters/roctx_live.py).
+"""Cost of the live NVTX and roctx output (probe/markers.py).
 
     python benchmarks/nvtx_roctx_overhead.py [--n 20000] [--json PATH]
 

@@ -26,7 +26,7 @@ them without translation. The recording's (BOOTTIME, wall-clock) pair is written
 ``ClockSnapshot`` so that tools can convert to wall time.
 
 :class:`TraceBuilder` is the lower layer (tracks, slices that nest, flows); the merge of a
-recording with a GPU profile (:mod:`exporters.merge`) uses it too. Needs the ``perfetto``
+recording with a GPU profile (:mod:`exporters.timelines.merge`) uses it too. Needs the ``perfetto``
 package (``pip install 'vllm-graph-probe[perfetto]'``).
 """
 

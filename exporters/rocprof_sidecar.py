@@ -15,7 +15,7 @@ timeline::
 Times stay BOOTTIME ns, rocprofv3's clock. Categories all contain ``MARKER`` (rocpd's
 marker views select on it): ``PROBE_MARKER_STEP``, ``PROBE_MARKER_PHASE``,
 ``PROBE_MARKER_DISPATCH``, ``PROBE_MARKER_REPLAY``, ``PROBE_MARKER_BUILD``,
-``PROBE_MARKER_REORDER``. Reading the file back with :func:`exporters.rocprof.read_rocpd`
+``PROBE_MARKER_REORDER``. Reading the file back with :func:`exporters.timelines.rocpd.read_rocpd`
 gives them as markers named as on the Perfetto timeline. The recording holds no thread
 ids; spans are put on the process's main thread (tid = pid), where vLLM's worker runs its
 steps.
@@ -24,30 +24,27 @@ steps.
 from __future__ import annotations
 
 import os
-import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from exporters.profiles import ProfileError
-from exporters.rocprof import (
-    ROCPD_LAYOUTS,
-    create_rocpd_db,
-    open_sqlite_readonly,
-    rocpd_layout,
-    write_rocpd_regions,
-)
+from exporters.timelines.model import ProfileError
+from exporters.timelines.rocpd import rocpd_origin
+from exporters.timelines.rocpd_schema import DEFAULT_VERSION, FALLBACK_VERSIONS, layout_of
+from exporters.timelines.rocpd_writer import create_rocpd_db, write_rocpd_regions
 
-__all__ = ["DEFAULT_LAYOUT", "SidecarSpan", "detect_rocpd_layout", "sidecar_spans", "write_sidecar"]
-
-DEFAULT_LAYOUT = "3.0.0"
-"""The rocpd schema written when no rocprofv3 database is given (ROCm 6.4 to 7.0's)."""
+__all__ = [
+    "DEFAULT_VERSION",
+    "SidecarSpan",
+    "detect_rocpd_layout",
+    "sidecar_spans",
+    "write_sidecar",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class SidecarSpan:
-    """One region of the side-car (satisfies :class:`exporters.rocprof.RegionSpan`)."""
+    """One region of the side-car (a :class:`exporters.timelines.rocpd_writer.RegionSpan`)."""
 
     name: str
     start_ns: int
@@ -59,7 +56,7 @@ class SidecarSpan:
 
 @dataclass(frozen=True)
 class RocpdOrigin:
-    """What a rocprofv3 database says about itself: schema layout and node."""
+    """What a rocprofv3 database says about itself: schema version, its layout, node."""
 
     layout: str
     version: str
@@ -71,55 +68,15 @@ def detect_rocpd_layout(path: str | os.PathLike[str]) -> RocpdOrigin:
     """The schema version (and node) of an existing rocpd database.
 
     Raises :class:`ProfileError` naming the file when it is not a readable rocpd database
-    or its schema version is neither 3.x nor 4.1.x.
+    or its schema version is neither 3.x nor 4.1.x (the versions a side-car can match).
     """
-    p = Path(path)
-    con = open_sqlite_readonly(p)
-    try:
-        names = [
-            r[0]
-            for r in con.execute(
-                "SELECT name FROM sqlite_master WHERE name LIKE 'rocpd_metadata%' ORDER BY name"
-            )
-        ]
-        if not names:
-            raise ProfileError(p, "not a rocpd database: no rocpd_metadata table or view")
-        versions = sorted(
-            {
-                str(v)
-                for (v,) in con.execute(
-                    f"SELECT value FROM `{names[0]}` WHERE tag = 'schema_version'"
-                )
-            }
-        )
-        node_tables = [
-            r[0]
-            for r in con.execute(
-                "SELECT name FROM sqlite_master WHERE name LIKE 'rocpd_info_node%' ORDER BY name"
-            )
-        ]
-        machine_id = hostname = None
-        if node_tables:
-            row = con.execute(
-                f"SELECT machine_id, hostname FROM `{node_tables[0]}` LIMIT 1"
-            ).fetchone()
-            if row:
-                machine_id, hostname = row[0], row[1]
-    except sqlite3.DatabaseError as exc:
-        raise ProfileError(p, f"corrupt or unreadable rocpd database: {exc}") from exc
-    finally:
-        con.close()
-    if len(versions) != 1:
+    version, machine_id, hostname = rocpd_origin(path)
+    layout = layout_of(version)
+    if layout not in ("inline", "track"):
         raise ProfileError(
-            p, f"rocpd_metadata has {'no' if not versions else 'mixed'} schema_version"
-        )
-    version = versions[0]
-    layout = rocpd_layout(version)
-    if layout is None:
-        raise ProfileError(
-            p,
+            path,
             f"rocpd schema version {version!r} cannot be matched; a side-car can be written "
-            f"as {' or '.join(ROCPD_LAYOUTS)}",
+            f"as 3.x or 4.1.x (built in: {', '.join(FALLBACK_VERSIONS)})",
         )
     return RocpdOrigin(layout, version, machine_id, hostname)
 
@@ -191,28 +148,32 @@ def sidecar_spans(recording: Any) -> Iterator[SidecarSpan]:
 def write_sidecar(
     recording: Any,
     path: str | os.PathLike[str],
-    layout: str | None = None,
+    version: str | None = None,
     *,
     rocprof_db: str | os.PathLike[str] | None = None,
+    sql_dir: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
 ) -> int:
     """Write the recording's spans to a new rocpd database at ``path``; returns the count.
 
-    ``layout`` is ``"3.0.0"`` or ``"4.1.0"``; when not given it is detected from
+    ``version`` is the rocpd schema version to write; when not given it is that of
     ``rocprof_db`` (a rocprofv3 ``*_results.db`` of the same run, whose node id and
-    hostname are reused too), else :data:`DEFAULT_LAYOUT`. Raises :class:`ProfileError`
-    for an unreadable ``rocprof_db``, ``ValueError`` for an unknown layout and
+    hostname are reused too), else :data:`DEFAULT_VERSION`. The schema comes from
+    ``sql_dir`` (AMD's ``share/rocprofiler-sdk-rocpd`` files), else the installed ROCm's,
+    else the built-in tables. Raises :class:`ProfileError` for an unreadable
+    ``rocprof_db``, ``ValueError`` for a version that cannot be written and
     ``FileExistsError`` when ``path`` exists and ``overwrite`` is false.
     """
     machine_id = hostname = None
     if rocprof_db is not None:
         origin = detect_rocpd_layout(rocprof_db)
         machine_id, hostname = origin.machine_id, origin.hostname
-        if layout is None:
-            layout = origin.layout
+        if version is None:
+            version = origin.version
     with create_rocpd_db(
         path,
-        layout or DEFAULT_LAYOUT,
+        version or DEFAULT_VERSION,
+        sql_dir=sql_dir,
         machine_id=machine_id,
         hostname=hostname,
         overwrite=overwrite,

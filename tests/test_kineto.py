@@ -18,14 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from profiles_data import profile_path
 
-from exporters.kineto import (
+from exporters.timelines.analyses import (
     count_graph_launches,
     gpu_busy_idle,
     kernels_by_launch,
     launch_delays,
-    read_kineto,
 )
-from exporters.profiles import (
+from exporters.timelines.kineto import read_kineto
+from exporters.timelines.model import (
     CLOCK_UNIX_EPOCH,
     GpuKernel,
     HostCall,

@@ -21,7 +21,9 @@ import pytest
 from perfetto_read import read_trace
 from profiles_data import profile_path
 
-from exporters.merge import AlignmentError, align, load_profile, step_table
+from exporters.timelines.align import AlignmentError, align
+from exporters.timelines.crosscheck import step_table
+from exporters.timelines.load import load_profile
 from probe.cli import main
 from probe.recording import Recording
 
@@ -102,6 +104,33 @@ def test_cli_merge_kineto(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert all(lo <= s.start_ns <= hi for s in tr.by_category("kernel"))
 
 
+def test_kineto_cpu_events_on_their_thread_tracks(kineto: Any, tmp_path: Path) -> None:
+    """Kineto's runtime calls and Python events sit on Perfetto thread tracks of their own
+    pid/tid (not custom "kineto runtime (tid N)" tracks); the trace stays well formed:
+    balanced slices (read_trace checks), one BOOTTIME clock, every flow terminated."""
+    out = tmp_path / "m.pftrace"
+    assert main(["merge", str(WINDOW), str(KINETO), "--out", str(out)]) == 0
+    tr = read_trace(out)
+    cats = {c.domain for c in kineto.host_calls} | {m.category for m in kineto.markers}
+    cpu = [s for s in tr.slices if s.category in cats]
+    assert len(cpu) == len(kineto.host_calls) + len(kineto.markers) > 0
+    want = {(c.pid, c.tid) for c in kineto.host_calls} | {(m.pid, m.tid) for m in kineto.markers}
+    got = set()
+    for s in cpu:
+        d = tr.tracks[s.track]
+        assert d.HasField("thread"), f"{s.name} is on {tr.track_name(s.track)!r}"
+        got.add((d.thread.pid, d.thread.tid))
+    assert got == want
+    assert not any("(tid " in tr.track_name(u) for u in tr.tracks)
+    # the worker's Kineto events share the recording's process with the probe's steps
+    step_pids = {tr.tracks[s.track].thread.pid for s in tr.by_category("step")}
+    assert step_pids & {pid for pid, _ in want}
+    assert tr.clock_ids == {6}
+    starts = [f for s in tr.slices for f in s.flows_out]
+    ends = [f for s in tr.slices for f in s.flows_in]
+    assert len(starts) == len(set(starts)) and sorted(starts) == sorted(ends)
+
+
 def test_cli_merge_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["merge", str(WINDOW), str(KINETO), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -163,7 +192,7 @@ def test_truncated_recording(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 
 def test_truncated_rocpd(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from exporters.rocprof import create_rocpd_db
+    from exporters.timelines.rocpd_writer import create_rocpd_db
 
     db = tmp_path / "r_results.db"
     with create_rocpd_db(db, hostname="h") as w:
@@ -175,7 +204,7 @@ def test_truncated_rocpd(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_wrong_rocpd_schema_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from exporters.rocprof import create_rocpd_db
+    from exporters.timelines.rocpd_writer import create_rocpd_db
 
     db = tmp_path / "v9_results.db"
     with create_rocpd_db(db, hostname="h") as w:

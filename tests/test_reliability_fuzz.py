@@ -37,9 +37,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporters.kineto import read_kineto
-from exporters.profiles import ProfileError
-from exporters.rocprof import create_rocpd_db, read_rocpd, read_rocprofv3_csv, write_rocpd_regions
+from exporters.timelines.kineto import read_kineto
+from exporters.timelines.model import ProfileError
+from exporters.timelines.rocpd import read_rocpd
+from exporters.timelines.rocpd_writer import create_rocpd_db, write_rocpd_regions
+from exporters.timelines.rocprofv3_csv import read_rocprofv3_csv
 from probe import cli, config
 from probe.collector import Collector, RecordingSink
 from probe.hooks.snapshot import KNOWN_BUILDERS, SUPPORT_NAMES, OverrideError, parse_override
@@ -97,7 +99,7 @@ class _Span:
 
 
 def _make_rocpd(path: Path) -> None:
-    with create_rocpd_db(path, layout="3.0.0", machine_id="0" * 32, hostname="h") as db:
+    with create_rocpd_db(path, "3", machine_id="0" * 32, hostname="h") as db:
         write_rocpd_regions(
             db, [_Span("step", 100, 200, 7, 7, "probe"), _Span("x", 1, 2, 7, 8, "p")]
         )

@@ -2,7 +2,8 @@
 
 Real files come from ``shared/data/profiles`` (see ``SOURCES.md`` there). No public rocpd
 database exists, so the rocpd databases used here are BUILT BY THIS PROJECT's schema code
-(:func:`exporters.rocprof.create_rocpd_db`) and filled from the real rocprofv3 CSV rows.
+(:func:`exporters.timelines.rocpd_writer.create_rocpd_db`) and filled from the real rocprofv3
+CSV rows; ``test_rocpd_amd.py`` builds them with AMD's own SQL.
 """
 
 from __future__ import annotations
@@ -20,27 +21,20 @@ from typing import Any
 import pytest
 from profiles_data import profile_path
 
-from exporters.profiles import (
-    GpuKernel,
-    HostCall,
-    Marker,
-    Profile,
-    ProfileError,
-    count_graph_launches,
-    kernels_by_launch,
-    launch_delays,
-)
-from exporters.rocprof import (
+from exporters.timelines.analyses import count_graph_launches, kernels_by_launch, launch_delays
+from exporters.timelines.model import GpuKernel, HostCall, Marker, Profile, ProfileError
+from exporters.timelines.rocpd import read_rocpd
+from exporters.timelines.rocpd_writer import (
+    CREATED_BY,
     DEFAULT_SPAN_CATEGORY,
-    ROCPD_LAYOUTS,
-    RoctxEmitter,
-    RoctxUnavailableError,
     create_rocpd_db,
-    read_rocpd,
-    read_rocprofv3_csv,
-    read_rocprofv3_json,
     write_rocpd_regions,
 )
+from exporters.timelines.rocprofv3_csv import read_rocprofv3_csv
+from exporters.timelines.rocprofv3_json import read_rocprofv3_json
+from probe.markers import RoctxEmitter, RoctxUnavailableError
+
+ROCPD_LAYOUTS = ("3", "4.1.0")  # one version of each layout the writer writes
 
 CSV = "rocprofv3-csv"
 DOC_2024 = f"{CSV}/rocprofiler-sdk-2024-10"
@@ -393,9 +387,9 @@ DATASETS = {
 
 
 def _expected_after(layout: str, kernels: tuple[GpuKernel, ...]) -> tuple[GpuKernel, ...]:
-    if layout != "3.0.0":
+    if layout != "3":
         return kernels
-    # rocpd 3.0.0 declares rocpd_kernel_dispatch.stream_id NOT NULL; rocprofv3 writes the
+    # rocpd 3.x declares rocpd_kernel_dispatch.stream_id NOT NULL; rocprofv3 writes the
     # default stream 0 for a dispatch without one, and so does the writer.
     return tuple(dataclasses.replace(k, stream=0) if k.stream is None else k for k in kernels)
 
@@ -407,11 +401,11 @@ def test_rocpd_built_from_real_csv_reads_back_equal(
 ) -> None:
     csv_profile = read_rocprofv3_csv([profile_path(*part.split("/")) for part in DATASETS[dataset]])
     db_path = tmp_path / "built_by_project_results.db"
-    with create_rocpd_db(db_path, layout=layout, guid=GUID, machine_id="m", hostname="h") as db:
+    with create_rocpd_db(db_path, layout, guid=GUID, machine_id="m", hostname="h") as db:
         db.add_profile(csv_profile)
     back = read_rocpd(db_path)
     assert back.meta["schema_version"] == layout
-    assert back.meta["created_by"] == ["vllm-graph-probe exporters.rocprof"]
+    assert back.meta["created_by"] == [CREATED_BY]
     assert back.kernels == _expected_after(layout, csv_profile.kernels)
     assert back.host_calls == csv_profile.host_calls
     assert back.markers == csv_profile.markers
@@ -420,25 +414,25 @@ def test_rocpd_built_from_real_csv_reads_back_equal(
 
 @pytest.mark.parametrize("layout", ROCPD_LAYOUTS)
 def test_rocpd_schema_shape(tmp_path: Path, layout: str) -> None:
+    """The built-in schema: 3.x tables carry the uuid suffix and have one pass-through view
+    each (AMD's rocpd_views.sql); 4.1.0 tables are unsuffixed, as AMD's 4.1.0 views need."""
     db_path = tmp_path / "shape.db"
-    create_rocpd_db(db_path, layout=layout, guid=GUID, machine_id="m", hostname="h").close()
+    create_rocpd_db(db_path, layout, guid=GUID, machine_id="m", hostname="h").close()
     conn = sqlite3.connect(db_path)
     objects = dict(
         conn.execute("SELECT name, type FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")
     )
-    suffix = "_" + GUID.replace("-", "_")
+    suffix = "_" + GUID.replace("-", "_") if layout == "3" else ""
     tables = sorted(n for n, t in objects.items() if t == "table")
     assert all(t.endswith(suffix) for t in tables)
-    assert len(tables) == (20 if layout == "3.0.0" else 26)
+    assert len(tables) == (20 if layout == "3" else 26)
     views = {n for n, t in objects.items() if t == "view"}
-    assert {t[: -len(suffix)] for t in tables} <= views  # one un-suffixed view per table
-    assert {"regions", "samples", "kernels", "regions_and_samples"} <= views
+    assert views == ({t[: -len(suffix)] for t in tables} if suffix else set())
+    cols = [r[1] for r in conn.execute(f"PRAGMA table_info(`rocpd_region{suffix}`)")]
     if layout == "4.1.0":
-        assert {"tracks", "events", f"rocpd_info_category{suffix}"} <= views | set(tables)
-        cols = [r[1] for r in conn.execute(f"PRAGMA table_info(`rocpd_region{suffix}`)")]
+        assert "rocpd_info_category" in tables
         assert "track_id" in cols and "pid" not in cols
     else:
-        cols = [r[1] for r in conn.execute(f"PRAGMA table_info(`rocpd_region{suffix}`)")]
         assert {"nid", "pid", "tid", "start", "end"} <= set(cols)
     meta = dict(conn.execute("SELECT tag, value FROM rocpd_metadata"))
     assert meta["schema_version"] == layout
@@ -453,15 +447,14 @@ def test_rocpd_rows_follow_rocprofv3_conventions(tmp_path: Path, layout: str) ->
     """stack_id holds the internal correlation id, correlation_id the external one (0)."""
     p = _csv(DOC_2025, "kernel_trace.csv")
     db_path = tmp_path / "conv.db"
-    with create_rocpd_db(db_path, layout=layout, guid=GUID, machine_id="m") as db:
+    with create_rocpd_db(db_path, layout, guid=GUID, machine_id="m") as db:
         db.add_kernels(p.kernels)
     conn = sqlite3.connect(db_path)
     rows = conn.execute("SELECT stack_id, correlation_id FROM rocpd_event ORDER BY id").fetchall()
     assert [r[0] for r in rows] == [k.correlation_id for k in p.kernels]
     assert {r[1] for r in rows} == {0}
-    device_col = "agent_log_index" if layout == "3.0.0" else "agent_logical_index"
-    assert {r[0] for r in conn.execute(f"SELECT {device_col} FROM kernels")} == {4}
     conn.close()
+    assert {k.device for k in read_rocpd(db_path).kernels} == {4}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -486,7 +479,7 @@ def test_side_car_spans_merge_with_rocprof_rows(tmp_path: Path, layout: str) -> 
         ProbeSpan("reorder: unchanged", launch.start_ns - 600, launch.start_ns - 600, 137, 137, ""),
     ]
     db_path = tmp_path / "probe_results.db"
-    with create_rocpd_db(db_path, layout=layout, machine_id="m") as db:
+    with create_rocpd_db(db_path, layout, machine_id="m") as db:
         db.add_host_calls(rocprof.host_calls)
         assert write_rocpd_regions(db, spans) == 3
         db.add_markers([Marker("roctx range", 1, 2, 137, 138, "MARKER_CORE_RANGE_API")])
@@ -514,11 +507,11 @@ def test_rocpd_writer_rules(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError):
         create_rocpd_db(db_path)
     create_rocpd_db(db_path, overwrite=True, machine_id="m").close()
-    with pytest.raises(ValueError, match="unknown rocpd layout"):
-        create_rocpd_db(tmp_path / "y.db", layout="4.0")
+    with pytest.raises(ValueError, match=r"no built-in rocpd schema '4\.0'"):
+        create_rocpd_db(tmp_path / "y.db", "4.0")
     with pytest.raises(ValueError, match="guid"):
         create_rocpd_db(tmp_path / "z.db", guid="x; DROP TABLE")
-    db = create_rocpd_db(tmp_path / "w.db", layout="3.0.0", machine_id="m")
+    db = create_rocpd_db(tmp_path / "w.db", "3", machine_id="m")
     kernel = GpuKernel("k", 1, 2, 0, 0, 1, 10, 10, queue=1)
     db.add_kernels([kernel])
     with pytest.raises(ValueError, match="queue 1 is used by pids 10 and 11"):
@@ -538,11 +531,11 @@ def test_rocpd_unknown_pid_round_trips_as_none(tmp_path: Path) -> None:
     kernels = [GpuKernel("k", 1, 2, None, None, 3, None, None)]
     for layout in ROCPD_LAYOUTS:
         db_path = tmp_path / f"{layout}.db"
-        with create_rocpd_db(db_path, layout=layout, machine_id="m") as db:
+        with create_rocpd_db(db_path, layout, machine_id="m") as db:
             db.add_kernels(kernels)
         (k,) = read_rocpd(db_path).kernels
         assert (k.pid, k.tid, k.device, k.correlation_id) == (None, None, None, 3)
-        assert (k.stream, k.queue) == ((0, 0) if layout == "3.0.0" else (None, None))
+        assert (k.stream, k.queue) == ((0, 0) if layout == "3" else (None, None))
 
 
 @pytest.fixture()
@@ -591,8 +584,15 @@ def test_read_rocpd_corrupt_pages(tmp_path: Path, built_db: Path) -> None:
     assert str(broken) in str(err.value)
 
 
-@pytest.mark.parametrize(("version", "ok"), [("5.0.0", False), ("4.0", False), ("3", True)])
-def test_read_rocpd_schema_versions(built_db: Path, version: str, ok: bool) -> None:
+@pytest.mark.parametrize(
+    ("version", "error"),
+    [
+        ("5.0.0", "unknown rocpd schema version '5.0.0'"),
+        ("4.0", "layout does not match the version"),  # 4.0 keeps times in rocpd_timestamp
+        ("3", None),
+    ],
+)
+def test_read_rocpd_schema_versions(built_db: Path, version: str, error: str | None) -> None:
     conn = sqlite3.connect(built_db)
     table = next(
         n
@@ -603,19 +603,18 @@ def test_read_rocpd_schema_versions(built_db: Path, version: str, ok: bool) -> N
     conn.execute(f"UPDATE `{table}` SET value = ? WHERE tag = 'schema_version'", (version,))
     conn.commit()
     conn.close()
-    if ok:  # ROCm/rocprofiler-sdk's rocpd_metadata.sql writes "3" for the same layout
+    if error is None:  # ROCm/rocprofiler-sdk's rocpd_metadata.sql writes "3" for the same layout
         assert read_rocpd(built_db).meta["schema_version"] == "3"
     else:
-        with pytest.raises(ProfileError, match=f"unknown rocpd schema version '{version}'"):
+        with pytest.raises(ProfileError, match=error):
             read_rocpd(built_db)
 
 
 def test_read_rocpd_layout_must_match_version(tmp_path: Path) -> None:
     db_path = tmp_path / "track.db"
-    create_rocpd_db(db_path, layout="4.1.0", guid=GUID, machine_id="m").close()
+    create_rocpd_db(db_path, "4.1.0", guid=GUID, machine_id="m").close()
     conn = sqlite3.connect(db_path)
-    table = "rocpd_metadata_" + GUID.replace("-", "_")
-    conn.execute(f"UPDATE `{table}` SET value = '3.0.0' WHERE tag = 'schema_version'")
+    conn.execute("UPDATE rocpd_metadata SET value = '3.0.0' WHERE tag = 'schema_version'")
     conn.commit()
     conn.close()
     with pytest.raises(ProfileError, match="layout does not match the version"):

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from exporters.profiles import ProfileError
-from exporters.rocprof import create_rocpd_db, read_rocpd
 from exporters.rocprof_sidecar import detect_rocpd_layout, sidecar_spans, write_sidecar
+from exporters.timelines.model import GpuKernel, ProfileError
+from exporters.timelines.rocpd import read_rocpd
+from exporters.timelines.rocpd_writer import create_rocpd_db
 from probe.recording import Recording
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +27,7 @@ def test_read_back_gives_the_spans(tmp_path: Path) -> None:
     out = tmp_path / "probe_results.db"
     n = write_sidecar(rec, out)
     prof = read_rocpd(out)
-    assert prof.meta.get("schema_version") == "3.0.0"
+    assert prof.meta.get("schema_version") == "3"
     assert sorted(map(_key, prof.markers)) == sorted(map(_key, sidecar_spans(rec)))
     assert prof.kernels == () and prof.host_calls == ()
     counts = Counter(m.category for m in prof.markers)
@@ -50,10 +51,10 @@ def test_schema_and_node_follow_the_rocprof_db(tmp_path: Path) -> None:
     with create_rocpd_db(rocprof, "4.1.0", machine_id="abc123", hostname="mi355x-7"):
         pass
     origin = detect_rocpd_layout(rocprof)
-    assert (origin.layout, origin.machine_id, origin.hostname) == ("4.1.0", "abc123", "mi355x-7")
+    assert (origin.version, origin.machine_id, origin.hostname) == ("4.1.0", "abc123", "mi355x-7")
     out = tmp_path / "probe_results.db"
     write_sidecar(Recording.open(WINDOW), out, rocprof_db=rocprof)
-    assert detect_rocpd_layout(out).layout == "4.1.0"
+    assert detect_rocpd_layout(out).version == "4.1.0"
     assert detect_rocpd_layout(out).hostname == "mi355x-7"
     assert len(read_rocpd(out).markers) == 483
     with pytest.raises(FileExistsError):
@@ -74,3 +75,25 @@ def test_unknown_schema_in_the_rocprof_db(tmp_path: Path) -> None:
     not_db.write_text("hello")
     with pytest.raises(ProfileError, match="not an SQLite database"):
         detect_rocpd_layout(not_db)
+
+
+def test_cli_export_and_merge_write_the_side_car(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from probe.cli import main
+
+    out = tmp_path / "probe_results.db"
+    assert main(["export", str(WINDOW), "--rocpd", str(out)]) == 0
+    assert len(read_rocpd(out).markers) == 483
+    assert main(["export", str(WINDOW), "--rocpd", str(out)]) == 2  # no silent overwrite
+    assert "exists" in capsys.readouterr().err
+    rocprof = tmp_path / "1424_results.db"
+    with create_rocpd_db(rocprof, "4.1.0", machine_id="abc123", hostname="mi355x-7") as db:
+        db.add_kernels([GpuKernel("gemm", 1000, 2000, 0, 0, 7, 1424, 1424)])
+    side = tmp_path / "side.db"
+    assert (
+        main(["merge", str(WINDOW), str(rocprof), "--rocpd", str(side), "--allow-unaligned"]) == 0
+    )
+    assert "483 probe spans" in capsys.readouterr().out
+    origin = detect_rocpd_layout(side)
+    assert (origin.version, origin.hostname) == ("4.1.0", "mi355x-7")

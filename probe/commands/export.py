@@ -41,8 +41,10 @@ def _check_out(path: str, flag: str) -> Path:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    if not (args.otlp or args.prometheus_textfile or args.perfetto):
-        raise UsageError("export: give at least one of --otlp, --prometheus-textfile, --perfetto")
+    if not (args.otlp or args.prometheus_textfile or args.perfetto or args.rocpd):
+        raise UsageError(
+            "export: give at least one of --otlp, --prometheus-textfile, --perfetto, --rocpd"
+        )
     if not 0.0 <= args.sampling <= 1.0:
         raise UsageError(f"export: --sampling must be within 0..1, got {args.sampling}")
     textfile = (
@@ -51,6 +53,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         else None
     )
     perfetto_out = _check_out(args.perfetto, "--perfetto") if args.perfetto else None
+    rocpd_out = _check_out(args.rocpd, "--rocpd") if args.rocpd else None
     rec = open_recording(args.recording)
     from exporters.base import replay
 
@@ -98,6 +101,14 @@ def cmd_export(args: argparse.Namespace) -> int:
             )
         write(rec, perfetto_out)
         print(f"probe: timeline -> {perfetto_out}", file=err)
+    if rocpd_out is not None:
+        from exporters.rocprof_sidecar import write_sidecar
+
+        try:
+            n = write_sidecar(rec, rocpd_out, args.rocpd_version)
+        except (ValueError, FileExistsError, OSError) as exc:
+            raise UsageError(f"export: --rocpd {rocpd_out}: {exc}") from None
+        print(f"probe: {n} spans -> rocpd side-car {rocpd_out}", file=err)
     return 0
 
 
@@ -117,4 +128,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--timeout", type=float, default=10.0, help="OTLP export timeout, s")
     p.add_argument("--prometheus-textfile", metavar="PATH", help="write a .prom textfile")
     p.add_argument("--perfetto", metavar="PATH", help="write a Perfetto trace")
+    p.add_argument("--rocpd", metavar="PATH", help="write a rocpd side-car database (.db)")
+    p.add_argument(
+        "--rocpd-version",
+        default="3",
+        help="rocpd schema version of --rocpd (default: %(default)s, ROCm 7.0's)",
+    )
     p.set_defaults(func=cmd_export)

@@ -35,7 +35,13 @@ def add_parser(sub: Any) -> None:
         help="rocprofv3 CSV directory or files, rocprofv3 JSON, rocpd .db, Kineto .json[.gz]",
     )
     p.add_argument("--out", "-o", help="Perfetto trace to write (.pftrace)")
-    p.add_argument("--force", action="store_true", help="overwrite --out")
+    p.add_argument("--force", action="store_true", help="overwrite --out and --rocpd")
+    p.add_argument(
+        "--rocpd",
+        metavar="PATH",
+        help="also write the recording as a rocpd side-car (.db), in the schema and node of "
+        "the first rocpd profile given, for 'rocpd merge' / 'rocpd convert'",
+    )
     p.add_argument("--report", action="store_true", help="print the per-step launch table")
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.add_argument(
@@ -57,18 +63,13 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exporters.merge import (
-        AlignmentError,
-        align,
-        format_step_table,
-        load_profiles,
-        merge_to_perfetto,
-        profile_path,
-        step_table,
-    )
-    from exporters.profiles import ProfileError
+    from exporters.timelines.align import AlignmentError, align
+    from exporters.timelines.crosscheck import format_step_table, step_table
+    from exporters.timelines.load import load_profiles, profile_path
+    from exporters.timelines.merge import merge_to_perfetto
+    from exporters.timelines.model import ProfileError
 
-    if not args.out and not args.report and not args.json:
+    if not args.out and not args.report and not args.json and not args.rocpd:
         raise UsageError("merge: give --out FILE.pftrace and/or --report")
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not args.force:
@@ -114,6 +115,16 @@ def run(args: argparse.Namespace) -> int:
                 f"{counts['kernels']} kernels, {counts['host_calls']} host calls, "
                 f"{counts['flows']} launch->kernel flows (open it at https://ui.perfetto.dev)"
             )
+    if args.rocpd:
+        from exporters.rocprof_sidecar import write_sidecar
+
+        rocprof_db = next((p.meta["path"] for p, _ in placed if p.source == "rocpd"), None)
+        try:
+            n = write_sidecar(rec, args.rocpd, rocprof_db=rocprof_db, overwrite=args.force)
+        except (ProfileError, ValueError, FileExistsError, OSError) as exc:
+            raise UsageError(f"merge: --rocpd {args.rocpd}: {exc}") from None
+        if not args.json:
+            print(f"wrote {args.rocpd}: {n} probe spans as rocpd regions")
     if args.json:
         print(
             json.dumps(
