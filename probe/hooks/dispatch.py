@@ -18,6 +18,7 @@ the slow ones.
 from __future__ import annotations
 
 import inspect
+import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -233,6 +234,35 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     return dispatch
 
 
+def _caller_max_query_len(depth: int = 6) -> int:
+    """The batch's longest query as MRV2's own caller computed it, for a dispatch that
+    was given neither a uniform token count nor ``max_query_len``.
+
+    That is every batch with a prefill: 0.26's ``dispatch`` takes no ``max_query_len``,
+    and 0.33's runner passes None for a batch with a prefill (its varlen decode graphs
+    must not admit one). The runners and speculators compute the value right before
+    they dispatch, in their own frame: 0.33's ``GPUModelRunner.execute_model`` as
+    ``batch_req_state.num_scheduled_tokens`` (batch order, after adaptive verification
+    trimmed it), 0.26's as ``max_query_len``, both versions' speculators as
+    ``max_query_len`` (``input_batch.num_scheduled_tokens.max()``). Read from the
+    nearest caller frame that has one; 0 when none does. Only these batches pay for it.
+    """
+    frame: Any = sys._getframe(2)  # above the dispatch wrapper
+    for _ in range(depth):
+        if frame is None:
+            break
+        loc = frame.f_locals
+        state = loc.get("batch_req_state")
+        nst = getattr(state, "num_scheduled_tokens", None)
+        if nst is not None and len(nst):
+            return int(nst.max())
+        mq = loc.get("max_query_len")
+        if mq is not None:
+            return int(mq)
+        frame = frame.f_back
+    return 0
+
+
 def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     """``CudaGraphManager.dispatch`` (MRV2): the target's and the speculator's managers.
 
@@ -282,7 +312,9 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                     ),
                 )
             dql = self.decode_query_len
-            max_q = maxq or utc or 0
+            # int(): the speculators pass numpy integers (``num_scheduled_tokens.max()``),
+            # and a numpy int32 shifted left by 32 is 0, not the packed pair.
+            max_q = int(maxq or utc or _caller_max_query_len())
             f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
             if RT.drafter or type(self).__name__ != "ModelCudaGraphManager":
                 f |= _DRAFTER
