@@ -30,7 +30,7 @@ from probe.records import Dispatch, Flag
 from probe.ring import RingWriter
 from probe.runtime import RT
 
-from .vllm_env import ENGINES, Resolved, Vllm, make_manager, resolve
+from .vllm_env import ENGINES, Resolved, Vllm, make_manager, resolve, uniform_token_count
 
 pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
 
@@ -152,22 +152,18 @@ def _vllm_values(seen: dict[str, Any], manager: Any) -> dict[str, Any]:
     """What vLLM computed for the step, from what it handed to ``prepare_inputs``."""
     args = seen["args"]
     so = seen["scheduler_output"]
-    if len(args) >= 2:  # 0.33: (batch_req_state, batch_desc, num_active_loras)
+    if len(args) >= 2:  # 0.28 on: (batch_req_state, batch_desc, num_active_loras)
         state, desc = args[0], args[1]
         nst = [int(x) for x in state.num_scheduled_tokens]
         num_tokens = int(state.num_tokens)
-        from vllm.v1.worker.utils import get_uniform_decode_token_count
-
-        utc = get_uniform_decode_token_count(
-            len(nst), num_tokens, max(nst), state.decode_graph_eligible
-        )
+        eligible = getattr(state, "decode_graph_eligible", None)  # 0.33
+        prefill = not eligible if eligible is not None else bool(state.has_prefill)
+        utc = uniform_token_count(len(nst), num_tokens, max(nst), prefill)
     else:  # 0.26: (batch_desc,)
         (desc,) = args
         nst = list(so.num_scheduled_tokens.values())
         num_tokens = so.total_num_scheduled_tokens
-        from vllm.v1.worker.gpu.cudagraph_utils import get_uniform_token_count
-
-        utc = get_uniform_token_count(len(nst), num_tokens, max(nst))
+        utc = uniform_token_count(len(nst), num_tokens, max(nst), False)
     return {
         "desc": desc,
         "num_tokens": num_tokens,
@@ -282,7 +278,8 @@ def test_drafter_prefill_dispatch_record_has_vllm_shape(
         num_scheduled_tokens=q,
         seq_lens_cpu_upper_bound=torch.tensor(q + 16),
         idx_mapping=torch.arange(len(q)),
-        decode_graph_eligible=not any(batch.prefilling),
+        decode_graph_eligible=not any(batch.prefilling),  # 0.33
+        has_prefill=any(batch.prefilling),  # 0.28, 0.30
     )
 
     def stop(*args: Any, **kwargs: Any) -> None:
@@ -328,16 +325,7 @@ def test_drafter_prefill_dispatch_record_has_vllm_shape(
     (rec,) = _dispatches(kit, wring)
     assert rec.flags & Flag.DRAFTER
     # vLLM's own uniform count for the draft prefill, with the speculator's arguments.
-    try:
-        from vllm.v1.worker.utils import get_uniform_decode_token_count
-
-        utc = get_uniform_decode_token_count(
-            len(q), int(q.sum()), int(q.max()), input_batch.decode_graph_eligible
-        )
-    except ImportError:
-        from vllm.v1.worker.gpu.cudagraph_utils import get_uniform_token_count
-
-        utc = get_uniform_token_count(len(q), int(q.sum()), int(q.max()))
+    utc = uniform_token_count(len(q), int(q.sum()), int(q.max()), any(batch.prefilling))
     desc = prefill_manager.dispatch(len(q), padded, utc, 0)
     assert rec.mode.value == desc.cg_mode.value
     assert (rec.num_tokens, rec.num_reqs, rec.max_query_len) == (padded, len(q), int(q.max()))
