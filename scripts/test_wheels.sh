@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
-# Run tests/wheels once per vLLM wheel tree (0.26.0 and 0.33.0); fail if either fails.
+# Run tests/wheels once per vLLM wheel tree (0.26.0, 0.28.0, 0.30.0, 0.33.0); fail if any fails.
 #
 # Usage: scripts/test_wheels.sh [PYTHON] [PYTEST_ARGS...]
 #   PYTHON       interpreter with pytest, hypothesis and the CPU torch (default: python3)
 #   PYTEST_ARGS  passed on to pytest (e.g. -k mrv2 -x)
 #
-# Trees: PROBE_TEST_VLLM_026 and PROBE_TEST_VLLM_033 when set; otherwise
-# scripts/setup_vllm_wheels.sh sets them up (or finds them up to date) under
-# PROBE_VLLM_TREES (default: ./.cache/vllm-trees).
+# Trees: PROBE_TEST_VLLM_TREES (space-separated paths) when set; otherwise
+# scripts/setup_vllm_wheels.sh sets up the versions in PROBE_VLLM_VERSIONS (default: all
+# four) or finds them up to date under PROBE_VLLM_TREES (default: ./.cache/vllm-trees).
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
 PY=${1:-python3}
 shift || true
 
-if [[ -n ${PROBE_TEST_VLLM_026:-} && -n ${PROBE_TEST_VLLM_033:-} ]]; then
-    trees=("$PROBE_TEST_VLLM_026" "$PROBE_TEST_VLLM_033")
+if [[ -n ${PROBE_TEST_VLLM_TREES:-} ]]; then
+    read -r -a trees <<<"$PROBE_TEST_VLLM_TREES"
 else
-    mapfile -t trees < <(scripts/setup_vllm_wheels.sh "$PY" "${PROBE_VLLM_TREES:-.cache/vllm-trees}")
-    if ((${#trees[@]} != 2)); then
+    versions=(${PROBE_VLLM_VERSIONS:-0.26.0 0.28.0 0.30.0 0.33.0})
+    mapfile -t trees < <(PROBE_VLLM_VERSIONS="${versions[*]}" \
+        scripts/setup_vllm_wheels.sh "$PY" "${PROBE_VLLM_TREES:-.cache/vllm-trees}")
+    if ((${#trees[@]} != ${#versions[@]})); then
         echo "test_wheels: setting up the vLLM trees failed" >&2
         exit 1
     fi

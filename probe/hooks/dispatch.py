@@ -24,7 +24,9 @@ A dispatch with no runner phase around it (the MTP drafter's) writes its own rec
 from __future__ import annotations
 
 import inspect
+import sys
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -58,33 +60,54 @@ def _bind(sig: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any])
 
 
 class _ReasonMemo:
-    """Miss reasons by the call's inputs. A reason is a function of the arguments and of
-    the dispatcher's state, which only changes at start-up (the captured/initialized flag is
-    in the key) or when the snapshot changes (a new ``RT.graph_ctx`` empties the memo). So
-    a PIECEWISE or eager engine pays for the reason once per distinct batch shape, not once
-    per step."""
+    """Miss reasons per dispatcher object, by the call's inputs.
 
-    __slots__ = ("cache", "ctx", "limit")
+    A reason is a function of the arguments and of the dispatcher's state, which only
+    changes at start-up (the captured/initialized flag and the mode are in the key) or
+    when the snapshot changes (a new ``RT.graph_ctx`` empties that dispatcher's memo). So
+    a PIECEWISE or eager engine pays for the reason once per distinct batch shape, not
+    once per step.
+
+    Each dispatcher's memo is found by ``id()`` and confirmed through a weak reference
+    to the dispatcher itself: a new dispatcher that reuses a freed one's address (a
+    rebuilt engine, a test) starts empty instead of inheriting the old reasons.
+    """
+
+    __slots__ = ("by_owner", "limit")
 
     def __init__(self, limit: int = 4096) -> None:
-        self.cache: dict[Any, int] = {}
-        self.ctx: Any = None
+        # id(owner) -> (weak reference to owner, graph context, reasons by key)
+        self.by_owner: dict[int, tuple[Any, Any, dict[Any, int]]] = {}
         self.limit = limit
 
-    def get(self, ctx: Any, key: Any, compute: Callable[[], Any]) -> int:
-        if ctx is not self.ctx:  # held, not compared by id: no reuse of a freed address
-            self.cache.clear()
-            self.ctx = ctx
+    def _memo(self, owner: Any, ctx: Any) -> dict[Any, int] | None:
+        entry = self.by_owner.get(id(owner))
+        if entry is not None and entry[0]() is owner and entry[1] is ctx:
+            return entry[2]
         try:
-            return self.cache[key]
+            ref = weakref.ref(owner)
+        except TypeError:  # not weak-referenceable: no memo for it
+            return None
+        if len(self.by_owner) >= self.limit:
+            self.by_owner.clear()
+        cache: dict[Any, int] = {}
+        self.by_owner[id(owner)] = (ref, ctx, cache)  # ctx held, not compared by id
+        return cache
+
+    def get(self, owner: Any, ctx: Any, key: Any, compute: Callable[[], Any]) -> int:
+        cache = self._memo(owner, ctx)
+        if cache is None:
+            return int(compute())
+        try:
+            return cache[key]
         except KeyError:
             pass
         except TypeError:  # an unhashable argument: no memo for this call
             return int(compute())
         reason = int(compute())
-        if len(self.cache) >= self.limit:
-            self.cache.clear()
-        self.cache[key] = reason
+        if len(cache) >= self.limit:
+            cache.clear()
+        cache[key] = reason
         return reason
 
 
@@ -239,13 +262,14 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             else:
                 ctx = RT.graph_ctx
                 key = (
-                    id(self),
                     getattr(self, "keys_initialized", None),
+                    getattr(self, "cudagraph_mode", None),
                     m,
                     desc,
                     _frozen(args, kwargs),
                 )
                 reason = memo.get(
+                    self,
                     ctx,
                     key,
                     lambda: _reasons().v1_reason(
@@ -289,6 +313,35 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     return compiled if compiled is not None else dispatch
 
 
+def _caller_max_query_len(depth: int = 6) -> int:
+    """The batch's longest query as MRV2's own caller computed it, for a dispatch that
+    was given neither a uniform token count nor ``max_query_len``.
+
+    That is every batch with a prefill: 0.26's ``dispatch`` takes no ``max_query_len``,
+    and 0.33's runner passes None for a batch with a prefill (its varlen decode graphs
+    must not admit one). The runners and speculators compute the value right before
+    they dispatch, in their own frame: 0.33's ``GPUModelRunner.execute_model`` as
+    ``batch_req_state.num_scheduled_tokens`` (batch order, after adaptive verification
+    trimmed it), 0.26's as ``max_query_len``, both versions' speculators as
+    ``max_query_len`` (``input_batch.num_scheduled_tokens.max()``). Read from the
+    nearest caller frame that has one; 0 when none does. Only these batches pay for it.
+    """
+    frame: Any = sys._getframe(2)  # above the dispatch wrapper
+    for _ in range(depth):
+        if frame is None:
+            break
+        loc = frame.f_locals
+        state = loc.get("batch_req_state")
+        nst = getattr(state, "num_scheduled_tokens", None)
+        if nst is not None and len(nst):
+            return int(nst.max())
+        mq = loc.get("max_query_len")
+        if mq is not None:
+            return int(mq)
+        frame = frame.f_back
+    return 0
+
+
 def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     """``CudaGraphManager.dispatch`` (MRV2): the target's and the speculator's managers.
 
@@ -317,14 +370,15 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             else:
                 ctx = RT.graph_ctx
                 key = (
-                    id(self),
                     getattr(self, "_graphs_captured", None),
+                    getattr(self, "cudagraph_mode", None),
                     m,
                     desc.num_tokens,
                     desc.num_reqs,
                     _frozen(args, kwargs),
                 )
                 reason = memo.get(
+                    self,
                     ctx,
                     key,
                     lambda: _reasons().mrv2_reason(
@@ -332,7 +386,9 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                     ),
                 )
             dql = self.decode_query_len
-            max_q = maxq or utc or 0
+            # int(): the speculators pass numpy integers (``num_scheduled_tokens.max()``),
+            # and a numpy int32 shifted left by 32 is 0, not the packed pair.
+            max_q = int(maxq or utc or _caller_max_query_len())
             f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
             if RT.drafter or type(self).__name__ != "ModelCudaGraphManager":
                 f |= _DRAFTER

@@ -16,6 +16,7 @@ Supports vLLM 0.26 to 0.33.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -221,6 +222,7 @@ def take_snapshot(runner: Any) -> dict[str, Any]:
         "breakable_cudagraph": os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH"),
     }
     snap["max_num_seqs"] = getattr(sc, "max_num_seqs", None)
+    snap["chunked_prefill"] = getattr(sc, "enable_chunked_prefill", None)
     snap["max_num_batched_tokens"] = getattr(sc, "max_num_batched_tokens", None)
     snap["reorder_batch_threshold"] = getattr(runner, "reorder_batch_threshold", None)
     snap["resolve"] = RT.static.get("resolve")
@@ -251,6 +253,11 @@ def take_snapshot(runner: Any) -> dict[str, Any]:
                 entry["support"] = f"error: {exc}"
             entry["reorder_batch_threshold"] = getattr(b, "reorder_batch_threshold", None)
             entry["misspelled"] = _misspelled(cls)
+            entry["support_set_on_class"] = "_cudagraph_support" in vars(cls)
+            entry["support_follows_attribute"] = support_follows_attribute(
+                cls, vc, getattr(group, "kv_cache_spec", None)
+            )
+        entry["support_on_non_builder"] = support_on_non_builder(getattr(group, "backend", None))
         groups.append(entry)
     snap["groups"] = groups
     target = [g for g in groups if g["role"] == "target" and "support_value" in g]
@@ -261,6 +268,33 @@ def take_snapshot(runner: Any) -> dict[str, Any]:
         snap["limiting_group"] = {"backend": low["backend"], "builder": low["builder"]}
     snap["traps"] = traps(snap)
     return snap
+
+
+def support_follows_attribute(cls: type, vllm_config: Any, kv_cache_spec: Any) -> bool | None:
+    """Whether ``cls.get_cudagraph_support()`` returns what ``_cudagraph_support`` says.
+
+    Asked of two throw-away subclasses that set the attribute to two different levels
+    (the class itself is not touched); None when the method cannot be called here.
+    """
+    try:
+        enum = type(cls._cudagraph_support)  # type: ignore[attr-defined]
+        answers = []
+        for level in (enum(0), enum(3)):
+            probe_cls: Any = type(f"_{cls.__name__}Probe", (cls,), {"_cudagraph_support": level})
+            answers.append(probe_cls.get_cudagraph_support(vllm_config, kv_cache_spec) is level)
+    except Exception:
+        return None
+    return all(answers)
+
+
+def support_on_non_builder(backend: Any) -> list[str]:
+    """Backend and impl classes that set ``_cudagraph_support`` themselves (never read)."""
+    if backend is None:
+        return []
+    classes = [backend]
+    with contextlib.suppress(Exception):
+        classes.append(backend.get_impl_cls())
+    return [c.__name__ for c in classes if "_cudagraph_support" in vars(c)]
 
 
 def _backend_name(backend: Any) -> str | None:
@@ -340,15 +374,6 @@ def traps(snap: Mapping[str, Any]) -> list[dict[str, str]]:
         )
     comp = snap.get("compilation") or {}
     max_size = comp.get("max_cudagraph_capture_size")
-    mns = snap.get("max_num_seqs")
-    if max_size and mns and mns * uq > max_size:
-        out.append(
-            {
-                "code": "decode_batch_above_capture_size",
-                "message": f"max_num_seqs x query length = {mns * uq} tokens exceeds the largest "
-                f"capture size {max_size}: the biggest decode batches run without graphs",
-            }
-        )
     mnbt = snap.get("max_num_batched_tokens")
     sizes = comp.get("cudagraph_capture_sizes") or []
     if max_size and mnbt and sizes and mnbt < max_size and mnbt not in sizes:
@@ -358,6 +383,9 @@ def traps(snap: Mapping[str, Any]) -> list[dict[str, str]]:
                 "message": f"max_num_batched_tokens={mnbt} is not a capture size",
             }
         )
+    from probe.doctor import findings
+
+    out.extend(findings(snap))
     return out
 
 

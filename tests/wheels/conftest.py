@@ -1,4 +1,4 @@
-"""Fixtures for tests that drive the real vLLM 0.26.0 / 0.33.0 Python code on CPU.
+"""Fixtures for tests that drive the real vLLM 0.26.0-0.33.0 wheels' Python code on CPU.
 
 These tests run only when the ``vllm`` on the path is one of the wheel trees that
 ``scripts/setup_vllm_wheels.sh`` unpacks (``scripts/test_wheels.sh`` runs them once per
@@ -19,6 +19,7 @@ import pytest
 
 from .vllm_env import (
     ENGINES,
+    SUPPORTED_VERSIONS,
     Resolved,
     Vllm,
     install_cpu_platform_plugin,
@@ -32,7 +33,8 @@ from .vllm_env import (
 def vllm_version(tmp_path_factory: pytest.TempPathFactory) -> str:
     version, where = tree_vllm_version()
     if version is None:
-        message = f"needs a vLLM 0.26.0/0.33.0 wheel tree first on PYTHONPATH: {where}"
+        supported = ", ".join(SUPPORTED_VERSIONS)
+        message = f"needs a vLLM wheel tree ({supported}) first on PYTHONPATH: {where}"
         if os.environ.get("PROBE_REQUIRE_VLLM_TREE"):
             pytest.fail(message)
         pytest.skip(message)

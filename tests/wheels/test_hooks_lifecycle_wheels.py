@@ -1,4 +1,4 @@
-"""Hook lifecycle and DISPATCH records against the real vLLM 0.26.0 / 0.33.0 trees.
+"""Hook lifecycle and DISPATCH records against the real vLLM wheel trees (0.26 to 0.33).
 
 Every target that resolves in the tree is installed, uninstalled (originals back by
 identity), reinstalled. Then the real V1 dispatcher and the real MRV2 graph manager are

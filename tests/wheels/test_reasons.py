@@ -1,11 +1,12 @@
-"""probe.reasons against vLLM's real CUDA-graph dispatch, in 0.26.0 and 0.33.0.
+"""probe.reasons against vLLM's real CUDA-graph dispatch, in each supported release (0.26-0.33).
 
 Each row is a batch shape on an engine configuration (conftest.ENGINES). The expected
 columns were written from reading the vLLM source; every row checks them against what
 the real dispatcher returned, so a wrong row fails rather than describing a fiction:
 (a) the mode (and padded size) of the real call, (b) the reason ``probe.reasons``
-derives with and without the GraphContext. Where 0.26 and 0.33 differ, the cell is a
-``{version: value}`` dict.
+derives with and without the GraphContext. Where releases (0.26 to 0.33) differ, the
+cell is not tabled per version: its expected value comes from the tree's own code
+(``VLLM``, ``UNIFORM_OR_NOT`` below).
 """
 
 from __future__ import annotations
@@ -23,14 +24,21 @@ from hypothesis import strategies as st
 from probe.reasons import GraphContext, min_support, mode_parts, mrv2_reason, v1_reason
 from probe.records import Reason
 
-from .vllm_env import CAPTURE_SIZES, ENGINES, MAX_NUM_SEQS, Resolved, Vllm, make_manager, resolve
+from .vllm_env import (
+    CAPTURE_SIZES,
+    ENGINES,
+    MAX_NUM_SEQS,
+    Resolved,
+    Vllm,
+    make_manager,
+    resolve,
+    uniform_token_count,
+)
 
 pytestmark = pytest.mark.wheels
 
 T = TypeVar("T")
 PerVersion = T | dict[str, T]
-
-V026, V033 = "0.26.0", "0.33.0"
 
 
 def per_version(value: PerVersion[T], version: str) -> T:
@@ -204,13 +212,23 @@ def test_v1_runner_cascade_attention(
     )
     (kwargs,) = seen
     reason = v1_reason(d, mode, desc, ctx=res.ctx, **kwargs)
-    expected = {V026: ("PIECEWISE", Reason.CASCADE_ATTENTION), V033: ("FULL", Reason.HIT)}
-    assert (mode.name, reason) == expected[vl.version]
+    # Whether the runner turns FULL off for cascade attention is its own decision (0.26
+    # does, later releases ignore the argument): read it off the call it made.
+    full_off = vl.CUDAGraphMode.FULL in (kwargs.get("invalid_modes") or set())
+    expected = ("PIECEWISE", Reason.CASCADE_ATTENTION) if full_off else ("FULL", Reason.HIT)
+    assert (mode.name, reason) == expected
 
 
 # ----------------------------------------------------------------------------------
 # MRV2: CudaGraphManager. Capture sizes are not rounded here (MRV2 rounds its decode
 # descriptors itself): uq 2 decode graphs at [2, 4, 8], uq 3 at [3, 6, 9, 18].
+
+# A cell whose value differs between releases is not tabled: VLLM takes the real
+# dispatch's value (the row still checks the reason), UNIFORM_OR_NOT the decode graph's
+# values when the tree's own uniform count calls the batch a uniform decode, else
+# the PIECEWISE not-uniform ones.
+VLLM = "from vLLM"
+UNIFORM_OR_NOT = "uniform or not, by vLLM"
 
 # fmt: off
 MRV2_ROWS = [
@@ -222,8 +240,7 @@ MRV2_ROWS = [
     # 0.26 keeps only the smallest captured size >= num_tokens as candidates: for 5
     # tokens that is the uq-3 decode graph at 6, which a short-draft batch cannot use,
     # and the PIECEWISE graph at 8 is never looked at. 0.33 lists both modes.
-    Row("short_draft_k2", "fap_ub_k2", (3, 2), {V026: "NONE", V033: "PIECEWISE"},
-        {V026: 5, V033: 8}, Reason.NOT_UNIFORM),
+    Row("short_draft_k2", "fap_ub_k2", (3, 2), VLLM, VLLM, Reason.NOT_UNIFORM),
     Row("above_capture_size", "fap_ub_k1", (2,) * 8 + (30,), "NONE", 46, Reason.BATCH_TOO_BIG,
         prefill=True),
     Row("no_full_key", "fap_ub_k1", (2,) * 5, "PIECEWISE", 16, Reason.NO_FULL_KEY_FOR_SIZE),
@@ -244,9 +261,10 @@ MRV2_ROWS = [
     Row("ustd_fdo_k2_mixed", "fdo_ustd_k2", (3, 5), "NONE", 8,
         Reason.MIXED_BATCH_IN_FULL_DECODE_ONLY, no_ctx=Reason.GRAPHS_DISABLED, prefill=True),
     # Two new 2-token prompts: 0.26 counts any uniform batch (get_uniform_token_count)
-    # and replays the decode graph; 0.33 excludes batches with a prefill.
-    Row("uniform_prefill", "fap_ub_k1", (2, 2), {V026: "FULL", V033: "PIECEWISE"}, 4,
-        {V026: Reason.HIT, V033: Reason.NOT_UNIFORM}, prefill=True),
+    # and replays the decode graph; later releases exclude batches with a prefill. Which
+    # one the tree does is what its own uniform count says (UNIFORM_OR_NOT).
+    Row("uniform_prefill", "fap_ub_k1", (2, 2), UNIFORM_OR_NOT, 4, UNIFORM_OR_NOT,
+        prefill=True),
     Row("lora_one_active", "fap_ub_k1_lora", (2, 2), "FULL", 4, Reason.HIT,
         kwargs={"num_active_loras": 1}),
 ]
@@ -255,13 +273,7 @@ MRV2_ROWS = [
 
 def _uniform_token_count(q: tuple[int, ...], prefill: bool) -> int | None:
     """What the MRV2 runner passes as uniform_token_count, by the version's own code."""
-    try:
-        from vllm.v1.worker.utils import get_uniform_decode_token_count  # 0.33
-    except ImportError:
-        from vllm.v1.worker.gpu.cudagraph_utils import get_uniform_token_count  # 0.26
-
-        return get_uniform_token_count(len(q), sum(q), max(q))  # type: ignore[no-any-return]
-    return get_uniform_decode_token_count(len(q), sum(q), max(q), not prefill)  # type: ignore[no-any-return]
+    return uniform_token_count(len(q), sum(q), max(q), prefill)
 
 
 def _mrv2_dispatch(
@@ -286,14 +298,22 @@ def test_mrv2_table(
 ) -> None:
     m, res = mrv2_managers(row.engine)
     desc, kwargs = _mrv2_dispatch(m, row.q, row.prefill, row.kwargs.get("num_active_loras", 0))
-
-    assert (desc.cg_mode.name, desc.num_tokens) == (
-        per_version(row.mode, vl.version),
-        per_version(row.padded, vl.version),
+    uniform = kwargs["uniform_token_count"] == m.decode_query_len
+    mode, padded, reason = (
+        per_version(getattr(row, cell), vl.version) for cell in ("mode", "padded", "reason")
     )
-    assert mrv2_reason(m, desc, ctx=res.ctx, **kwargs) == per_version(row.reason, vl.version)
+    if mode == UNIFORM_OR_NOT:
+        mode, reason = ("FULL", Reason.HIT) if uniform else ("PIECEWISE", Reason.NOT_UNIFORM)
+    if mode == VLLM:
+        mode = desc.cg_mode.name
+        assert mode != "FULL"
+    if padded == VLLM:
+        padded = desc.num_tokens
+
+    assert (desc.cg_mode.name, desc.num_tokens) == (mode, padded)
+    assert mrv2_reason(m, desc, ctx=res.ctx, **kwargs) == reason
     bare = mrv2_reason(m, desc, **kwargs)
-    assert bare == per_version(row.no_ctx if row.no_ctx is not None else row.reason, vl.version)
+    assert bare == (per_version(row.no_ctx, vl.version) if row.no_ctx is not None else reason)
 
 
 def test_mrv2_not_captured(vl: Vllm, mrv2_managers: Callable[[str], tuple[Any, Resolved]]) -> None:

@@ -1,4 +1,4 @@
-"""Helpers for the tests that drive the real vLLM 0.26.0 / 0.33.0 Python code on CPU.
+"""Helpers for the tests that drive the real vLLM 0.26.0-0.33.0 wheels' Python code on CPU.
 
 Nothing is faked in the decision code: the dispatcher, the graph manager, the mode
 resolver and the split function are vLLM's own. What a CPU cannot give is set up as
@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
-SUPPORTED_VERSIONS = ("0.26.0", "0.33.0")
+SUPPORTED_VERSIONS = ("0.26.0", "0.28.0", "0.30.0", "0.33.0")
 
 # Every engine below: the capture sizes vLLM would derive for a small max_num_seqs,
 # and a max_num_seqs that is *not* a capture size over uq, so that some uniform decode
@@ -210,3 +210,24 @@ def make_manager(
     )
     m._graphs_captured = captured
     return m
+
+
+def uniform_token_count(num_reqs: int, num_tokens: int, max_q: int, prefill: bool) -> int | None:
+    """What the MRV2 code passes as ``uniform_token_count``, by the tree's own function.
+
+    0.26 counts any uniform batch (``get_uniform_token_count``); later releases exclude
+    batches with a prefill through ``get_uniform_decode_token_count``, whose last
+    parameter is ``has_prefill`` in 0.28/0.30 and ``decode_graph_eligible`` in 0.33. The
+    parameter is matched by name, so the value always comes from the tree's code.
+    """
+    import inspect
+
+    try:
+        from vllm.v1.worker.utils import get_uniform_decode_token_count as fn
+    except ImportError:
+        from vllm.v1.worker.gpu.cudagraph_utils import get_uniform_token_count
+
+        return get_uniform_token_count(num_reqs, num_tokens, max_q)  # type: ignore[no-any-return]
+    last = list(inspect.signature(fn).parameters)[-1]
+    flag = prefill if last == "has_prefill" else not prefill
+    return fn(num_reqs, num_tokens, max_q, flag)  # type: ignore[no-any-return]

@@ -1,0 +1,154 @@
+"""The doctor's traps (probe.doctor) on snapshots taken from the real vLLM classes.
+
+Each snapshot is made by ``take_snapshot`` from a runner-shaped holder of the real
+VllmConfig (graph settings resolved by vLLM's own resolver where it matters) and the
+real backend and builder classes; each trap must fire on the configuration that has
+it and stay quiet on the one that does not.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from probe.doctor import findings
+from probe.hooks.snapshot import take_snapshot
+
+from .vllm_env import ENGINES, Vllm, resolve
+
+pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
+
+H200_RECORDING = (
+    Path(__file__).resolve().parents[2]
+    / "benchmarks/results/h200-2026-11-30/stock_mrv2_k1.probe.db"
+)
+
+
+def _codes(snap: dict[str, Any]) -> set[str]:
+    return {f["code"] for f in findings(snap)}
+
+
+def _runner(vc: Any, uq: int, groups: list[Any] | None = None) -> Any:
+    return SimpleNamespace(vllm_config=vc, uniform_decode_query_len=uq, attn_groups=groups or [])
+
+
+def _group(backend: Any) -> Any:
+    """An attention group as the runner holds it: a backend and its builder instance."""
+    builder = object.__new__(backend.get_builder_cls())  # __init__ needs a model
+    return SimpleNamespace(
+        backend=backend, kv_cache_spec=None, layer_names=["l0"], metadata_builders=[builder]
+    )
+
+
+def test_capture_sizes_that_pad_or_miss_mtp_decodes(vl: Vllm) -> None:
+    # MRV2 keeps the sizes as given ([1, 2, 4, 8, 16, 32]); uq 3: 4, 8, 16, 32 pad.
+    res = resolve(vl, ENGINES["fap_ub_k2"], v2=True)
+    snap = take_snapshot(_runner(res.vllm_config, 3))
+    assert "capture_sizes_not_multiple_of_decode_len" in _codes(snap)
+    # V1's resolver rounds them to multiples of uq itself ([3, 6, 9, 18]): nothing pads.
+    res_v1 = resolve(vl, ENGINES["fap_ub_k2"], v2=False)
+    snap_v1 = take_snapshot(_runner(res_v1.vllm_config, 3))
+    assert "capture_sizes_not_multiple_of_decode_len" not in _codes(snap_v1)
+    # max_num_seqs 6 x 3 = 18 tokens fits the largest size 18; 16 requests do not.
+    assert "decode_batches_above_largest_capture_size" not in _codes(snap_v1)
+    res_v1.vllm_config.scheduler_config.max_num_seqs = 16
+    big = take_snapshot(_runner(res_v1.vllm_config, 3))
+    (f,) = [f for f in findings(big) if f["code"] == "decode_batches_above_largest_capture_size"]
+    assert "above 6 requests" in f["message"]
+
+
+def test_support_attribute_ignored_by_the_indexer(
+    vl: Vllm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.v1.attention.backends.mla.indexer import (
+        DeepseekV32IndexerBackend,
+        DeepseekV32IndexerMetadataBuilder,
+    )
+
+    vc = vl.VllmConfig()
+    assert "support_attribute_ignored" not in _codes(
+        take_snapshot(_runner(vc, 2, [_group(DeepseekV32IndexerBackend)]))
+    )
+    # The patch a user would write to model the old ROCm behaviour on the indexer.
+    ustd = vl.AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    monkeypatch.setattr(DeepseekV32IndexerMetadataBuilder, "_cudagraph_support", ustd)
+    snap = take_snapshot(_runner(vc, 2, [_group(DeepseekV32IndexerBackend)]))
+    (g,) = snap["groups"]
+    assert g["support_follows_attribute"] is False
+    assert g["support"] != ustd.name  # the method decided, as vLLM will see it
+    assert "support_attribute_ignored" in _codes(snap)
+
+
+def test_support_set_on_backend_not_builder(vl: Vllm, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.v1.attention.backends.mla.flashmla_sparse import FlashMLASparseBackend
+
+    vc = vl.VllmConfig()
+    clean = take_snapshot(_runner(vc, 2, [_group(FlashMLASparseBackend)]))
+    assert clean["groups"][0]["support_follows_attribute"] is True
+    assert not ({"support_attribute_ignored", "support_set_on_backend_not_builder"} & _codes(clean))
+    ustd = vl.AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    monkeypatch.setattr(FlashMLASparseBackend, "_cudagraph_support", ustd, raising=False)
+    snap = take_snapshot(_runner(vc, 2, [_group(FlashMLASparseBackend)]))
+    assert snap["groups"][0]["support"] == "UNIFORM_BATCH"  # what vLLM reads: unchanged
+    assert "support_set_on_backend_not_builder" in _codes(snap)
+
+
+def test_reorder_threshold_far_above_decode_on_h200_snapshot() -> None:
+    """FlashMLA sparse on the H200 (16 heads): threshold 256 against uq 2, as recorded."""
+    with sqlite3.connect(H200_RECORDING) as db:
+        (text,) = db.execute("select snapshot from processes").fetchone()
+    snap = json.loads(text)
+    msgs = [
+        f["message"] for f in findings(snap) if f["code"] == "reorder_threshold_far_above_decode"
+    ]
+    assert msgs and "256" in msgs[0] and "FlashMLASparseMetadataBuilder" in msgs[0]
+    snap["groups"] = [dict(g, reorder_batch_threshold=2) for g in snap["groups"]]
+    assert "reorder_threshold_far_above_decode" not in _codes(snap)
+
+
+def test_full_decode_only_with_chunked_prefill(vl: Vllm) -> None:
+    res = resolve(vl, ENGINES["fdo_ub_k1"], v2=True)
+    assert res.mode.name == "FULL_DECODE_ONLY"
+    sc = res.vllm_config.scheduler_config
+    sc.enable_chunked_prefill = True
+    assert "full_decode_only_with_chunked_prefill" in _codes(
+        take_snapshot(_runner(res.vllm_config, 2))
+    )
+    sc.enable_chunked_prefill = False
+    assert "full_decode_only_with_chunked_prefill" not in _codes(
+        take_snapshot(_runner(res.vllm_config, 2))
+    )
+    fap = resolve(vl, ENGINES["fap_ub_k1"], v2=True).vllm_config
+    fap.scheduler_config.enable_chunked_prefill = True
+    assert "full_decode_only_with_chunked_prefill" not in _codes(take_snapshot(_runner(fap, 2)))
+
+
+def test_doctor_readable_at_80_columns(vl: Vllm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every support level appears whole, and no line is wider than the terminal."""
+    from rich.console import Console
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
+    from vllm.v1.attention.backends.mla.rocm_aiter_mla_sparse import (
+        ROCMAiterMLASparseBackend,
+        ROCMAiterMLASparseMetadataBuilder,
+    )
+
+    from probe.report import doctor, render_doctor
+
+    ustd = vl.AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    monkeypatch.setattr(ROCMAiterMLASparseMetadataBuilder, "_cudagraph_support", ustd)
+    res = resolve(vl, ENGINES["fap_ustd_k1"], v2=True)
+    groups = [_group(ROCMAiterMLASparseBackend), _group(DeepseekV32IndexerBackend)]
+    snap = doctor(take_snapshot(_runner(res.vllm_config, 2, groups)))
+    console = Console(width=80, record=True, color_system=None)
+    render_doctor(snap, console)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in text
+    for g in snap["groups"]:
+        assert f"support {g['support']}" in text
+    assert "UNIFORM_SINGLE_TOKEN_DECODE" in text
