@@ -954,6 +954,7 @@ static PyObject *dispatch_call(FastObject *self, PyObject *const *args, size_t n
         long long utc = obj_ll(v[2], &bad);
         long long mq = obj_ll(v[3], &bad);
         max_q = mq ? mq : utc;
+        if (max_q == 0) goto slow; /* the Python record asks vLLM's caller for it */
         uq = attr_ll(me, S_dql, &bad);
         f |= FLAG_MRV2;
         if (strcmp(_PyType_Name(Py_TYPE(me)), "ModelCudaGraphManager") != 0) f |= FLAG_DRAFTER;

@@ -443,8 +443,8 @@ def packer_source(spec: RecordSpec) -> str:
     halves: dict[str, list[str]] = {}
     for f in spec.fields:
         v = f.name if f.unknown_as is None else f"({f.name} + 1)"
-        if f.part == "hi":
-            halves.setdefault(f.slot, []).append(f"({v} << 32)")
+        if f.part == "hi":  # int(): a numpy integer would wrap instead of shifting
+            halves.setdefault(f.slot, []).append(f"(int({v}) << 32)")
         elif f.part == "lo":
             halves.setdefault(f.slot, []).append(f"({v} & 0xFFFFFFFF)")
         elif f.slot == "step":
