@@ -62,7 +62,7 @@ COMPILED = _C is not None
 """True when the compiled accelerator imported (and was not turned off)."""
 NAME = "compiled" if COMPILED else "python"
 if not COMPILED and WHY_NOT != "PROBE_ACCEL=0":
-    log.info("probe: using the pure-Python hot path: %s", WHY_NOT)
+    log.warning("probe: using the pure-Python hot path (slower): %s", WHY_NOT)
 
 
 class PyCore:

@@ -1,0 +1,76 @@
+"""Which hot path runs: the compiled one when built, pure Python otherwise, said once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from probe import accel
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _child(code: str, **env: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={
+            **{k: v for k, v in os.environ.items() if k != "PROBE_ACCEL"},
+            "PYTHONPATH": str(ROOT),
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return out.stdout + out.stderr
+
+
+def test_ci_builds_the_extension() -> None:
+    if os.environ.get("PROBE_REQUIRE_ACCEL") != "1":
+        pytest.skip("PROBE_REQUIRE_ACCEL=1 is set by scripts/test")
+    assert accel.COMPILED, accel.WHY_NOT
+
+
+def test_a_missing_extension_falls_back_with_one_line() -> None:
+    code = (
+        "import sys, logging; logging.basicConfig(format='%(message)s')\n"
+        "sys.modules['probe._accel'] = None  # as when the build found no compiler\n"
+        "import probe.accel as a\n"
+        "from probe.runtime import RT\n"
+        "print('path', a.NAME, type(RT).__mro__[1].__name__)\n"
+    )
+    out = _child(code)
+    assert "path python PyCore" in out
+    lines = [ln for ln in out.splitlines() if "pure-Python hot path" in ln]
+    assert len(lines) == 1 and "not built" in lines[0], out
+
+
+def test_probe_accel_0_forces_python_quietly() -> None:
+    out = _child("import probe.accel as a; print('path', a.NAME, a.WHY_NOT)", PROBE_ACCEL="0")
+    assert "path python PROBE_ACCEL=0" in out and "pure-Python hot path" not in out
+
+
+@pytest.mark.skipif(not accel.COMPILED, reason=f"compiled path not built: {accel.WHY_NOT}")
+def test_the_runtime_says_which_path_its_writer_runs(tmp_path: Path) -> None:
+    from probe.records import Decoder
+    from probe.ring import RingReader, RingWriter
+    from probe.runtime import RT
+
+    for name, expect in (("compiled", 1), ("python", 0)):
+        RT.reset()
+        with accel.use(name), RingWriter.create(tmp_path / name, 64) as writer:
+            RT.attach(writer)
+            assert RT.hot_path == name
+            RT.detach()
+            dec = Decoder()
+            with RingReader.open(writer.path) as reader:
+                for rec in reader.read():
+                    dec.feed(rec)
+        assert dec.hello is not None and dec.hello.hot_path == expect
+    RT.reset()
