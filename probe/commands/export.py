@@ -4,6 +4,9 @@
     probe export run.probe.db --otlp 127.0.0.1:4317 --otlp-protocol grpc --sampling 0.1
     probe export run.probe.db --prometheus-textfile /var/lib/node_exporter/probe.prom
     probe export run.probe.db --perfetto run.perfetto-trace
+    probe export run.probe.db --openmetrics run.om      # then: promtool tsdb create-blocks-from
+    probe export --to list                              # every registered exporter
+    probe export run.probe.db --to rocpd --out probe_results.db
 
 Each target needs its extra (``pip install 'vllm-graph-probe[otlp]'`` and so on); a
 missing one is named in the error.
@@ -40,9 +43,36 @@ def _check_out(path: str, flag: str) -> Path:
     return p
 
 
+def _run_exporter(args: argparse.Namespace) -> int:
+    from exporters import registry
+    from exporters.base import MissingExtra
+
+    if args.to == "list":
+        print(registry.listing())
+        return 0
+    try:
+        exp = registry.get(args.to)
+    except registry.UnknownExporter as exc:
+        raise UsageError(f"export: --to: {exc}") from None
+    if not args.out:
+        raise UsageError(f"export: --to {exp.name} needs --out {exp.target}")
+    rec = open_recording(args.recording)
+    try:
+        exp.write(rec, args.out)
+    except (MissingExtra, FileExistsError, ValueError) as exc:
+        raise UsageError(f"export: --to {exp.name}: {exc}") from None
+    print(f"probe: {exp.name} -> {args.out}", file=sys.stderr)
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    if not (args.otlp or args.prometheus_textfile or args.perfetto):
-        raise UsageError("export: give at least one of --otlp, --prometheus-textfile, --perfetto")
+    if args.to:
+        return _run_exporter(args)
+    if not (args.otlp or args.prometheus_textfile or args.perfetto or args.openmetrics):
+        raise UsageError(
+            "export: give at least one of --otlp, --prometheus-textfile, --perfetto, "
+            "--openmetrics, --to"
+        )
     if not 0.0 <= args.sampling <= 1.0:
         raise UsageError(f"export: --sampling must be within 0..1, got {args.sampling}")
     textfile = (
@@ -51,10 +81,16 @@ def cmd_export(args: argparse.Namespace) -> int:
         else None
     )
     perfetto_out = _check_out(args.perfetto, "--perfetto") if args.perfetto else None
+    om_out = _check_out(args.openmetrics, "--openmetrics") if args.openmetrics else None
     rec = open_recording(args.recording)
     from exporters.base import replay
 
     err = sys.stderr
+    if om_out is not None:
+        from exporters.openmetrics import write as write_openmetrics
+
+        n = write_openmetrics(rec, om_out)
+        print(f"probe: {n} timestamped samples -> {om_out}", file=err)
     if textfile is not None:
         prom = _sink_module("prometheus")
         sink = prom.PrometheusSink()
@@ -117,4 +153,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--timeout", type=float, default=10.0, help="OTLP export timeout, s")
     p.add_argument("--prometheus-textfile", metavar="PATH", help="write a .prom textfile")
     p.add_argument("--perfetto", metavar="PATH", help="write a Perfetto trace")
+    p.add_argument(
+        "--openmetrics",
+        metavar="PATH",
+        help="write OpenMetrics with the recording's timestamps (promtool tsdb "
+        "create-blocks-from openmetrics PATH DIR backfills it)",
+    )
+    p.add_argument("--to", metavar="NAME", help="run one registered exporter ('list': list them)")
+    p.add_argument("--out", metavar="TARGET", help="the target of --to (a file or an endpoint)")
     p.set_defaults(func=cmd_export)
