@@ -61,6 +61,8 @@ class Hist:
     counts: list[int] = field(default_factory=list)
     sum: float = 0.0
     count: int = 0
+    min: float | None = None
+    max: float | None = None
 
     def __post_init__(self) -> None:
         if not self.counts:
@@ -72,9 +74,11 @@ class Hist:
         self.counts[i] += 1
         self.sum += v
         self.count += 1
+        self.min = v if self.min is None else min(self.min, v)
+        self.max = v if self.max is None else max(self.max, v)
 
     def copy(self) -> Hist:
-        return Hist(self.bounds, list(self.counts), self.sum, self.count)
+        return Hist(self.bounds, list(self.counts), self.sum, self.count, self.min, self.max)
 
 
 Value = float | Hist

@@ -102,25 +102,21 @@ def cmd_export(args: argparse.Namespace) -> int:
         # one line at the end says what failed; the SDK's per-batch retry warnings do not
         logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
         try:
-            osink = otlp.make_sink(
-                args.otlp,
-                args.otlp_protocol,
-                sampling=args.sampling,
-                timeout_s=args.timeout,
+            # spans, and metric points at the recording's own time
+            w = otlp.write(
+                rec, args.otlp, args.otlp_protocol, sampling=args.sampling, timeout_s=args.timeout
             )
         except ValueError as exc:
             raise UsageError(f"export: --otlp {exc}") from None
-        n = replay(rec, osink)
-        osink.flush(int(args.timeout * 1000))
-        osink.close()
-        if osink.spans_failed:
+        if w.spans_failed or w.metric_exports_failed:
             raise UsageError(
                 f"export: {args.otlp} refused or did not answer: "
-                f"{osink.spans_failed} span(s) not exported ({osink.spans_exported} exported)"
+                f"{w.spans_failed} span(s) not exported ({w.spans_exported} exported), "
+                f"{w.metric_exports_failed} of {w.metric_exports} metric exports failed"
             )
         print(
-            f"probe: {n} steps -> {osink.spans_exported} spans and the metric set -> "
-            f"{args.otlp} ({args.otlp_protocol})",
+            f"probe: {w.steps} steps -> {w.spans_exported} spans and {w.metric_exports} "
+            f"metric samples -> {args.otlp} ({args.otlp_protocol})",
             file=err,
         )
     if perfetto_out is not None:
