@@ -264,11 +264,25 @@ _DEFS = (
 METRICS: Mapping[str, Metric] = {m.name: m for m in _DEFS}
 
 
-def ratio_queries(window: str = "5m", by: str = "", selector: str = "") -> dict[str, str]:
+def ratio_queries(
+    window: str = "5m", by: str = "", selector: str = "", guard: bool = False
+) -> dict[str, str]:
     """Every ratio of :data:`probe.analysis.RATIOS` as PromQL over the counters (``by``:
     e.g. ``"pid"``; ``selector``: label matchers without braces, e.g.
-    ``model_name=~"$model_name"``)."""
-    return {name: r.promql(window, by, selector, NAMESPACE) for name, r in analysis.RATIOS.items()}
+    ``model_name=~"$model_name"``). ``guard``: the denominator is ``> 0``-guarded, so a
+    window without traffic gives no sample (a dashboard's "No traffic"), not NaN."""
+    out = {name: r.promql(window, by, selector, NAMESPACE) for name, r in analysis.RATIOS.items()}
+    if guard:
+        out = {name: _guarded(q) for name, q in out.items()}
+    return out
+
+
+def _guarded(q: str) -> str:
+    # Ratio.promql writes "numerator\n  / denominator"
+    num, sep, den = q.rpartition("\n  / ")
+    if not sep:
+        raise ValueError(f"not a ratio query: {q!r}")
+    return f"{num}\n  / ({den} > 0)"
 
 
 RATIOS: Mapping[str, str] = ratio_queries()
