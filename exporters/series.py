@@ -24,7 +24,7 @@ a Collector-fed one hold the same samples at the same times.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from exporters.base import ProcessInfo, processes_from_recording
@@ -182,7 +182,3 @@ def timelines(rec: Recording, interval_s: float = DEFAULT_INTERVAL_S) -> list[Ti
         if tl is not None:
             out.append(tl)
     return out
-
-
-def labels_of(key: Key) -> Mapping[str, str]:
-    return dict(key[1])
