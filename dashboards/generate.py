@@ -8,7 +8,12 @@ Every PromQL expression here is built from :mod:`exporters.metrics` (the ratios 
 :func:`exporters.metrics.ratio_queries`), and ``--check`` parses the metric names back
 out of each expression (``_bucket``/``_sum``/``_count`` tolerated on histograms) and
 compares them with the metric set, as vLLM's own generator does for ``vllm:*``.
-Grafana >= 10.4; datasource variable ``${datasource}``; ``$__rate_interval``.
+Grafana >= 10.4; datasource variable ``${datasource}``; ``$__rate_interval``. As vLLM's
+own dashboards (``examples/observability``): ``job``, ``instance``, ``engine``,
+``model_name`` and rank variables (two scrape paths of one engine would otherwise double
+every count); ratio denominators guarded with ``> 0`` and no data, null and NaN shown
+as "No traffic"; stat panels for the headline ratios. ``tests/test_dashboards_schema.py``
+type-checks the JSON against Grafana's published ``@grafana/schema`` with ``tsc --strict``.
 """
 
 from __future__ import annotations
@@ -26,7 +31,17 @@ from exporters.metrics import METRICS, NAMESPACE, ratio_queries
 HERE = Path(__file__).resolve().parent
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RI = "$__rate_interval"
-SEL = 'model_name=~"$model_name", tp_rank=~"$tp_rank"'
+#: the dashboard variables, in the order they chain (each one's values under the previous)
+VARIABLES: tuple[tuple[str, str], ...] = (
+    ("job", "Job"),
+    ("instance", "Instance"),
+    ("engine", "Engine"),
+    ("model_name", "Model"),
+    ("tp_rank", "TP rank"),
+    ("pp_rank", "PP rank"),
+)
+SEL = ", ".join(f'{v}=~"${v}"' for v, _ in VARIABLES)
+NO_TRAFFIC = "No traffic"
 N = NAMESPACE
 
 
@@ -47,10 +62,17 @@ def quantile(q: float, hist: str, by: str = "") -> str:
 
 
 def mean(hist: str, by: str) -> str:
-    return f"{rate(hist + '_sum', by=by)}\n  / {rate(hist + '_count', by=by)}"
+    return f"{rate(hist + '_sum', by=by)}\n  / ({rate(hist + '_count', by=by)} > 0)"
 
 
-R = ratio_queries(window=RI, selector=SEL)
+R = ratio_queries(window=RI, selector=SEL, guard=True)
+LEGEND = {"displayMode": "list", "placement": "bottom", "showLegend": True, "calcs": []}
+
+#: no data, null and NaN (a quantile over an empty window) read "No traffic"
+NO_TRAFFIC_MAPPINGS: list[dict[str, Any]] = [
+    {"type": "special", "options": {"match": m, "result": {"text": NO_TRAFFIC, "index": i}}}
+    for i, m in enumerate(("null", "nan"))
+]
 
 
 def target(expr: str, legend: str = "", ref: str = "A", **kw: Any) -> dict[str, Any]:
@@ -71,7 +93,11 @@ def panel(
     w: int = 12,
     h: int = 8,
 ) -> dict[str, Any]:
-    defaults: dict[str, Any] = {"unit": "percentunit" if ratio else unit}
+    defaults: dict[str, Any] = {
+        "unit": "percentunit" if ratio else unit,
+        "noValue": NO_TRAFFIC,
+        "mappings": NO_TRAFFIC_MAPPINGS,
+    }
     if ratio:
         defaults.update(min=0, max=1)
     if kind == "timeseries":
@@ -90,7 +116,7 @@ def panel(
         "gridPos": {"w": w, "h": h},
         "targets": [dict(t, refId=refs[i]) for i, t in enumerate(targets)],
         "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": dict(options or {"legend": {"displayMode": "list", "placement": "bottom"}}),
+        "options": dict(options or {"legend": LEGEND}),
         "transformations": list(transformations),
     }
 
@@ -119,6 +145,30 @@ def table(
     )
 
 
+def stat(
+    title: str, description: str, expr: str, *, ratio: bool = True, unit: str = "s"
+) -> dict[str, Any]:
+    """A headline number: the ratio over the dashboard's time range end (last value)."""
+    return panel(
+        title,
+        description,
+        [target(expr, title)],
+        kind="stat",
+        ratio=ratio,
+        unit=unit,
+        options={
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "value",
+            "graphMode": "area",
+            "justifyMode": "auto",
+            "textMode": "auto",
+            "orientation": "auto",
+        },
+        w=4,
+        h=4,
+    )
+
+
 def _layout(panels: list[dict[str, Any]]) -> list[dict[str, Any]]:
     x = y = row_h = 0
     for i, p in enumerate(panels, start=1):
@@ -133,14 +183,20 @@ def _layout(panels: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _templating() -> dict[str, Any]:
-    def var(name: str, label: str) -> dict[str, Any]:
+    def var(i: int, name: str, label: str) -> dict[str, Any]:
+        # chained as vLLM's dashboards chain theirs: each under the ones before it
+        under = ", ".join(f'{v}=~"${v}"' for v, _ in VARIABLES[:i])
+        q = (
+            f"label_values({N}_steps_total{{{under}}}, {name})"
+            if under
+            else (f"label_values({N}_steps_total, {name})")
+        )
         return {
             "name": name,
             "label": label,
             "type": "query",
             "datasource": DS,
-            "query": {"query": f"label_values({N}_steps_total, {name})", "refId": "var"},
-            "definition": f"label_values({N}_steps_total, {name})",
+            "query": {"query": q, "refId": "var"},
             "includeAll": True,
             "allValue": ".*",
             "multi": True,
@@ -156,10 +212,8 @@ def _templating() -> dict[str, Any]:
                 "label": "Prometheus",
                 "type": "datasource",
                 "query": "prometheus",
-                "current": {},
             },
-            var("model_name", "Model"),
-            var("tp_rank", "TP rank"),
+            *(var(i, name, label) for i, (name, label) in enumerate(VARIABLES)),
         ]
     }
 
@@ -185,11 +239,11 @@ def dashboard(
                     "datasource": DS,
                     "enable": True,
                     "iconColor": "orange",
-                    "expr": f"max by (code, message) ({m('doctor_warning_info')})",
-                    "step": "1m",
-                    "titleFormat": "{{code}}",
-                    "textFormat": "{{message}}",
-                    "useValueForTime": False,
+                    "target": {
+                        "refId": "Anno",
+                        "expr": f"max by (instance, code) ({m('doctor_warning_info')})",
+                        "interval": "1m",
+                    },
                 }
             ]
         },
@@ -199,6 +253,24 @@ def dashboard(
 
 def graph_path() -> dict[str, Any]:
     panels = [
+        stat("FULL hit rate", "FULL / forward steps.", R["full_hit_rate"]),
+        stat(
+            "Decode FULL hit rate",
+            "FULL / uniform decode steps: the MTP headline.",
+            R["decode_full_hit_rate"],
+        ),
+        stat("Graph rate", "FULL or PIECEWISE / forward steps.", R["graph_rate"]),
+        stat(
+            "Replays confirmed",
+            "Graph-dispatched steps whose replay was observed.",
+            R["replay_confirmed_rate"],
+        ),
+        stat("Padded tokens wasted", "(padded - real) / padded tokens.", R["padding_waste"]),
+        stat(
+            "Reorder changed",
+            "Batch reorder decisions that changed the order.",
+            R["reorder_changed_share"],
+        ),
         panel(
             "FULL and graph hit rate",
             "full_hit_rate = FULL / forward steps; graph_rate = FULL or PIECEWISE / forward "
@@ -216,7 +288,9 @@ def graph_path() -> dict[str, Any]:
             "(1 + speculative tokens). Below 1 with query_len > 1: the UNIFORM_BATCH trap.",
             [
                 target(
-                    ratio_queries(RI, by="query_len", selector=SEL)["decode_full_hit_rate"],
+                    ratio_queries(RI, by="query_len", selector=SEL, guard=True)[
+                        "decode_full_hit_rate"
+                    ],
                     "query_len {{query_len}}",
                 ),
                 target(R["decode_full_hit_rate"], "all decode"),
@@ -257,9 +331,9 @@ def graph_path() -> dict[str, Any]:
             "full_hit_rate per process: one rank dragging the engine off FULL shows here.",
             [
                 target(
-                    ratio_queries(RI, by="pid, tp_rank, pp_rank, dp_rank", selector=SEL)[
-                        "full_hit_rate"
-                    ],
+                    ratio_queries(
+                        RI, by="instance, pid, tp_rank, pp_rank, dp_rank", selector=SEL, guard=True
+                    )["full_hit_rate"],
                     "tp{{tp_rank}} pp{{pp_rank}} dp{{dp_rank}} ({{pid}})",
                 )
             ],
@@ -268,16 +342,19 @@ def graph_path() -> dict[str, Any]:
         ),
         table(
             "Doctor warnings",
-            "Traps `probe doctor` found in each process's static snapshot.",
-            f"max by (pid, tp_rank, code, message) ({m('doctor_warning_info')})",
-            ["pid", "tp_rank", "code", "message"],
+            "Traps `probe doctor` found in each process's static snapshot (the code; "
+            "`probe doctor` explains each).",
+            f"max by (instance, pid, tp_rank, code) ({m('doctor_warning_info')})",
+            ["instance", "pid", "tp_rank", "code"],
         ),
         table(
             "Engines",
             "vLLM version, runner, resolved cudagraph_mode and the minimum graph support.",
-            "max by (pid, tp_rank, pp_rank, dp_rank, vllm_version, runner, platform, "
-            f"cudagraph_mode, min_cg_support) ({m('engine_info')})",
+            "max by (instance, engine, pid, tp_rank, pp_rank, dp_rank, vllm_version, runner, "
+            f"platform, cudagraph_mode, min_cg_support) ({m('engine_info')})",
             [
+                "instance",
+                "engine",
                 "pid",
                 "tp_rank",
                 "pp_rank",
@@ -301,6 +378,22 @@ def graph_path() -> dict[str, Any]:
 def host_overhead() -> dict[str, Any]:
     rank = "tp_rank, pp_rank, dp_rank"
     panels = [
+        stat(
+            "CPU launch overhead (mean)",
+            "Host time from step start until the forward's GPU work is enqueued.",
+            R["cpu_launch_overhead_mean"],
+            ratio=False,
+        ),
+        stat(
+            "GPU idle",
+            "GPU idle before steps / the step periods (gpu_idle_share).",
+            R["gpu_idle_share"],
+        ),
+        stat(
+            "Host-bound steps",
+            "Steps whose GPU idled for over 10% of the step period.",
+            R["host_bound_share"],
+        ),
         panel(
             "CPU launch overhead (heatmap)",
             "Host time from step start until the forward's GPU work is enqueued, per step.",
@@ -315,7 +408,14 @@ def host_overhead() -> dict[str, Any]:
             options={
                 "calculate": False,
                 "yAxis": {"unit": "s"},
-                "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64},
+                "color": {
+                    "mode": "scheme",
+                    "scheme": "Oranges",
+                    "steps": 64,
+                    "exponent": 0.5,
+                    "fill": "dark-orange",
+                    "reverse": False,
+                },
                 "cellGap": 1,
             },
         ),
@@ -443,8 +543,8 @@ def queries(d: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
         for t in p.get("targets", []):
             yield f"panel {p.get('title')!r} {t.get('refId')}", t["expr"]
     for a in d.get("annotations", {}).get("list", []):
-        if a.get("expr"):
-            yield f"annotation {a.get('name')!r}", a["expr"]
+        if a.get("target", {}).get("expr"):
+            yield f"annotation {a.get('name')!r}", a["target"]["expr"]
     for v in d.get("templating", {}).get("list", []):
         if isinstance(v.get("query"), dict):
             yield f"variable {v.get('name')!r}", v["query"]["query"]

@@ -18,9 +18,10 @@ definitions of :mod:`probe.analysis` (forward steps only; padding over graph ste
         or 0 * rate(vllm_graph_probe_decode_steps_total[5m]))
       / sum(rate(vllm_graph_probe_decode_steps_total[5m]))
 
-OTLP uses the same names without the ``_total`` suffix (the OTLP -> Prometheus
-translation in the Collector adds it back for monotonic sums), so a dashboard works on
-either path.
+OTLP uses the same names without the ``_total`` suffix, the same explicit buckets, and
+units the Collector's Prometheus translation adds nothing for (``s`` on names that end in
+``_seconds``, ``{step}``-style annotations, ``{info}`` on info gauges); it adds
+``_total`` back to monotonic sums, so a dashboard works on either path.
 """
 
 from __future__ import annotations
@@ -39,8 +40,14 @@ PROCESS_LABELS: tuple[str, ...] = ("model_name", "engine", "pid", "tp_rank", "pp
 
 Kind = Literal["counter", "histogram", "gauge"]
 
-# Explicit buckets for the Prometheus path (classic exposition has no native exponential
-# histograms); OTLP uses base-2 exponential histograms instead. Launch overhead on the
+# An info gauge's unit: a UCUM annotation (dimensionless), which the Collector's
+# Prometheus translation drops. Unit "1" would make it append `_ratio` to a gauge
+# (pkg/translator/prometheus, normalizeName), and the dashboards' names would not match.
+INFO_UNIT = "{info}"
+
+# Explicit buckets, the same on the Prometheus and the OTLP path: the Collector turns OTLP
+# exponential histograms into native histograms, which have no `_bucket{le}` series for
+# the dashboards' quantiles and heatmap (OTLP can still opt into them). Launch overhead on the
 # H200 recording runs 2 ms .. 1.2 s with a median near 3 ms; on MI355X it is expected lower.
 LAUNCH_BUCKETS = (
     50e-6, 100e-6, 200e-6, 300e-6, 500e-6, 750e-6, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 5e-3,
@@ -239,7 +246,7 @@ _DEFS = (
     _m(
         "engine_info",
         "gauge",
-        "1",
+        INFO_UNIT,
         "Static facts of a vLLM process, value 1: vLLM version, runner, platform, resolved "
         "cudagraph_mode and the minimum attention-group graph support.",
         ("vllm_version", "runner", "platform", "cudagraph_mode", "min_cg_support"),
@@ -247,20 +254,35 @@ _DEFS = (
     _m(
         "doctor_warning_info",
         "gauge",
-        "1",
-        "One series per `probe doctor` trap found in the process's snapshot, value 1.",
-        ("code", "message"),
+        INFO_UNIT,
+        "One series per `probe doctor` trap found in the process's snapshot, value 1 (the "
+        "trap's text is in `probe doctor`; a label carries only its code).",
+        ("code",),
     ),
 )
 
 METRICS: Mapping[str, Metric] = {m.name: m for m in _DEFS}
 
 
-def ratio_queries(window: str = "5m", by: str = "", selector: str = "") -> dict[str, str]:
+def ratio_queries(
+    window: str = "5m", by: str = "", selector: str = "", guard: bool = False
+) -> dict[str, str]:
     """Every ratio of :data:`probe.analysis.RATIOS` as PromQL over the counters (``by``:
     e.g. ``"pid"``; ``selector``: label matchers without braces, e.g.
-    ``model_name=~"$model_name"``)."""
-    return {name: r.promql(window, by, selector, NAMESPACE) for name, r in analysis.RATIOS.items()}
+    ``model_name=~"$model_name"``). ``guard``: the denominator is ``> 0``-guarded, so a
+    window without traffic gives no sample (a dashboard's "No traffic"), not NaN."""
+    out = {name: r.promql(window, by, selector, NAMESPACE) for name, r in analysis.RATIOS.items()}
+    if guard:
+        out = {name: _guarded(q) for name, q in out.items()}
+    return out
+
+
+def _guarded(q: str) -> str:
+    # Ratio.promql writes "numerator\n  / denominator"
+    num, sep, den = q.rpartition("\n  / ")
+    if not sep:
+        raise ValueError(f"not a ratio query: {q!r}")
+    return f"{num}\n  / ({den} > 0)"
 
 
 RATIOS: Mapping[str, str] = ratio_queries()
@@ -376,5 +398,5 @@ def process_updates(info: ProcessInfo, previous: ProcessInfo | None) -> Iterator
             },
             1,
         )
-    for code, message in info.traps:
-        yield Update(f"{n}_doctor_warning_info", {**base, "code": code, "message": message}, 1)
+    for code in sorted({code for code, _ in info.traps}):
+        yield Update(f"{n}_doctor_warning_info", {**base, "code": code}, 1)

@@ -6,15 +6,22 @@ One tracer and meter provider per vLLM process, each with its own resource (``ho
 nothing is installed as the global OpenTelemetry provider. Step and phase times are
 CLOCK_BOOTTIME in the rings and are converted to Unix epoch with the process's clock pair
 (its hello record). Spans are sampled per step (``sampling``: 1.0 keeps every step; a
-sampled step keeps all its phases). Histograms are base-2 exponential (160 buckets, scale
-up to 20): launch overheads are µs to s and their range is not known in advance::
+sampled step keeps all its phases). Histograms have the explicit buckets of the
+Prometheus path (``histograms="exponential"`` for base-2 exponential ones, which the
+Collector turns into Prometheus native histograms: no ``_bucket`` series then)::
 
     >>> from exporters.otlp import make_sink
     >>> sink = make_sink("http://127.0.0.1:4318", sampling=0.1)  # doctest: +SKIP
     >>> sink = make_sink("127.0.0.1:4317", protocol="grpc")       # doctest: +SKIP
 
-The OTLP metric names are the Prometheus names without ``_total``; through an OTel
-Collector's Prometheus exporter they come back as the same series the dashboards query.
+A finished recording goes through :func:`write` (``probe export --otlp``): spans as
+above, and the metric points of :mod:`exporters.series`, stamped with the recording's
+own time (one export per second of the recording), not the export's.
+
+The OTLP metric names are the Prometheus names without ``_total``, with units the
+Collector's Prometheus translation adds no suffix for; through its Prometheus exporter
+they come back as the series the dashboards query (``job`` = ``service.name``,
+``instance`` = ``service.instance.id``, stable per process: :func:`exporters.series.instance_id`).
 """
 
 from __future__ import annotations
@@ -39,21 +46,45 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as HttpSpanExporter,
 )
 from opentelemetry.sdk.metrics import Histogram, MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
-from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    HistogramDataPoint,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    NumberDataPoint,
+    PeriodicExportingMetricReader,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.metrics.export import Histogram as HistogramData
+from opentelemetry.sdk.metrics.export import Metric as MetricData
+from opentelemetry.sdk.metrics.view import (
+    Aggregation,
+    ExplicitBucketHistogramAggregation,
+    ExponentialBucketHistogramAggregation,
+    View,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from exporters.base import ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, Update, process_updates, updates
+from exporters.series import DEFAULT_INTERVAL_S, Hist, Timeline, instance_id, timelines
+from probe.recording import Recording
 from probe.records import Flag, Phase
 from probe.step import Step
 
 log = logging.getLogger("probe")
 
 Protocol_ = Literal["http/protobuf", "grpc"]
+Histograms = Literal["explicit", "exponential"]
+SERVICE = "vllm-graph-probe"
 SCOPE = "vllm_graph_probe"
 ATTR = "vllm_graph_probe"
 
@@ -65,7 +96,8 @@ def _boottime_ns() -> int:
 def resource_for(info: ProcessInfo) -> Resource:
     """The OTel resource of one vLLM process."""
     attrs: dict[str, Any] = {
-        "service.name": "vllm-graph-probe",
+        "service.name": SERVICE,
+        "service.instance.id": instance_id(info),
         "host.name": info.host,
         "process.pid": info.pid,
         "vllm.rank": info.rank,
@@ -160,10 +192,17 @@ class OtlpSink(ExportSink):
         export_interval_s: float = 10.0,
         boottime_ns: Callable[[], int] = _boottime_ns,
         epoch_ns: Callable[[], int] = time.time_ns,
+        histograms: Histograms = "explicit",
+        metrics: bool = True,
     ) -> None:
         super().__init__()
         if not 0.0 <= sampling <= 1.0:
             raise ValueError(f"sampling must be within 0..1, got {sampling}")
+        if histograms not in ("explicit", "exponential"):
+            raise ValueError(f"histograms must be 'explicit' or 'exponential', got {histograms!r}")
+        self.histograms = histograms
+        #: False: spans only (a replay sends its metric points itself, see :func:`write`)
+        self.metrics = metrics
         self.sampling = sampling
         self.export_interval_s = export_interval_s
         self._span_exporter = span_exporter
@@ -192,19 +231,16 @@ class OtlpSink(ExportSink):
         counting = CountingSpanExporter(self._span_exporter())
         self.span_exporters.append(counting)
         tp.add_span_processor(BatchSpanProcessor(counting, max_queue_size=1 << 16))
-        reader = PeriodicExportingMetricReader(
-            self._metric_exporter(), export_interval_millis=self.export_interval_s * 1000
-        )
-        mp = MeterProvider(
-            resource=resource,
-            metric_readers=[reader],
-            views=[
-                View(
-                    instrument_type=Histogram,
-                    aggregation=ExponentialBucketHistogramAggregation(max_size=160, max_scale=20),
+        readers = (
+            [
+                PeriodicExportingMetricReader(
+                    self._metric_exporter(), export_interval_millis=self.export_interval_s * 1000
                 )
-            ],
+            ]
+            if self.metrics
+            else []
         )
+        mp = MeterProvider(resource=resource, metric_readers=readers, views=self._views())
         meter = mp.get_meter(SCOPE)
         instruments: dict[str, Any] = {}
         for m in METRICS.values():
@@ -216,9 +252,25 @@ class OtlpSink(ExportSink):
                 instruments[m.name] = meter.create_gauge(m.otel_name, m.unit, m.help)
         p = _Proc(info, tp, mp, tp.get_tracer(SCOPE), instruments, offset)
         self._procs[info.pid] = p
-        for u in process_updates(info, None):
-            self._apply(p, u)
+        if self.metrics:
+            for u in process_updates(info, None):
+                self._apply(p, u)
         return p
+
+    def _views(self) -> list[View]:
+        views = []
+        for m in METRICS.values():
+            if m.kind != "histogram":
+                continue
+            agg: Aggregation = (
+                ExplicitBucketHistogramAggregation(boundaries=m.buckets)
+                if self.histograms == "explicit"
+                else ExponentialBucketHistogramAggregation(max_size=160, max_scale=20)
+            )
+            views.append(
+                View(instrument_type=Histogram, instrument_name=m.otel_name, aggregation=agg)
+            )
+        return views
 
     def _apply(self, p: _Proc, u: Update) -> None:
         inst = p.instruments[u.metric]
@@ -234,14 +286,15 @@ class OtlpSink(ExportSink):
         known = self._procs.get(info.pid)
         previous = known.info if known is not None else None
         p = self._proc(info)
-        if previous is not None:
+        if previous is not None and self.metrics:
             for u in process_updates(info, previous):
                 self._apply(p, u)
 
     def steps(self, info: ProcessInfo, steps: Sequence[Step], gpu: Sequence[GpuSample]) -> None:
         p = self._proc(info)
-        for u in updates(info, steps, gpu):
-            self._apply(p, u)
+        if self.metrics:
+            for u in updates(info, steps, gpu):
+                self._apply(p, u)
         for s in steps:
             self._span(p, s)
 
@@ -304,9 +357,12 @@ def make_sink(
     export_interval_s: float = 10.0,
     headers: dict[str, str] | None = None,
     timeout_s: float = 10.0,
+    histograms: Histograms = "explicit",
+    metrics: bool = True,
 ) -> OtlpSink:
     """An OTLP sink. ``endpoint``: ``http://host:4318`` (HTTP; ``/v1/traces`` and
     ``/v1/metrics`` are appended) or ``host:4317`` (gRPC, plaintext unless ``https://``).
+    ``metrics=False``: spans only.
     """
     if protocol == "http/protobuf":
 
@@ -315,7 +371,7 @@ def make_sink(
                 endpoint=_http_url(endpoint, "traces"), headers=headers, timeout=timeout_s
             )
 
-        def metrics() -> MetricExporter:
+        def metric_exporter() -> MetricExporter:
             return HttpMetricExporter(
                 endpoint=_http_url(endpoint, "metrics"), headers=headers, timeout=timeout_s
             )
@@ -329,11 +385,113 @@ def make_sink(
                 endpoint=target, insecure=not secure, headers=headers, timeout=timeout_s
             )
 
-        def metrics() -> MetricExporter:
+        def metric_exporter() -> MetricExporter:
             return GrpcMetricExporter(
                 endpoint=target, insecure=not secure, headers=headers, timeout=timeout_s
             )
 
     else:
         raise ValueError(f"protocol must be 'http/protobuf' or 'grpc', got {protocol!r}")
-    return OtlpSink(spans, metrics, sampling=sampling, export_interval_s=export_interval_s)
+    return OtlpSink(
+        spans,
+        metric_exporter,
+        sampling=sampling,
+        export_interval_s=export_interval_s,
+        histograms=histograms,
+        metrics=metrics,
+    )
+
+
+# -- a finished recording, at its own time ----------------------------------------------------
+
+
+def _point(m_name: str, attrs: dict[str, str], start: int, t: int, v: float | Hist) -> Any:
+    if isinstance(v, Hist):
+        return HistogramDataPoint(
+            attributes=attrs,
+            start_time_unix_nano=start,
+            time_unix_nano=t,
+            count=v.count,
+            sum=v.sum,
+            bucket_counts=list(v.counts),
+            explicit_bounds=list(v.bounds),
+            # an empty histogram has neither (proto3 optional: left unset)
+            min=v.min,  # type: ignore[arg-type]
+            max=v.max,  # type: ignore[arg-type]
+            exemplars=[],
+        )
+    return NumberDataPoint(
+        attributes=attrs, start_time_unix_nano=start, time_unix_nano=t, value=v, exemplars=[]
+    )
+
+
+def metrics_data(tl: Timeline, i: int) -> MetricsData:
+    """The cumulative metric points of one process at its ``i``-th sample time, as the
+    SDK's OTLP exporters take them: every point stamped ``tl.ticks[i]``, counting from
+    ``tl.start_ns``."""
+    start, t = tl.start_ns, tl.ticks[i]
+    points: dict[str, list[Any]] = {}
+    for (name, pairs), values in tl.series.items():
+        points.setdefault(name, []).append(_point(name, dict(pairs), start, t, values[i]))
+    out = []
+    for name, pts in points.items():
+        m = METRICS[name]
+        data: Any
+        if m.kind == "counter":
+            data = Sum(pts, AggregationTemporality.CUMULATIVE, is_monotonic=True)
+        elif m.kind == "histogram":
+            data = HistogramData(pts, AggregationTemporality.CUMULATIVE)
+        else:
+            data = Gauge(pts)
+        out.append(MetricData(name=m.otel_name, description=m.help, unit=m.unit, data=data))
+    scope = InstrumentationScope(SCOPE)
+    return MetricsData([ResourceMetrics(resource_for(tl.info), [ScopeMetrics(scope, out, "")], "")])
+
+
+@dataclass(frozen=True)
+class Written:
+    """What :func:`write` sent: steps replayed, spans exported and failed, metric
+    exports (one per sample time per process) sent and failed."""
+
+    steps: int
+    spans_exported: int
+    spans_failed: int
+    metric_exports: int
+    metric_exports_failed: int
+
+
+def write(
+    recording: Recording,
+    target: str,
+    protocol: Protocol_ = "http/protobuf",
+    *,
+    sampling: float = 1.0,
+    timeout_s: float = 10.0,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    headers: dict[str, str] | None = None,
+) -> Written:
+    """Send a finished recording to the OTLP endpoint ``target``: its steps as spans
+    (at their own times), and its metrics as cumulative points every ``interval_s`` of
+    the recording's own time (:mod:`exporters.series`), with explicit buckets."""
+    from exporters.base import replay
+
+    sink = make_sink(
+        target, protocol, sampling=sampling, timeout_s=timeout_s, headers=headers, metrics=False
+    )
+    n = replay(recording, sink)
+    sink.flush(int(timeout_s * 1000))
+    sent = failed = 0
+    exporter = sink._metric_exporter()
+    try:
+        for tl in timelines(recording, interval_s):
+            for i in range(len(tl.ticks)):
+                sent += 1
+                if failed:  # the endpoint is gone: do not wait out a timeout per sample
+                    failed += 1
+                    continue
+                ok = exporter.export(metrics_data(tl, i), timeout_millis=timeout_s * 1000)
+                failed += ok != MetricExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+        sink.close()
+    return Written(n, sink.spans_exported, sink.spans_failed, sent, failed)

@@ -510,3 +510,8 @@ def write_recording(recording: Any, path: str | os.PathLike[str]) -> Path:
     builder = TraceBuilder()
     recording_tracks(builder, recording)
     return builder.write(path)
+
+
+def write(recording: Any, target: str | os.PathLike[str]) -> Path:
+    """The exporter contract's offline half (:mod:`exporters.registry`): :func:`write_recording`."""
+    return write_recording(recording, target)

@@ -12,20 +12,23 @@ target, on loopback unless configured otherwise::
     >>> sink.close()
 
 With ``probe``'s collector: ``Collector(run_dir, [RecordingSink(w), make_sink(addr)])``.
-For a node-exporter textfile instead of a server, :func:`write_textfile`.
+For a node-exporter textfile instead of a server, :func:`write_textfile`. No
+``_created`` series are exposed: prometheus_client stamps them with the time a series
+was first touched, which for a replayed recording is the export's time, not the run's.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
 
 from exporters.base import ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, Update, process_updates, updates
@@ -34,12 +37,28 @@ from probe.step import Step
 DEFAULT_ADDR = "127.0.0.1:9464"
 
 
+class _WithoutCreated:
+    """The metrics of ``inner`` less their ``_created`` samples (prometheus_client's
+    switch for that, ``disable_created_metrics()``, is process-global)."""
+
+    def __init__(self, inner: CollectorRegistry) -> None:
+        self.inner = inner
+
+    def collect(self) -> Iterator[Metric]:
+        for fam in self.inner.collect():
+            fam.samples = [s for s in fam.samples if not s.name.endswith("_created")]
+            yield fam
+
+
 class PrometheusSink(ExportSink):
     """Applies :func:`exporters.metrics.updates` to prometheus_client metrics."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         super().__init__()
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        #: what is exposed: ``registry`` without ``_created`` series
+        self.exposed = CollectorRegistry(auto_describe=False)
+        self.exposed.register(_WithoutCreated(self.registry))  # type: ignore[arg-type]
         self._lock = threading.Lock()
         self._known: dict[int, ProcessInfo] = {}
         self.metrics: dict[str, Any] = {}
@@ -80,7 +99,7 @@ class PrometheusSink(ExportSink):
 
     def exposition(self) -> bytes:
         """The current text exposition (what ``/metrics`` serves)."""
-        return generate_latest(self.registry)
+        return generate_latest(self.exposed)
 
     def close(self) -> None:
         pass
@@ -91,7 +110,7 @@ class ServingSink(PrometheusSink):
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry | None = None) -> None:
         super().__init__(registry)
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        server, thread = start_http_server(port, addr=host, registry=self.exposed)
         self._server: WSGIServer = server
         self._thread = thread
         self.host = host
@@ -130,3 +149,15 @@ def write_textfile(sink: PrometheusSink, path: str | os.PathLike[str]) -> None:
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     tmp.write_bytes(sink.exposition())
     os.replace(tmp, p)
+
+
+def write(recording: Any, target: str | os.PathLike[str]) -> int:
+    """The exporter contract's offline half (:mod:`exporters.registry`): the recording's
+    totals as a textfile at ``target``; returns the number of steps. For charts over the
+    recording's own time, :mod:`exporters.openmetrics` instead."""
+    from exporters.base import replay
+
+    sink = PrometheusSink()
+    n = replay(recording, sink)
+    write_textfile(sink, target)
+    return n

@@ -9,6 +9,7 @@ Two in-test receivers on loopback decode what the SDK's exporters send: an HTTP 
 from __future__ import annotations
 
 import gzip
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from opentelemetry.proto.collector.metrics.v1 import (
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from exporters.base import MissingExtra, load_sink, replay
+from exporters.metrics import LAUNCH_BUCKETS
 from exporters.otlp import make_sink
 from probe.cli import default_recording
 from probe.recording import Recording
@@ -204,19 +206,19 @@ def _check(got: Received, n_steps: int) -> None:
     }
     assert counts[("piecewise", "backend_support_too_low")] == 1291
     launch = points["vllm_graph_probe_cpu_launch_overhead_seconds"][-1]
-    assert launch.WhichOneof("data") == "exponential_histogram"
+    # explicit buckets, the Prometheus path's bounds (the Collector keeps `_bucket{le}`)
+    assert launch.WhichOneof("data") == "histogram"
     assert launch.unit == "s"
     dp = next(
-        p
-        for p in launch.exponential_histogram.data_points
-        if _attrs(p.attributes)["mode"] == "piecewise"
+        p for p in launch.histogram.data_points if _attrs(p.attributes)["mode"] == "piecewise"
     )
     assert dp.count == 1292
-    assert sum(dp.positive.bucket_counts) + dp.zero_count == dp.count
+    assert list(dp.explicit_bounds) == list(LAUNCH_BUCKETS)
+    assert sum(dp.bucket_counts) == dp.count
     assert 1e-3 < dp.min < dp.max
     phases = points["vllm_graph_probe_phase_host_seconds"][-1]
-    assert phases.WhichOneof("data") == "exponential_histogram"
-    assert {_attrs(p.attributes)["phase"] for p in phases.exponential_histogram.data_points} >= {
+    assert phases.WhichOneof("data") == "histogram"
+    assert {_attrs(p.attributes)["phase"] for p in phases.histogram.data_points} >= {
         "prepare_inputs",
         "forward_launch",
         "sync_stall",
@@ -262,3 +264,223 @@ def test_missing_extra_through_the_cli(
     assert main(["export", "--otlp", "http://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err
     assert "pip install 'vllm-graph-probe[otlp]'" in err
+
+
+def test_exponential_histograms_on_request(http_receiver: tuple[str, Received]) -> None:
+    url, got = http_receiver
+    sink = make_sink(url, export_interval_s=60, histograms="exponential")
+    replay(Recording.open(default_recording()), sink)
+    sink.flush()
+    sink.close()
+    launch = got.metric_points()["vllm_graph_probe_cpu_launch_overhead_seconds"][-1]
+    assert launch.WhichOneof("data") == "exponential_histogram"
+
+
+# -- through a Collector: the Prometheus translation ---------------------------------------
+#
+# The OpenTelemetry Collector's Prometheus exporters name series with
+# pkg/translator/prometheus (opentelemetry-collector-contrib, normalize_name.go,
+# BuildCompliantName with suffixes on, the default): split the name on non-alphanumerics;
+# append the unit's Prometheus word (unitMap: s -> seconds, By -> bytes, 1 -> nothing ...)
+# unless it is blank, in {braces}, or already a token; append "total" to monotonic sums
+# (moving an existing "total" last); append "ratio" to gauges of unit "1"; join with "_".
+# A histogram is exposed as <name>_bucket{le}, _sum, _count (explicit buckets only; an
+# exponential one becomes a native histogram without them). Data-point attributes become
+# labels (non-alphanumerics -> "_"); resource service.name -> job and service.instance.id
+# -> instance.
+
+_UNIT_WORDS = {
+    "d": "days", "h": "hours", "min": "minutes", "s": "seconds", "ms": "milliseconds",
+    "us": "microseconds", "ns": "nanoseconds", "By": "bytes", "m": "meters", "1": "",
+    "%": "percent",
+}  # fmt: skip
+
+
+def _tokens(s: str) -> list[str]:
+    return [t for t in re.split(r"[^0-9A-Za-z]+", s) if t]
+
+
+def collector_name(metric: Any) -> str:
+    """The Prometheus name the Collector's exporter gives one OTLP metric (see above)."""
+    kind = metric.WhichOneof("data")
+    tokens = _tokens(metric.name)
+    main, _, per = metric.unit.partition("/")
+    main = main.strip()
+    if main and "{" not in main and "}" not in main:
+        word = "_".join(_tokens(_UNIT_WORDS.get(main, main)))
+        if word and word not in tokens:
+            tokens.append(word)
+    if per.strip() and "{" not in per:
+        tokens += ["per", per.strip()]
+    if kind == "sum" and metric.sum.is_monotonic:
+        tokens = [t for t in tokens if t != "total"] + ["total"]
+    if metric.unit == "1" and kind == "gauge":
+        tokens = [t for t in tokens if t != "ratio"] + ["ratio"]
+    return "_".join(tokens)
+
+
+def collector_series(got: Received) -> dict[str, list[dict[str, Any]]]:
+    """Every Prometheus series name the Collector would expose, with its label sets."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for req in got.metrics:
+        for rm in req.resource_metrics:
+            res = _attrs(rm.resource.attributes)
+            target = {"job": res["service.name"], "instance": res["service.instance.id"]}
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    name = collector_name(m)
+                    kind = m.WhichOneof("data")
+                    pts = getattr(m, kind).data_points
+                    names = (
+                        [f"{name}_bucket", f"{name}_sum", f"{name}_count"]
+                        if kind == "histogram"
+                        else [name]
+                    )
+                    for p in pts:
+                        labels = {
+                            re.sub(r"[^0-9A-Za-z_]", "_", k): v
+                            for k, v in _attrs(p.attributes).items()
+                        }
+                        for n in names:
+                            out.setdefault(n, []).append({**target, **labels})
+    return out
+
+
+def test_collector_translation_rules_on_known_cases() -> None:
+    """The rules above reproduce the translator's documented examples (its README)."""
+    from opentelemetry.proto.metrics.v1 import metrics_pb2
+
+    def metric(name: str, unit: str, kind: str, monotonic: bool = False) -> Any:
+        m = metrics_pb2.Metric(name=name, unit=unit)
+        getattr(m, kind).data_points.add()
+        if kind == "sum":
+            m.sum.is_monotonic = monotonic
+        return m
+
+    assert collector_name(metric("system.filesystem.usage", "By", "gauge")) == (
+        "system_filesystem_usage_bytes"
+    )
+    assert collector_name(metric("system.network.dropped", "{packets}", "gauge")) == (
+        "system_network_dropped"
+    )
+    assert collector_name(metric("system.memory.utilization", "1", "gauge")) == (
+        "system_memory_utilization_ratio"
+    )
+    assert collector_name(metric("system.processes.created", "", "sum", True)) == (
+        "system_processes_created_total"
+    )
+    assert collector_name(metric("http.server.duration", "s", "histogram")) == (
+        "http_server_duration_seconds"
+    )
+
+
+def _written(url: str) -> Any:
+    from exporters.otlp import write
+
+    w = write(Recording.open(default_recording()), url)
+    assert w.spans_failed == 0 and w.metric_exports_failed == 0
+    return w
+
+
+def test_every_dashboard_metric_survives_the_collector(http_receiver: tuple[str, Received]) -> None:
+    """A recording written over OTLP, decoded with the official protobufs and named as
+    the Collector's Prometheus exporter names it: exactly the Prometheus path's series,
+    and every metric any dashboard queries among them, with the dashboards' labels."""
+    from opentelemetry.proto.metrics.v1 import metrics_pb2
+
+    import dashboards.generate as gen
+    from exporters.metrics import METRICS
+
+    url, got = http_receiver
+    _written(url)
+    series = collector_series(got)
+
+    def exposed(m: Any) -> set[str]:
+        return (
+            {f"{m.name}_bucket", f"{m.name}_sum", f"{m.name}_count"}
+            if m.kind == "histogram"
+            else {m.name}
+        )
+
+    # what was sent: exactly the Prometheus path's names (no `_ratio`, no missing `_total`)
+    sent = {m.name for req in got.metrics for rm in req.resource_metrics
+            for sm in rm.scope_metrics for m in sm.metrics}  # fmt: skip
+    by_otel = {m.otel_name: m for m in METRICS.values()}
+    assert set(series) == set().union(*(exposed(by_otel[n]) for n in sent))
+    # a metric this recording has no point for (no FULL decode step: decode_full_steps)
+    # is named by the same rules from its definition, as the sink would send it
+    translated = set()
+    for m in METRICS.values():
+        kind = {"counter": "sum", "histogram": "histogram", "gauge": "gauge"}[m.kind]
+        pm = metrics_pb2.Metric(name=m.otel_name, unit=m.unit)
+        getattr(pm, kind).data_points.add()
+        if kind == "sum":
+            pm.sum.is_monotonic = True
+        assert collector_name(pm) == m.name, (m.otel_name, m.unit)
+        translated |= exposed(m)
+    assert len(sent) >= len(METRICS) - 1
+    queried = {
+        name
+        for build in gen.DASHBOARDS.values()
+        for _, expr in gen.queries(build())
+        for name in gen.metric_names(expr)
+    }
+    assert queried and queried <= translated, sorted(queried - translated)
+    assert queried - {"vllm_graph_probe_decode_full_steps_total"} <= set(series)
+    for name, label_sets in series.items():
+        base = name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
+        m = METRICS[base if base in METRICS else name]
+        for labels in label_sets:
+            assert set(m.all_labels) <= set(labels), (name, labels)
+            assert labels["job"] == "vllm-graph-probe"
+    # explicit buckets with the Prometheus path's bounds
+    for req in got.metrics:
+        for rm in req.resource_metrics:
+            for sm in rm.scope_metrics:
+                for om in sm.metrics:
+                    if om.WhichOneof("data") == "histogram":
+                        m = METRICS[om.name]
+                        for p in om.histogram.data_points:
+                            assert tuple(p.explicit_bounds) == m.buckets
+
+
+def test_replayed_points_carry_the_recordings_time(http_receiver: tuple[str, Received]) -> None:
+    from exporters.series import timelines
+
+    url, got = http_receiver
+    w = _written(url)
+    [tl] = timelines(Recording.open(default_recording()))
+    assert w.metric_exports == len(tl.ticks)
+    times = set()
+    steps_at_end = 0.0
+    for req in got.metrics:
+        for rm in req.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    for p in getattr(m, m.WhichOneof("data")).data_points:
+                        times.add(p.time_unix_nano)
+                        if m.name == "vllm_graph_probe_steps" and p.time_unix_nano == tl.ticks[-1]:
+                            steps_at_end += p.as_int or p.as_double
+    assert times == set(tl.ticks)
+    # the spans are at the recording's time too: points and spans overlap
+    roots = [s for _, s in got.spans() if s.name == "engine_step"]
+    assert min(tl.ticks) <= max(s.end_time_unix_nano for s in roots) <= max(tl.ticks)
+    n = sum(1 for s in Recording.open(default_recording()).iter_steps() if s.forward)
+    assert steps_at_end == n
+
+
+def test_service_instance_id_is_stable_per_process(http_receiver: tuple[str, Received]) -> None:
+    from exporters.base import processes_from_recording
+    from exporters.series import instance_id
+
+    url, got = http_receiver
+    _written(url)
+    _written(url)
+    ids = {
+        _attrs(rm.resource.attributes)["service.instance.id"]
+        for req in got.metrics
+        for rm in req.resource_metrics
+    }
+    ids |= {res["service.instance.id"] for res, _ in got.spans()}
+    [info] = processes_from_recording(Recording.open(default_recording()))
+    assert ids == {instance_id(info)}

@@ -49,7 +49,7 @@ def _get(url: str, timeout: float = 5.0) -> Any:
         return json.loads(resp.read())
 
 
-LABEL_VALUES = re.compile(r"^label_values\((\w+),\s*(\w+)\)$")
+LABEL_VALUES = re.compile(r"^label_values\((.+),\s*(\w+)\)$")
 
 
 def _query(base: str, expr: str) -> dict[str, Any]:
@@ -157,11 +157,7 @@ def fed(prom: tuple[str, ServingSink]) -> str:
 
 def _concrete(expr: str) -> str:
     """A dashboard query as Grafana would send it with every variable at "All"."""
-    return (
-        expr.replace("$__rate_interval", "1m")
-        .replace("$model_name", ".*")
-        .replace("$tp_rank", ".*")
-    )
+    return re.sub(r"\$\{?(\w+)\}?", ".*", expr.replace("$__rate_interval", "1m"))
 
 
 ALL = [(f, where, expr) for f, build in DASHBOARDS.items() for where, expr in queries(build())]

@@ -4,6 +4,9 @@
     probe export run.probe.db --otlp 127.0.0.1:4317 --otlp-protocol grpc --sampling 0.1
     probe export run.probe.db --prometheus-textfile /var/lib/node_exporter/probe.prom
     probe export run.probe.db --perfetto run.perfetto-trace
+    probe export run.probe.db --openmetrics run.om      # then: promtool tsdb create-blocks-from
+    probe export --to list                              # every registered exporter
+    probe export run.probe.db --to rocpd --out probe_results.db
 
 Each target needs its extra (``pip install 'vllm-graph-probe[otlp]'`` and so on); a
 missing one is named in the error.
@@ -40,10 +43,37 @@ def _check_out(path: str, flag: str) -> Path:
     return p
 
 
+def _run_exporter(args: argparse.Namespace) -> int:
+    from exporters import registry
+    from exporters.base import MissingExtra
+
+    if args.to == "list":
+        print(registry.listing())
+        return 0
+    try:
+        exp = registry.get(args.to)
+    except registry.UnknownExporter as exc:
+        raise UsageError(f"export: --to: {exc}") from None
+    if not args.out:
+        raise UsageError(f"export: --to {exp.name} needs --out {exp.target}")
+    rec = open_recording(args.recording)
+    try:
+        exp.write(rec, args.out)
+    except (MissingExtra, FileExistsError, ValueError) as exc:
+        raise UsageError(f"export: --to {exp.name}: {exc}") from None
+    print(f"probe: {exp.name} -> {args.out}", file=sys.stderr)
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    if not (args.otlp or args.prometheus_textfile or args.perfetto or args.rocpd):
+    if args.to:
+        return _run_exporter(args)
+    if not (
+        args.otlp or args.prometheus_textfile or args.perfetto or args.openmetrics or args.rocpd
+    ):
         raise UsageError(
-            "export: give at least one of --otlp, --prometheus-textfile, --perfetto, --rocpd"
+            "export: give at least one of --otlp, --prometheus-textfile, --perfetto, "
+            "--openmetrics, --rocpd, --to"
         )
     if not 0.0 <= args.sampling <= 1.0:
         raise UsageError(f"export: --sampling must be within 0..1, got {args.sampling}")
@@ -54,10 +84,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     )
     perfetto_out = _check_out(args.perfetto, "--perfetto") if args.perfetto else None
     rocpd_out = _check_out(args.rocpd, "--rocpd") if args.rocpd else None
+    om_out = _check_out(args.openmetrics, "--openmetrics") if args.openmetrics else None
     rec = open_recording(args.recording)
     from exporters.base import replay
 
     err = sys.stderr
+    if om_out is not None:
+        from exporters.openmetrics import write as write_openmetrics
+
+        n = write_openmetrics(rec, om_out)
+        print(f"probe: {n} timestamped samples -> {om_out}", file=err)
     if textfile is not None:
         prom = _sink_module("prometheus")
         sink = prom.PrometheusSink()
@@ -69,25 +105,21 @@ def cmd_export(args: argparse.Namespace) -> int:
         # one line at the end says what failed; the SDK's per-batch retry warnings do not
         logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
         try:
-            osink = otlp.make_sink(
-                args.otlp,
-                args.otlp_protocol,
-                sampling=args.sampling,
-                timeout_s=args.timeout,
+            # spans, and metric points at the recording's own time
+            w = otlp.write(
+                rec, args.otlp, args.otlp_protocol, sampling=args.sampling, timeout_s=args.timeout
             )
         except ValueError as exc:
             raise UsageError(f"export: --otlp {exc}") from None
-        n = replay(rec, osink)
-        osink.flush(int(args.timeout * 1000))
-        osink.close()
-        if osink.spans_failed:
+        if w.spans_failed or w.metric_exports_failed:
             raise UsageError(
                 f"export: {args.otlp} refused or did not answer: "
-                f"{osink.spans_failed} span(s) not exported ({osink.spans_exported} exported)"
+                f"{w.spans_failed} span(s) not exported ({w.spans_exported} exported), "
+                f"{w.metric_exports_failed} of {w.metric_exports} metric exports failed"
             )
         print(
-            f"probe: {n} steps -> {osink.spans_exported} spans and the metric set -> "
-            f"{args.otlp} ({args.otlp_protocol})",
+            f"probe: {w.steps} steps -> {w.spans_exported} spans and {w.metric_exports} "
+            f"metric samples -> {args.otlp} ({args.otlp_protocol})",
             file=err,
         )
     if perfetto_out is not None:
@@ -134,4 +166,12 @@ def add_parser(sub: Any) -> None:
         default="3",
         help="rocpd schema version of --rocpd (default: %(default)s, ROCm 7.0's)",
     )
+    p.add_argument(
+        "--openmetrics",
+        metavar="PATH",
+        help="write OpenMetrics with the recording's timestamps (promtool tsdb "
+        "create-blocks-from openmetrics PATH DIR backfills it)",
+    )
+    p.add_argument("--to", metavar="NAME", help="run one registered exporter ('list': list them)")
+    p.add_argument("--out", metavar="TARGET", help="the target of --to (a file or an endpoint)")
     p.set_defaults(func=cmd_export)
