@@ -7,8 +7,9 @@ the engine core, the worker) and calls :func:`install`, which reads the variable
 monkeypatches probe internals before the vLLM plugin runs:
 
 ``PROBE_FAULT_RAISE_IN=<module>``
-    ``RT.write`` raises ``RuntimeError`` when called from ``probe.hooks.<module>`` (a probe
-    bug inside one hook family). The hook must be removed and counted; vLLM unaffected.
+    every record packer (``RT.put.<kind>``) raises ``RuntimeError`` when called from
+    ``probe.hooks.<module>`` (a probe bug inside one hook family). The hook must be removed
+    and counted; vLLM unaffected.
 ``PROBE_FAULT_BAD_TARGETS=1``
     Adds targets a future vLLM would not resolve: an attribute renamed on a class that
     exists, and a module that no longer exists. They must be reported as missing.
@@ -42,16 +43,18 @@ def _raise_in(module: str) -> None:
     family = f"probe.hooks.{module}"
     attach = Runtime.attach
 
-    def attach_with_fault(self: Runtime, writer: Any) -> None:
-        attach(self, writer)
-        real: Callable[..., bool] = self.write
-
-        def write(*fields: int) -> bool:
+    def faulty(real: Callable[..., Any]) -> Callable[..., Any]:
+        def put(*fields: Any) -> Any:
             if sys._getframe(1).f_globals.get("__name__") == family:
                 raise RuntimeError(INJECTED)
             return real(*fields)
 
-        self.write = write
+        return put
+
+    def attach_with_fault(self: Runtime, writer: Any) -> None:
+        attach(self, writer)
+        for name in type(self.put).__slots__:
+            setattr(self.put, name, faulty(getattr(self.put, name)))
 
     Runtime.attach = attach_with_fault  # type: ignore[method-assign]
 
