@@ -214,7 +214,7 @@ class ProbeHost:
     def installed_families(self) -> list[str]:
         from probe import hooks
 
-        return sorted({h.hook_id.split(".", 1)[0] for h in hooks.INSTALLER.hooks.values()})
+        return sorted({h.family for h in hooks.INSTALLER.hooks.values()})
 
     def known_families(self) -> list[str]:
         from probe import hooks

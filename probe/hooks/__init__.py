@@ -36,23 +36,24 @@ from typing import Any
 
 from probe import calibrate, markers
 from probe.hooks import builders, dispatch, reorder, replay, snapshot, step
-from probe.hooks._base import Installer, InstallReport, Target
+from probe.hooks._base import Family, Installer, InstallReport, Target
 from probe.records import BlobType
 from probe.runtime import RT
 
 log = logging.getLogger("probe")
 
-FAMILIES: dict[str, tuple[Target, ...]] = {
-    "step": step.TARGETS,
-    "dispatch": dispatch.TARGETS,
-    "replay": replay.TARGETS,
-    "builders": builders.TARGETS,
-    "reorder": reorder.TARGETS,
-    "static": snapshot.TARGETS,
-}
+FAMILY_TABLE: tuple[Family, ...] = (
+    step.FAMILY,
+    dispatch.FAMILY,
+    replay.FAMILY,
+    builders.FAMILY,
+    reorder.FAMILY,
+    snapshot.FAMILY,
+)
+"""The one table of hook families: install, detach, status and enable all read it."""
+FAMILIES: dict[str, tuple[Target, ...]] = {f.name: f.targets for f in FAMILY_TABLE}
 LATE: dict[str, Callable[[Any], list[tuple[Target, Any]]]] = {
-    "step": step.late_targets,
-    "builders": builders.late_targets,
+    f.name: f.late_targets for f in FAMILY_TABLE if f.late is not None
 }
 
 INSTALLER = Installer()
@@ -151,10 +152,10 @@ def detach() -> Any:
     with _lock:
         writer = disable()
         for hook in list(INSTALLER.hooks.values()):
-            if hook.hook_id.split(".", 1)[0] not in ALWAYS_ON:
+            if hook.family not in ALWAYS_ON:
                 INSTALLER.remove(hook)
         for mod in list(_deferred):
-            _deferred[mod] = [t for t in _deferred[mod] if t.hook_id.split(".", 1)[0] in ALWAYS_ON]
+            _deferred[mod] = [t for t in _deferred[mod] if t.family_name in ALWAYS_ON]
             if not _deferred[mod]:
                 del _deferred[mod]
         if not _deferred:
@@ -234,7 +235,7 @@ def enable(writer: Any, *, gpu_timing: bool | int = True, sample_every: int = 1)
     removes them (zero cost while no reader is attached).
     """
     with _lock:
-        if not any(h.hook_id.split(".", 1)[0] not in ALWAYS_ON for h in INSTALLER.hooks.values()):
+        if not any(h.family not in ALWAYS_ON for h in INSTALLER.hooks.values()):
             # a detached process (only the always-on hooks): bring the rest in first
             _install_missing(None)
         RT.detach()
@@ -280,6 +281,9 @@ def _first_step(runner: Any) -> None:
                 continue
             try:
                 pairs = late(runner)
+            except LookupError as exc:  # e.g. the builder base class no longer resolves
+                LAST_REPORT.missing.append((f"{fam}.late", str(exc)))
+                continue
             except Exception as exc:
                 RT.fault(f"late.{fam}", exc, disabled=False)
                 continue
@@ -332,6 +336,7 @@ def graph_context(snap: dict[str, Any]) -> Any:
 __all__ = [
     "ALWAYS_ON",
     "FAMILIES",
+    "FAMILY_TABLE",
     "INSTALLER",
     "attach",
     "detach",

@@ -22,6 +22,7 @@ Wrappers follow three rules (DESIGN "Rules for every hook"):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 import types
@@ -65,6 +66,44 @@ class Target:
     factory: Factory
     inherit: bool = False
     gate: str = ""
+    family: str = ""  # set by the Family that lists it
+
+    @property
+    def family_name(self) -> str:
+        """The family this target belongs to (its hook-id prefix if no Family set it)."""
+        return self.family or self.hook_id.split(".", 1)[0]
+
+
+LateTargets = Callable[[Any], list[tuple[Target, Any]]]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One hook module's targets: the one table install, detach, status and enable use.
+
+    Attributes:
+        name: the family's name (``probe record --hooks NAME``, the control socket).
+        versions: the vLLM releases its targets were checked on.
+        targets: static targets, resolved by module and owner name at install.
+        late: targets that exist only on live objects, resolved from the model runner on
+            the first enabled step (builders, the model's logits, the drafter).
+    """
+
+    name: str
+    versions: str
+    targets: tuple[Target, ...]
+    late: LateTargets | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "targets", tuple(dataclasses.replace(t, family=self.name) for t in self.targets)
+        )
+
+    def late_targets(self, runner: Any) -> list[tuple[Target, Any]]:
+        """The late targets for ``runner``, each marked with this family."""
+        if self.late is None:
+            return []
+        return [(dataclasses.replace(t, family=self.name), o) for t, o in self.late(runner)]
 
 
 @dataclass
@@ -80,6 +119,10 @@ class Hook:
     @property
     def hook_id(self) -> str:
         return self.target.hook_id
+
+    @property
+    def family(self) -> str:
+        return self.target.family_name
 
     def fail(self, exc: BaseException) -> None:
         """Called by a wrapper when probe code raised: count it and remove this hook."""

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from probe.hooks import step
-from probe.hooks._base import Hook, Target
+from probe.hooks._base import Family, Hook, Target
 from probe.records import BuildTag, Flag, Phase
 from probe.runtime import BOOTTIME, RT
 
@@ -156,10 +156,7 @@ def late_targets(runner: Any) -> list[tuple[Target, Any]]:
     """Every loaded builder class that defines a build method in its own body."""
     from probe.hooks._base import resolve_owner
 
-    try:
-        base = resolve_owner(*BUILDER_BASE)
-    except LookupError:
-        return []
+    base = resolve_owner(*BUILDER_BASE)  # LookupError: reported by name as missing
     out: list[tuple[Target, Any]] = []
     for cls in (base, *_subclasses(base)):
         for name, tag in METHODS.items():
@@ -182,3 +179,6 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target("sync.device", "torch.cuda", "", "synchronize", step.span(Phase.SYNC_STALL)),
 )
+
+FAMILY = Family("builders", "0.26-0.33", TARGETS, late_targets)
+TARGETS = FAMILY.targets  # each marked with its family

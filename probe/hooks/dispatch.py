@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from probe import accel
-from probe.hooks._base import Hook, Target
+from probe.hooks._base import Family, Hook, Target
 from probe.records import Flag, Phase, Reason
 from probe.runtime import BOOTTIME, RT
 
@@ -499,3 +499,6 @@ TARGETS: tuple[Target, ...] = (
         gate="on",
     ),
 )
+
+FAMILY = Family("dispatch", "0.26-0.33", TARGETS)
+TARGETS = FAMILY.targets  # each marked with its family

@@ -22,7 +22,7 @@ from functools import partial
 from operator import eq, ge
 from typing import Any
 
-from probe.hooks._base import Hook, Target
+from probe.hooks._base import Family, Hook, Target
 from probe.records import Flag
 from probe.runtime import BOOTTIME, RT
 
@@ -133,3 +133,6 @@ TARGETS: tuple[Target, ...] = (
         gate="on",
     ),
 )
+
+FAMILY = Family("reorder", "0.26-0.33", TARGETS)
+TARGETS = FAMILY.targets  # each marked with its family

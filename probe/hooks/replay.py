@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from probe.hooks import step
-from probe.hooks._base import Hook, Target
+from probe.hooks._base import Family, Hook, Target
 from probe.records import Flag, ReplayKind
 from probe.runtime import BOOTTIME, RT
 
@@ -185,3 +185,6 @@ TARGETS: tuple[Target, ...] = (
         gate="on",
     ),
 )
+
+FAMILY = Family("replay", "0.26-0.33", TARGETS)
+TARGETS = FAMILY.targets  # each marked with its family

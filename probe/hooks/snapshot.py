@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from probe.hooks._base import Hook, Target, resolve_owner
+from probe.hooks._base import Family, Hook, Target, resolve_owner
 from probe.runtime import RT
 
 SUPPORT_NAMES = ("NEVER", "UNIFORM_SINGLE_TOKEN_DECODE", "UNIFORM_BATCH", "ALWAYS")
@@ -391,3 +391,7 @@ def traps(snap: Mapping[str, Any]) -> list[dict[str, str]]:
 
 def snapshot_json(runner: Any) -> bytes:
     return json.dumps(take_snapshot(runner), default=str).encode()
+
+
+FAMILY = Family("static", "0.26-0.33", TARGETS)
+TARGETS = FAMILY.targets  # each marked with its family

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from probe import accel
-from probe.hooks._base import Hook, Target
+from probe.hooks._base import Family, Hook, Target
 from probe.records import Flag, Mode, Phase
 from probe.runtime import BOOTTIME, RT
 
@@ -513,3 +513,7 @@ def late_targets(runner: Any) -> list[tuple[Target, Any]]:
             )
         )
     return out
+
+
+FAMILY = Family("step", "0.26-0.33", TARGETS, late_targets)
+TARGETS = FAMILY.targets  # each marked with its family

@@ -1,0 +1,111 @@
+"""The hook families are one table, late targets included, on the real vLLM classes.
+
+Late targets exist only on live objects (the metadata builders vLLM has imported, the
+model's ``compute_logits``, the drafter's ``propose``); they are resolved from the model
+runner on the first enabled step. Here the runner is a stand-in whose model and drafter
+are real vLLM classes (instances made without ``__init__``: only their types matter), and
+the builders are every ``AttentionMetadataBuilder`` subclass the tree's sparse-MLA modules
+define, the seed's ``ROCMAiterMLASparseMetadataBuilder`` among them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import types
+from typing import Any
+
+import pytest
+
+from probe import hooks
+from probe.hooks import builders
+from probe.hooks._base import Installer
+
+pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
+
+MISSING = object()
+SPARSE_MODULES = (
+    "vllm.v1.attention.backends.mla.flashmla_sparse",
+    "vllm.v1.attention.backends.mla.rocm_aiter_mla_sparse",
+    "vllm.v1.attention.backends.mla.indexer",
+)
+
+
+def _runner() -> Any:
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    model = object.__new__(DeepseekV2ForCausalLM)
+    drafter = object.__new__(EagleProposer)
+    return types.SimpleNamespace(get_model=lambda: model, drafter=drafter)
+
+
+def _late(runner: Any) -> list[tuple[Any, Any, str]]:
+    out = []
+    for fam in hooks.FAMILY_TABLE:
+        for target, owner in fam.late_targets(runner):
+            out.append((target, owner, fam.name))
+    return out
+
+
+def test_every_target_carries_its_family() -> None:
+    assert list(hooks.FAMILIES) == [f.name for f in hooks.FAMILY_TABLE]
+    for fam in hooks.FAMILY_TABLE:
+        assert fam.targets and all(t.family == fam.name for t in fam.targets), fam.name
+    for target, _owner, fam_name in _late(_runner()):
+        assert target.family == fam_name
+
+
+def test_status_reports_the_families_enable_accepts() -> None:
+    hooks.install(lazy=False)
+    installed = {h.family for h in hooks.INSTALLER.hooks.values()}
+    assert installed <= set(hooks.FAMILIES)  # no "phase" or "sync" pseudo-families
+    assert hooks.targets(sorted(installed))  # enable/install take these names
+
+
+def test_late_targets_cover_the_seed_builder_logits_and_drafter() -> None:
+    for mod in SPARSE_MODULES:
+        importlib.import_module(mod)
+    late = _late(_runner())
+    ids = {t.hook_id for t, _o, _f in late}
+    assert "build.ROCMAiterMLASparseMetadataBuilder.build" in ids
+    assert "build.FlashMLASparseMetadataBuilder.build" in ids
+    assert "phase.logits" in ids and "phase.draft.propose" in ids
+
+
+def test_late_target_lifecycle_restores_by_identity(caplog: pytest.LogCaptureFixture) -> None:
+    for mod in SPARSE_MODULES:
+        importlib.import_module(mod)
+    late = _late(_runner())
+    before = {(id(o), t.name): vars(o).get(t.name, MISSING) for t, o, _f in late}
+    inst = Installer()
+    for target, owner, _fam in late:
+        assert inst.install_on(target, owner), target.hook_id
+        assert vars(owner)[target.name] is not before[(id(owner), target.name)]
+        assert inst.hooks[(id(owner), target.name)].family == target.family
+    with caplog.at_level(logging.WARNING, logger="probe"):
+        target, owner, _f = late[0]
+        assert not inst.install_on(target, owner)  # a second install changes nothing
+    assert "already installed" in caplog.text
+    inst.uninstall()
+    for target, owner, _f in late:
+        assert vars(owner).get(target.name, MISSING) is before[(id(owner), target.name)]
+    for target, owner, _f in late:  # and again: reinstall, uninstall
+        assert inst.install_on(target, owner)
+    inst.uninstall()
+    for target, owner, _f in late:
+        assert vars(owner).get(target.name, MISSING) is before[(id(owner), target.name)]
+
+
+def test_a_builder_base_that_does_not_resolve_is_reported_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(builders, "BUILDER_BASE", ("vllm.v1.attention.backend", "NoSuchBuilder"))
+    with pytest.raises(LookupError, match="NoSuchBuilder"):
+        builders.FAMILY.late_targets(_runner())
+    report = hooks.LAST_REPORT
+    n = len(report.missing)
+    hooks._families[:] = ["builders"]
+    hooks._first_step(_runner())
+    assert ("builders.late", report.missing[n][1]) == report.missing[n]
+    assert "NoSuchBuilder" in report.missing[n][1]
