@@ -26,8 +26,9 @@ def _pct(x: float | None) -> str:
 def build_report(rec: Recording) -> dict[str, Any]:
     """Everything ``probe report`` shows, as plain data (the ``--json`` output).
 
-    Counts and rates (``hit_rates``, ``miss_reasons``) are over every forward step, as the
-    exported counters are; timings and verdicts (``phases``, ``gpu``, ``verdict``,
+    Counts and rates (``hit_rates``, ``miss_reasons``, ``ratios``: every ratio of
+    :data:`probe.analysis.RATIOS`) are over every forward step, as the exported counters
+    and the dashboards are; timings and verdicts (``phases``, ``gpu``, ``verdict``,
     ``probe_cost``, each rank's) are over steady state, and ``warmup`` holds the steps
     before it (:data:`probe.analysis.WARMUP_RULE`) with their own figures.
     """
@@ -68,6 +69,8 @@ def build_report(rec: Recording) -> dict[str, Any]:
         "processes": [{k: v for k, v in p.items() if k != "snapshot"} for p in procs],
         "hit_rates": analysis.hit_rates(steps),
         "miss_reasons": analysis.miss_reasons(steps),
+        # every exported ratio over every forward step: what the dashboards' PromQL gives
+        "ratios": {name: r.of(steps) for name, r in analysis.RATIOS.items()},
         "steady_steps": len(steady),
         "phases": analysis.phase_breakdown(steady),
         "gpu": analysis.gpu_summary(steady),

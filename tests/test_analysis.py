@@ -226,6 +226,11 @@ def test_bundled_recording_warmup_apart_in_report() -> None:
     everything = analysis.phase_breakdown(fw, by_mode=False)["all"]["cpu_launch_overhead_ns"]
     assert everything["mean"] > 3.7e6  # what the old report printed
     assert rep["hit_rates"]["steps"] == len(fw)  # counts stay over every step
+    # and so do the exported ratios (the dashboards' numbers); the steady-state idle share
+    # is higher, as the 8.7 s and 1.3 s device spans of steps 1 and 2 leave its denominator
+    assert rep["ratios"] == {n: analysis.ratio(n, steps) for n in analysis.RATIOS}
+    assert round(rep["ratios"]["gpu_idle_share"], 3) == 0.313
+    assert round(rep["gpu"]["idle_share"], 3) == 0.495
     assert any("3 warm-up step(s) apart" in v for v in rep["verdict"])
     text = _text(rep)
     assert "warm-up (apart)" in text and "before its first graph" in text
