@@ -368,10 +368,8 @@ def updates(
             yield u("gpu_step_seconds", g.step_ns / 1e9)
         if g.idle_before_ns is not None:
             yield u("gpu_idle_before_step_seconds", g.idle_before_ns / 1e9)
-            if g.step_ns is not None:
-                bound = g.idle_before_ns > analysis.HOST_BOUND_SHARE * (
-                    g.idle_before_ns + g.step_ns
-                )
+            bound = analysis.host_bound(g)
+            if bound is not None:
                 yield u("host_bound_steps_total", 1.0 if bound else 0.0)
 
 

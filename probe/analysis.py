@@ -15,6 +15,10 @@ the metric set and the dashboards share one set of definitions:
   confirmation.
 - :func:`miss_reasons`: counts and a few example steps per (mode, reason).
 - :func:`phase_breakdown`: percentiles of CPU launch overhead and of every phase.
+- :func:`warmup`, :class:`WarmupRule`, :func:`split_steady`: the steady-state rule
+  (:data:`WARMUP_RULE`): which steps are start-up, reported apart so percentiles and
+  verdicts describe serving.
+- :func:`probe_cost`: the probe's own cost per step, from the calibration taken at attach.
 - :func:`reorder_summary`, :func:`build_summary`, :func:`gpu_summary`, :func:`verdict`.
 
     >>> from probe.recording import Recording, default_recording
@@ -26,12 +30,13 @@ the metric set and the dashboards share one set of definitions:
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from probe.records import BuildTag, Mode
+from probe.calibrate import cost_per_step_ns
+from probe.records import BuildTag, Mode, Phase, Reason, ReplayKind
 from probe.step import PHASES, GpuSample, Step
 
 __all__ = [
@@ -39,19 +44,30 @@ __all__ = [
     "PHASES",
     "RATIOS",
     "REASON_TEXT",
+    "WARMUP_RULE",
+    "WARMUP_WHY",
     "Ratio",
     "Term",
+    "WarmupRule",
     "build_summary",
+    "calibration_of",
+    "cost_line",
     "forward_steps",
     "gpu_summary",
     "hit_rates",
+    "hooked_calls",
     "host_bound",
     "miss_reasons",
     "percentile",
     "phase_breakdown",
+    "probe_cost",
     "ratio",
     "reorder_summary",
+    "shape_key",
+    "split_steady",
     "verdict",
+    "warmup",
+    "warmup_summary",
 ]
 
 #: a step is host-bound when the GPU sat idle before it for more than this share of the
@@ -84,6 +100,208 @@ def host_bound(s: Step | GpuSample, share: float = HOST_BOUND_SHARE) -> bool | N
     if g is None or g.idle_before_ns is None or g.step_ns is None:
         return None
     return g.idle_before_ns > share * (g.idle_before_ns + g.step_ns)
+
+
+# -- steady state ----------------------------------------------------------------------------
+
+#: the steady-state rule, printed with the numbers it splits
+WARMUP_RULE = (
+    "warm-up, reported apart: on each rank, the steps before its first graph replay, the "
+    "first step of each graph shape (mode and padded tokens) and its first eager step (the "
+    "compile/JIT and first-use costs), and steps that captured a graph or were dispatched "
+    "as warm-up/profile; every later step is steady state"
+)
+
+#: why a step is warm-up (the ``why`` of :func:`warmup`)
+WARMUP_WHY = {
+    "before_first_replay": "before the rank's first graph replay",
+    "first_shape": "first step of its graph shape (or the first eager step)",
+    "capture": "captured a graph",
+    "warmup_or_profile": "dispatched as warm-up or profile",
+}
+
+
+def shape_key(s: Step) -> tuple[Mode | None, int]:
+    """The batch shape whose first use is warm-up: a graph's (mode, padded tokens); every
+    eager step shares one key (the eager path compiles once for all sizes)."""
+    return (s.mode, s.padded_tokens) if s.graph else (Mode.NONE, 0)
+
+
+class WarmupRule:
+    """:data:`WARMUP_RULE` for one rank, fed its forward steps in step order.
+
+    :meth:`feed` returns the steps (by number) found to be warm-up by that step: the step
+    itself, and at the rank's first graph replay every earlier step not flagged yet. The
+    offline report (:func:`warmup`) and the live view feed one of these per rank, so both
+    draw the line in the same place. ``pending`` bounds the steps held while no replay
+    has been seen (the live view's window; None offline).
+    """
+
+    def __init__(self, pending: int | None = None) -> None:
+        self.seen: set[tuple[Mode | None, int]] = set()
+        self.replayed = False
+        self._pending: deque[int] = deque(maxlen=pending)
+
+    def feed(self, s: Step) -> list[tuple[int, str]]:
+        if not s.forward:
+            return []
+        out: list[tuple[int, str]] = []
+        if s.graph and s.replayed and not self.replayed:
+            out.extend((n, "before_first_replay") for n in self._pending)
+            self._pending.clear()
+            self.replayed = True
+        key = shape_key(s)
+        why = None
+        if s.captures:
+            why = "capture"
+        elif s.reason == Reason.WARMUP_OR_PROFILE:
+            why = "warmup_or_profile"
+        elif key not in self.seen:
+            why = "first_shape"
+        self.seen.add(key)
+        if why is not None:
+            out.append((s.step, why))
+        elif not self.replayed:
+            self._pending.append(s.step)
+        return out
+
+
+def warmup(steps: Iterable[Step]) -> dict[tuple[int, int], str]:
+    """The warm-up steps of a recording, ``(pid, step) -> why`` (:data:`WARMUP_WHY`)."""
+    by_pid: dict[int, list[Step]] = defaultdict(list)
+    for s in steps:
+        by_pid[s.pid].append(s)
+    out: dict[tuple[int, int], str] = {}
+    for pid, rows in by_pid.items():
+        rule = WarmupRule()
+        for s in sorted(rows, key=lambda s: s.step):
+            out.update(((pid, n), why) for n, why in rule.feed(s))
+    return out
+
+
+def split_steady(
+    steps: Iterable[Step], flags: Mapping[tuple[int, int], str] | None = None
+) -> tuple[list[Step], list[Step]]:
+    """(steady-state forward steps, warm-up forward steps); ``flags``: from
+    :func:`warmup` (computed here when not given)."""
+    fw = forward_steps(steps)
+    flags = warmup(fw) if flags is None else flags
+    steady = [s for s in fw if (s.pid, s.step) not in flags]
+    warm = [s for s in fw if (s.pid, s.step) in flags]
+    return steady, warm
+
+
+def warmup_summary(
+    warm: Sequence[Step], flags: Mapping[tuple[int, int], str], listed: int = 20
+) -> dict[str, Any]:
+    """The warm-up steps' own figures: how many, why, their CPU launch overhead and host
+    time, and the first ``listed`` of them."""
+    why = Counter(flags.get((s.pid, s.step), "?") for s in warm)
+    rows = sorted(warm, key=lambda s: (s.pid, s.step))
+    return {
+        "rule": WARMUP_RULE,
+        "steps": len(warm),
+        "why": dict(why.most_common()),
+        "cpu_launch_overhead_ns": _pcts(
+            [s.cpu_launch_overhead_ns for s in warm if s.cpu_launch_overhead_ns is not None]
+        ),
+        "host_ns": _pcts([s.host_ns for s in warm if s.host_ns]),
+        "host_ns_total": sum(s.host_ns for s in warm),
+        "listed": [
+            {
+                "pid": s.pid,
+                "step": s.step,
+                "why": flags.get((s.pid, s.step), "?"),
+                "mode": _mode(s),
+                "num_tokens": s.num_tokens,
+                "padded_tokens": s.padded_tokens,
+                "cpu_launch_overhead_ns": s.cpu_launch_overhead_ns,
+                "host_ns": s.host_ns,
+            }
+            for s in rows[:listed]
+        ],
+    }
+
+
+# -- the probe's own cost --------------------------------------------------------------------
+
+_BRACKET = (Phase.EXECUTE, Phase.SAMPLE_TOKENS)
+
+
+def hooked_calls(s: Step) -> tuple[int, int]:
+    """(plain span calls, Python-bodied hook calls) the probe made in this step, from its
+    records: phase spans other than the step bracket and the forward launch are span
+    calls; the step bracket (execute_model, sample_tokens), the forward launch, each
+    replay or piecewise pass inside it, each dispatch, build and reorder are hook calls
+    (a dispatch that also carries its phase span counts as both)."""
+    spans = sum(1 for sp in s.spans if sp.phase not in (*_BRACKET, Phase.FORWARD_LAUNCH))
+    hooks = (
+        sum(1 for sp in s.spans if sp.phase in (*_BRACKET, Phase.FORWARD_LAUNCH))
+        + sum(1 for r in s.replays if r.kind != ReplayKind.CAPTURE)
+        + len(s.dispatches)
+        + len(s.builds)
+        + len(s.reorders)
+    )
+    return spans, hooks
+
+
+def calibration_of(snapshot: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The calibration a snapshot carries (``snapshot["probe"]["calibration"]``), or None
+    when it has none (recorded before calibration, or calibration failed)."""
+    cal = ((snapshot or {}).get("probe") or {}).get("calibration")
+    if not isinstance(cal, Mapping):
+        return None
+    try:
+        ok = all(float(cal[k]) >= 0 for k in ("span_ns", "hook_ns"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return dict(cal) if ok else None
+
+
+def probe_cost(
+    steps: Iterable[Step], calibrations: Mapping[int, Mapping[str, Any] | None]
+) -> dict[str, Any] | None:
+    """The probe's cost per forward step by each rank's calibration (``pid ->``
+    :func:`calibration_of`), and its share of the CPU launch overhead of the same steps
+    (the sums' ratio). None when no step's rank has a calibration."""
+    cal_steps = [(s, c) for s in forward_steps(steps) if (c := calibrations.get(s.pid)) is not None]
+    if not cal_steps:
+        return None
+    cost = 0.0
+    spans = hooks = 0
+    launch = [s.cpu_launch_overhead_ns for s, _ in cal_steps if s.cpu_launch_overhead_ns]
+    for s, c in cal_steps:
+        n_span, n_hook = hooked_calls(s)
+        spans += n_span
+        hooks += n_hook
+        cost += cost_per_step_ns(dict(c), n_span, n_hook)
+    n = len(cal_steps)
+    per_step = cost / n
+    mean_launch = sum(launch) / len(launch) if launch else None
+    cals = list({id(c): c for _, c in cal_steps}.values())
+    return {
+        "steps": n,
+        "span_calls_per_step": spans / n,
+        "hook_calls_per_step": hooks / n,
+        "span_ns": [float(c["span_ns"]) for c in cals],
+        "hook_ns": [float(c["hook_ns"]) for c in cals],
+        "hot_path": sorted({str(c.get("hot_path")) for c in cals}),
+        "per_step_ns": per_step,
+        "cpu_launch_overhead_mean_ns": mean_launch,
+        "share_of_cpu_launch_overhead": per_step / mean_launch if mean_launch else None,
+    }
+
+
+def cost_line(cost: Mapping[str, Any] | None) -> str | None:
+    """ "probe cost ≈ X µs per step (Y% of CPU launch overhead)", or None without a
+    calibration."""
+    if not cost:
+        return None
+    line = f"probe cost ≈ {cost['per_step_ns'] / 1e3:.1f} µs per step"
+    share = cost.get("share_of_cpu_launch_overhead")
+    if share is not None:
+        line += f" ({share:.1%} of CPU launch overhead)"
+    return line
 
 
 # -- the ratios, each defined once ------------------------------------------------------------
@@ -355,21 +573,32 @@ def phase_breakdown(steps: Iterable[Step], by_mode: bool = True) -> dict[str, An
 
 
 def gpu_summary(steps: Iterable[Step], share: float = HOST_BOUND_SHARE) -> dict[str, Any]:
+    """Device timings and the host-bound verdict of DESIGN: a step is host-bound when the
+    GPU waited for the host before it for more than ``share`` of the step period
+    (:func:`host_bound`); the phase that dominates those steps is the one with the most
+    host time summed over them (``host_bound_top_phase_share``: its part of their phase
+    time; ``host_bound_phases``: the first three, as close seconds happen)."""
     fw = [s for s in forward_steps(steps) if s.gpu_busy_ns is not None]
     idle = [s.gpu_idle_before_ns for s in fw if s.gpu_idle_before_ns is not None]
     bound = [s for s in fw if host_bound(s, share)]
     phase_ns = {p: sum(s.phases.get(p, 0) for s in bound) for p in PHASES}
-    top = max(phase_ns, key=lambda p: phase_ns[p]) if bound else None
+    total = sum(phase_ns.values())
+    ranked = sorted((p for p in PHASES if phase_ns[p]), key=lambda p: -phase_ns[p])
+    top = ranked[0] if bound and ranked else None
     return {
         "steps_timed": len(fw),
         "forward_busy_ns": _pcts([s.gpu_busy_ns for s in fw if s.gpu_busy_ns is not None]),
         "idle_before_ns": _pcts(idle),
         "idle_share": ratio("gpu_idle_share", fw),
-        "cpu_bound_steps": sum(1 for i in idle if i > 0),
         "host_bound_threshold": share,
         "host_bound_steps": len(bound),
+        # RATIOS["host_bound_share"] at the default threshold (the exported one)
         "host_bound_share": len(bound) / len(idle) if idle else None,
         "host_bound_top_phase": top,
+        "host_bound_top_phase_share": phase_ns[top] / total if top and total else None,
+        "host_bound_phases": [
+            {"phase": p, "share": phase_ns[p] / total} for p in ranked[:3] if bound and total
+        ],
     }
 
 
@@ -421,11 +650,27 @@ REASON_TEXT = {
 }
 
 
-def verdict(steps: Iterable[Step], snapshot: Mapping[str, Any] | None = None) -> list[str]:
-    """Plain-words findings, most important first."""
+def verdict(
+    steps: Iterable[Step],
+    snapshot: Mapping[str, Any] | None = None,
+    *,
+    warm: Sequence[Step] | None = None,
+    cost: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """Plain-words findings about steady state, most important first.
+
+    ``steps`` are split by :data:`WARMUP_RULE` here; with ``warm`` given they are taken as
+    the steady-state steps already (the live view keeps its own split). ``cost``: from
+    :func:`probe_cost`.
+    """
     out: list[str] = []
-    fw = forward_steps(steps)
+    if warm is None:
+        fw, warm = split_steady(steps)
+    else:
+        fw = forward_steps(steps)
     if not fw:
+        if warm:
+            return [f"all {len(warm)} forward steps are warm-up: no steady state yet"]
         return ["no forward steps were recorded"]
     snap = snapshot or {}
     lim = snap.get("limiting_group") or {}
@@ -470,15 +715,41 @@ def verdict(steps: Iterable[Step], snapshot: Mapping[str, Any] | None = None) ->
     if lo["p50"] is not None:
         out.append(
             f"CPU launch overhead median {lo['p50'] / 1e3:.0f} µs, p99 "
-            f"{(lo['p99'] or 0) / 1e3:.0f} µs per step"
+            f"{(lo['p99'] or 0) / 1e3:.0f} µs per step (steady state)"
+        )
+    line = cost_line(cost)
+    if line:
+        out.append(line)
+    if warm:
+        worst = max((s.cpu_launch_overhead_ns or 0 for s in warm), default=0)
+        out.append(
+            f"{len(warm)} warm-up step(s) apart from these figures (CPU launch overhead up "
+            f"to {worst / 1e3:,.0f} µs, {sum(s.host_ns for s in warm) / 1e6:,.0f} ms of host "
+            "time)"
         )
     gpu = gpu_summary(fw)
     if gpu["host_bound_share"] is not None:
-        line = (
-            f"host-bound: {gpu['host_bound_share']:.0%} of timed steps found the GPU idle for "
-            f"over {gpu['host_bound_threshold']:.0%} of the step period"
-        )
-        if gpu["host_bound_top_phase"]:
-            line += f" (their largest host phase: {gpu['host_bound_top_phase']})"
+        n = gpu["idle_before_ns"]["n"]
+        thr = gpu["host_bound_threshold"]
+        rule = f"the GPU waiting for the host over {thr:.0%} of the step period"
+        if gpu["host_bound_steps"]:
+            line = (
+                f"host-bound: {gpu['host_bound_share']:.0%} of {n} timed steps ({rule}); "
+                "their largest host phases: "
+                + ", ".join(f"{p['phase']} {p['share']:.0%}" for p in gpu["host_bound_phases"][:2])
+                + " of their phase time"
+            )
+        else:
+            line = (
+                f"not host-bound: 0 of {n} timed steps had {rule} "
+                f"(GPU idle share {gpu['idle_share']:.1%})"
+            )
         out.append(line)
+        ranks = sorted({s.pid for s in fw if s.gpu_idle_before_ns is not None})
+        if len(ranks) > 1:
+            per = []
+            for pid in ranks:
+                g = gpu_summary([s for s in fw if s.pid == pid])
+                per.append(f"pid {pid} {g['host_bound_share']:.0%} of {g['idle_before_ns']['n']}")
+            out.append("host-bound steps per rank: " + ", ".join(per))
     return out

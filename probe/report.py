@@ -24,15 +24,28 @@ def _pct(x: float | None) -> str:
 
 
 def build_report(rec: Recording) -> dict[str, Any]:
-    """Everything ``probe report`` shows, as plain data (the ``--json`` output)."""
+    """Everything ``probe report`` shows, as plain data (the ``--json`` output).
+
+    Counts and rates (``hit_rates``, ``miss_reasons``, ``ratios``: every ratio of
+    :data:`probe.analysis.RATIOS`) are over every forward step, as the exported counters
+    and the dashboards are; timings and verdicts (``phases``, ``gpu``, ``verdict``,
+    ``probe_cost``, each rank's) are over steady state, and ``warmup`` holds the steps
+    before it (:data:`probe.analysis.WARMUP_RULE`) with their own figures.
+    """
     steps = list(rec.iter_steps())
     procs = rec.processes()
+    flags = analysis.warmup(steps)
+    steady, warm = analysis.split_steady(steps, flags)
+    cals = {p["pid"]: analysis.calibration_of(p.get("snapshot")) for p in procs}
     per_rank = []
     for p in procs:
         rows = [s for s in steps if s.pid == p["pid"]]
         if not rows:
             continue
         snap = p.get("snapshot") or {}
+        r_steady = [s for s in steady if s.pid == p["pid"]]
+        r_warm = [s for s in warm if s.pid == p["pid"]]
+        cost = analysis.probe_cost(r_steady, cals)
         per_rank.append(
             {
                 "pid": p["pid"],
@@ -42,25 +55,34 @@ def build_report(rec: Recording) -> dict[str, Any]:
                 "runner": p.get("runner"),
                 "dropped_records": p.get("dropped"),
                 "hit_rates": analysis.hit_rates(rows),
-                "verdict": analysis.verdict(rows, snap),
+                "warmup_steps": len(r_warm),
+                "gpu": analysis.gpu_summary(r_steady),
+                "probe_cost": cost,
+                "verdict": analysis.verdict(r_steady, snap, warm=r_warm, cost=cost),
             }
         )
     main_snap: dict[str, Any] = next((p["snapshot"] for p in procs if p.get("snapshot")), {}) or {}
+    cost = analysis.probe_cost(steady, cals)
     return {
         "recording": str(rec.path),
         "meta": rec.meta(),
         "processes": [{k: v for k, v in p.items() if k != "snapshot"} for p in procs],
         "hit_rates": analysis.hit_rates(steps),
         "miss_reasons": analysis.miss_reasons(steps),
-        "phases": analysis.phase_breakdown(steps),
-        "gpu": analysis.gpu_summary(steps),
+        # every exported ratio over every forward step: what the dashboards' PromQL gives
+        "ratios": {name: r.of(steps) for name, r in analysis.RATIOS.items()},
+        "steady_steps": len(steady),
+        "phases": analysis.phase_breakdown(steady),
+        "gpu": analysis.gpu_summary(steady),
+        "warmup": analysis.warmup_summary(warm, flags),
+        "probe_cost": cost,
         "reorder": analysis.reorder_summary(steps),
         "builds": analysis.build_summary(steps, rec.builder_names()),
         "faults": rec.faults(),
         "outside_steps": rec.outside(),
         "anomalies": rec.anomalies(),
         "per_rank": per_rank,
-        "verdict": analysis.verdict(steps, main_snap),
+        "verdict": analysis.verdict(steady, main_snap, warm=warm, cost=cost),
         "traps": main_snap.get("traps", []),
     }
 
@@ -105,7 +127,8 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
         verdict.append("⚠ " + trap["message"] + "\n", style="yellow")
     for a in rep.get("anomalies", [])[:5]:
         verdict.append("‼ " + a + "\n", style="bold red")
-    console.print(Panel(verdict, title="verdict", title_align="left"))
+    console.print(Panel(verdict, title="verdict (steady state)", title_align="left"))
+    _render_warmup(rep.get("warmup") or {}, console)
 
     mr = Table(title="graph mode and miss reason", title_justify="left")
     for col, just in (
@@ -129,7 +152,7 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
         mr.add_row(r["mode"].upper(), r["reason"], f"{r['count']:,}", _pct(r["share"]), exs)
     console.print(mr)
 
-    ph = Table(title="host time per step by phase (µs)", title_justify="left")
+    ph = Table(title="host time per step by phase (µs, steady state)", title_justify="left")
     ph.add_column("phase")
     for c in ("mean", "p50", "p90", "p99"):
         ph.add_column(c, justify="right")
@@ -145,7 +168,7 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
         )
     console.print(ph)
 
-    by_mode = Table(title="CPU launch overhead by graph mode (µs)", title_justify="left")
+    by_mode = Table(title="CPU launch overhead by mode (µs, steady)", title_justify="left")
     by_mode.add_column("mode")
     for c in ("steps", "p50", "p90", "p99"):
         by_mode.add_column(c, justify="right")
@@ -159,13 +182,13 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
     console.print(by_mode)
 
     if rep["builds"]:
-        bt = Table(title="metadata builds (µs)", title_justify="left")
+        bt = Table(title="metadata builds (µs; builder: …MetadataBuilder)", title_justify="left")
         for c in ("builder", "tag", "calls", "p50", "p99", "total ms"):
             bt.add_column(c, justify="left" if c in ("builder", "tag") else "right")
         for b in rep["builds"][:10]:
             tag = b["tag"] + (" (drafter)" if b["drafter"] else "")
             bt.add_row(
-                b["builder"],
+                b["builder"].removesuffix("MetadataBuilder") or b["builder"],
                 tag,
                 f"{b['n']:,}",
                 _us(b["p50"]),
@@ -190,30 +213,79 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
             "GPU",
             f"forward busy p50 {_us(gpu['forward_busy_ns']['p50'])} µs; idle "
             f"before step p50 {_us(gpu['idle_before_ns']['p50'])} µs; idle share "
-            f"{_pct(gpu['idle_share'])}",
+            f"{_pct(gpu['idle_share'])}; host-bound {_pct(gpu['host_bound_share'])} of "
+            f"{gpu['idle_before_ns']['n']:,} steps (GPU waiting for the host over "
+            f"{gpu['host_bound_threshold']:.0%} of the step period)",
         )
     else:
         tail.add_row("GPU", "no device timings (CPU engine, or PROBE_GPU_TIMING=0)")
     drops = sum(p.get("dropped") or 0 for p in rep["processes"])
     faults = sum(f["count"] for f in rep["faults"])
     tail.add_row("probe health", f"{drops:,} records dropped; {faults:,} hook faults")
+    cost = analysis.cost_line(rep.get("probe_cost"))
+    if cost:
+        c = rep["probe_cost"]
+        tail.add_row(
+            "probe cost",
+            f"{cost.removeprefix('probe cost ')}; {c['span_calls_per_step']:.1f} span and "
+            f"{c['hook_calls_per_step']:.1f} hook calls per step at "
+            + "/".join(f"{s:.0f}" for s in c["span_ns"])
+            + " and "
+            + "/".join(f"{h:.0f}" for h in c["hook_ns"])
+            + f" ns ({', '.join(c['hot_path'])})",
+        )
     console.print(Panel(tail, title="reorder · GPU · probe", title_align="left"))
     if len(rep["per_rank"]) > 1:
-        rt = Table(title="per rank", title_justify="left")
-        for c in ("pid", "tp", "pp", "dp", "steps", "full", "decode full"):
+        rt = Table(title="per rank (host-bound and phase: steady state)", title_justify="left")
+        for c in ("pid", "tp/pp/dp", "steps", "warm", "FULL", "dec FULL", "host-bound"):
             rt.add_column(c, justify="right")
+        rt.add_column("top phase")
         for r in rep["per_rank"]:
             h = r["hit_rates"]
+            g = r.get("gpu") or {}
             rt.add_row(
                 str(r["pid"]),
-                str(r["tp_rank"]),
-                str(r["pp_rank"]),
-                str(r["dp_rank"]),
+                f"{r['tp_rank']}/{r['pp_rank']}/{r['dp_rank']}",
                 f"{h['steps']:,}",
+                f"{r.get('warmup_steps', 0):,}",
                 _pct(h["full_hit_rate"]),
                 _pct(h["decode_full_hit_rate"]),
+                _pct(g.get("host_bound_share")),
+                g.get("host_bound_top_phase") or "-",
             )
         console.print(rt)
+
+
+def _render_warmup(w: Mapping[str, Any], console: Console) -> None:
+    """The warm-up steps, apart, with the rule that set them apart."""
+    if not w:
+        return
+    body = Text(w["rule"] + "\n", style="dim")
+    if not w["steps"]:
+        body.append("no warm-up steps in this recording")
+        console.print(Panel(body, title="warm-up (apart)", title_align="left"))
+        return
+    lo = w["cpu_launch_overhead_ns"]
+    why = ", ".join(f"{k} {v}" for k, v in w["why"].items())
+    body.append(
+        f"{w['steps']:,} step(s) ({why}); CPU launch overhead p50 {_us(lo['p50'])} µs, "
+        f"p99 {_us(lo['p99'])} µs; {w['host_ns_total'] / 1e6:,.0f} ms of host time"
+    )
+    console.print(Panel(body, title="warm-up (apart)", title_align="left"))
+    shown = w["listed"][:5]
+    wt = Table(title=f"warm-up steps ({len(shown)} of {w['steps']:,})", title_justify="left")
+    for c in ("pid:step", "why", "mode", "tokens", "launch µs", "host µs"):
+        wt.add_column(c, justify="right" if c in ("tokens", "launch µs", "host µs") else "left")
+    for s in shown:
+        wt.add_row(
+            f"{s['pid']}:{s['step']}",
+            s["why"],
+            s["mode"].upper(),
+            f"{s['num_tokens']:,}",
+            _us(s["cpu_launch_overhead_ns"]),
+            _us(s["host_ns"]),
+        )
+    console.print(wt)
 
 
 def doctor(snapshot: Mapping[str, Any]) -> dict[str, Any]:

@@ -154,3 +154,33 @@ def test_sampled_recording_has_one_whole_step_in_n(runs: dict[str, Path], tmp_pa
     )
     assert bad.returncode == 2 and "--sample must be 1 or more" in bad.stderr
     assert not (tmp_path / "x.db").exists()
+
+
+def test_report_prints_the_probe_cost_from_the_engines_calibration(runs: dict[str, Path]) -> None:
+    """The engine calibrated its hooks at attach and wrote it into the snapshot; the report
+    turns it into "probe cost ≈ X µs per step (Y% of CPU launch overhead)" from the calls
+    each step's records show."""
+    from rich.console import Console
+
+    from probe import analysis
+    from probe.recording import Recording
+    from probe.report import build_report, render_report
+
+    rec = Recording.open(runs["rec"])
+    snaps = [p["snapshot"] for p in rec.processes() if p["snapshot"]]
+    cal = analysis.calibration_of(snaps[0])
+    assert cal is not None and cal["span_ns"] > 0 and cal["hook_ns"] > 0, snaps[0].get("probe")
+    rep = build_report(rec)
+    cost = rep["probe_cost"]
+    assert cost is not None
+    # every CPU step: execute_model, sample_tokens and the forward at least (hooks), and
+    # its plain phase spans (prepare_inputs, sample, ...)
+    assert cost["hook_calls_per_step"] >= 3 and cost["span_calls_per_step"] >= 1
+    lo = cost["cpu_launch_overhead_mean_ns"]
+    assert 0 < cost["per_step_ns"] < lo
+    assert any(
+        v.startswith("probe cost ≈ ") and "of CPU launch overhead" in v for v in rep["verdict"]
+    )
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    render_report(rep, console)
+    assert "probe cost" in console.export_text()

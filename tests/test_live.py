@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.live import Live
 
 from probe import analysis
-from probe.live import LiveStats, header_line, plain_lines, render
+from probe.live import LiveStats, header_line, plain_lines, rank_lines, render, sparkline
 from probe.records import Mode, Reason, Reorder
 from probe.step import GpuSample, Step
 
@@ -96,7 +96,8 @@ def stats() -> LiveStats:
 
 def test_late_gpu_timings_join_their_steps() -> None:
     """Device timings arrive a few steps after their steps; the view joins each into its
-    step, and the GPU numbers are analysis's own over those steps."""
+    step, and the GPU numbers are analysis's own over the steady-state steps the report
+    would keep (step 1, the first of its shape, is warm-up)."""
     st = LiveStats(clock_ns=lambda: 10**12, roles={11: "worker"})
     proc: Any = FakeProc(11, {"tp_rank": 0})
     st.on_process(proc)
@@ -108,9 +109,9 @@ def test_late_gpu_timings_join_their_steps() -> None:
     v = st.active()[0]
     assert [s.gpu_idle_before_ns for s in v.steps] == [100_000, 200_000, 300_000, *[None] * 5]
     g = st.summary(v)["gpu"]
-    assert g["steps_timed"] == 3
-    assert g["idle_share"] == pytest.approx(600_000 / (600_000 + 3 * 800_000))
-    assert g == analysis.gpu_summary(v.steps)
+    assert g["steps_timed"] == 2
+    assert g["idle_share"] == pytest.approx(500_000 / (500_000 + 2 * 800_000))
+    assert g == analysis.gpu_summary(analysis.split_steady(v.steps)[0])
 
 
 def test_summary_per_rank_and_aggregate(stats: LiveStats) -> None:
@@ -289,3 +290,38 @@ def test_missing_exporter_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "exporters.nothere", None)
     with pytest.raises(UsageError, match=r"exporters.nothere is not available.*\[nothere\]"):
         exporter_sink("nothere", "--nothere", "x")
+
+
+def test_history_per_rank_as_sparklines() -> None:
+    """``probe top`` draws each rank's recent FULL share and steady-state CPU launch
+    overhead, one bar per time slot; a slot without steps is a gap, and steps found to be
+    warm-up later (before the first replay) leave the launch history."""
+    st = LiveStats(clock_ns=lambda: 100_200_000_000, history=5, history_s=1.0)
+    proc: Any = FakeProc(11, {"tp_rank": 0})
+    st.on_process(proc)
+    slot = {96: range(1, 5), 98: range(5, 9), 99: range(9, 13), 100: range(13, 17)}
+    for sec, ns in slot.items():
+        st.on_steps(
+            proc,
+            [
+                mk_step(
+                    11,
+                    n,
+                    Mode.FULL if n >= 5 and n not in (11, 12) else Mode.NONE,
+                    Reason.HIT,
+                    sec * 1_000_000_000 + 500_000_000,
+                    True,
+                )
+                for n in ns
+            ],
+        )
+    v = st.active()[0]
+    assert sorted(v.warm) == [1, 2, 3, 4, 5]
+    tr = st.trend(v)
+    assert tr["full_share"] == [0.0, None, 1.0, 0.5, 1.0]
+    # launch overhead is 300 µs + n µs: slot 98 keeps steps 6-8 (5 is the first FULL)
+    assert tr["cpu_launch_overhead_ns"] == [None, None, 307_000, 310_500, 314_500]
+    lines = rank_lines(st.summary(v))
+    assert any(ln.startswith("  FULL ") and "▁ █▅█" in ln for ln in lines), lines
+    assert any(ln.startswith("  launch ") and "  ▁▄█" in ln for ln in lines), lines
+    assert sparkline([None, 1.0, 1.0]) == " ▅▅"  # a flat line sits mid-height
