@@ -297,6 +297,19 @@ def doctor(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _hot_path_line(probe: Any) -> str:
+    """Which hot path ran in the engine and its calibrated cost per call."""
+    if not isinstance(probe, Mapping) or not probe.get("hot_path"):
+        return "unknown (recorded before the probe said)"
+    cal = probe.get("calibration")
+    if not isinstance(cal, Mapping) or "span_ns" not in cal:
+        return str(probe["hot_path"])
+    return (
+        f"{probe['hot_path']} (per call: span {cal['span_ns'] / 1e3:.2f} µs, hook "
+        f"{cal.get('hook_ns', 0) / 1e3:.2f} µs, dormant {cal.get('dormant_ns', 0) / 1e3:.2f} µs)"
+    )
+
+
 def render_doctor(snap: Mapping[str, Any], console: Console) -> None:
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
@@ -330,6 +343,7 @@ def render_doctor(snap: Mapping[str, Any], console: Console) -> None:
         ("reorder threshold", snap.get("reorder_batch_threshold")),
         ("breakable graphs", comp.get("breakable_cudagraph")),
         ("override (what-if)", snap.get("override") or "none"),
+        ("probe hot path", _hot_path_line(snap.get("probe"))),
     ):
         head.add_row(k, str(v))
     console.print(Panel(head, title=f"probe doctor: pid {snap.get('pid')}", title_align="left"))
