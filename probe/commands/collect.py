@@ -1,0 +1,76 @@
+"""``probe collect``: the reader alone, for rings some other process armed.
+
+PROBE_ENABLE=1 PROBE_RUN_DIR=/dev/shm/run1 vllm serve MODEL &
+probe collect --run-dir /dev/shm/run1 --out run.probe.db
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from probe import config
+from probe.commands import boottime_ns, probe_version, storage_guard
+from probe.errors import UsageError
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    """Reader only: record the rings in --run-dir until their writers have exited."""
+    from probe.collector import Collector, RecordingSink
+    from probe.recording import RecordingWriter
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"collect: {run_dir} is not a directory")
+    writer = RecordingWriter(args.out)
+    writer.set_meta(
+        command=["collect", str(run_dir)],
+        host=socket.gethostname(),
+        probe_version=probe_version(),
+        started_epoch_ns=time.time_ns(),
+    )
+    col = Collector(run_dir, [RecordingSink(writer)], now_ns=boottime_ns)
+    config.lower_reader_priority()
+    stop = {"now": False}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    seen_writer = False
+    out = Path(args.out)
+    failed: str | None = None
+    try:
+        while not stop["now"] and failed is None:
+            failed = storage_guard(col.poll, out)
+            alive = [p for p in col.procs.values() if p.reader.writer_alive()]
+            seen_writer = seen_writer or bool(col.procs)
+            if seen_writer and not alive:
+                failed = failed or storage_guard(col.poll, out)
+                break
+            time.sleep(args.interval)
+    finally:
+
+        def finish() -> None:
+            writer.set_meta(ended_epoch_ns=time.time_ns())
+            col.close()
+
+        failed = failed or storage_guard(finish, out)
+    if failed is not None:
+        print(f"probe: error: {failed}; what was committed before is readable", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    c = sub.add_parser("collect", help="read the rings of a run directory into a recording")
+    c.add_argument("--run-dir", required=True)
+    c.add_argument("--out", "-o", required=True)
+    c.add_argument("--interval", type=float, default=0.05)
+    c.set_defaults(func=cmd_collect)
