@@ -13,6 +13,7 @@ one line and exit status 1; never a traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -33,9 +34,35 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+DESCRIPTION = """\
+Per engine step of a vLLM server: did it replay a CUDA/HIP graph and, if not, why not;
+how long the host spent before the GPU had its work; what the batch reorder decided."""
+
+EXAMPLES = """\
+examples:
+  probe record --out run.probe.db -- vllm serve MODEL    run a command with the probe on
+  probe attach --url http://127.0.0.1:8000 --duration 30 --record run.probe.db
+  probe top --url http://127.0.0.1:8000                  live view of a running server
+  probe report run.probe.db                              summarize (no file: a bundled one)
+  probe doctor run.probe.db                              graph support and known traps
+  probe export run.probe.db --perfetto run.pftrace       Perfetto, Prometheus, OTLP
+  probe env                                              every PROBE_* variable
+
+Exit status: 0 done, 1 a runtime failure, 2 a usage error (one `probe: error:` line).
+`probe COMMAND --help` for a command's flags."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="probe", description=__doc__.split("\n")[0] if __doc__ else None)
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    from probe.commands import probe_version
+
+    p = _Parser(
+        prog="probe",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {probe_version()}")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="COMMAND")
     _add_command_modules(sub)
     return p
 
@@ -62,17 +89,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        rc = int(args.func(args))
+        sys.stdout.flush()  # here, so a full or closed stdout is one line, not a traceback
+        return rc
     except UsageError as exc:
-        print(f"probe: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(str(exc), EXIT_USAGE)
     except RuntimeFailure as exc:
-        print(f"probe: error: {exc}", file=sys.stderr)
-        return EXIT_RUNTIME
+        return _fail(str(exc), EXIT_RUNTIME)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
+        _quiet_stdout()
         return 0
+    except OSError as exc:  # stdout on a full device, a file that vanished mid-read
+        where = exc.filename or ("standard output" if exc.errno in _STDOUT_ERRNOS else "probe")
+        return _fail(f"{where}: {exc.strerror or exc}", EXIT_RUNTIME)
+
+
+def _fail(message: str, status: int) -> int:
+    _quiet_stdout()
+    print(f"probe: error: {' '.join(message.split())}", file=sys.stderr)
+    return status
+
+
+# what a write to stdout fails with (a file name would be on the exception otherwise)
+_STDOUT_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EFBIG, errno.EDQUOT, errno.EBADF})
+
+
+def _quiet_stdout() -> None:
+    """Point fd 1 at /dev/null when stdout cannot take what is buffered, so the
+    interpreter's flush at exit does not print its own traceback."""
+    import os
+
+    try:
+        sys.stdout.flush()
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 if __name__ == "__main__":

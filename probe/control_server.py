@@ -3,10 +3,11 @@ and off.
 
 The plugin (:mod:`probe.plugin`) calls :func:`start_server` in every vLLM process. It
 opens a Unix domain socket ``<run dir>/ctl-<pid>.sock`` (the run dir is
-:func:`probe.ring.default_ring_dir`: per user, mode 0700, checked; the socket is 0600)
-and serves it from one daemon thread that is blocked in ``accept`` while nobody is
-attached. Nothing here runs per hooked call: the hooks still check ``RT.enabled`` and
-nothing else.
+:func:`run_dir`: per user, mode 0700, checked, with a fallback when the shared one is not
+safe; the socket is 0600) and serves it from a daemon thread blocked in ``accept``; each
+connection gets its own short-lived thread (at most :data:`MAX_CLIENTS`), and each
+request must arrive whole within :data:`REQUEST_DEADLINE_S`. Nothing here runs per hooked
+call: the hooks still check ``RT.enabled`` and nothing else.
 
 Protocol: one JSON object per line, at most :data:`MAX_LINE` bytes, one reply line per
 request. Requests name a command from a fixed set and its arguments; nothing else is
@@ -21,7 +22,8 @@ Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``; an error
 changes nothing. ``enable`` creates the ring in the process's own run dir and answers
 with its file name. Only a peer with our uid (or root) is served (``SO_PEERCRED``).
 
-While a reader is attached the same thread is a watchdog: when the reader's heartbeat in
+While a reader is attached a watchdog thread of its own (it depends on no client's
+I/O) wakes every ``watchdog_interval_s``: when the reader's heartbeat in
 the ring header (:meth:`probe.ring.RingReader.touch_heartbeat`) is older than
 ``heartbeat_timeout_s`` or the attaching process is gone, it disables the hooks and
 removes the ring, so a killed ``probe attach`` never leaves a server instrumented.
@@ -59,6 +61,9 @@ SOCK_RE = re.compile(r"^ctl-(\d+)\.sock$")
 DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
 WATCHDOG_INTERVAL_S = 0.5
 CLIENT_TIMEOUT_S = 5.0
+REQUEST_DEADLINE_S = 5.0  # a request line must arrive whole within this, however it trickles
+MAX_CLIENTS = 16  # connections served at once; more get an error reply and are closed
+MAX_STEP_INTERVAL = config.MAX_STEP_INTERVAL
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 COMMANDS: dict[str, frozenset[str]] = {
@@ -328,6 +333,9 @@ class ControlServer:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
+        self._watchdog_thread: threading.Thread | None = None
+        self._wake = threading.Event()  # set on enable and on close: the watchdog's cue
+        self._clients = threading.BoundedSemaphore(MAX_CLIENTS)
         self._stopped = False
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -343,17 +351,22 @@ class ControlServer:
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)
-        sock.listen(8)
+        sock.listen(64)
         sock.set_inheritable(False)
         self._sock = sock
         self._thread = threading.Thread(
             target=self._serve, name=f"probe-control-{self.pid}", daemon=True
         )
         self._thread.start()
+        self._watchdog_thread = threading.Thread(
+            target=self._watch, name=f"probe-watchdog-{self.pid}", daemon=True
+        )
+        self._watchdog_thread.start()
 
     def close(self) -> None:
         """Stop serving, disable the probe if we enabled it, remove the socket file."""
         self._stopped = True
+        self._wake.set()
         if self.attached_by is not None:
             with contextlib.suppress(Exception):
                 self._disable("server closing")
@@ -365,54 +378,86 @@ class ControlServer:
         if os.getpid() == self.pid:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout=2.0)
+        for t in (self._thread, self._watchdog_thread):
+            if t is not None and t is not threading.current_thread():
+                t.join(timeout=2.0)
 
     def _serve(self) -> None:
+        """Accept connections; each is served on its own thread (at most
+        :data:`MAX_CLIENTS` at once), so a slow client delays nobody else."""
         while not self._stopped:
             sock = self._sock
             if sock is None:
                 return
-            # idle: block in accept with no timeout; attached: wake up for the watchdog
-            sock.settimeout(self.watchdog_interval_s if self.attached_by is not None else None)
             try:
                 conn, _ = sock.accept()
-            except TimeoutError:
-                self.watchdog()
-                continue
             except OSError:
                 if self._stopped:
                     return
                 time.sleep(0.1)
                 continue
-            try:
-                self._handle_conn(conn)
-            except Exception as exc:  # a bad client never takes the thread down
-                log.debug("probe control: connection failed: %r", exc)
-            finally:
+            if not self._clients.acquire(blocking=False):
+                conn.settimeout(1.0)
+                _send(conn, {"ok": False, "error": f"busy: {MAX_CLIENTS} clients connected"})
                 conn.close()
+                continue
+            try:
+                threading.Thread(
+                    target=self._client, args=(conn,), name="probe-control-client", daemon=True
+                ).start()
+            except RuntimeError:  # no thread to be had: refuse this one, keep serving
+                self._clients.release()
+                conn.close()
+
+    def _client(self, conn: socket.socket) -> None:
+        try:
+            self._handle_conn(conn)
+        except Exception as exc:  # a bad client never takes a thread down with it
+            log.debug("probe control: connection failed: %r", exc)
+        finally:
+            conn.close()
+            self._clients.release()
+
+    def _watch(self) -> None:
+        """The watchdog's own thread: it runs whatever any client does or does not send."""
+        while not self._stopped:
+            if self.attached_by is None:
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            time.sleep(self.watchdog_interval_s)
             self.watchdog()
 
     def _handle_conn(self, conn: socket.socket) -> None:
-        conn.settimeout(CLIENT_TIMEOUT_S)
         cred = peer_cred(conn)
         try:
             check_peer(cred)
         except PeerRefused as exc:
+            conn.settimeout(1.0)
             _send(conn, {"ok": False, "error": str(exc)})
             return
         buf = b""
-        while True:
+        while not self._stopped:
+            # the deadline is per request, from its first byte's wait: a client that
+            # trickles a byte at a time is cut off when it passes
+            deadline = time.monotonic() + REQUEST_DEADLINE_S
             nl = buf.find(b"\n")
             while nl < 0:
                 if len(buf) > MAX_LINE:
                     _send(conn, {"ok": False, "error": f"request longer than {MAX_LINE} bytes"})
                     return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    _send(
+                        conn,
+                        {"ok": False, "error": f"no whole request in {REQUEST_DEADLINE_S:g} s"},
+                    )
+                    return
+                conn.settimeout(left)
                 try:
                     chunk = conn.recv(65536)
                 except TimeoutError:
-                    return
+                    continue
                 if not chunk:
                     return
                 buf += chunk
@@ -421,7 +466,9 @@ class ControlServer:
             if len(line) > MAX_LINE:
                 _send(conn, {"ok": False, "error": f"request longer than {MAX_LINE} bytes"})
                 return
-            _send(conn, self.handle_line(line, peer_pid=cred[0]))
+            reply = self.handle_line(line, peer_pid=cred[0])
+            conn.settimeout(CLIENT_TIMEOUT_S)  # a client that never reads is dropped too
+            _send(conn, reply)
 
     # -- requests -------------------------------------------------------------------------
 
@@ -434,6 +481,8 @@ class ControlServer:
             req = json.loads(line)
         except (ValueError, UnicodeDecodeError) as exc:
             return {"ok": False, "error": f"malformed JSON: {exc}"}
+        except RecursionError:
+            return {"ok": False, "error": "malformed JSON: nested too deeply"}
         if not isinstance(req, dict):
             return {"ok": False, "error": "a request is one JSON object"}
         cmd = req.get("cmd")
@@ -489,14 +538,24 @@ class ControlServer:
         gpu_timing = req.get("gpu_timing", every)
         if isinstance(gpu_timing, bool):  # true: every N-th step as configured here
             gpu_timing = (every or 8) if gpu_timing else 0
-        if not isinstance(gpu_timing, int) or gpu_timing < 0:
-            raise ControlError("enable: gpu_timing must be true, false or a step interval >= 0")
+        if not isinstance(gpu_timing, int) or not 0 <= gpu_timing <= MAX_STEP_INTERVAL:
+            raise ControlError(
+                f"enable: gpu_timing must be true, false or a step interval 0..{MAX_STEP_INTERVAL}"
+            )
         sample_every = req.get("sample_every", 1)
-        if isinstance(sample_every, bool) or not isinstance(sample_every, int) or sample_every < 1:
-            raise ControlError("enable: sample_every must be an integer >= 1")
+        if (
+            isinstance(sample_every, bool)
+            or not isinstance(sample_every, int)
+            or not 1 <= sample_every <= MAX_STEP_INTERVAL
+        ):
+            raise ControlError(f"enable: sample_every must be an integer 1..{MAX_STEP_INTERVAL}")
         families = req.get("hooks")
         if families is not None:
-            if not isinstance(families, list) or not all(isinstance(f, str) for f in families):
+            if (
+                not isinstance(families, list)
+                or len(families) > 64
+                or not all(isinstance(f, str) for f in families)
+            ):
                 raise ControlError("enable: hooks must be a list of family names")
             known = self.host.known_families()
             unknown = sorted(set(families) - set(known))
@@ -516,6 +575,7 @@ class ControlServer:
         self.ring_path = ring
         self.attached_by = peer_pid
         self.enabled_at_ns = self.clock_ns()
+        self._wake.set()
         log.info("vllm-graph-probe: enabled by pid %d, ring %s", peer_pid, ring)
         return {"ring": ring.name}
 
@@ -582,15 +642,122 @@ def start_server(environ: Mapping[str, str] | None = None) -> ControlServer | No
     global SERVER
     if SERVER is not None and SERVER.pid == os.getpid():
         return SERVER
-    from probe.ring import default_ring_dir
-
     env = os.environ if environ is None else environ
-    run_dir = default_ring_dir(environ=env)
-    server = ControlServer(run_dir, environ=env, role_hint=role_from((), _stack_modules()))
+    rdir = run_dir(env)
+    sweep_dead_sockets(rdir)
+    server = ControlServer(rdir, environ=env, role_hint=role_from((), _stack_modules()))
     server.open()
     SERVER = server
-    atexit.register(_close_at_exit, server)
+    _close_at_exit_everywhere(server)
     return server
+
+
+FALLBACK_PREFIX = "vllm-graph-probe-"
+
+
+def run_dir(
+    environ: Mapping[str, str] | None = None,
+    *,
+    shm_root: str = "/dev/shm",
+    tmp_root: str | None = None,
+) -> Path:
+    """The run directory for control sockets and rings, created 0700 and checked.
+
+    ``$PROBE_RUN_DIR`` when set (used as given: an unsafe one is an error). Otherwise the
+    shared default (:func:`probe.ring.default_ring_dir`); when that one is not safe
+    (another user created it, it is group-writable, a link), ``$XDG_RUNTIME_DIR``'s
+    ``vllm-graph-probe``, then a private temporary folder ``vllm-graph-probe-<uid>-*``,
+    each with a warning that names the unsafe directory. :func:`candidate_run_dirs` lists
+    the same places for readers.
+    """
+    from probe.ring import UnsafeRingDirError, check_ring_dir, default_ring_dir
+
+    env = os.environ if environ is None else environ
+    if env.get(config.RUN_DIR.name):
+        return default_ring_dir(environ=env)
+    try:
+        return default_ring_dir(environ=env, shm_root=shm_root, tmp_root=tmp_root)
+    except UnsafeRingDirError as exc:
+        unsafe = exc
+    xdg = env.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg) and os.path.isdir(xdg):
+        d = Path(xdg) / "vllm-graph-probe"
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(d, 0o700)
+            chosen = check_ring_dir(d)
+            log.warning("vllm-graph-probe: %s; using %s instead", unsafe, chosen)
+            return chosen
+        except OSError:
+            pass
+    for d in _private_tmp_dirs(tmp_root):
+        log.warning("vllm-graph-probe: %s; using %s instead", unsafe, d)
+        return d
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix=f"{FALLBACK_PREFIX}{os.getuid()}-", dir=tmp_root))
+    log.warning("vllm-graph-probe: %s; using the private folder %s instead", unsafe, d)
+    return d
+
+
+def _private_tmp_dirs(tmp_root: str | None = None) -> list[Path]:
+    """Our earlier private fallback folders (safe ones only), oldest first."""
+    import tempfile
+
+    from probe.ring import UnsafeRingDirError, check_ring_dir
+
+    root = Path(tmp_root if tmp_root is not None else tempfile.gettempdir())
+    out = []
+    with contextlib.suppress(OSError):
+        for d in sorted(root.glob(f"{FALLBACK_PREFIX}{os.getuid()}-*")):
+            with contextlib.suppress(UnsafeRingDirError, OSError):
+                out.append(check_ring_dir(d))
+    return out
+
+
+def candidate_run_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """Every safe place a server of this user may have put its socket (for readers)."""
+    from probe.ring import UnsafeRingDirError, check_ring_dir, default_ring_dir
+
+    env = os.environ if environ is None else environ
+    out: list[Path] = []
+    with contextlib.suppress(UnsafeRingDirError, OSError):
+        out.append(default_ring_dir(environ=env))
+    if env.get(config.RUN_DIR.name):
+        return out
+    xdg = env.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg):
+        with contextlib.suppress(UnsafeRingDirError, OSError):
+            out.append(check_ring_dir(Path(xdg) / "vllm-graph-probe"))
+    out += _private_tmp_dirs()
+    return out
+
+
+def sweep_dead_sockets(d: Path) -> int:
+    """Remove control sockets in ``d`` whose process is gone (killed without cleanup)."""
+    n = 0
+    with contextlib.suppress(OSError):
+        for p in d.iterdir():
+            m = SOCK_RE.match(p.name)
+            if m and not pid_alive(int(m.group(1))):
+                with contextlib.suppress(OSError):
+                    p.unlink()
+                    n += 1
+    return n
+
+
+def _close_at_exit_everywhere(server: ControlServer) -> None:
+    """Close (and remove the socket) when this process exits, however Python exits.
+
+    ``atexit`` does not run in a ``multiprocessing`` child (vLLM's engine core and
+    workers): it ends with ``os._exit`` after running multiprocessing's own finalizers,
+    so the socket of a worker stopped by SIGTERM stayed behind. Both are registered;
+    ``close`` is idempotent.
+    """
+    import multiprocessing.util
+
+    atexit.register(_close_at_exit, server)
+    multiprocessing.util.Finalize(None, _close_at_exit, args=(server,), exitpriority=10)
 
 
 def _close_at_exit(server: ControlServer) -> None:
@@ -619,9 +786,12 @@ __all__ = [
     "ControlError",
     "ControlServer",
     "PeerRefused",
+    "candidate_run_dirs",
     "check_peer",
     "peer_cred",
     "role_from",
+    "run_dir",
     "socket_path",
     "start_server",
+    "sweep_dead_sockets",
 ]

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import re
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
@@ -351,7 +353,10 @@ class RecordingWriter:
             self.commit()
 
     def commit(self) -> None:
+        """Commit, then checkpoint: the ``.db`` alone holds everything committed so far
+        (a copy of it, or a killed reader's file read without its ``-wal``)."""
         self.db.commit()
+        self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         self._last_commit = time.monotonic()
 
     def close(self) -> None:
@@ -446,6 +451,57 @@ class _Reader:
         return member
 
 
+def _damaged(p: Path, exc: BaseException) -> RecordingError:
+    why = " ".join(str(exc).split())  # SQLite's messages can span lines
+    return RecordingError(f"{p}: damaged or truncated recording ({why})")
+
+
+def _connect_read_only(p: Path) -> sqlite3.Connection:
+    """Open ``p`` read-only, creating nothing beside it.
+
+    Only a regular file is opened (a FIFO would block, a device is not a recording). The
+    URI is built from the absolute path with every reserved character quoted (``?``,
+    ``#`` and ``%`` in a name are that file's name, never URI syntax). A recording that
+    is still being written (WAL mode with its ``-wal`` and ``-shm`` beside it) is read
+    through them, so its readers see what the writer committed; any other file is opened
+    ``immutable=1``: nothing is created beside it, a read-only medium works, and a
+    recording left by a killed reader is read from the ``.db`` alone up to its last
+    checkpoint (the writer checkpoints on every commit).
+    """
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise RecordingError(f"{p}: no such file") from None
+    except OSError as exc:
+        raise RecordingError(f"{p}: cannot read ({exc.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise RecordingError(f"{p}: is a directory, not a recording")
+    if not stat.S_ISREG(st.st_mode):
+        raise RecordingError(f"{p}: not a regular file (a FIFO, socket or device), not a recording")
+    try:
+        # O_NONBLOCK: a FIFO swapped in after the stat must not block the open
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise RecordingError(f"{p}: not a regular file, not a recording")
+            head = os.pread(fd, 100, 0)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise RecordingError(f"{p}: cannot read ({exc.strerror})") from None
+    if head[:16] != b"SQLite format 3\x00":
+        raise RecordingError(f"{p}: not a probe recording (not an SQLite database)")
+    wal_mode = len(head) > 19 and head[18] == 2 and head[19] == 2
+    live = wal_mode and Path(f"{p}-wal").is_file() and Path(f"{p}-shm").is_file()
+    uri = p.absolute().as_uri() + ("?mode=ro" if live else "?mode=ro&immutable=1")
+    try:
+        db = sqlite3.connect(uri, uri=True)
+    except sqlite3.DatabaseError as exc:
+        raise _damaged(p, exc) from None
+    db.text_factory = lambda b: b.decode("utf-8", "replace")
+    return db
+
+
 @dataclass(frozen=True)
 class Recording:
     """A recording opened for reading (validated).
@@ -465,29 +521,22 @@ class Recording:
     @classmethod
     def open(cls, path: str | Path) -> Recording:
         p = Path(path)
-        if not p.exists():
-            raise RecordingError(f"{p}: no such file")
-        if p.is_dir():
-            raise RecordingError(f"{p}: is a directory, not a recording")
+        db = _connect_read_only(p)
         try:
-            with open(p, "rb") as fh:
-                head = fh.read(16)
-        except OSError as exc:
-            raise RecordingError(f"{p}: cannot read ({exc.strerror})") from None
-        if head != b"SQLite format 3\x00":
-            raise RecordingError(f"{p}: not a probe recording (not an SQLite database)")
+            cls._validate(p, db)
+        except BaseException:
+            db.close()
+            raise
+        db.row_factory = sqlite3.Row
+        return cls(p, db)
 
-        def damaged(exc: BaseException) -> RecordingError:
-            why = " ".join(str(exc).split())  # SQLite's messages can span lines
-            return RecordingError(f"{p}: damaged or truncated recording ({why})")
-
+    @staticmethod
+    def _validate(p: Path, db: sqlite3.Connection) -> None:
         try:
-            db = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
-            db.text_factory = lambda b: b.decode("utf-8", "replace")
             app = db.execute("PRAGMA application_id").fetchone()[0]
             ver = db.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError as exc:
-            raise damaged(exc) from None
+            raise _damaged(p, exc) from None
         if app != APPLICATION_ID:
             raise RecordingError(f"{p}: an SQLite database, but not a probe recording")
         if ver != SCHEMA_VERSION:
@@ -497,12 +546,10 @@ class Recording:
         try:
             check = db.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
-                raise damaged(RuntimeError(check))
+                raise _damaged(p, RuntimeError(check))
             _check_schema(p, db)
         except sqlite3.DatabaseError as exc:
-            raise damaged(exc) from None
-        db.row_factory = sqlite3.Row
-        return cls(p, db)
+            raise _damaged(p, exc) from None
 
     def meta(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

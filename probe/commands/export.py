@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import socket
 import sys
 from pathlib import Path
 from typing import Any
 
-from probe.commands import open_recording
-from probe.errors import UsageError
+from probe.commands import endpoint, open_recording, positive_float
+from probe.errors import RuntimeFailure, UsageError
+from probe.output import check_target, path_for, write_bytes
 
 
 def _sink_module(name: str) -> Any:
@@ -31,13 +33,27 @@ def _sink_module(name: str) -> Any:
         raise UsageError(f"export: {exc}") from None
 
 
-def _check_out(path: str, flag: str) -> Path:
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"export: {flag} {p} is a directory")
-    if not p.parent.exists():
-        raise UsageError(f"export: {flag}: directory {p.parent} does not exist")
-    return p
+def check_reachable(endpoint: str, protocol: str, timeout_s: float) -> None:
+    """Fail fast: a TCP connection to the endpoint within ``timeout_s``, or one error line.
+
+    The OTLP exporters retry a refused or silent endpoint with backoff for much longer
+    than their timeout; this check makes ``--timeout`` the bound a user sees.
+    """
+    from urllib.parse import urlsplit
+
+    url = endpoint if "://" in endpoint else f"http://{endpoint}"
+    parts = urlsplit(url)
+    default = 4317 if protocol == "grpc" else (443 if parts.scheme == "https" else 4318)
+    host, port = parts.hostname or "localhost", parts.port or default
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise RuntimeFailure(
+            f"export: --otlp {endpoint}: cannot connect to {host}:{port} "
+            f"within --timeout {timeout_s:g} s ({why}); nothing exported"
+        ) from None
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -45,22 +61,29 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError("export: give at least one of --otlp, --prometheus-textfile, --perfetto")
     if not 0.0 <= args.sampling <= 1.0:
         raise UsageError(f"export: --sampling must be within 0..1, got {args.sampling}")
-    textfile = (
-        _check_out(args.prometheus_textfile, "--prometheus-textfile")
-        if args.prometheus_textfile
-        else None
-    )
-    perfetto_out = _check_out(args.perfetto, "--perfetto") if args.perfetto else None
+    # None: standard output (-)
+    textfile: Path | None = None
+    perfetto_out: Path | None = None
+    if args.prometheus_textfile:
+        textfile = check_target(
+            args.prometheus_textfile, force=args.force, flag="--prometheus-textfile"
+        )
+    if args.perfetto:
+        perfetto_out = check_target(args.perfetto, force=args.force, flag="--perfetto")
+    if args.prometheus_textfile == "-" and args.perfetto == "-":
+        raise UsageError("export: only one of --prometheus-textfile and --perfetto can be -")
     rec = open_recording(args.recording)
     from exporters.base import replay
 
     err = sys.stderr
-    if textfile is not None:
+    if args.otlp:
+        check_reachable(args.otlp, args.otlp_protocol, args.timeout)
+    if args.prometheus_textfile:
         prom = _sink_module("prometheus")
         sink = prom.PrometheusSink()
         n = replay(rec, sink)
-        prom.write_textfile(sink, textfile)
-        print(f"probe: {n} steps -> {textfile}", file=err)
+        write_bytes(textfile, sink.exposition())
+        print(f"probe: {n} steps -> {textfile or 'standard output'}", file=err)
     if args.otlp:
         otlp = _sink_module("otlp")
         # one line at the end says what failed; the SDK's per-batch retry warnings do not
@@ -78,7 +101,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         osink.flush(int(args.timeout * 1000))
         osink.close()
         if osink.spans_failed:
-            raise UsageError(
+            raise RuntimeFailure(
                 f"export: {args.otlp} refused or did not answer: "
                 f"{osink.spans_failed} span(s) not exported ({osink.spans_exported} exported)"
             )
@@ -87,7 +110,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"{args.otlp} ({args.otlp_protocol})",
             file=err,
         )
-    if perfetto_out is not None:
+    if args.perfetto:
         if importlib.util.find_spec("exporters.perfetto") is None:
             raise UsageError("export: --perfetto is unavailable (no exporters.perfetto module)")
         mod = _sink_module("perfetto")
@@ -96,15 +119,21 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise UsageError(
                 "export: --perfetto is unavailable (exporters.perfetto has no write_recording)"
             )
-        write(rec, perfetto_out)
-        print(f"probe: timeline -> {perfetto_out}", file=err)
+        with path_for(perfetto_out) as tmp:
+            write(rec, tmp)
+        print(f"probe: timeline -> {perfetto_out or 'standard output'}", file=err)
     return 0
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("export", help="export a recording: OTLP, Prometheus textfile, Perfetto")
     p.add_argument("recording", nargs="?", help="recording (default: the bundled one)")
-    p.add_argument("--otlp", metavar="ENDPOINT", help="OTLP endpoint, e.g. http://127.0.0.1:4318")
+    p.add_argument(
+        "--otlp",
+        metavar="ENDPOINT",
+        type=endpoint,
+        help="OTLP endpoint, e.g. http://127.0.0.1:4318",
+    )
     p.add_argument(
         "--otlp-protocol",
         choices=("http/protobuf", "grpc"),
@@ -114,7 +143,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--sampling", type=float, default=1.0, help="share of steps exported as spans (0..1)"
     )
-    p.add_argument("--timeout", type=float, default=10.0, help="OTLP export timeout, s")
-    p.add_argument("--prometheus-textfile", metavar="PATH", help="write a .prom textfile")
-    p.add_argument("--perfetto", metavar="PATH", help="write a Perfetto trace")
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=10.0,
+        help="OTLP: connect and export within S seconds, else fail",
+    )
+    p.add_argument(
+        "--prometheus-textfile", metavar="PATH", help="write a .prom textfile (-: stdout)"
+    )
+    p.add_argument("--perfetto", metavar="PATH", help="write a Perfetto trace (-: stdout)")
+    p.add_argument("--force", action="store_true", help="overwrite existing output files")
     p.set_defaults(func=cmd_export)

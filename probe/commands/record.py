@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -19,45 +20,92 @@ from pathlib import Path
 from typing import Any
 
 from probe import config
-from probe.commands import boottime_ns, probe_version, storage_guard
-from probe.errors import UsageError
+from probe.commands import (
+    address,
+    boottime_ns,
+    endpoint,
+    positive_float,
+    probe_version,
+    storage_guard,
+)
+from probe.errors import RuntimeFailure, UsageError
+
+
+def check_command(cmd: list[str], who: str) -> list[str]:
+    """The command after ``--``, checked: it exists and can be executed."""
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError(
+            f"{who}: give the command to run after --, e.g. "
+            "probe record --out run.probe.db -- vllm serve MODEL"
+        )
+    exe = cmd[0]
+    found = shutil.which(exe) if os.sep not in exe else exe
+    if found is None or not Path(found).exists():
+        raise UsageError(f"{who}: command not found: {exe}")
+    if Path(found).is_dir():
+        raise UsageError(f"{who}: {exe} is a directory, not a command")
+    if not os.access(found, os.X_OK):
+        raise UsageError(f"{who}: {exe} is not executable")
+    return cmd
+
+
+def check_probe_env(env: dict[str, str], who: str) -> None:
+    """Every ``PROBE_*`` value the probed command will read, checked here and now."""
+    from probe import hooks
+    from probe.hooks.snapshot import OverrideError, parse_override
+
+    try:
+        config.validate(env)
+    except config.ConfigError as exc:
+        raise UsageError(f"{who}: {exc}") from None
+    fams = config.get(config.HOOKS, env)
+    if fams:
+        unknown = sorted({f.strip() for f in fams.split(",")} - set(hooks.FAMILIES))
+        if unknown:
+            raise UsageError(
+                f"{who}: unknown hook families {unknown}; known: {', '.join(hooks.FAMILIES)}"
+            )
+    override = config.get(config.CG_SUPPORT_OVERRIDE, env)
+    if override:
+        try:
+            parse_override(override)
+        except OverrideError as exc:
+            raise UsageError(f"{who}: --override {exc}") from None
+
+
+def session_parent(run_dir: str | None, who: str) -> Path | None:
+    """``--run-dir``, checked: an existing directory of ours (or one we can create)."""
+    if run_dir is None:
+        return None
+    from probe.ring import UnsafeRingDirError, check_ring_dir
+
+    p = Path(run_dir)
+    if not p.exists():
+        if not p.parent.is_dir():
+            raise UsageError(f"{who}: --run-dir {p}: directory {p.parent} does not exist")
+        return p
+    try:
+        return check_ring_dir(p)
+    except UnsafeRingDirError as exc:
+        raise UsageError(f"{who}: --run-dir {exc}") from None
 
 
 def cmd_record(args: argparse.Namespace) -> int:
     from probe.collector import Collector, RecordingSink, ring_dir_for_session
     from probe.commands.attach import sample_every_arg
-    from probe.hooks.snapshot import OverrideError, parse_override
+    from probe.output import check_target, new_file_in_place
     from probe.recording import RecordingWriter
 
     sample = sample_every_arg(args)
-    cmd = list(args.command)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        raise UsageError(
-            "record: give the command to run after --, e.g. "
-            "probe record --out run.probe.db -- vllm serve MODEL"
-        )
-    if shutil.which(cmd[0]) is None and not Path(cmd[0]).exists():
-        raise UsageError(f"record: command not found: {cmd[0]}")
-    out = Path(args.out)
-    if out.exists() and not args.force:
-        raise UsageError(f"record: {out} exists (use --force to overwrite)")
-    if not out.parent.exists():
-        raise UsageError(f"record: directory {out.parent} does not exist")
-    if args.override:
-        try:
-            parse_override(args.override)
-        except OverrideError as exc:
-            raise UsageError(f"record: --override {exc}") from None
-    if out.exists():
-        out.unlink()
-    for suffix in ("-wal", "-shm"):
-        Path(str(out) + suffix).unlink(missing_ok=True)
-    run_dir = ring_dir_for_session(args.run_dir)
+    cmd = check_command(list(args.command), "record")
+    out = check_target(args.out, force=args.force, flag="--out")
+    if out is None:
+        raise UsageError("record: --out -: a recording is a file (it is written while it grows)")
+    parent = session_parent(args.run_dir, "record")
     env = dict(os.environ)
     env[config.ENABLE.name] = "1"
-    env[config.RUN_DIR.name] = str(run_dir)
     env.setdefault(config.CONTROL.name, "0")
     if args.override:
         env[config.CG_SUPPORT_OVERRIDE.name] = args.override
@@ -67,36 +115,55 @@ def cmd_record(args: argparse.Namespace) -> int:
         env[config.GPU_TIMING.name] = "0"
     if sample > 1:
         env[config.SAMPLE_EVERY.name] = str(sample)
+    check_probe_env(env, "record")
+    sinks: list[Any] = []
+    if args.prometheus or args.otlp:
+        from probe.commands.attach import exporter_sink
+
+        if args.prometheus:
+            sinks.append(exporter_sink("prometheus", "--prometheus", args.prometheus))
+        if args.otlp:
+            sinks.append(exporter_sink("otlp", "--otlp", args.otlp))
+    # everything is checked: from here on a failure is the command's or the disk's
+    new_file_in_place(out)
     try:
         writer = RecordingWriter(out)
-    except Exception as exc:
-        raise UsageError(f"record: cannot write {out}: {exc}") from None
+    except (OSError, sqlite3.Error) as exc:
+        out.unlink(missing_ok=True)
+        raise RuntimeFailure(f"record: cannot write {out}: {' '.join(str(exc).split())}") from None
     writer.set_meta(
         command=cmd,
+        probe_command=["probe", *sys.argv[1:]],
         host=socket.gethostname(),
         probe_version=probe_version(),
         override=args.override or "",
         sample_every=sample,
         started_epoch_ns=time.time_ns(),
     )
-    sinks: list[Any] = [RecordingSink(writer)]
-    if args.prometheus or args.otlp:
-        from probe.commands.attach import exporter_sink
+    sinks.insert(0, RecordingSink(writer))
+    run_dir = ring_dir_for_session(parent)
+    env[config.RUN_DIR.name] = str(run_dir)
+    try:
+        return _run(args, cmd, env, out, writer, Collector(run_dir, sinks, now_ns=boottime_ns))
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
-        try:
-            if args.prometheus:
-                sinks.append(exporter_sink("prometheus", "--prometheus", args.prometheus))
-            if args.otlp:
-                sinks.append(exporter_sink("otlp", "--otlp", args.otlp))
-        except UsageError:
-            writer.close()
-            out.unlink(missing_ok=True)
-            shutil.rmtree(run_dir, ignore_errors=True)
-            raise
-    col = Collector(run_dir, sinks, now_ns=boottime_ns)
+
+def _run(
+    args: argparse.Namespace,
+    cmd: list[str],
+    env: dict[str, str],
+    out: Path,
+    writer: Any,
+    col: Any,
+) -> int:
     err = sys.stderr
     print(f"probe: recording {' '.join(cmd)} -> {out}", file=err)
-    child = subprocess.Popen(cmd, env=env)
+    try:
+        child = subprocess.Popen(cmd, env=env)
+    except OSError as exc:
+        storage_guard(col.close, out)
+        raise RuntimeFailure(f"record: cannot start {cmd[0]}: {exc.strerror or exc}") from None
     config.lower_reader_priority()  # after the fork: the command keeps the user's priority
     stop = {"n": 0}
 
@@ -135,7 +202,6 @@ def cmd_record(args: argparse.Namespace) -> int:
 
         end_failed = storage_guard(finish, out)
         failed = failed or end_failed
-        shutil.rmtree(run_dir, ignore_errors=True)
     steps = sum(p.steps_seen for p in col.procs.values())
     dropped = sum(p.dropped for p in col.procs.values())
     print(
@@ -156,19 +222,31 @@ def add_parser(sub: Any) -> None:
 
     r = sub.add_parser("record", help="run a command with the probe on; write a recording")
     r.add_argument("--out", "-o", required=True, help="recording file to write (.probe.db)")
-    r.add_argument("--force", action="store_true", help="overwrite --out")
+    r.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     r.add_argument(
         "--override",
         help="what-if graph support, e.g. "
         "FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE",
     )
     r.add_argument("--hooks", help="comma-separated hook families (default: all)")
-    r.add_argument("--duration", type=float, help="stop the command after S seconds (SIGINT)")
-    r.add_argument("--interval", type=float, default=0.05, help="ring poll interval, s")
+    r.add_argument(
+        "--duration", type=positive_float, help="stop the command after S seconds (SIGINT)"
+    )
+    r.add_argument("--interval", type=positive_float, default=0.05, help="ring poll interval, s")
     r.add_argument("--run-dir", help="directory for the session's rings")
     r.add_argument("--no-gpu-timing", action="store_true", help="no device events")
     add_sample_arg(r)
-    r.add_argument("--prometheus", metavar="ADDR", help="also serve /metrics on ADDR (host:port)")
-    r.add_argument("--otlp", metavar="ENDPOINT", help="also export spans and metrics over OTLP")
+    r.add_argument(
+        "--prometheus",
+        metavar="ADDR",
+        type=address,
+        help="also serve /metrics on ADDR (host:port)",
+    )
+    r.add_argument(
+        "--otlp",
+        metavar="ENDPOINT",
+        type=endpoint,
+        help="also export spans and metrics over OTLP",
+    )
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     r.set_defaults(func=cmd_record)

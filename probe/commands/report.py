@@ -11,7 +11,7 @@ import json
 import sqlite3
 from typing import Any
 
-from probe.commands import console, open_recording
+from probe.commands import console, open_recording, width
 from probe.errors import UsageError
 
 
@@ -37,7 +37,7 @@ def add_recording_args(q: argparse.ArgumentParser) -> None:
     """The recording, ``--json`` and ``--width`` of ``report`` and ``doctor``."""
     q.add_argument("recording", nargs="?", help="recording (default: the bundled one)")
     q.add_argument("--json", action="store_true", help="machine-readable output")
-    q.add_argument("--width", type=int, help="terminal width")
+    q.add_argument("--width", type=width, help="terminal width in columns (20..1000)")
 
 
 def add_parser(sub: Any) -> None:
