@@ -341,6 +341,8 @@ class RecordingSink:
         w.commit()
 
     def on_steps(self, proc: ProcessState, steps: Sequence[Step], gpu: Sequence[GpuSample]) -> None:
+        # the process row first: at every commit point each step's pid is a process
+        self.writer.add_process(proc.pid, proc.hello)
         self.writer.set_strings(proc.pid, proc.decoder.strings)
         self.writer.add_steps(steps)
         if gpu:

@@ -264,16 +264,14 @@ class RecordingWriter:
         )
 
     def add_process(self, pid: int, hello: Hello | None) -> None:
-        self.db.execute(
-            "INSERT OR IGNORE INTO processes (pid, boottime_ns, epoch_ns, perf_counter_ns) "
-            "VALUES (?, ?, ?, ?)",
-            (
-                pid,
-                hello.boottime_ns if hello else None,
-                hello.epoch_ns if hello else None,
-                hello.perf_counter_ns if hello else None,
-            ),
-        )
+        """The process row (once); its clock pair as soon as a hello is known."""
+        self.db.execute("INSERT OR IGNORE INTO processes (pid) VALUES (?)", (pid,))
+        if hello is not None:
+            self.db.execute(
+                "UPDATE processes SET boottime_ns=?, epoch_ns=?, perf_counter_ns=? "
+                "WHERE pid=? AND boottime_ns IS NULL",
+                (hello.boottime_ns, hello.epoch_ns, hello.perf_counter_ns, pid),
+            )
 
     def set_snapshot(self, pid: int, snap: dict[str, Any]) -> None:
         self.db.execute(
@@ -397,6 +395,19 @@ def _check_schema(p: Path, db: sqlite3.Connection) -> None:
         if lost:
             raise RecordingError(
                 f"{p}: damaged or incomplete recording (table {table} has no {', '.join(lost)})"
+            )
+
+
+def _check_pids(p: Path, db: sqlite3.Connection) -> None:
+    """Every row's pid names a process of the recording (a flipped byte in a pid would
+    otherwise reach the exporters as a process nobody declared)."""
+    for table in ("steps", "gpu", *(t.name for t in DETAIL_TABLES)):
+        row = db.execute(
+            f"SELECT pid FROM {table} WHERE pid NOT IN (SELECT pid FROM processes) LIMIT 1"
+        ).fetchone()
+        if row is not None:
+            raise RecordingError(
+                f"{p}: damaged recording: {table} has pid {row[0]!r}, not in processes"
             )
 
 
@@ -548,6 +559,7 @@ class Recording:
             if check != "ok":
                 raise _damaged(p, RuntimeError(check))
             _check_schema(p, db)
+            _check_pids(p, db)
         except sqlite3.DatabaseError as exc:
             raise _damaged(p, exc) from None
 

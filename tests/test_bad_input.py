@@ -168,6 +168,8 @@ import os, signal
 from probe.recording import Recording, RecordingWriter
 src = Recording.open({str(BUNDLED)!r})
 w = RecordingWriter({str(path)!r})
+for p in src.processes():
+    w.db.execute("INSERT INTO processes (pid) VALUES (?)", (p["pid"],))
 w.add_steps(s for i, s in zip(range({steps}), src.iter_steps()))
 w.commit()
 os.kill(os.getpid(), signal.SIGKILL)
@@ -592,3 +594,21 @@ def test_the_known_gaps_section_the_documents_point_to_exists() -> None:
         text = (ROOT / "docs" / doc).read_text()
         if "Known gaps" in text:
             assert "\n## Known gaps" in (ROOT / "docs" / "reliability.md").read_text(), doc
+
+
+# -- content after the header: a pid that names no process (found by the fuzz) ----------------
+
+
+@pytest.mark.parametrize("cmd", [["report"], ["export", "--perfetto", "{d}/x.pftrace"]])
+def test_a_step_of_an_undeclared_process_is_a_damaged_recording(
+    tmp_path: Path, cmd: list[str]
+) -> None:
+    import sqlite3
+
+    rec = tmp_path / "r.probe.db"
+    shutil.copy(BUNDLED, rec)
+    with sqlite3.connect(rec) as db:  # one flipped bit in one step's pid
+        db.execute("UPDATE steps SET pid = pid ^ 1 WHERE rowid = (SELECT min(rowid) FROM steps)")
+    r = probe(*[a.replace("{d}", str(tmp_path)) for a in cmd], str(rec))
+    assert "not in processes" in one_error(r, 2)
+    assert not (tmp_path / "x.pftrace").exists()
