@@ -607,8 +607,8 @@ def test_a_step_of_an_undeclared_process_is_a_damaged_recording(
 
     rec = tmp_path / "r.probe.db"
     shutil.copy(BUNDLED, rec)
-    with sqlite3.connect(rec) as db:  # one flipped bit in one step's pid
-        db.execute("UPDATE steps SET pid = pid ^ 1 WHERE rowid = (SELECT min(rowid) FROM steps)")
+    with sqlite3.connect(rec) as db:  # one step's pid changed by one
+        db.execute("UPDATE steps SET pid = pid + 1 WHERE rowid = (SELECT min(rowid) FROM steps)")
     r = probe(*[a.replace("{d}", str(tmp_path)) for a in cmd], str(rec))
     assert "not in processes" in one_error(r, 2)
     assert not (tmp_path / "x.pftrace").exists()
