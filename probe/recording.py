@@ -411,6 +411,13 @@ def _check_pids(p: Path, db: sqlite3.Connection) -> None:
             )
 
 
+def _check_order(rd: _Reader, table: str, row: tuple[Any, ...], kw: dict[str, Any]) -> None:
+    """A span that ends before it starts is damage, not data."""
+    t0, t1 = kw.get("t0"), kw.get("t1")
+    if isinstance(t0, int) and isinstance(t1, int) and t1 < t0:
+        raise rd.fail(table, row, "t1", f"is {t1}, before t0 {t0}")
+
+
 class _Reader:
     """Turns rows into typed values, refusing any that does not fit its column."""
 
@@ -615,6 +622,7 @@ class Recording:
                     kw["phases"][c.phase] = val
                 else:
                     kw[c.field] = val
+            _check_order(rd, "steps", row, kw)
             key = (kw["pid"], kw["step"])
             for t in DETAIL_TABLES:
                 got: list[Any] = []
@@ -649,11 +657,15 @@ class Recording:
                     flags |= c.kind if rd.value(t.name, row, c.name, v, c.kind) else 0
                 elif c.kind is str:  # the builder's name: its id in builder_names()
                     name = rd.value(t.name, row, c.name, v, str, nullable=True)
-                    kw[c.attr] = ids[pid][name if name is not None else "?"]
+                    bid = ids.get(pid, {}).get(name if name is not None else "?")
+                    if bid is None:
+                        raise rd.fail(t.name, row, c.name, f"{name!r} is not a known builder")
+                    kw[c.attr] = bid
                 else:
                     kw[c.attr] = rd.value(t.name, row, c.name, v, c.kind, min=c.min)
             if "flags" in {f.name for f in fields(t.record)}:
                 kw["flags"] = int(flags)
+            _check_order(rd, t.name, row, kw)
             yield (pid, step), t.record(**kw)
 
     def faults(self) -> list[dict[str, Any]]:
