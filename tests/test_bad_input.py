@@ -624,7 +624,8 @@ def test_a_span_that_ends_before_it_starts_is_a_damaged_recording(
     shutil.copy(BUNDLED, rec)
     with sqlite3.connect(rec) as db:  # found by the fuzz: one byte of a span's t1 flipped
         db.execute(
-            "UPDATE spans SET t1_ns = t0_ns - 17179869184 WHERE rowid = (SELECT min(rowid) FROM spans)"
+            "UPDATE spans SET t1_ns = t0_ns - 17179869184 "
+            "WHERE rowid = (SELECT min(rowid) FROM spans)"
         )
     r = probe(*[a.replace("{d}", str(tmp_path)) for a in cmd], str(rec))
     assert "before t0" in one_error(r, 2)
