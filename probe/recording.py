@@ -682,14 +682,26 @@ class Recording:
     # Raw rows, for the writers of foreign formats that still read SQL rows; analysis,
     # the report and the exporters read Steps (iter_steps).
     def steps(self, where: str = "", params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        """Raw step rows (prefer :meth:`iter_steps`); a row ending before it starts is
+        refused here too."""
         q = "SELECT * FROM steps" + (f" WHERE {where}" if where else "") + " ORDER BY pid, step"
-        return [dict(r) for r in self.db.execute(q, params)]
+        return [self._ordered("steps", dict(r)) for r in self.db.execute(q, params)]
 
     def rows(self, table: str) -> Iterator[dict[str, Any]]:
+        """Raw rows of a detail table (prefer :meth:`iter_steps`); a row ending before it
+        starts is refused here too."""
         if table not in {t.name for t in DETAIL_TABLES} | {"faults", "outside", "anomalies"}:
             raise ValueError(f"unknown table {table!r}")
         for r in self.db.execute(f"SELECT * FROM {table}"):
-            yield dict(r)
+            yield self._ordered(table, dict(r))
+
+    def _ordered(self, table: str, row: dict[str, Any]) -> dict[str, Any]:
+        t0, t1 = row.get("t0_ns"), row.get("t1_ns")
+        if type(t0) is int and type(t1) is int and t1 < t0:
+            raise _Reader(self.path).fail(
+                table, (row.get("pid"), row.get("step")), "t1", f"is {t1}, before t0 {t0}"
+            )
+        return row
 
     def close(self) -> None:
         self.db.close()

@@ -57,6 +57,15 @@ def check_reachable(endpoint: str, protocol: str, timeout_s: float) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from probe.recording import RecordingError
+
+    try:
+        return _export(args)
+    except RecordingError as exc:  # a damaged row met while writing: nothing is left
+        raise UsageError(str(exc)) from None
+
+
+def _export(args: argparse.Namespace) -> int:
     if not (args.otlp or args.prometheus_textfile or args.perfetto):
         raise UsageError("export: give at least one of --otlp, --prometheus-textfile, --perfetto")
     if not 0.0 <= args.sampling <= 1.0:

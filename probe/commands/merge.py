@@ -56,6 +56,15 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from probe.recording import RecordingError
+
+    try:
+        return _run(args)
+    except RecordingError as exc:  # a damaged row met while merging: nothing is left
+        raise UsageError(str(exc)) from None
+
+
+def _run(args: argparse.Namespace) -> int:
     from exporters.merge import (
         AlignmentError,
         align,
