@@ -86,6 +86,7 @@ def _export(args: argparse.Namespace) -> int:
 
     err = sys.stderr
     if args.otlp:
+        _sink_module("otlp")  # a missing extra is named before anything else
         check_reachable(args.otlp, args.otlp_protocol, args.timeout)
     if args.prometheus_textfile:
         prom = _sink_module("prometheus")
