@@ -16,6 +16,8 @@ import json
 import logging
 import os
 import re
+import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +66,8 @@ class ProcessState:
     steps_seen: int = 0
     dropped: int = 0
     announced: bool = False
+    spool: deque[bytes] = field(default_factory=deque)
+    """Records read from the ring, not yet decoded (``Collector(assemble_s=...)``)."""
 
     @property
     def hello(self) -> Hello | None:
@@ -99,11 +103,22 @@ class Collector:
         rings: Iterable[str | Path] = (),
         now_ns: Callable[[], int] | None = None,
         batch: int = 4096,
+        assemble_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``assemble_s``: the reader's split for a busy host. ``None`` (the default):
+        each poll decodes, assembles and hands on what it read. A number: each poll
+        first drains every ring into an in-memory spool (a copy: cheap, so the rings
+        never fill and the heartbeat stays fresh however little CPU the reader gets),
+        then decodes, assembles and feeds the sinks for at most that many seconds;
+        the rest waits for the next poll, and :meth:`close` finishes it after the
+        engine has been detached."""
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.sinks = list(sinks)
         self.procs: dict[int, ProcessState] = {}
         self.batch = batch
+        self.assemble_s = assemble_s
+        self._clock = clock
         self._now = now_ns
         self._explicit = [Path(r) for r in rings]
         self.errors: list[str] = []
@@ -130,9 +145,64 @@ class Collector:
         """Read every ring once; returns the number of records read."""
         self.discover()
         total = 0
+        if self.assemble_s is None:
+            for proc in list(self.procs.values()):
+                total += self._drain(proc)
+            return total
         for proc in list(self.procs.values()):
-            total += self._drain(proc)
+            total += self._spool(proc)
+        self.assemble(self.assemble_s)
         return total
+
+    @property
+    def spooled(self) -> int:
+        """Records read from the rings and not assembled yet."""
+        return sum(len(p.spool) for p in self.procs.values())
+
+    def _spool(self, proc: ProcessState) -> int:
+        """Copy everything committed in the ring into the spool (no decoding)."""
+        n = 0
+        while True:
+            recs = proc.reader.read(self.batch)
+            n += len(recs)
+            proc.spool.extend(recs)
+            if len(recs) < self.batch:
+                break
+        if self._now is not None:
+            proc.reader.touch_heartbeat(self._now())
+        proc.dropped = proc.reader.dropped
+        return n
+
+    def assemble(self, budget_s: float | None = None) -> int:
+        """Decode and assemble spooled records (all, or for about ``budget_s``)."""
+        t_end = None if budget_s is None else self._clock() + budget_s
+        done = 0
+        for proc in list(self.procs.values()):
+            while proc.spool:
+                k = min(len(proc.spool), 512)
+                self._assemble(proc, [proc.spool.popleft() for _ in range(k)])
+                done += k
+                if t_end is not None and self._clock() >= t_end:
+                    break
+            self._announce(proc)
+            if t_end is not None and self._clock() >= t_end:
+                break
+        self._each_sink("tick")
+        return done
+
+    def _assemble(self, proc: ProcessState, recs: Sequence[bytes]) -> None:
+        assembler = proc.assembler
+        assert assembler is not None
+        out: list[Step] = []
+        for rec in recs:
+            try:
+                decoded = proc.decoder.feed(rec)
+            except (ValueError, KeyError) as exc:  # an unknown enum value: skip, count
+                self._error(f"pid {proc.pid}: undecodable record ({exc})")
+                continue
+            if decoded is not None:
+                out.extend(assembler.feed(decoded))
+        self._deliver(proc, out)
 
     def _drain(self, proc: ProcessState) -> int:
         """Read at most one ring's worth of records, handing steps on batch by batch.
@@ -149,16 +219,7 @@ class Collector:
             if not recs:
                 break
             n += len(recs)
-            out: list[Step] = []
-            for rec in recs:
-                try:
-                    decoded = proc.decoder.feed(rec)
-                except (ValueError, KeyError) as exc:  # an unknown enum value: skip, count
-                    self._error(f"pid {proc.pid}: undecodable record ({exc})")
-                    continue
-                if decoded is not None:
-                    out.extend(assembler.feed(decoded))
-            self._deliver(proc, out)
+            self._assemble(proc, recs)
             if len(recs) < self.batch:
                 break
         if self._now is not None:
@@ -219,6 +280,9 @@ class Collector:
     def flush(self) -> None:
         """Close the open step of every process (end of session)."""
         for proc in self.procs.values():
+            if self.assemble_s is not None:
+                self._spool(proc)
+                self.assemble()
             self._drain(proc)
             assert proc.assembler is not None
             self._deliver(proc, proc.assembler.flush())
@@ -277,6 +341,8 @@ class RecordingSink:
         w.commit()
 
     def on_steps(self, proc: ProcessState, steps: Sequence[Step], gpu: Sequence[GpuSample]) -> None:
+        # the process row first: at every commit point each step's pid is a process
+        self.writer.add_process(proc.pid, proc.hello)
         self.writer.set_strings(proc.pid, proc.decoder.strings)
         self.writer.add_steps(steps)
         if gpu:
@@ -294,8 +360,8 @@ def ring_dir_for_session(base: str | os.PathLike[str] | None = None) -> Path:
     """A fresh private directory for one ``probe record`` session's rings."""
     import tempfile
 
-    from probe.ring import default_ring_dir
+    from probe.control_server import run_dir
 
-    parent = Path(base) if base is not None else default_ring_dir()
+    parent = Path(base) if base is not None else run_dir()
     parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix="session-", dir=parent))

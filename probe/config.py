@@ -78,6 +78,7 @@ ALL: tuple[EnvVar, ...] = (
     PLUGIN,
     ROCTX,
     NVTX,
+    READER_NICE,
 )
 
 
@@ -139,3 +140,34 @@ def describe(environ: Mapping[str, str] | None = None) -> str:
         default = f" (default {var.default})" if var.default is not None else ""
         lines.append(f"{var.name} = {shown}{default}\n    {var.help}")
     return "\n".join(lines)
+
+
+def _int_in(var: EnvVar, env: Mapping[str, str], lo: int, hi: int) -> int:
+    n = get_int(var, env)
+    if not lo <= n <= hi:
+        raise ConfigError(var.name, get(var, env) or "", f"expected {lo}..{hi}")
+    return n
+
+
+def validate(environ: Mapping[str, str] | None = None) -> None:
+    """Check every ``PROBE_*`` value a probed process will read, before it starts.
+
+    Raises :class:`ConfigError` naming the first bad variable. ``probe record`` calls it
+    so that a bad value is one error line here, not an empty recording and a line in the
+    child's log. (Hook family names and the override are checked by their own parsers.)
+    """
+    from probe.ring import MAX_CAPACITY
+
+    env = os.environ if environ is None else environ
+    for var in (ENABLE, CONTROL, PLUGIN, ROCTX, NVTX):
+        get_bool(var, env)
+    cap = _int_in(RING_CAPACITY, env, 64, MAX_CAPACITY)
+    if cap & (cap - 1):
+        raise ConfigError(RING_CAPACITY.name, str(cap), "expected a power of two")
+    _int_in(GPU_TIMING, env, 0, MAX_STEP_INTERVAL)
+    _int_in(SAMPLE_EVERY, env, 1, MAX_STEP_INTERVAL)
+    _int_in(READER_NICE, env, -20, 19)
+
+
+MAX_STEP_INTERVAL = 1 << 20
+"""The largest ``sample_every``/``gpu_timing`` step interval accepted anywhere."""

@@ -5,3 +5,7 @@ from __future__ import annotations
 
 class UsageError(Exception):
     """A user mistake: ``probe`` prints it as one line and exits with status 2."""
+
+
+class RuntimeFailure(Exception):
+    """Something failed while running (a write, a network export): one line, status 1."""

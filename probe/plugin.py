@@ -101,7 +101,7 @@ def register() -> None:
             import importlib
 
             # the control socket (probe attach) is optional: absent in this build
-            importlib.import_module("probe.control").start_server(env)
+            importlib.import_module("probe.control_server").start_server(env)
     except ImportError:
         pass
     except Exception as exc:

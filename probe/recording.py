@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import re
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
@@ -262,16 +264,14 @@ class RecordingWriter:
         )
 
     def add_process(self, pid: int, hello: Hello | None) -> None:
-        self.db.execute(
-            "INSERT OR IGNORE INTO processes (pid, boottime_ns, epoch_ns, perf_counter_ns) "
-            "VALUES (?, ?, ?, ?)",
-            (
-                pid,
-                hello.boottime_ns if hello else None,
-                hello.epoch_ns if hello else None,
-                hello.perf_counter_ns if hello else None,
-            ),
-        )
+        """The process row (once); its clock pair as soon as a hello is known."""
+        self.db.execute("INSERT OR IGNORE INTO processes (pid) VALUES (?)", (pid,))
+        if hello is not None:
+            self.db.execute(
+                "UPDATE processes SET boottime_ns=?, epoch_ns=?, perf_counter_ns=? "
+                "WHERE pid=? AND boottime_ns IS NULL",
+                (hello.boottime_ns, hello.epoch_ns, hello.perf_counter_ns, pid),
+            )
 
     def set_snapshot(self, pid: int, snap: dict[str, Any]) -> None:
         self.db.execute(
@@ -351,7 +351,10 @@ class RecordingWriter:
             self.commit()
 
     def commit(self) -> None:
+        """Commit, then checkpoint: the ``.db`` alone holds everything committed so far
+        (a copy of it, or a killed reader's file read without its ``-wal``)."""
         self.db.commit()
+        self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         self._last_commit = time.monotonic()
 
     def close(self) -> None:
@@ -393,6 +396,29 @@ def _check_schema(p: Path, db: sqlite3.Connection) -> None:
             raise RecordingError(
                 f"{p}: damaged or incomplete recording (table {table} has no {', '.join(lost)})"
             )
+
+
+def _check_pids(p: Path, db: sqlite3.Connection) -> None:
+    """Every row's pid names a process of the recording (a flipped byte in a pid would
+    otherwise reach the exporters as a process nobody declared)."""
+    for table in ("steps", "gpu", *(t.name for t in DETAIL_TABLES)):
+        row = db.execute(
+            f"SELECT pid FROM {table} WHERE pid NOT IN (SELECT pid FROM processes) LIMIT 1"
+        ).fetchone()
+        if row is not None:
+            raise RecordingError(
+                f"{p}: damaged recording: {table} has pid {row[0]!r}, not in processes"
+            )
+
+
+_DETAIL_BY_NAME = {t.name: t for t in DETAIL_TABLES}
+
+
+def _check_order(rd: _Reader, table: str, row: tuple[Any, ...], kw: dict[str, Any]) -> None:
+    """A span that ends before it starts is damage, not data."""
+    t0, t1 = kw.get("t0"), kw.get("t1")
+    if isinstance(t0, int) and isinstance(t1, int) and t1 < t0:
+        raise rd.fail(table, row, "t1", f"is {t1}, before t0 {t0}")
 
 
 class _Reader:
@@ -446,6 +472,57 @@ class _Reader:
         return member
 
 
+def _damaged(p: Path, exc: BaseException) -> RecordingError:
+    why = " ".join(str(exc).split())  # SQLite's messages can span lines
+    return RecordingError(f"{p}: damaged or truncated recording ({why})")
+
+
+def _connect_read_only(p: Path) -> sqlite3.Connection:
+    """Open ``p`` read-only, creating nothing beside it.
+
+    Only a regular file is opened (a FIFO would block, a device is not a recording). The
+    URI is built from the absolute path with every reserved character quoted (``?``,
+    ``#`` and ``%`` in a name are that file's name, never URI syntax). A recording that
+    is still being written (WAL mode with its ``-wal`` and ``-shm`` beside it) is read
+    through them, so its readers see what the writer committed; any other file is opened
+    ``immutable=1``: nothing is created beside it, a read-only medium works, and a
+    recording left by a killed reader is read from the ``.db`` alone up to its last
+    checkpoint (the writer checkpoints on every commit).
+    """
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise RecordingError(f"{p}: no such file") from None
+    except OSError as exc:
+        raise RecordingError(f"{p}: cannot read ({exc.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise RecordingError(f"{p}: is a directory, not a recording")
+    if not stat.S_ISREG(st.st_mode):
+        raise RecordingError(f"{p}: not a regular file (a FIFO, socket or device), not a recording")
+    try:
+        # O_NONBLOCK: a FIFO swapped in after the stat must not block the open
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise RecordingError(f"{p}: not a regular file, not a recording")
+            head = os.pread(fd, 100, 0)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise RecordingError(f"{p}: cannot read ({exc.strerror})") from None
+    if head[:16] != b"SQLite format 3\x00":
+        raise RecordingError(f"{p}: not a probe recording (not an SQLite database)")
+    wal_mode = len(head) > 19 and head[18] == 2 and head[19] == 2
+    live = wal_mode and Path(f"{p}-wal").is_file() and Path(f"{p}-shm").is_file()
+    uri = p.absolute().as_uri() + ("?mode=ro" if live else "?mode=ro&immutable=1")
+    try:
+        db = sqlite3.connect(uri, uri=True)
+    except sqlite3.DatabaseError as exc:
+        raise _damaged(p, exc) from None
+    db.text_factory = lambda b: b.decode("utf-8", "replace")
+    return db
+
+
 @dataclass(frozen=True)
 class Recording:
     """A recording opened for reading (validated).
@@ -465,29 +542,22 @@ class Recording:
     @classmethod
     def open(cls, path: str | Path) -> Recording:
         p = Path(path)
-        if not p.exists():
-            raise RecordingError(f"{p}: no such file")
-        if p.is_dir():
-            raise RecordingError(f"{p}: is a directory, not a recording")
+        db = _connect_read_only(p)
         try:
-            with open(p, "rb") as fh:
-                head = fh.read(16)
-        except OSError as exc:
-            raise RecordingError(f"{p}: cannot read ({exc.strerror})") from None
-        if head != b"SQLite format 3\x00":
-            raise RecordingError(f"{p}: not a probe recording (not an SQLite database)")
+            cls._validate(p, db)
+        except BaseException:
+            db.close()
+            raise
+        db.row_factory = sqlite3.Row
+        return cls(p, db)
 
-        def damaged(exc: BaseException) -> RecordingError:
-            why = " ".join(str(exc).split())  # SQLite's messages can span lines
-            return RecordingError(f"{p}: damaged or truncated recording ({why})")
-
+    @staticmethod
+    def _validate(p: Path, db: sqlite3.Connection) -> None:
         try:
-            db = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
-            db.text_factory = lambda b: b.decode("utf-8", "replace")
             app = db.execute("PRAGMA application_id").fetchone()[0]
             ver = db.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError as exc:
-            raise damaged(exc) from None
+            raise _damaged(p, exc) from None
         if app != APPLICATION_ID:
             raise RecordingError(f"{p}: an SQLite database, but not a probe recording")
         if ver != SCHEMA_VERSION:
@@ -497,12 +567,11 @@ class Recording:
         try:
             check = db.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
-                raise damaged(RuntimeError(check))
+                raise _damaged(p, RuntimeError(check))
             _check_schema(p, db)
+            _check_pids(p, db)
         except sqlite3.DatabaseError as exc:
-            raise damaged(exc) from None
-        db.row_factory = sqlite3.Row
-        return cls(p, db)
+            raise _damaged(p, exc) from None
 
     def meta(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -556,6 +625,7 @@ class Recording:
                     kw["phases"][c.phase] = val
                 else:
                     kw[c.field] = val
+            _check_order(rd, "steps", row, kw)
             key = (kw["pid"], kw["step"])
             for t in DETAIL_TABLES:
                 got: list[Any] = []
@@ -590,11 +660,15 @@ class Recording:
                     flags |= c.kind if rd.value(t.name, row, c.name, v, c.kind) else 0
                 elif c.kind is str:  # the builder's name: its id in builder_names()
                     name = rd.value(t.name, row, c.name, v, str, nullable=True)
-                    kw[c.attr] = ids[pid][name if name is not None else "?"]
+                    bid = ids.get(pid, {}).get(name if name is not None else "?")
+                    if bid is None:
+                        raise rd.fail(t.name, row, c.name, f"{name!r} is not a known builder")
+                    kw[c.attr] = bid
                 else:
                     kw[c.attr] = rd.value(t.name, row, c.name, v, c.kind, min=c.min)
             if "flags" in {f.name for f in fields(t.record)}:
                 kw["flags"] = int(flags)
+            _check_order(rd, t.name, row, kw)
             yield (pid, step), t.record(**kw)
 
     def faults(self) -> list[dict[str, Any]]:
@@ -611,14 +685,46 @@ class Recording:
     # Raw rows, for the writers of foreign formats that still read SQL rows; analysis,
     # the report and the exporters read Steps (iter_steps).
     def steps(self, where: str = "", params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        """Raw step rows (prefer :meth:`iter_steps`); a row ending before it starts is
+        refused here too."""
         q = "SELECT * FROM steps" + (f" WHERE {where}" if where else "") + " ORDER BY pid, step"
-        return [dict(r) for r in self.db.execute(q, params)]
+        return [self._ordered("steps", dict(r)) for r in self.db.execute(q, params)]
 
     def rows(self, table: str) -> Iterator[dict[str, Any]]:
+        """Raw rows of a detail table (prefer :meth:`iter_steps`); a row ending before it
+        starts is refused here too."""
         if table not in {t.name for t in DETAIL_TABLES} | {"faults", "outside", "anomalies"}:
             raise ValueError(f"unknown table {table!r}")
         for r in self.db.execute(f"SELECT * FROM {table}"):
-            yield dict(r)
+            yield self._ordered(table, dict(r))
+
+    def _ordered(self, table: str, row: dict[str, Any]) -> dict[str, Any]:
+        """``row`` checked as :meth:`iter_steps` checks it (types, NULLs, enum names,
+        ranges, order), for the callers that read raw rows."""
+        rd = _Reader(self.path)
+        key = (row.get("pid"), row.get("step"))
+        if table == "steps":
+            for c in STEP_COLUMNS:
+                rd.value(
+                    "steps", key, c.name, row.get(c.name), c.kind, nullable=c.nullable,
+                    min=c.min, choices=c.choices,
+                )  # fmt: skip
+        elif table in _DETAIL_BY_NAME:
+            rd.value(table, key, "pid", key[0], int)
+            rd.value(table, key, "step", key[1], int)
+            for d in _DETAIL_BY_NAME[table].columns:
+                if d.kind is str:
+                    rd.value(table, key, d.name, row.get(d.name), str, nullable=True)
+                elif isinstance(d.kind, Flag):
+                    rd.value(table, key, d.name, row.get(d.name), d.kind)
+                else:
+                    rd.value(table, key, d.name, row.get(d.name), d.kind, min=d.min)
+        t0, t1 = row.get("t0_ns"), row.get("t1_ns")
+        if type(t0) is int and type(t1) is int and t1 < t0:
+            raise _Reader(self.path).fail(
+                table, (row.get("pid"), row.get("step")), "t1", f"is {t1}, before t0 {t0}"
+            )
+        return row
 
     def close(self) -> None:
         self.db.close()

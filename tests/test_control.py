@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from probe import control
-from probe.control import ControlError, ControlServer, PeerRefused, check_peer, peer_cred, request
+from probe import control_server as control
+from probe.control import request
+from probe.control_server import ControlError, ControlServer, PeerRefused, check_peer, peer_cred
 from probe.records import Decoder, Hello
 from probe.ring import RingReader
 

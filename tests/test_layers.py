@@ -23,6 +23,7 @@ READER_SIDE = (
     "probe.cli",
     "probe.collector",
     "probe.commands",
+    "probe.control",
     "probe.discover",
     "probe.live",
     "probe.recording",
@@ -32,7 +33,7 @@ READER_SIDE = (
 
 ENGINE = """
 import json, os, sys, tempfile
-from probe import plugin, hooks, control, runtime
+from probe import plugin, hooks, control_server, runtime
 ring = plugin.ring_path_for(os.getpid(), {"PROBE_RUN_DIR": tempfile.mkdtemp()})
 from probe.ring import RingWriter
 writer = RingWriter.create(ring, 1 << 16)
@@ -65,7 +66,13 @@ def _engine_modules(tmp_path: Path) -> list[str]:
 
 def test_the_engine_side_imports_hooks_and_records(tmp_path: Path) -> None:
     mods = _engine_modules(tmp_path)
-    assert {"probe.hooks", "probe.records", "probe.runtime", "probe.ring"} <= set(mods)
+    assert {
+        "probe.hooks",
+        "probe.records",
+        "probe.runtime",
+        "probe.ring",
+        "probe.control_server",
+    } <= set(mods)
 
 
 def test_the_engine_side_imports_no_exporter(tmp_path: Path) -> None:
@@ -75,5 +82,8 @@ def test_the_engine_side_imports_no_exporter(tmp_path: Path) -> None:
 
 def test_the_engine_side_imports_nothing_of_the_reader_side(tmp_path: Path) -> None:
     mods = _engine_modules(tmp_path)
-    reader = [m for m in mods if m.startswith(READER_SIDE)]
+    # "probe.control" (the client) must not match "probe.control_server" (the server)
+    reader = [
+        m for m in mods if m in READER_SIDE or m.startswith(tuple(f"{r}." for r in READER_SIDE))
+    ]
     assert reader == []

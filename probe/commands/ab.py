@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -154,8 +155,19 @@ def run_arms(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
         cmd = cmd[1:]
     if not cmd:
         raise UsageError("ab: give the workload command after --, or --a/--b recordings")
+    from probe.commands.record import check_command
+
+    cmd = check_command(cmd, "ab")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"ab: --out {out} is not a directory")
+    if not out.parent.is_dir():
+        raise UsageError(f"ab: --out {out}: directory {out.parent} does not exist")
+    planned = [out / f"{arm}-{i}.probe.db" for i in range(args.reps) for arm in ("A", "B")]
+    there = [p for p in planned if os.path.lexists(p)]
+    if there and not args.force:
+        raise UsageError(f"ab: {there[0]} exists (use --force to overwrite)")
+    out.mkdir(exist_ok=True)
     arms: dict[str, list[Path]] = {"A": [], "B": []}
     for i in range(args.reps):
         order = ("A", "B") if i % 2 == 0 else ("B", "A")
@@ -216,15 +228,22 @@ def cmd_ab(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("ab", help="A/B the graph-support mode on the same workload")
+    from probe.commands import positive_int, width
+
     p.add_argument("--a", nargs="+", help="recordings of arm A (compare mode)")
     p.add_argument("--b", nargs="+", help="recordings of arm B (compare mode)")
-    p.add_argument("--a-label")
-    p.add_argument("--b-label")
+    p.add_argument("--a-label", help="name of arm A in the table (default: A)")
+    p.add_argument("--b-label", help="name of arm B in the table (default: B)")
     p.add_argument("--a-override", help="what-if for arm A (default: stock)")
     p.add_argument("--b-override", help="what-if for arm B, e.g. Builder=SUPPORT")
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--out", default="probe-ab", help="directory for the runs' recordings")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--width", type=int)
-    p.add_argument("command", nargs=argparse.REMAINDER)
+    p.add_argument(
+        "--reps", type=positive_int, default=5, help="runs per arm, interleaved (default: 5)"
+    )
+    p.add_argument(
+        "--out", default="probe-ab", help="directory for the runs' recordings (default: probe-ab)"
+    )
+    p.add_argument("--force", action="store_true", help="overwrite recordings already in --out")
+    p.add_argument("--json", action="store_true", help="the comparison as JSON")
+    p.add_argument("--width", type=width, help="terminal width in columns")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- WORKLOAD [ARGS...] (run mode)")
     p.set_defaults(func=cmd_ab)

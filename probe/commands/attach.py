@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from probe import config
-from probe.errors import UsageError
+from probe.commands import address, endpoint, positive_float, positive_int
+from probe.errors import RuntimeFailure, UsageError
 
 ENABLE_TIMEOUT_S = 60.0  # the first enable may import torch for device timing
+ASSEMBLE_SLICE_S = 0.05  # per poll: decoding and assembly beyond this wait for the next
 
 
 def _boottime_ns() -> int:
@@ -97,8 +99,12 @@ class Session:
                 self.disable()
                 raise UsageError(f"pid {a.pid} ({a.role}): {exc}") from None
             self.enabled.append(a)
-            rings.append(self.run_dir / Path(str(reply["ring"])).name)
-        self.collector = Collector(None, self.sinks, rings=rings, now_ns=self.now_ns)
+            # the ring sits beside the process's socket (its run dir, maybe a fallback)
+            rings.append(Path(a.socket).parent / Path(str(reply["ring"])).name)
+        # drain every poll, assemble in slices: a busy host never makes the rings overflow
+        self.collector = Collector(
+            None, self.sinks, rings=rings, now_ns=self.now_ns, assemble_s=ASSEMBLE_SLICE_S
+        )
 
     def alive(self) -> list[Any]:
         from probe.control import pid_alive
@@ -156,6 +162,15 @@ def run_session(
     if busy:
         a = busy[0]
         raise UsageError(f"pid {a.pid} ({a.role}) is attached by pid {a.status['attached_by']}")
+    hooks = [h.strip() for h in args.hooks.split(",")] if getattr(args, "hooks", None) else None
+    if hooks is not None:
+        from probe import hooks as hook_table
+
+        unknown = sorted(set(hooks) - set(hook_table.FAMILIES))
+        if unknown:
+            raise UsageError(
+                f"--hooks: unknown hook families {unknown}; known: {', '.join(hook_table.FAMILIES)}"
+            )
     sinks: list[Any] = []
     sample = sample_every_arg(args)
     stats = LiveStats(roles={a.pid: a.role for a in procs}, sample_every=sample)
@@ -164,16 +179,20 @@ def run_session(
     record = getattr(args, "record", None)
     if record:
         from probe.collector import RecordingSink
+        from probe.output import check_target, new_file_in_place
         from probe.recording import RecordingWriter
 
-        out = Path(record)
-        if out.exists() and not args.force:
-            raise UsageError(f"attach: {out} exists (use --force to overwrite)")
-        if not out.parent.exists():
-            raise UsageError(f"attach: directory {out.parent} does not exist")
-        for suffix in ("", "-wal", "-shm"):
-            Path(str(out) + suffix).unlink(missing_ok=True)
-        writer = RecordingWriter(out)
+        out = check_target(record, force=args.force, flag="--record")
+        if out is None:
+            raise UsageError("attach: --record -: a recording is a file, not standard output")
+        new_file_in_place(out)
+        try:
+            writer = RecordingWriter(out)
+        except (OSError, sqlite3.Error) as exc:
+            out.unlink(missing_ok=True)
+            raise RuntimeFailure(
+                f"attach: cannot write {out}: {' '.join(str(exc).split())}"
+            ) from None
         writer.set_meta(
             command=["probe", *sys.argv[1:]],
             host=socket.gethostname(),
@@ -187,7 +206,6 @@ def run_session(
     if getattr(args, "otlp", None):
         sinks.append(exporter_sink("otlp", "--otlp", args.otlp))
 
-    hooks = [h.strip() for h in args.hooks.split(",")] if getattr(args, "hooks", None) else None
     gpu: bool | int | None = False if getattr(args, "no_gpu_timing", False) else None
     session = Session(procs, run_dir(args), sinks, gpu_timing=gpu, hooks=hooks, sample_every=sample)
     err = sys.stderr
@@ -266,7 +284,7 @@ def add_sample_arg(p: argparse.ArgumentParser) -> None:
     """``--sample N`` for ``attach``, ``top`` and ``record``."""
     p.add_argument(
         "--sample",
-        type=int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="record one engine step in N (the probe's cost per step divides by about N)",
@@ -290,13 +308,15 @@ def add_session_args(p: argparse.ArgumentParser) -> None:
     from probe.commands.ps import add_target_args
 
     add_target_args(p)
-    p.add_argument("--duration", type=float, help="detach after S seconds")
-    p.add_argument("--interval", type=float, default=0.1, help="ring poll interval, s")
+    p.add_argument("--duration", type=positive_float, help="detach after S seconds")
+    p.add_argument("--interval", type=positive_float, default=0.1, help="ring poll interval, s")
     p.add_argument("--hooks", help="comma-separated hook families (default: all)")
     p.add_argument("--no-gpu-timing", action="store_true", help="no device events")
     add_sample_arg(p)
-    p.add_argument("--prometheus", metavar="ADDR", help="serve /metrics on ADDR (host:port)")
-    p.add_argument("--otlp", metavar="ENDPOINT", help="export OTLP to ENDPOINT")
+    p.add_argument(
+        "--prometheus", metavar="ADDR", type=address, help="serve /metrics on ADDR (host:port)"
+    )
+    p.add_argument("--otlp", metavar="ENDPOINT", type=endpoint, help="export OTLP to ENDPOINT")
 
 
 def add_parser(sub: Any) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from probe.commands import open_recording
@@ -34,7 +33,7 @@ def add_parser(sub: Any) -> None:
         metavar="PROFILE",
         help="rocprofv3 CSV directory or files, rocprofv3 JSON, rocpd .db, Kineto .json[.gz]",
     )
-    p.add_argument("--out", "-o", help="Perfetto trace to write (.pftrace)")
+    p.add_argument("--out", "-o", help="Perfetto trace to write (.pftrace; -: stdout)")
     p.add_argument("--force", action="store_true", help="overwrite --out and --rocpd")
     p.add_argument(
         "--rocpd",
@@ -63,6 +62,15 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from probe.recording import RecordingError
+
+    try:
+        return _run(args)
+    except RecordingError as exc:  # a damaged row met while merging: nothing is left
+        raise UsageError(str(exc)) from None
+
+
+def _run(args: argparse.Namespace) -> int:
     from exporters.timelines.align import AlignmentError, align
     from exporters.timelines.crosscheck import format_step_table, step_table
     from exporters.timelines.load import load_profiles, profile_path
@@ -71,9 +79,12 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.out and not args.report and not args.json and not args.rocpd:
         raise UsageError("merge: give --out FILE.pftrace and/or --report")
-    out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not args.force:
-        raise UsageError(f"merge: {out} exists (use --force to overwrite)")
+    from probe.output import check_target, path_for
+
+    out = check_target(args.out, force=args.force, flag="--out") if args.out else None
+    to_stdout = args.out == "-"
+    if to_stdout and (args.report or args.json):
+        raise UsageError("merge: --out - writes the trace to stdout: no --report/--json with it")
     rec = open_recording(args.recording)
     try:
         profiles = load_profiles(args.profiles)
@@ -94,22 +105,21 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     reports = []
     for prof, al in placed:
-        if not args.json:
+        if not args.json and not to_stdout:
             print(f"{profile_path(prof)}: {al.describe()}")
         if args.report or args.json:
             reports.append((prof, step_table(rec, prof, al)))
-    if out is not None:
+    if args.out:
         from exporters.perfetto import PerfettoUnavailableError
 
         try:
-            counts = merge_to_perfetto(rec, placed, out)
+            with path_for(out) as tmp:
+                counts = merge_to_perfetto(rec, placed, tmp)
         except PerfettoUnavailableError as exc:
             raise UsageError(str(exc)) from None
-        except OSError as exc:
-            raise UsageError(f"merge: cannot write {out}: {exc.strerror or exc}") from None
         except ValueError as exc:  # a timestamp the offset put before 0
             raise UsageError(f"merge: {exc}; check --offset-ns") from None
-        if not args.json:
+        if not args.json and not to_stdout:
             print(
                 f"wrote {out}: {counts['step']} steps, {counts['phase']} phase spans, "
                 f"{counts['kernels']} kernels, {counts['host_calls']} host calls, "

@@ -24,21 +24,35 @@ def run_dir(args: argparse.Namespace) -> Path:
 
             return check_ring_dir(args.run_dir)
         return default_ring_dir()
-    except (UnsafeRingDirError, FileNotFoundError) as exc:
+    except (UnsafeRingDirError, FileNotFoundError, NotADirectoryError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def run_dirs(args: argparse.Namespace) -> list[Path]:
+    """``--run-dir``, or every safe place a server of ours may have its socket in (the
+    shared default and the fallbacks a server uses when that one is not safe)."""
+    if getattr(args, "run_dir", None):
+        return [run_dir(args)]
+    from probe.control_server import candidate_run_dirs
+
+    return candidate_run_dirs() or [run_dir(args)]
 
 
 def discover(args: argparse.Namespace) -> list[Any]:
     from probe.discover import DiscoveryError, find_processes
 
+    out: dict[int, Any] = {}
     try:
-        return find_processes(
-            run_dir(args),
-            pids=[args.pid] if getattr(args, "pid", None) else None,
-            url=getattr(args, "url", None),
-        )
+        for d in run_dirs(args):
+            for a in find_processes(
+                d,
+                pids=[args.pid] if getattr(args, "pid", None) else None,
+                url=getattr(args, "url", None),
+            ):
+                out.setdefault(a.pid, a)
     except DiscoveryError as exc:
         raise UsageError(str(exc)) from None
+    return list(out.values())
 
 
 def add_target_args(p: argparse.ArgumentParser) -> None:

@@ -235,7 +235,11 @@ def _decide(
 
 def _mode_members() -> tuple[Any, Any]:
     """vLLM's FULL and PIECEWISE members: compared by identity on the hot path (an Enum's
-    ``.value`` and hash are Python-level and cost more than the rest of the record)."""
+    ``.value`` and hash are Python-level and cost more than the rest of the record).
+    (None, None) in a process that has not imported vLLM (the calibration at attach must
+    not be the one to import it: tens of seconds on a busy host)."""
+    if "vllm" not in sys.modules:
+        return None, None
     try:
         from vllm.config import CUDAGraphMode
 

@@ -1,0 +1,72 @@
+"""``probe doctor``: the static graph-support picture and known traps.
+
+probe doctor run.probe.db                  # from a recording's snapshot
+probe doctor --url http://127.0.0.1:8000   # from a running server, live
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from probe.commands import console, open_recording
+from probe.errors import UsageError
+
+
+def _live_snapshots(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Snapshots of a running server's processes, over their control sockets."""
+    from probe.commands.ps import discover
+    from probe.control import ControlError, request
+
+    snaps = []
+    for proc in discover(args):
+        if proc.error:
+            continue
+        try:
+            reply = request(proc.socket, "snapshot")
+        except (OSError, ControlError) as exc:
+            print(f"probe: warning: pid {proc.pid}: {exc}", file=sys.stderr)
+            continue
+        snap = reply.get("snapshot")
+        if reply.get("complete") and snap:
+            snaps.append(snap)
+    if not snaps:
+        raise UsageError(
+            "doctor: no process of that server has a snapshot yet (it is taken on the first "
+            "step while attached: run `probe attach --duration 5` under load, then again)"
+        )
+    return snaps
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from probe.report import doctor, render_doctor
+
+    if args.pid or args.url:
+        if args.recording:
+            raise UsageError("doctor: give a recording or --pid/--url, not both")
+        snaps = _live_snapshots(args)
+    else:
+        rec = open_recording(args.recording)
+        snaps = [p["snapshot"] for p in rec.processes() if p.get("snapshot")]
+        if not snaps:
+            raise UsageError(f"doctor: {rec.path} holds no static snapshot (no step was recorded)")
+    out = [doctor(s) for s in snaps]
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        con = console(args)
+        for s in out:
+            render_doctor(s, con)
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    from probe.commands.ps import add_target_args
+    from probe.commands.report import add_recording_args
+
+    q = sub.add_parser("doctor", help="static graph-support picture and known traps")
+    add_recording_args(q)
+    add_target_args(q)
+    q.set_defaults(func=cmd_doctor)
