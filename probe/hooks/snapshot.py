@@ -6,6 +6,11 @@ Supports vLLM 0.26 to 0.33.
   always (it runs once per process at start-up, so it costs nothing per step): it records
   the mode asked for, the minimum attention support and the backend that set it, and the
   mode vLLM resolved to. This is the only place the *reason* for a downgrade exists.
+- ``AttentionMetadataBuilder._init_reorder_batch_threshold`` is wrapped the same way (once
+  per builder, at KV-cache init): what each builder asked for (the threshold and whether
+  it counts speculative tokens as decodes) is kept per builder object, so the snapshot
+  reads the speculative-as-decode flag from the builder's own call instead of inferring
+  it from the resulting threshold.
 - The what-if override (``PROBE_CG_SUPPORT_OVERRIDE`` or ``probe ab``) sets a builder's
   graph support before that resolve runs, so the same workload can be measured both ways.
 - :func:`take_snapshot` reads the live runner on the first enabled step: version, runner,
@@ -17,8 +22,10 @@ Supports vLLM 0.26 to 0.33.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -128,7 +135,47 @@ def resolve_hook(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     return resolve_cudagraph_mode_and_sizes
 
 
+# id(builder) -> (weak reference to it, what its _init_reorder_batch_threshold was given)
+_REORDER_INIT: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def reorder_init_hook(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    """Always on: once per builder. Keeps the call's arguments and the threshold it set."""
+    sig = inspect.signature(orig)
+
+    def _init_reorder_batch_threshold(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = orig(self, *args, **kwargs)
+        try:
+            bound = sig.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            given = {k: v for k, v in bound.arguments.items() if k != "self"}
+            given["result"] = getattr(self, "reorder_batch_threshold", None)
+            if len(_REORDER_INIT) >= 4096:
+                _REORDER_INIT.clear()
+            _REORDER_INIT[id(self)] = (weakref.ref(self), given)
+        except Exception as exc:
+            hook.fail(exc)
+        return result
+
+    return _init_reorder_batch_threshold
+
+
+def reorder_init_of(builder: Any) -> dict[str, Any] | None:
+    """What ``builder``'s ``_init_reorder_batch_threshold`` was called with (None: not seen)."""
+    entry = _REORDER_INIT.get(id(builder))
+    if entry is None or entry[0]() is not builder:
+        return None
+    return entry[1]
+
+
 TARGETS: tuple[Target, ...] = (
+    Target(
+        "static.reorder_init",
+        "vllm.v1.attention.backend",
+        "AttentionMetadataBuilder",
+        "_init_reorder_batch_threshold",
+        reorder_init_hook,
+    ),
     Target(
         "static.resolve",
         "vllm.config.compilation",
@@ -252,6 +299,13 @@ def take_snapshot(runner: Any) -> dict[str, Any]:
             except Exception as exc:
                 entry["support"] = f"error: {exc}"
             entry["reorder_batch_threshold"] = getattr(b, "reorder_batch_threshold", None)
+            init = reorder_init_of(b)
+            # None: the builder never called _init_reorder_batch_threshold while the probe
+            # watched (e.g. the V3.2 indexer opts out), or the probe loaded after it did.
+            entry["spec_as_decode"] = None if init is None else init.get("supports_spec_as_decode")
+            entry["reorder_threshold_requested"] = (
+                None if init is None else init.get("reorder_batch_threshold")
+            )
             entry["misspelled"] = _misspelled(cls)
             entry["support_set_on_class"] = "_cudagraph_support" in vars(cls)
             entry["support_follows_attribute"] = support_follows_attribute(

@@ -17,6 +17,12 @@ from typing import Any
 
 import pytest
 
+# vLLM finds no GPU driver for Triton here and binds its placeholder, so none of its code
+# runs through Triton; tests that run one of vLLM's Triton kernels re-jit it with the real
+# Triton, whose interpreter runs it on CPU tensors. Triton builds its own standard library
+# (tl.sum, tl.minimum, ...) for the interpreter only if this is set before it is imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from .vllm_env import (
     ENGINES,
     SUPPORTED_VERSIONS,
