@@ -568,6 +568,11 @@ typedef struct {
     int phase;     /* Span */
     int drafter;   /* Span: marks the drafter scope */
     int sampling;  /* Gate: call the hook while sampling even when off */
+    PyObject *full; /* Dispatch: vLLM's CUDAGraphMode.FULL */
+    int which;      /* Step: 0 execute_model, 1 sample_tokens; Dispatch: 0 V1, 1 MRV2 */
+    int mrv2;       /* Step: Flag.MRV2 on its spans */
+    int pos[4];     /* Dispatch MRV2: num_reqs, num_tokens, uniform_token_count,
+                       max_query_len positions after self (-1: absent) */
 } WrapObject;
 
 static PyTypeObject SpanType;
@@ -662,6 +667,7 @@ static int wrap_traverse(WrapObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->orig);
     Py_VISIT(self->impl);
     Py_VISIT((PyObject *)self->core);
+    Py_VISIT(self->full);
     return 0;
 }
 
@@ -670,6 +676,7 @@ static int wrap_clear(WrapObject *self) {
     Py_CLEAR(self->orig);
     Py_CLEAR(self->impl);
     Py_CLEAR(self->core);
+    Py_CLEAR(self->full);
     return 0;
 }
 
@@ -699,7 +706,8 @@ static PyObject *wrap_repr(WrapObject *self) {
 
 static PyMemberDef wrap_members[] = {
     {"orig", T_OBJECT, offsetof(WrapObject, orig), READONLY, "the wrapped original"},
-    {"impl", T_OBJECT, offsetof(WrapObject, impl), READONLY, "Gate: the Python hook"},
+    {"impl", T_OBJECT, offsetof(WrapObject, impl), READONLY,
+     "Gate, Step, Dispatch: the Python hook it hands off to"},
     {"phase", T_INT, offsetof(WrapObject, phase), READONLY, "Span: the phase id"},
     {NULL}};
 
@@ -708,13 +716,13 @@ static PyGetSetDef wrap_getset[] = {
 
 static PyMethodDef wrap_methods[] = {{"__reduce__", wrap_reduce, METH_NOARGS, NULL}, {NULL}};
 
-#define WRAP_TYPE(NAME, DOC)                                                                   \
+#define WRAP_TYPE(NAME, NEW, DOC)                                                              \
     {                                                                                          \
         PyVarObject_HEAD_INIT(NULL, 0).tp_name = "probe._accel." #NAME,                       \
         .tp_basicsize = sizeof(WrapObject),                                                    \
         .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |     \
                     Py_TPFLAGS_METHOD_DESCRIPTOR,                                              \
-        .tp_doc = DOC, .tp_new = wrap_make, .tp_dealloc = (destructor)wrap_dealloc,            \
+        .tp_doc = DOC, .tp_new = NEW, .tp_dealloc = (destructor)wrap_dealloc,                  \
         .tp_traverse = (traverseproc)wrap_traverse, .tp_clear = (inquiry)wrap_clear,           \
         .tp_call = PyVectorcall_Call, .tp_vectorcall_offset = offsetof(WrapObject, vectorcall), \
         .tp_descr_get = wrap_get, .tp_dictoffset = offsetof(WrapObject, dict),                 \
@@ -724,9 +732,9 @@ static PyMethodDef wrap_methods[] = {{"__reduce__", wrap_reduce, METH_NOARGS, NU
     }
 
 static PyTypeObject SpanType =
-    WRAP_TYPE(Span, "Span(orig, core, phase, drafter=False): a compiled phase-span hook.");
+    WRAP_TYPE(Span, wrap_make, "Span(orig, core, phase, drafter=False): a compiled phase-span hook.");
 static PyTypeObject GateType =
-    WRAP_TYPE(Gate, "Gate(orig, impl, core, sampling=False): the dormant path in C.");
+    WRAP_TYPE(Gate, wrap_make, "Gate(orig, impl, core, sampling=False): the dormant path in C.");
 
 
 /* ---------------------------------------------------------------------------------- */
@@ -748,20 +756,7 @@ static PyObject *S_total, *S_num_sched, *S_on_first_step, *S_pending, *S_open, *
     *S_num_reqs, *S_max_q, *S_num_tokens, *S_cg_mode, *S_uniform_decode, *S_udql, *S_dql,
     *S_uniform_token_count, *S_max_query_len, *S_dummy_run, *S_is_profile;
 
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyObject *dict;
-    PyObject *weakrefs;
-    PyObject *orig;
-    PyObject *impl;   /* Step: the Python hook; Dispatch: record(result, t0, t1, *args) */
-    CoreObject *core;
-    PyObject *full;   /* Dispatch: vLLM's CUDAGraphMode.FULL */
-    int which;        /* Step: 0 execute_model, 1 sample_tokens; Dispatch: 0 V1, 1 MRV2 */
-    int mrv2;         /* Step: Flag.MRV2 on its spans */
-    int pos[4];       /* Dispatch MRV2: num_reqs, num_tokens, uniform_token_count,
-                         max_query_len positions after self (-1: absent) */
-} FastObject;
+
 
 static PyTypeObject StepType;
 static PyTypeObject DispatchType;
@@ -790,7 +785,7 @@ static int has_first_step(CoreObject *c) {
     return t != 0;
 }
 
-static PyObject *step_call(FastObject *self, PyObject *const *args, size_t nargsf,
+static PyObject *step_call(WrapObject *self, PyObject *const *args, size_t nargsf,
                            PyObject *kwnames) {
     CoreObject *c = self->core;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -867,7 +862,7 @@ static long long obj_ll(PyObject *v, int *bad) { /* None/NULL -> 0, truthiness a
     return x;
 }
 
-static PyObject *dispatch_record_slow(FastObject *self, PyObject *res, int64_t t0, int64_t t1,
+static PyObject *dispatch_record_slow(WrapObject *self, PyObject *res, int64_t t0, int64_t t1,
                                       PyObject *const *args, Py_ssize_t nargs,
                                       PyObject *kwnames) {
     /* record(result, t0, t1, *args, **kwargs): the Python hook's own recording */
@@ -898,7 +893,7 @@ static PyObject *dispatch_record_slow(FastObject *self, PyObject *res, int64_t t
     return res;
 }
 
-static PyObject *dispatch_call(FastObject *self, PyObject *const *args, size_t nargsf,
+static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t nargsf,
                                PyObject *kwnames) {
     CoreObject *c = self->core;
     if (!c->enabled) return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
@@ -988,7 +983,7 @@ slow:
 }
 
 static PyObject *fast_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    FastObject *self = (FastObject *)type->tp_alloc(type, 0);
+    WrapObject *self = (WrapObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
     PyObject *orig, *impl, *core, *full = Py_None;
     int which = 0, mrv2 = 0;
@@ -1030,59 +1025,11 @@ fail:
     return NULL;
 }
 
-static int fast_traverse(FastObject *self, visitproc visit, void *arg) {
-    Py_VISIT(self->dict);
-    Py_VISIT(self->orig);
-    Py_VISIT(self->impl);
-    Py_VISIT((PyObject *)self->core);
-    Py_VISIT(self->full);
-    return 0;
-}
-
-static int fast_clear(FastObject *self) {
-    Py_CLEAR(self->dict);
-    Py_CLEAR(self->orig);
-    Py_CLEAR(self->impl);
-    Py_CLEAR(self->core);
-    Py_CLEAR(self->full);
-    return 0;
-}
-
-static void fast_dealloc(FastObject *self) {
-    PyObject_GC_UnTrack(self);
-    if (self->weakrefs) PyObject_ClearWeakRefs((PyObject *)self);
-    fast_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *fast_repr(FastObject *self) {
-    return PyUnicode_FromFormat("<probe %s around %R>", Py_TYPE(self)->tp_name, self->orig);
-}
-
-static PyMemberDef fast_members[] = {
-    {"orig", T_OBJECT, offsetof(FastObject, orig), READONLY, "the wrapped original"},
-    {"impl", T_OBJECT, offsetof(FastObject, impl), READONLY, "the Python hook it hands off to"},
-    {NULL}};
-
-#define FAST_TYPE(NAME, DOC)                                                                   \
-    {                                                                                          \
-        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "probe._accel." #NAME,                       \
-        .tp_basicsize = sizeof(FastObject),                                                    \
-        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |     \
-                    Py_TPFLAGS_METHOD_DESCRIPTOR,                                              \
-        .tp_doc = DOC, .tp_new = fast_make, .tp_dealloc = (destructor)fast_dealloc,            \
-        .tp_traverse = (traverseproc)fast_traverse, .tp_clear = (inquiry)fast_clear,           \
-        .tp_call = PyVectorcall_Call, .tp_vectorcall_offset = offsetof(FastObject, vectorcall), \
-        .tp_descr_get = wrap_get, .tp_dictoffset = offsetof(FastObject, dict),                 \
-        .tp_weaklistoffset = offsetof(FastObject, weakrefs), .tp_members = fast_members,       \
-        .tp_getset = wrap_getset, .tp_methods = wrap_methods, .tp_repr = (reprfunc)fast_repr,  \
-        .tp_getattro = PyObject_GenericGetAttr, .tp_setattro = PyObject_GenericSetAttr,        \
-    }
-
-static PyTypeObject StepType = FAST_TYPE(
-    Step, "Step(orig, impl, core, which, mrv2=False): execute_model/sample_tokens in C.");
-static PyTypeObject DispatchType = FAST_TYPE(
-    Dispatch, "Dispatch(orig, record, core, full, which, positions=None): a FULL hit in C.");
+static PyTypeObject StepType = WRAP_TYPE(
+    Step, fast_make, "Step(orig, impl, core, which, mrv2=False): execute_model/sample_tokens in C.");
+static PyTypeObject DispatchType = WRAP_TYPE(
+    Dispatch, fast_make,
+    "Dispatch(orig, record, core, full, which, positions=None): a FULL hit in C.");
 
 /* ---------------------------------------------------------------------------------- */
 /* Core type                                                                          */

@@ -172,21 +172,17 @@ def _close_phase(pend: dict[str, Any], t0: int, t1: int, extra: int) -> None:
     if decision is None:
         RT.put.span(RT.step, _PHASE, t0, t1, f, 0, 0)
         return
-    m, reason, df, num_tokens, padded_tokens, num_reqs, padded_reqs, max_q, uq = decision
+    _put(decision, t0, t1, _SPANF)
+
+
+def _put(decision: tuple[int, ...], t0: int, t1: int, extra: int = 0) -> None:
+    """One DISPATCH record of ``(mode, reason, flags, num_tokens, padded_tokens, num_reqs,
+    padded_reqs, max_q, uq)`` spanning ``t0..t1``."""
+    m, reason, f, num_tokens, padded_tokens, num_reqs, padded_reqs, max_q, uq = decision
     RT.put.dispatch(
-        RT.step,
-        m,
-        reason,
-        df | _SPANF,
-        t0,
-        t1,
-        num_tokens,
-        padded_tokens,
-        num_reqs,
-        padded_reqs,
-        max_q,
-        uq,
-    )
+        RT.step, m, reason, f | extra, t0, t1, num_tokens, padded_tokens, num_reqs,
+        padded_reqs, max_q, uq,
+    )  # fmt: skip
 
 
 def _decide(
@@ -204,33 +200,11 @@ def _decide(
     uq: int,
 ) -> None:
     """A dispatcher's decision: to the open runner phase, or a record of its own."""
+    decision = (m, reason, f, num_tokens, padded_tokens, num_reqs, padded_reqs, max_q, uq)
     if pend.get("open"):
-        pend["decision"] = (
-            m,
-            reason,
-            f,
-            num_tokens,
-            padded_tokens,
-            num_reqs,
-            padded_reqs,
-            max_q,
-            uq,
-        )
+        pend["decision"] = decision
     else:
-        RT.put.dispatch(
-            RT.step,
-            m,
-            reason,
-            f,
-            t0,
-            t1,
-            num_tokens,
-            padded_tokens,
-            num_reqs,
-            padded_reqs,
-            max_q,
-            uq,
-        )
+        _put(decision, t0, t1)
 
 
 def _mode_members() -> tuple[Any, Any]:
