@@ -87,14 +87,33 @@ def build_report(rec: Recording) -> dict[str, Any]:
     }
 
 
+def command_line(meta: Mapping[str, Any]) -> tuple[str, str]:
+    """("command", the user's command as a shell line) for ``probe record``; ("recorded by",
+    the probe's own command) where the workload's command is not known (collect, attach,
+    and recordings from before ``probe_command`` was kept)."""
+    import shlex
+
+    cmd = meta.get("command")
+    if not cmd:
+        return "command", ""
+    words = [str(w) for w in cmd] if isinstance(cmd, list) else shlex.split(str(cmd))
+    ours = meta.get("probe_command")
+    if words and (words[0] in ("probe", "collect", "attach") or words == ours):
+        if words[0] != "probe":
+            words = ["probe", *words]
+        return "recorded by", shlex.join(words)
+    return "command", shlex.join(words)
+
+
 def render_report(rep: Mapping[str, Any], console: Console) -> None:
     hr = rep["hit_rates"]
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
     meta = rep.get("meta") or {}
-    if meta.get("command"):
-        head.add_row("command", str(meta["command"]))
+    label, line = command_line(meta)
+    if line:
+        head.add_row(label, line)
     head.add_row(
         "forward steps",
         f"{hr['steps']:,}  (FULL {hr['full']:,} · PIECEWISE "
