@@ -152,7 +152,7 @@ def test_sampled_recording_has_one_whole_step_in_n(runs: dict[str, Path], tmp_pa
         text=True,
         timeout=60,
     )
-    assert bad.returncode == 2 and "--sample must be 1 or more" in bad.stderr
+    assert bad.returncode == 2 and "--sample: '0': give an integer from 1" in bad.stderr
     assert not (tmp_path / "x.db").exists()
 
 

@@ -353,7 +353,7 @@ def test_killed_reader_recording_is_readable(runs: dict[str, Any]) -> None:
     r = runs["reader"]
     assert r["r1_rc"] == -signal.SIGKILL
     rec = Recording.open(r["r1"])
-    assert rec.meta()["command"][0] == "collect"
+    assert rec.meta()["command"][:2] == ["probe", "collect"]
     [worker] = [p for p in rec.processes() if p["role"] == "worker"]
     assert worker["snapshot"]["vllm_version"].startswith("0.32")
 
@@ -427,6 +427,7 @@ def test_recording_meta_holds_only_allow_listed_keys(runs: dict[str, Any]) -> No
         "schema_version",
         "created_epoch_ns",
         "command",
+        "probe_command",
         "host",
         "probe_version",
         "override",
