@@ -254,24 +254,25 @@ static int pack_wire(uint8_t *p, PyObject *const *args) {
     return 0;
 }
 
-static PyObject *ring_write(RingObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* The 12 wire values of a write/stage call into one record; -1 with an error set. */
+static int pack_call(uint8_t *rec, PyObject *const *args, Py_ssize_t nargs, const char *what) {
     if (nargs != 12) {
-        PyErr_Format(PyExc_TypeError, "write takes 12 wire values, got %zd", nargs);
-        return NULL;
+        PyErr_Format(PyExc_TypeError, "%s takes 12 wire values, got %zd", what, nargs);
+        return -1;
     }
+    return pack_wire(rec, args);
+}
+
+static PyObject *ring_write(RingObject *self, PyObject *const *args, Py_ssize_t nargs) {
     uint8_t rec[REC];
-    if (pack_wire(rec, args) < 0) return NULL;
+    if (pack_call(rec, args, nargs, "write") < 0) return NULL;
     ring_flush(self);
     return PyBool_FromLong(ring_commit(self, rec, 1));
 }
 
 static PyObject *ring_stage(RingObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 12) {
-        PyErr_Format(PyExc_TypeError, "stage takes 12 wire values, got %zd", nargs);
-        return NULL;
-    }
     uint8_t rec[REC];
-    if (pack_wire(rec, args) < 0) return NULL;
+    if (pack_call(rec, args, nargs, "stage") < 0) return NULL;
     memcpy(ring_slot(self), rec, REC);
     ring_staged(self);
     Py_RETURN_TRUE;
