@@ -38,6 +38,9 @@ def analyze(trace: Path, recording: Path, window: tuple[int, int]) -> dict[str, 
     ev = json.loads(Path(trace).read_text())["traceEvents"]
     py = [e for e in ev if e.get("cat") == "python_function" and "dur" in e]
     fwd = sorted((e for e in py if e["name"].endswith(": _model_forward")), key=lambda e: e["ts"])
+    runner = "v1"
+    if not fwd:  # Model Runner V2: the target's FULL forwards are ModelCudaGraphManager's
+        fwd, runner = mrv2_forwards(py), "mrv2"
     launches = sorted((e for e in ev if e.get("name") in GRAPH_LAUNCH), key=lambda e: e["ts"])
     per_fwd = []
     for f in fwd:
@@ -62,6 +65,9 @@ def analyze(trace: Path, recording: Path, window: tuple[int, int]) -> dict[str, 
     ids = [s["step"] for s in steps]
     pid = steps[0]["pid"] if steps else None
     q = ",".join("?" * len(ids))
+    if runner == "mrv2":  # only FULL forwards go through run_fullgraph: compare those
+        ids = [s["step"] for s in steps if s["mode"] == "full"]
+        q = ",".join("?" * len(ids))
     spans = (
         [
             dict(r)
@@ -107,6 +113,7 @@ def analyze(trace: Path, recording: Path, window: tuple[int, int]) -> dict[str, 
     n = min(len(fwd), len(spans))
     paired = [(fwd[i]["dur"] * 1e3, spans[i]["t1_ns"] - spans[i]["t0_ns"]) for i in range(n)]
     return {
+        "runner": runner,
         "probe_steps_in_window": len(steps),
         "kineto_forwards": len(fwd),
         "probe_forward_spans": len(spans),
@@ -135,6 +142,27 @@ def analyze(trace: Path, recording: Path, window: tuple[int, int]) -> dict[str, 
     }
 
 
+def mrv2_forwards(py: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """MRV2's target FULL forwards: the outermost ``run_fullgraph`` events that are not
+    inside the speculator's ``propose`` (its own managers call the same base method)."""
+    runs = [e for e in py if e["name"].endswith(": run_fullgraph")]
+    props = [e for e in py if e["name"].endswith(": propose")]
+
+    def inside(e: dict[str, Any], outer: list[dict[str, Any]]) -> bool:
+        return any(
+            o is not e
+            and o.get("tid") == e.get("tid")
+            and o["ts"] <= e["ts"]
+            and e["ts"] + e["dur"] <= o["ts"] + o["dur"]
+            for o in outer
+        )
+
+    return sorted(
+        (e for e in runs if not inside(e, props) and not inside(e, runs)),
+        key=lambda e: e["ts"],
+    )
+
+
 def trim(trace: Path, dest: Path) -> None:
     """Keep what the merge needs: kernels, runtime calls, and the probe-relevant Python."""
     data = json.loads(Path(trace).read_text())
@@ -142,7 +170,14 @@ def trim(trace: Path, dest: Path) -> None:
     for e in data["traceEvents"]:
         cat = e.get("cat")
         name = e.get("name", "")
-        wanted = (": _model_forward", ": build", ": execute_model", ": sample_tokens", ": propose")
+        wanted = (
+            ": _model_forward",
+            ": run_fullgraph",
+            ": build",
+            ": execute_model",
+            ": sample_tokens",
+            ": propose",
+        )
         if (
             cat in ("kernel", "cuda_runtime", "cuda_driver", "gpu_memcpy", "ac2g")
             or e.get("ph") == "M"

@@ -142,6 +142,9 @@ def engine_main(args: argparse.Namespace) -> None:
                 emit({"op": "result", **stepwise(llm, cmd, prompts, sp, writer)})
                 continue
             mode = cmd.get("probe", "attached")
+            if mode in ("groundtruth", "attached") and cmd.get("reinstall"):
+                hooks.uninstall()  # every family again (a stepwise variant may have left a few)
+                installed = False
             if mode == "absent" and installed:
                 hooks.uninstall()
                 installed = False
@@ -152,7 +155,7 @@ def engine_main(args: argparse.Namespace) -> None:
             # "attached_s8": attached, recording one engine step in 8 (--sample 8)
             every = int(mode.split("_s", 1)[1]) if mode.startswith("attached_s") else 1
             RT.sampling, RT.sample_every, RT.sample_n = every > 1, every, 0
-            if mode == "attached" or every > 1:
+            if mode in ("attached", "groundtruth") or every > 1:
                 RT.enabled = True
             elif mode == "detached" and installed:
                 RT.enabled = False
@@ -219,7 +222,11 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
 
         st = SelfTime()
         st.patch()
-    hooks.install(families, lazy=False)
+    from probe import accel
+
+    hot = cmd.get("hot_path") or accel.active()  # "python": the pure-Python wrappers
+    with accel.use(hot):
+        hooks.install(families, lazy=False)
     hooks.enable(writer, gpu_timing=cmd.get("gpu_timing", True))
     if st is not None:
         st.time_ring(cmd.get("ring_stand_in"))
@@ -248,6 +255,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
 
     eng.step = timed_step
     starts: list[int] = []  # engine step index at which each workload began (its prefill)
+    b0 = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
     try:
         for g in range(int(cmd.get("generates", 10))):
             starts.append(state["i"])
@@ -261,6 +269,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             unbare()
         if st is not None:
             st.unpatch()  # the next install builds plain wrappers again
+    b1 = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
     skip = prefill_blocks(starts, block, int(cmd.get("prefill_steps", PREFILL_STEPS)))
     diffs = block_costs(rows, block, exclude=skip)
     selftime = None
@@ -271,6 +280,8 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     off_ns = [ns for _b, o, ns in rows if not o]
     return {
         "families": families or "all",
+        "hot_path": hot,
+        "window_boottime": [b0, b1],
         "sample_every": every,
         "requests": cmd.get("requests"),
         "gpu_timing": cmd.get("gpu_timing", True),
@@ -652,6 +663,7 @@ def run_groundtruth(eng: Engine, out: Path) -> dict[str, Any]:
         out_len=24,
         prompt_len=256,
         trace=str(trace),
+        reinstall=True,
     )
     return {"window_boottime": r["boottime"], "trace": trace.name, "tok_s": r["tok_s"]}
 
@@ -698,17 +710,45 @@ def suite(args: argparse.Namespace) -> None:
                     if time.time() + exp.get("variant_s", 30) > deadline:
                         break
                     assert e.proc.stdin is not None
-                    e.proc.stdin.write(json.dumps({"op": "stepwise", **variant}) + "\n")
-                    e.proc.stdin.flush()
-                    r = e.expect("result")
+                    # "pause_reader": the reader process stopped for the variant, so its
+                    # own CPU cannot compete with the engine (the ring holds the records)
+                    paused = bool(variant.get("pause_reader"))
+                    if paused:
+                        e.reader.send_signal(signal.SIGSTOP)
+                    try:
+                        e.proc.stdin.write(json.dumps({"op": "stepwise", **variant}) + "\n")
+                        e.proc.stdin.flush()
+                        r = e.expect("result")
+                    finally:
+                        if paused:
+                            e.reader.send_signal(signal.SIGCONT)
+                    r["pause_reader"] = paused
                     res["runs"].append(r)
                     log(
-                        f"stepwise {r['families']} gpu_timing={r['gpu_timing']}: "
+                        f"stepwise {r['families']} {r['hot_path']} paused={paused} "
+                        f"gpu_timing={r['gpu_timing']}: "
                         f"{r['steps']} steps, median on-off per block pair "
                         f"{(r['median_pair_diff_ns'] or 0) / 1e3:.1f} us, "
                         f"step median {(r['median_off_ns'] or 0) / 1e3:.0f} us"
                     )
                     save()
+            elif exp["kind"] == "groundtruth":  # one profiled window (Kineto + stacks)
+                e = engine(exp["scenario"])
+                res = {"groundtruth": run_groundtruth(e, out), "recording": e.recording.name}
+                res["snapshot"] = e.ready.get("snapshot")
+            elif exp["kind"] == "record":  # attached repetitions: a recording to read back
+                e = engine(exp["scenario"])
+                runs = [
+                    e.run(
+                        rep=i,
+                        probe="attached",
+                        seed=700 + i,
+                        reinstall=i == 0,
+                        **exp.get("run", {}),
+                    )
+                    for i in range(int(exp.get("reps", 1)))
+                ]
+                res = {"runs": runs, "recording": e.recording.name}
             elif exp["kind"] == "ab":
                 res = run_ab(engine(exp["a"]), engine(exp["b"]), exp.get("reps", 5), deadline)
                 res["snapshots"] = {

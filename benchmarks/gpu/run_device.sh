@@ -18,8 +18,12 @@ timeout -k 10 $(( SECS + 30 )) python3 benchmarks/gpu/harness.py suite --plan "$
   2> "$W/suite.log"
 echo "suite rc=$?"; tail -40 "$W/suite.log"
 if [ -f "$W/groundtruth.trace.json" ]; then
-  win=$(python3 -c "import json;r=json.load(open('$W/results.json'));print(*[e['result']['groundtruth']['window_boottime'] for e in r['experiments'] if e.get('kind')=='overhead' and 'result' in e][0])")
-  rec=$(ls "$W"/stock_v1_k1.probe.db 2>/dev/null | head -1)
+  # the window and the recording of the experiment that profiled (kind groundtruth/overhead)
+  read -r rec win < <(python3 -c "
+import json;r=json.load(open('$W/results.json'))
+e=[e for e in r['experiments'] if 'groundtruth' in e.get('result',{})][0]
+print(e['result'].get('recording', e['scenario']+'.probe.db'), *e['result']['groundtruth']['window_boottime'])")
+  rec="$W/$rec"
   python3 benchmarks/gpu/groundtruth.py --trace "$W/groundtruth.trace.json" --recording "$rec" \
     --window $win --out "$W/groundtruth.json" --trimmed "$W/groundtruth.trimmed.json.gz" \
     2>&1 | tail -30
