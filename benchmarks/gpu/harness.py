@@ -225,23 +225,50 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     from probe import accel
 
     hot = cmd.get("hot_path") or accel.active()  # "python": the pure-Python wrappers
-    with accel.use(hot):
-        hooks.install(families, lazy=False)
-    hooks.enable(writer, gpu_timing=cmd.get("gpu_timing", True))
+    if cmd.get("null"):  # the control: no hook at all, RT.enabled still switched per block
+        hot, families = "none", ["none"]
+    else:
+        with accel.use(hot):
+            hooks.install(families, lazy=False)
+        hooks.enable(writer, gpu_timing=cmd.get("gpu_timing", True))
     if st is not None:
         st.time_ring(cmd.get("ring_stand_in"))
-    bare: list[tuple[int, int]] = []  # "off" blocks: (scheduled tokens, launch ns)
-    unbare = bare_timer(bare) if cmd.get("bare_timer") else None
+    # "crossover": blocks counted from each workload's start, and the on/off order flipped
+    # from one workload to the next, so every on block has an off block at the same place
+    # in the next workload (same context length, same KV-block boundaries): effects tied to
+    # the position in a workload cancel, which a fixed on/off parity over the whole run
+    # does not do (a control with no per-step hooks read +160/+335 us that way).
+    crossover = cmd.get("design") == "crossover"
     block = int(cmd.get("block", 16))
+    state = {"i": 0, "g": 0, "g0": 0}
+    cur = {"g": 0, "b": 0, "on": 0}
+    bare: list[tuple[int, ...]] = []  # (scheduled tokens, launch ns[, t0, g, b, on])
+    unbare = (
+        bare_timer(bare, (lambda: (cur["g"], cur["b"], cur["on"])) if crossover else None)
+        if cmd.get("bare_timer")
+        else None
+    )
     every = int(cmd.get("sample_every", 1))  # "on" blocks record one step in `every`
     eng = llm.llm_engine
     orig = eng.step
     rows: list[tuple[int, int, int]] = []  # (block index, on, ns)
-    state = {"i": 0}
+    xrows: list[tuple[int, int, int, int]] = []  # crossover: (workload, block, on, ns)
 
     def timed_step() -> Any:
         i = state["i"]
         state["i"] = i + 1
+        if crossover:
+            g, b = state["g"], (i - state["g0"]) // block
+            on = (b + g) % 2 == 0
+            cur["g"], cur["b"], cur["on"] = g, b, int(on)
+            if st is not None and i == 2 * block:
+                st.reset()
+            RT.sampling, RT.sample_every = on and every > 1, every
+            RT.enabled = on
+            t0 = time.perf_counter_ns()
+            out = orig()
+            xrows.append((g, b, int(on), time.perf_counter_ns() - t0))
+            return out
         b = i // block
         on = b % 2 == 0
         if st is not None and i == 2 * block:  # leave out the first step's one-off work
@@ -259,6 +286,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     try:
         for g in range(int(cmd.get("generates", 10))):
             starts.append(state["i"])
+            state["g"], state["g0"] = g, state["i"]
             n = int(cmd.get("requests", 0)) or None  # default: the scenario's
             work = prompts(500 + g) if n is None else prompts(500 + g, n)
             llm.generate(work, sp(cmd.get("out_len", 256)), use_tqdm=False)
@@ -270,6 +298,31 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         if st is not None:
             st.unpatch()  # the next install builds plain wrappers again
     b1 = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    if crossover:
+        from crossover import pair_costs
+
+        xd = pair_costs(xrows, block)
+        return {
+            "design": "crossover",
+            "families": families or "all",
+            "hot_path": hot,
+            "window_boottime": [b0, b1],
+            "gpu_timing": cmd.get("gpu_timing", True),
+            "block": block,
+            "steps": len(xrows),
+            "generates": len(starts),
+            "block_pairs": len(xd),
+            "median_pair_diff_ns": statistics.median(xd) if xd else None,
+            "mean_pair_diff_ns": statistics.fmean(xd) if xd else None,
+            "median_on_ns": statistics.median(r[3] for r in xrows if r[2]) if xrows else None,
+            "median_off_ns": statistics.median(r[3] for r in xrows if not r[2]) if xrows else None,
+            "step_rows": xrows,
+            "bare_rows": bare if unbare is not None else None,
+            "dropped": getattr(writer, "dropped", None),
+            "selftime": st.result(sum(r[2] for r in xrows) // max(1, every))
+            if st is not None
+            else None,
+        }
     skip = prefill_blocks(starts, block, int(cmd.get("prefill_steps", PREFILL_STEPS)))
     diffs = block_costs(rows, block, exclude=skip)
     selftime = None
@@ -301,11 +354,13 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     }
 
 
-def bare_timer(rows: list[tuple[int, int]]) -> Any:
+def bare_timer(rows: list[tuple[int, ...]], tag: Any = None) -> Any:
     """The CPU launch overhead of the probe's definition (step start to the end of the
     target's forward launch) measured by one plain timer pair, in the steps where the probe
     is off: the reference the probe's own recorded figure (its "on" steps) is held against.
-    Wraps whatever is installed (the probe's dormant hooks); returns the undo."""
+    Wraps whatever is installed (the probe's dormant hooks); returns the undo.
+    ``tag``: time every step, the probe's included, and append ``(t0, *tag())`` to each
+    row (the crossover design compares both arms by position)."""
     import importlib
 
     from probe.runtime import RT
@@ -329,7 +384,7 @@ def bare_timer(rows: list[tuple[int, int]]) -> Any:
 
     def exec_wrap(inner: Any) -> Any:
         def execute_model(self: Any, so: Any, *a: Any, **k: Any) -> Any:
-            if RT.enabled or k.get("dummy_run") or k.get("is_profile"):
+            if (RT.enabled and tag is None) or k.get("dummy_run") or k.get("is_profile"):
                 return inner(self, so, *a, **k)
             state["t0"], state["n"], state["open"] = (
                 clock(boot),
@@ -345,11 +400,15 @@ def bare_timer(rows: list[tuple[int, int]]) -> Any:
 
     def fwd_wrap(inner: Any) -> Any:
         def forward(*a: Any, **k: Any) -> Any:
-            if not state["open"] or RT.enabled:
+            if not state["open"] or (RT.enabled and tag is None):
                 return inner(*a, **k)
             out = inner(*a, **k)
             if state["open"]:
-                rows.append((int(state["n"]), clock(boot) - int(state["t0"])))
+                t0 = int(state["t0"])
+                n = int(state["n"])
+                rows.append(
+                    (n, clock(boot) - t0) if tag is None else (n, clock(boot) - t0, t0, *tag())
+                )
                 state["open"] = False  # the first target launch of the step
             return out
 

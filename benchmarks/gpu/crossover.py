@@ -1,0 +1,162 @@
+"""The probe's cost per engine step and its perturbation, from a crossover stepwise run.
+
+    python benchmarks/gpu/crossover.py RESULTS.json [--recording R.probe.db] [--json OUT]
+
+The harness's ``"design": "crossover"`` switches the probe on and off in blocks counted
+from the start of each workload (``llm.generate``), with the order flipped from one
+workload to the next: the on block ``b`` of workload ``2j`` faces the off block ``b`` of
+workload ``2j+1`` and the other way round. Both sit at the same place in a workload (the
+same context lengths and KV-block boundaries), so what depends on that place cancels, and
+the flip cancels drift between the two workloads. Per variant it prints, each as the
+median of the per-block-pair differences with a bootstrap 95% interval:
+
+- **step**: engine step wall time, on minus off (what the probe adds to a step);
+- **launch**: one plain timer pair from step start to the end of the target's forward
+  launch (``"bare_timer": true``), on minus off (what the probe adds inside the CPU launch
+  overhead window);
+- **perturbation**: the probe's own recorded CPU launch overhead in the on blocks minus the
+  plain timer's in the facing off blocks (what the probe's headline number is off by),
+  with ``--recording``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sqlite3
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+FIRST_BLOCK = 1  # block 0 of a workload holds its prefill steps
+
+
+def pair_costs(rows: Iterable[Sequence[int]], block: int, full_only: bool = True) -> list[float]:
+    """``rows``: (workload, block, on, value). For each block ``b`` >= 1 of each workload
+    pair (2j, 2j+1): median(value of the on block) - median(value of the off block)."""
+    by: dict[tuple[int, int], list[int]] = {}
+    on_of: dict[tuple[int, int], int] = {}
+    for g, b, on, v in rows:
+        by.setdefault((g, b), []).append(v)
+        on_of[(g, b)] = on
+    out: list[float] = []
+    for (g, b), v in sorted(by.items()):
+        if g % 2 or b < FIRST_BLOCK:
+            continue
+        w = by.get((g + 1, b))
+        if w is None or (full_only and (len(v) != block or len(w) != block)):
+            continue
+        d = statistics.median(v) - statistics.median(w)
+        out.append(d if on_of[(g, b)] else -d)
+    return out
+
+
+def ci95(xs: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """Bootstrap interval of the median (resampling block pairs)."""
+    if len(xs) < 3:
+        return None
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+
+
+def recorded_launch(db: Path, window: Sequence[int]) -> list[tuple[int, int]]:
+    """(t0, cpu_launch_overhead_ns) of the recording's target steps inside ``window``."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return [
+            (int(t0), int(lo))
+            for t0, lo in con.execute(
+                "SELECT t0_ns, cpu_launch_overhead_ns FROM steps WHERE t0_ns BETWEEN ? AND ? "
+                "AND cpu_launch_overhead_ns IS NOT NULL ORDER BY t0_ns",
+                (window[0], window[1]),
+            )
+        ]
+    finally:
+        con.close()
+
+
+def perturbation_rows(
+    bare: list[Sequence[int]], rec: list[tuple[int, int]], slack_ns: int = 2_000_000
+) -> list[tuple[int, int, int, int]]:
+    """(workload, block, on, value): the probe's recorded launch overhead for on steps
+    (matched to the bare timer's row by start time), the bare timer's for off steps."""
+    import bisect
+
+    t0s = [t for t, _ in rec]
+    out: list[tuple[int, int, int, int]] = []
+    for _n, ns, t0, g, b, on in bare:
+        if not on:
+            out.append((g, b, 0, ns))
+            continue
+        i = bisect.bisect_left(t0s, t0)  # the probe's step starts just after the timer's
+        if i < len(t0s) and t0s[i] - t0 < slack_ns:
+            out.append((g, b, 1, rec[i][1]))
+    return out
+
+
+def summarize(res: dict[str, Any], recording: Path | None = None) -> list[dict[str, Any]]:
+    out = []
+    for e in res.get("experiments", []):
+        for r in (e.get("result") or {}).get("runs", []):
+            if r.get("design") != "crossover":
+                continue
+            block = int(r["block"])
+            row: dict[str, Any] = {
+                "scenario": e.get("scenario"),
+                "families": r["families"],
+                "hot_path": r.get("hot_path"),
+                "gpu_timing": r.get("gpu_timing"),
+                "steps": r["steps"],
+                "step_median_us": (r["median_off_ns"] or 0) / 1e3,
+            }
+            parts = {"step": pair_costs(r["step_rows"], block)}
+            bare = r.get("bare_rows")
+            if bare:
+                parts["launch"] = pair_costs(
+                    [(g, b, on, ns) for _n, ns, _t, g, b, on in bare], block, False
+                )
+                off = [ns for _n, ns, _t, _g, _b, on in bare if not on]
+                row["launch_off_median_us"] = statistics.median(off) / 1e3 if off else None
+                if recording is not None:
+                    rec = recorded_launch(recording, r["window_boottime"])
+                    parts["perturbation"] = pair_costs(perturbation_rows(bare, rec), block, False)
+            for k, xs in parts.items():
+                c = ci95(xs)
+                row[k] = {
+                    "pairs": len(xs),
+                    "median_us": statistics.median(xs) / 1e3 if xs else None,
+                    "ci95_us": [c[0] / 1e3, c[1] / 1e3] if c else None,
+                }
+            if "perturbation" in row and row.get("launch_off_median_us"):
+                m = row["perturbation"]["median_us"]
+                row["perturbation"]["share"] = m / row["launch_off_median_us"] if m else None
+            out.append(row)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--recording", type=Path)
+    ap.add_argument("--json", type=Path, help="write the summary here")
+    a = ap.parse_args()
+    rows = summarize(json.loads(a.results.read_text()), a.recording)
+    for r in rows:
+        parts = []
+        for k in ("step", "launch", "perturbation"):
+            if k in r and r[k]["median_us"] is not None:
+                lo_hi = r[k]["ci95_us"] or [float("nan")] * 2
+                parts.append(f"{k} {r[k]['median_us']:+.1f} [{lo_hi[0]:+.1f}, {lo_hi[1]:+.1f}] us")
+        print(
+            f"{r['scenario']} {r['families']!s:12s} {r['hot_path']} gpu_timing={r['gpu_timing']}"
+            f" steps={r['steps']} step={r['step_median_us']:.0f}us: " + "; ".join(parts)
+        )
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
