@@ -195,6 +195,24 @@ def dispatch_hook(
     return c.Dispatch(orig, record, rt, full, which, positions)
 
 
+def build_hook(
+    orig: Callable[..., Any], record: Callable[..., Any], rt: Any, tag: int
+) -> Any | None:
+    """A metadata build (``tag``: a BuildTag) whose common path is recorded in C; every
+    other call goes to the Python ``record(md, t0, t1, self, *args, **kwargs)``. None on
+    the Python path."""
+    c = _compiled()
+    if c is None or not isinstance(rt, c.Core):
+        return None
+    try:
+        import torch
+
+        i32, i64 = torch.int32, torch.int64
+    except Exception:  # no torch: every call takes the Python record
+        i32 = i64 = None
+    return c.Build(orig, record, rt, tag, i32, i64)
+
+
 def _check_wire_layout() -> None:
     """The compiled Span, Step and Dispatch write SPAN and DISPATCH records themselves:
     those two declarations must keep the wire slots the C code uses."""
@@ -210,6 +228,18 @@ def _check_wire_layout() -> None:
             "max_query_len": ("v4", "hi"), "uniform_decode_query_len": ("v4", "lo"),
         },
     }  # fmt: skip
+    # the compiled Build passes the BUILD fields positionally, in this order
+    order = (
+        "step", "tag", "builder_id", "flags", "t0", "t1", "padded_tokens", "real_tokens",
+        "padded_reqs", "real_reqs", "max_query_len", "reorder_batch_threshold", "num_decodes",
+        "num_prefills", "num_decode_tokens", "num_prefill_tokens",
+    )  # fmt: skip
+    got_order = tuple(f.name for f in records.SPECS[records.RecordKind.BUILD].fields)
+    if got_order != order:
+        raise ImportError(
+            f"probe.accel: the BUILD declaration {got_order} no longer matches the field "
+            "order probe._accel's Build passes"
+        )
     for kind, want in wire.items():
         got = {f.name: (f.slot, f.part) for f in records.SPECS[kind].fields}
         if got != want:

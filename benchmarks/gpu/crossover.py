@@ -143,7 +143,12 @@ def main() -> None:
     ap.add_argument("--recording", type=Path)
     ap.add_argument("--json", type=Path, help="write the summary here")
     a = ap.parse_args()
-    rows = summarize(json.loads(a.results.read_text()), a.recording)
+    raw = a.results.read_bytes()
+    if a.results.suffix == ".gz":
+        import gzip
+
+        raw = gzip.decompress(raw)
+    rows = summarize(json.loads(raw), a.recording)
     for r in rows:
         parts = []
         for k in ("step", "launch", "perturbation"):

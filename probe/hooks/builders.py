@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from probe import accel
 from probe.hooks import step
 from probe.hooks._base import Family, Hook, Target
 from probe.records import BuildTag, Flag, Phase
@@ -81,16 +82,7 @@ def build(tag: BuildTag) -> Callable[[Callable[..., Any], Hook], Any]:
     def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         read_int = _int_reader()
 
-        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if not RT.enabled or RT.in_build:
-                return orig(self, *args, **kwargs)
-            RT.in_build = 1
-            t0 = _clock(BOOTTIME)
-            try:
-                md = orig(self, *args, **kwargs)
-            finally:
-                t1 = _clock(BOOTTIME)
-                RT.in_build = 0
+        def record(md: Any, t0: int, t1: int, self: Any, *args: Any, **kwargs: Any) -> None:
             try:
                 cm: Any
                 if tag_v:
@@ -132,6 +124,22 @@ def build(tag: BuildTag) -> Callable[[Callable[..., Any], Hook], Any]:
                 )
             except Exception as exc:
                 hook.fail(exc)
+
+        compiled = accel.build_hook(orig, record, RT, tag_v)
+        if compiled is not None:  # the common path in C, the rest through ``record``
+            return compiled
+
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not RT.enabled or RT.in_build:
+                return orig(self, *args, **kwargs)
+            RT.in_build = 1
+            t0 = _clock(BOOTTIME)
+            try:
+                md = orig(self, *args, **kwargs)
+            finally:
+                t1 = _clock(BOOTTIME)
+                RT.in_build = 0
+            record(md, t0, t1, self, *args, **kwargs)
             return md
 
         return wrapper

@@ -1,0 +1,143 @@
+"""The metadata-build hook writes the same BUILD record on both hot paths, for every shape
+of input: the compiled common path (probe._accel.Build) and each case it hands to the
+Python record (a strided, GPU-less int64, non-tensor or out-of-range query_start_loc_cpu,
+None fields, metadata without a split, a threshold under another name)."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from probe import accel
+from probe.hooks import builders
+from probe.hooks._base import Installer, Target
+from probe.records import Build, BuildTag
+from probe.ring import RingWriter
+from probe.runtime import RT
+from tests.conftest import drain
+
+QSL = torch.tensor([0, 2, 4, 6, 8, 9, 12], dtype=torch.int32)
+
+
+def _cm(**kw: Any) -> Any:
+    base = dict(num_actual_tokens=16, num_reqs=6, query_start_loc_cpu=QSL, max_query_len=3)
+    return types.SimpleNamespace(**{**base, **kw})
+
+
+def _md(**kw: Any) -> Any:
+    base = dict(num_decodes=4, num_prefills=2, num_decode_tokens=8, num_prefill_tokens=4)
+    return types.SimpleNamespace(**{**base, **kw})
+
+
+CASES: dict[str, tuple[Any, Any, dict[str, Any]]] = {
+    "common": (_cm(), _md(), {}),
+    "padded": (_cm(num_actual_tokens=12), _md(), {}),
+    "int64": (_cm(query_start_loc_cpu=QSL.to(torch.int64)), _md(), {}),
+    "strided": (_cm(query_start_loc_cpu=torch.arange(0, 30, 2, dtype=torch.int32)[::2]), _md(), {}),
+    "float": (_cm(query_start_loc_cpu=QSL.to(torch.float32)), _md(), {}),
+    "2-d": (_cm(query_start_loc_cpu=QSL[:6].reshape(2, 3)), _md(), {}),
+    "list": (_cm(query_start_loc_cpu=[0, 2, 4, 6, 8, 9, 12]), _md(), {}),
+    "no split": (_cm(), types.SimpleNamespace(), {}),
+    "split None": (_cm(), _md(num_decodes=None), {}),
+    "no prefill tokens": (_cm(), _md(num_prefill_tokens=None), {}),
+    "prefills None": (_cm(), _md(num_prefills=None), {}),
+    "max_query_len None": (_cm(max_query_len=None), _md(), {}),
+    "decode_threshold": (_cm(), _md(), {"decode_threshold": 7}),
+    "no threshold": (_cm(), _md(), {"reorder_batch_threshold": None}),
+    "keyword": (_cm(), _md(), {"kw": True}),
+    "big": (_cm(num_actual_tokens=2**40), _md(), {}),
+}
+
+
+def _record(case: str, path: str, tmp: Path) -> tuple[list[Any], int]:
+    cm, md, opt = CASES[case]
+
+    class SomeMetadataBuilder:
+        reorder_batch_threshold: Any = opt.get("reorder_batch_threshold", 2)
+
+        def build(self, common_prefix_len: int, common_attn_metadata: Any) -> Any:
+            return md
+
+    if "decode_threshold" in opt:
+        SomeMetadataBuilder.reorder_batch_threshold = None
+        SomeMetadataBuilder.decode_threshold = opt["decode_threshold"]  # type: ignore[attr-defined]
+    RT.reset()
+    writer = RingWriter.create(tmp / f"ring-{path}", capacity=256)
+    inst = Installer()
+    with accel.use(path):
+        target = Target("build.t", __name__, "", "build", builders.build(BuildTag.STEP))
+        inst.install_on(target, SomeMetadataBuilder)
+        if path == "compiled":
+            assert type(vars(SomeMetadataBuilder)["build"]).__name__ == "Build"
+        RT.attach(writer)
+        RT.enabled = True
+        b = SomeMetadataBuilder()
+        for _ in range(2):  # the second call runs with the class already interned
+            out = b.build(0, common_attn_metadata=cm) if opt.get("kw") else b.build(0, cm)
+            assert out is md
+        RT.enabled = False
+        RT.detach()
+    inst.uninstall()
+    faults = RT.faults if hasattr(RT, "faults") else 0
+    recs = [r for r in drain(writer)[0] if isinstance(r, Build)]
+    writer.close()
+    RT.reset()
+    return recs, faults
+
+
+@pytest.mark.skipif(not accel.COMPILED, reason=f"compiled path not built: {accel.WHY_NOT}")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_compiled_build_writes_what_the_python_hook_writes(case: str, tmp_path: Path) -> None:
+    py, py_faults = _record(case, "python", tmp_path)
+    c, c_faults = _record(case, "compiled", tmp_path)
+    strip = [(r.tag, r.builder_id, r.flags, *[getattr(r, f) for f in FIELDS]) for r in py]
+    assert [(r.tag, r.builder_id, r.flags, *[getattr(r, f) for f in FIELDS]) for r in c] == strip
+    assert c_faults == py_faults
+    if case == "common":
+        assert len(py) == 2
+        r = py[0]
+        assert (r.padded_tokens, r.real_tokens, r.padded_reqs, r.real_reqs) == (16, 12, 6, 0)
+        assert (r.num_decodes, r.num_prefill_tokens, r.reorder_batch_threshold) == (4, 4, 2)
+        assert r.t0 <= r.t1
+
+
+FIELDS = [
+    "padded_tokens",
+    "real_tokens",
+    "padded_reqs",
+    "real_reqs",
+    "max_query_len",
+    "reorder_batch_threshold",
+    "num_decodes",
+    "num_prefills",
+    "num_decode_tokens",
+    "num_prefill_tokens",
+]
+
+
+def test_a_failing_build_propagates_and_records_nothing(hot_path: str, tmp_path: Path) -> None:
+    class Boom:
+        def build(self, common_prefix_len: int, common_attn_metadata: Any) -> Any:
+            raise KeyError("vllm's own")
+
+    RT.reset()
+    writer = RingWriter.create(tmp_path / "ring", capacity=64)
+    inst = Installer()
+    inst.install_on(
+        Target("build.boom", __name__, "", "build", builders.build(BuildTag.STEP)), Boom
+    )
+    RT.attach(writer)
+    RT.enabled = True
+    with pytest.raises(KeyError, match="vllm's own"):
+        Boom().build(0, _cm())
+    assert not RT.in_build
+    RT.enabled = False
+    RT.detach()
+    inst.uninstall()
+    assert not [r for r in drain(writer)[0] if isinstance(r, Build)]
+    writer.close()
+    RT.reset()
