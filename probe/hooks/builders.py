@@ -125,7 +125,7 @@ def build(tag: BuildTag) -> Callable[[Callable[..., Any], Hook], Any]:
             except Exception as exc:
                 hook.fail(exc)
 
-        compiled = accel.build_hook(orig, record, RT, tag_v)
+        compiled: Callable[..., Any] | None = accel.build_hook(orig, record, RT, tag_v)
         if compiled is not None:  # the common path in C, the rest through ``record``
             return compiled
 
