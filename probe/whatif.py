@@ -45,13 +45,12 @@ from typing import Any
 
 from probe import analysis
 from probe.capture_sizes import padding_of, suggest_capture_sizes
+from probe.reasons import SUPPORT_NAMES
 from probe.records import Mode, Reason
 from probe.step import Step
 
 __all__ = [
     "KEPT",
-    "MODES",
-    "SUPPORT_NAMES",
     "Engine",
     "Replayer",
     "Setting",
@@ -63,10 +62,6 @@ __all__ = [
     "whatif",
 ]
 
-#: ``cudagraph_mode`` values a user can ask for (vLLM's CUDAGraphMode names)
-MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-#: AttentionCGSupport names, lowest first (their values are their positions)
-SUPPORT_NAMES = ("NEVER", "UNIFORM_SINGLE_TOKEN_DECODE", "UNIFORM_BATCH", "ALWAYS")
 #: reasons the batch shape does not decide (runner state, DP peers, LoRA): kept as recorded
 KEPT = frozenset(
     {Reason.WARMUP_OR_PROFILE, Reason.FORCED_EAGER, Reason.CASCADE_ATTENTION, Reason.LORA_MISMATCH}
@@ -413,10 +408,12 @@ def build(vl: Vllm, engine: Engine, a: Applied) -> Graphs:
     cc.max_cudagraph_capture_size = a.max_capture_size
     cc.use_inductor_graph_partition = False
     cc.mode = cfg.CompilationMode[engine.compile_mode]
-    # VLLM_COMPILE splits the graph at attention (vLLM's default splitting ops): what
-    # lets the resolver fall back to PIECEWISE rather than NONE
-    vlc = engine.compile_mode == "VLLM_COMPILE"
-    cc.splitting_ops = list(cc._attention_ops) if vlc else []
+    # vLLM's default splitting ops for this compilation mode (VLLM_COMPILE: at attention,
+    # which lets the resolver fall back to PIECEWISE rather than NONE), by its own code
+    cc.splitting_ops = None
+    cc.set_splitting_ops_for_v1(
+        all2all_backend=vc.parallel_config.all2all_backend, data_parallel_size=1
+    )
     messages: list[str] = []
     support = vl.support(a.min_support)
     v2 = engine.runner == "mrv2"

@@ -18,6 +18,7 @@ from typing import Any
 
 from probe.commands import console, open_recording, positive_int, width
 from probe.errors import RuntimeFailure, UsageError
+from probe.reasons import MODE_NAMES, SUPPORT_NAMES
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -30,10 +31,8 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def _mode(text: str) -> str:
-    from probe.whatif import MODES
-
-    if text.upper() not in MODES:
-        raise argparse.ArgumentTypeError(f"{text!r}: give one of {', '.join(MODES)}")
+    if text.upper() not in MODE_NAMES:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one of {', '.join(MODE_NAMES)}")
     return text.upper()
 
 
@@ -159,14 +158,12 @@ def render(r: dict[str, Any], con: Any) -> None:
 
 
 def add_parser(sub: Any) -> None:
-    from probe.whatif import MODES, SUPPORT_NAMES
-
     q = sub.add_parser(
         "whatif",
         help="a recording's batch shapes through vLLM's real dispatcher under other settings",
     )
     q.add_argument("recording", nargs="?", help="recording (default: the bundled one)")
-    q.add_argument("--mode", type=_mode, help=f"requested cudagraph_mode: {', '.join(MODES)}")
+    q.add_argument("--mode", type=_mode, help=f"requested cudagraph_mode: {', '.join(MODE_NAMES)}")
     q.add_argument(
         "--capture-sizes", type=_sizes, metavar="N,N,...", help="cudagraph_capture_sizes"
     )
