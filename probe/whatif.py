@@ -54,7 +54,7 @@ __all__ = [
     "Engine",
     "Replayer",
     "Setting",
-    "VllmMissing",
+    "VllmError",
     "WhatIfError",
     "load_vllm",
     "parse_sizes",
@@ -72,8 +72,8 @@ class WhatIfError(ValueError):
     """A setting or recording the what-if cannot use (a usage error)."""
 
 
-class VllmMissing(RuntimeError):
-    """The installed vLLM cannot be imported or set up here (a runtime failure)."""
+class VllmError(RuntimeError):
+    """The installed vLLM cannot be imported here, or its own code failed (a runtime failure)."""
 
 
 # -- input ------------------------------------------------------------------------------------
@@ -276,11 +276,11 @@ class Vllm:
     manager_error: str = ""
 
     def new_config(self) -> Any:
-        """A default ``VllmConfig``; :class:`VllmMissing` where vLLM cannot make one."""
+        """A default ``VllmConfig``; :class:`VllmError` where vLLM cannot make one."""
         try:
             return self.config.VllmConfig()
         except Exception as exc:  # e.g. no platform: a GPU build without its GPU
-            raise VllmMissing(
+            raise VllmError(
                 f"vLLM {self.version} cannot make a VllmConfig here (VLLM_TARGET_DEVICE=cpu "
                 f"selects its CPU platform where the build has one): {_one_line(exc)}"
             ) from None
@@ -295,7 +295,7 @@ def load_vllm() -> Vllm:
             from vllm.v1.attention.backend import AttentionCGSupport
             from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
         except Exception as exc:  # ImportError, or a platform vLLM cannot set up here
-            raise VllmMissing(
+            raise VllmError(
                 "needs vLLM 0.26 to 0.33 importable (pip install vllm, or a vLLM tree on "
                 f"PYTHONPATH with VLLM_TARGET_DEVICE=cpu): {_one_line(exc)}"
             ) from None
@@ -353,16 +353,24 @@ def mrv2_context(vl: Vllm) -> Iterator[None]:
     with tempfile.TemporaryDirectory(prefix="probe-whatif-") as tmp:
         try:
             if not ps.model_parallel_is_initialized():
-                with vl.config.set_current_vllm_config(vl.new_config()):
-                    ps.init_distributed_environment(
-                        world_size=1,
-                        rank=0,
-                        local_rank=0,
-                        distributed_init_method=f"file://{tmp}/store",
-                        backend="gloo",
-                    )
-                    made = True
-                    ps.ensure_model_parallel_initialized(1, 1)
+                try:
+                    with vl.config.set_current_vllm_config(vl.new_config()):
+                        ps.init_distributed_environment(
+                            world_size=1,
+                            rank=0,
+                            local_rank=0,
+                            distributed_init_method=f"file://{tmp}/store",
+                            backend="gloo",
+                        )
+                        made = True
+                        ps.ensure_model_parallel_initialized(1, 1)
+                except VllmError:
+                    raise
+                except Exception as exc:
+                    raise VllmError(
+                        f"vLLM {vl.version}: no one-rank gloo group for MRV2's graph manager "
+                        f"here: {_one_line(exc)}"
+                    ) from None
             yield
         finally:
             if made:
@@ -389,7 +397,13 @@ class Graphs:
     def __call__(self, s: Step) -> tuple[Mode, Reason, int, int]:
         key = (s.num_tokens, s.num_reqs, s.max_query_len, s.uniform)
         if key not in self.memo:
-            self.memo[key] = self.decide(s)
+            try:
+                self.memo[key] = self.decide(s)
+            except Exception as exc:
+                raise VllmError(
+                    f"vLLM {self.vllm_version}'s dispatch failed on step {s.step} of pid "
+                    f"{s.pid} ({s.num_tokens} tokens, {s.num_reqs} requests): {_one_line(exc)}"
+                ) from None
         return self.memo[key]
 
 
@@ -446,7 +460,7 @@ def build(vl: Vllm, engine: Engine, a: Applied) -> Graphs:
 
     else:
         if vl.manager is None:
-            raise VllmMissing(
+            raise VllmError(
                 f"the recording is MRV2 but vLLM {vl.version}'s ModelCudaGraphManager does "
                 f"not import here: {vl.manager_error}"
             )
@@ -573,7 +587,15 @@ class Replayer:
         for pid, e in self.engines.items():
             key = (e, applied[pid])
             if key not in self._cache:
-                self._cache[key] = build(self.vl, e, applied[pid])
+                try:
+                    self._cache[key] = build(self.vl, e, applied[pid])
+                except (WhatIfError, VllmError):
+                    raise
+                except Exception as exc:  # vLLM's own code failed on these settings
+                    raise VllmError(
+                        f"vLLM {self.vl.version} could not build the {e.runner} dispatcher "
+                        f"for these settings: {_one_line(exc)}"
+                    ) from None
             out[pid] = self._cache[key]
         return out
 
@@ -605,7 +627,7 @@ def whatif(
     replayed columns (:func:`summary` each), the per-step reproduction check of the
     recording's own settings, the what-if's changes against the recording, and the
     suggested capture sizes. Raises :class:`WhatIfError` for input it cannot use (before
-    vLLM is imported) and :class:`VllmMissing` when vLLM is not importable.
+    vLLM is imported) and :class:`VllmError` when vLLM is not importable.
     """
     r = Replayer(steps, snapshots)
     fw, engines = r.steps, r.engines

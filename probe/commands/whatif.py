@@ -38,7 +38,7 @@ def _mode(text: str) -> str:
 
 def cmd_whatif(args: argparse.Namespace) -> int:
     from probe.recording import RecordingError
-    from probe.whatif import Setting, VllmMissing, WhatIfError, parse_support, whatif
+    from probe.whatif import Setting, VllmError, WhatIfError, parse_support, whatif
 
     rec = open_recording(args.recording)
     try:
@@ -53,7 +53,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         result = whatif(steps, snaps, setting, suggest_count=args.suggest_count)
     except (WhatIfError, RecordingError) as exc:
         raise UsageError(f"whatif: {rec.path}: {exc}") from None
-    except VllmMissing as exc:
+    except VllmError as exc:
         raise RuntimeFailure(f"whatif: {exc}") from None
     result = {"recording": str(rec.path), **result}
     if args.json:
