@@ -45,6 +45,7 @@ examples:
   probe top --url http://127.0.0.1:8000                  live view of a running server
   probe report run.probe.db                              summarize (no file: a bundled one)
   probe doctor run.probe.db                              graph support and known traps
+  probe whatif run.probe.db --capture-sizes 1,2,4,8,16   the recorded shapes under other settings
   probe export run.probe.db --perfetto run.pftrace       Perfetto, Prometheus, OTLP
   probe env                                              every PROBE_* variable
 

@@ -33,6 +33,8 @@ SUPPORT_NEVER = 0
 SUPPORT_UNIFORM_SINGLE_TOKEN_DECODE = 1
 SUPPORT_UNIFORM_BATCH = 2
 SUPPORT_ALWAYS = 3
+#: the AttentionCGSupport names, each at its value
+SUPPORT_NAMES = ("NEVER", "UNIFORM_SINGLE_TOKEN_DECODE", "UNIFORM_BATCH", "ALWAYS")
 
 # CUDAGraphMode as (decode part, mixed part), the way CUDAGraphMode.value nests it.
 _MODE_PARTS: dict[str, tuple[int, int]] = {
@@ -43,6 +45,8 @@ _MODE_PARTS: dict[str, tuple[int, int]] = {
     "FULL_AND_PIECEWISE": (Mode.FULL, Mode.PIECEWISE),
 }
 _ALL_RUNTIME_MODES = frozenset({Mode.NONE, Mode.PIECEWISE, Mode.FULL})
+#: the CUDAGraphMode names a user can set as ``cudagraph_mode``
+MODE_NAMES = tuple(_MODE_PARTS)
 
 
 @dataclass(frozen=True)
@@ -384,6 +388,8 @@ def split_from_metadata(
 
 
 __all__ = [
+    "MODE_NAMES",
+    "SUPPORT_NAMES",
     "GraphContext",
     "min_support",
     "mode_parts",
