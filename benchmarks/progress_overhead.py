@@ -1,14 +1,17 @@
 """What the progress display costs an export: the bundled recording written by each
 exporter with no display and with the real one (rich, its refresh thread at 10 Hz, drawing
-to a terminal-like console on /dev/null), interleaved, median of ``--rounds``.
+onto a terminal-like console that counts its redraws and drops the bytes), interleaved,
+median (and the least: the run least disturbed) of ``--rounds``. CPU time is the
+process's (every thread, the refresh thread too), less disturbed than wall time by other
+work on the machine.
 
-    python benchmarks/progress_overhead.py --rounds 7
+    PYTHONPATH=. python benchmarks/progress_overhead.py --rounds 9
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import io
 import statistics
 import tempfile
 import time
@@ -30,34 +33,54 @@ WRITERS: dict[str, Callable[..., Any]] = {
 }
 
 
-def _once(write: Callable[..., Any], rec: Recording, drawn: bool) -> float:
+class Frames(io.StringIO):
+    """A terminal that keeps nothing but the number of line redraws."""
+
+    redraws = 0
+
+    def write(self, s: str) -> int:
+        self.redraws += s.count("\x1b[2K")
+        return len(s)
+
+
+def _once(write: Callable[..., Any], rec: Recording, drawn: bool) -> tuple[float, float, int]:
+    """(wall s, CPU s, redraws) of one export."""
+    frames = Frames()
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "out"
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if not drawn:
             write(rec, out, progress=SILENT)
         else:
-            with open(os.devnull, "w") as null:
-                console = Console(file=null, force_terminal=True, width=100)
-                with Display(console) as bars:
-                    write(rec, out, progress=bars)
-        return time.perf_counter() - t0
+            with Display(Console(file=frames, force_terminal=True, width=100)) as bars:
+                write(rec, out, progress=bars)
+        return time.perf_counter() - t0, time.process_time() - c0, frames.redraws
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()
     rec = Recording.open(default_recording())
-    print(f"{'exporter':<20} {'without s':>10} {'with s':>8} {'ratio':>6}")
+    print(
+        f"{'exporter':<20} {'wall off':>8} {'wall on':>8} {'cpu off':>8} {'cpu on':>8} "
+        f"{'min off':>8} {'min on':>8} redraws"
+    )
     for name, write in WRITERS.items():
         off, on = [], []
         _once(write, rec, False)  # warm the caches once
         for _ in range(args.rounds):
             off.append(_once(write, rec, False))
             on.append(_once(write, rec, True))
-        a, b = statistics.median(off), statistics.median(on)
-        print(f"{name:<20} {a:>10.3f} {b:>8.3f} {b / a:>6.3f}")
+
+        def med(xs: list[tuple[float, float, int]], i: int) -> float:
+            return statistics.median(x[i] for x in xs)
+
+        least_off, least_on = min(x[1] for x in off), min(x[1] for x in on)
+        print(
+            f"{name:<20} {med(off, 0):>8.3f} {med(on, 0):>8.3f} {med(off, 1):>8.3f} "
+            f"{med(on, 1):>8.3f} {least_off:>8.3f} {least_on:>8.3f} {med(on, 2):>7.0f}"
+        )
 
 
 if __name__ == "__main__":
