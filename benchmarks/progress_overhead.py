@@ -57,11 +57,24 @@ def _once(write: Callable[..., Any], rec: Recording, drawn: bool) -> tuple[float
         return time.perf_counter() - t0, time.process_time() - c0, frames.redraws
 
 
+def redraw_ms(n: int = 200) -> float:
+    """CPU ms of one redraw of the line: ``n`` pushes, each with a forced refresh."""
+    bars = Display(Console(file=Frames(), force_terminal=True, width=100), auto_refresh=False)
+    with bars:
+        bars.stage("replaying steps", n)
+        c0 = time.process_time()
+        for _ in range(n):
+            bars.advance()
+            bars._push(draw=True)
+        return (time.process_time() - c0) / n * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()
     rec = Recording.open(default_recording())
+    print(f"one redraw: {redraw_ms():.2f} ms of CPU")
     print(
         f"{'exporter':<20} {'wall off':>8} {'wall on':>8} {'cpu off':>8} {'cpu on':>8} "
         f"{'min off':>8} {'min on':>8} redraws"
