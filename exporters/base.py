@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from probe.collector import ProcessState, Sink
+from probe.progress import SILENT, Progress
 from probe.recording import Recording
 from probe.step import GpuSample, Step
 
@@ -42,6 +43,7 @@ __all__ = [
     "load_sink",
     "processes_from_recording",
     "replay",
+    "step_counts",
 ]
 
 # sink module -> the extra that installs its library
@@ -215,26 +217,37 @@ def processes_from_recording(rec: Recording) -> list[ProcessInfo]:
     ]
 
 
-def replay(rec: Recording, sink: StepConsumer, *, batch: int = 256) -> int:
+def step_counts(rec: Recording) -> dict[int, int]:
+    """Steps per pid: the totals a writer's progress counts towards."""
+    rows = rec.db.execute("SELECT pid, count(*) FROM steps GROUP BY pid").fetchall()
+    return {int(pid): int(n) for pid, n in rows}
+
+
+def replay(
+    rec: Recording, sink: StepConsumer, *, batch: int = 256, progress: Progress = SILENT
+) -> int:
     """Feed a recording into ``sink`` in step order, ``batch`` steps at a time, each
-    chunk with the device timings of its steps.
+    chunk with the device timings of its steps; ``progress`` gets a stage of the
+    recording's steps, advanced a chunk at a time.
 
     Returns the number of steps fed. The sink is not closed.
     """
     n = 0
+    progress.stage("replaying steps", sum(step_counts(rec).values()), "steps")
     for info in processes_from_recording(rec):
         sink.process(info)
         chunk: list[Step] = []
         for s in rec.iter_steps(info.pid):
             chunk.append(s)
             if len(chunk) == batch:
-                n += _feed(sink, info, chunk)
+                n += _feed(sink, info, chunk, progress)
                 chunk = []
         if chunk:
-            n += _feed(sink, info, chunk)
+            n += _feed(sink, info, chunk, progress)
     return n
 
 
-def _feed(sink: StepConsumer, info: ProcessInfo, chunk: list[Step]) -> int:
+def _feed(sink: StepConsumer, info: ProcessInfo, chunk: list[Step], progress: Progress) -> int:
     sink.steps(info, chunk, [g for s in chunk if (g := s.gpu) is not None])
+    progress.advance(len(chunk))
     return len(chunk)

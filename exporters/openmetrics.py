@@ -26,6 +26,7 @@ from typing import IO
 
 from exporters.metrics import METRICS, Metric
 from exporters.series import DEFAULT_INTERVAL_S, Hist, Timeline, instance_id, timelines
+from probe.progress import SILENT, Progress
 from probe.recording import Recording
 
 __all__ = ["JOB", "lines", "write"]
@@ -94,29 +95,39 @@ def _num_le(bound: float) -> str:
     return "+Inf" if math.isinf(bound) else repr(float(bound))
 
 
-def write_to(rec: Recording, out: IO[str], interval_s: float = DEFAULT_INTERVAL_S) -> int:
+def write_to(
+    rec: Recording,
+    out: IO[str],
+    interval_s: float = DEFAULT_INTERVAL_S,
+    *,
+    progress: Progress = SILENT,
+) -> int:
     """Write ``rec`` as OpenMetrics to ``out``; returns the number of samples written."""
     n = 0
-    for line in lines(timelines(rec, interval_s)):
+    for line in lines(timelines(rec, interval_s, progress=progress)):
         out.write(line)
         n += not line.startswith("#")
     return n
 
 
 def write(
-    rec: Recording, target: str | os.PathLike[str], interval_s: float = DEFAULT_INTERVAL_S
+    rec: Recording,
+    target: str | os.PathLike[str],
+    interval_s: float = DEFAULT_INTERVAL_S,
+    *,
+    progress: Progress = SILENT,
 ) -> int:
     """Write ``rec`` as OpenMetrics to the file ``target`` (atomically; ``-``: stdout).
-    Returns the number of samples written."""
+    Returns the number of samples written; ``progress`` counts the steps read."""
     if str(target) == "-":
         import sys
 
-        return write_to(rec, sys.stdout, interval_s)
+        return write_to(rec, sys.stdout, interval_s, progress=progress)
     p = Path(target)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
         with tmp.open("w") as f:
-            n = write_to(rec, f, interval_s)
+            n = write_to(rec, f, interval_s, progress=progress)
         os.replace(tmp, p)
     finally:
         tmp.unlink(missing_ok=True)

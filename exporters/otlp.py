@@ -76,6 +76,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from exporters.base import ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, Update, process_updates, updates
 from exporters.series import DEFAULT_INTERVAL_S, Hist, Timeline, instance_id, timelines
+from probe.progress import SILENT, Progress
 from probe.recording import Recording
 from probe.records import Flag, Phase
 from probe.step import Step
@@ -469,28 +470,34 @@ def write(
     timeout_s: float = 10.0,
     interval_s: float = DEFAULT_INTERVAL_S,
     headers: dict[str, str] | None = None,
+    progress: Progress = SILENT,
 ) -> Written:
     """Send a finished recording to the OTLP endpoint ``target``: its steps as spans
     (at their own times), and its metrics as cumulative points every ``interval_s`` of
-    the recording's own time (:mod:`exporters.series`), with explicit buckets."""
+    the recording's own time (:mod:`exporters.series`), with explicit buckets.
+    ``progress`` gets three stages: the spans' steps, the timelines' steps, the metric
+    exports."""
     from exporters.base import replay
 
     sink = make_sink(
         target, protocol, sampling=sampling, timeout_s=timeout_s, headers=headers, metrics=False
     )
-    n = replay(recording, sink)
+    n = replay(recording, sink, progress=progress)
     sink.flush(int(timeout_s * 1000))
     sent = failed = 0
     exporter = sink._metric_exporter()
     try:
-        for tl in timelines(recording, interval_s):
+        tls = timelines(recording, interval_s, progress=progress)
+        progress.stage("sending metric samples", sum(len(tl.ticks) for tl in tls), "samples")
+        for tl in tls:
             for i in range(len(tl.ticks)):
                 sent += 1
                 if failed:  # the endpoint is gone: do not wait out a timeout per sample
                     failed += 1
-                    continue
-                ok = exporter.export(metrics_data(tl, i), timeout_millis=timeout_s * 1000)
-                failed += ok != MetricExportResult.SUCCESS
+                else:
+                    ok = exporter.export(metrics_data(tl, i), timeout_millis=timeout_s * 1000)
+                    failed += ok != MetricExportResult.SUCCESS
+                progress.advance()
     finally:
         exporter.shutdown()
         sink.close()

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from exporters.base import MissingExtra
+from probe.progress import SILENT, Progress, counted
 
 __all__ = [
     "BOOTTIME_CLOCK_ID",
@@ -268,13 +269,14 @@ class TraceBuilder:
             )
         return packet
 
-    def packets(self) -> list[Any]:
-        """Every packet of the trace, in writing order.
+    def packets(self, progress: Progress = SILENT) -> list[Any]:
+        """Every packet of the trace, in writing order; ``progress`` counts the slices.
 
         Event and argument names are interned (``InternedData.event_names`` and
         ``debug_annotation_names``) on the one packet sequence, which the first packet
         clears.
         """
+        progress.stage("encoding trace", sum(map(len, self._slices.values())), "slices")
         pb = self._pb
         self._iids = {}
         self._arg_iids = {}
@@ -311,22 +313,23 @@ class TraceBuilder:
                         d.parent_uuid = parent
                     extra.append(d)
                 events.extend(self._packet(ts, kind, uuid, s) for ts, kind, s in _events(lane))
+                progress.advance(len(lane))
         for d in [*self._descriptors, *extra]:
             out.append(pb.TracePacket(trusted_packet_sequence_id=_SEQUENCE_ID, track_descriptor=d))
         out.extend(events)
         return out
 
-    def serialize(self) -> bytes:
+    def serialize(self, progress: Progress = SILENT) -> bytes:
         """The trace as bytes (a ``Trace`` message: repeated ``TracePacket``)."""
         trace = self._pb.Trace()
-        trace.packet.extend(self.packets())
+        trace.packet.extend(self.packets(progress))
         data: bytes = trace.SerializeToString()
         return data
 
-    def write(self, path: str | os.PathLike[str]) -> Path:
+    def write(self, path: str | os.PathLike[str], progress: Progress = SILENT) -> Path:
         """Write the trace to ``path``; returns the path."""
         p = Path(path)
-        p.write_bytes(self.serialize())
+        p.write_bytes(self.serialize(progress))
         return p
 
 
@@ -393,14 +396,17 @@ class RecordingTracks:
     counts: dict[str, int]
 
 
-def recording_tracks(builder: TraceBuilder, recording: Any) -> RecordingTracks:
+def recording_tracks(
+    builder: TraceBuilder, recording: Any, progress: Progress = SILENT
+) -> RecordingTracks:
     """Add a recording's processes, steps, phases and decisions to ``builder``.
 
     ``recording`` is a :class:`probe.recording.Recording`. Returns the track uuids and the
     number of slices of each category (``step``, ``phase``, ``dispatch``, ``replay``,
-    ``build``, ``reorder``, ``reorder_mark``).
+    ``build``, ``reorder``, ``reorder_mark``). ``progress`` counts the rows read.
     """
     procs = {int(p["pid"]): p for p in recording.processes()}
+    progress.stage("reading records", record_count(recording), "records")
     steps = recording.steps()
     for s in steps:  # a step whose process row is missing still gets a track
         procs.setdefault(int(s["pid"]), {"pid": s["pid"]})
@@ -418,7 +424,7 @@ def recording_tracks(builder: TraceBuilder, recording: Any) -> RecordingTracks:
     counts = dict.fromkeys(
         ("step", "phase", "dispatch", "replay", "build", "reorder", "reorder_mark"), 0
     )
-    for s in steps:
+    for s in counted(steps, progress):
         builder.add(
             thread[int(s["pid"])],
             Slice(
@@ -430,14 +436,14 @@ def recording_tracks(builder: TraceBuilder, recording: Any) -> RecordingTracks:
             ),
         )
         counts["step"] += 1
-    for r in recording.rows("spans"):
+    for r in counted(recording.rows("spans"), progress):
         name = str(r["phase"]) + (" (drafter)" if r["drafter"] else "")
         builder.add(
             thread[int(r["pid"])],
             Slice(name, int(r["t0_ns"]), int(r["t1_ns"]), "phase", {"step": r["step"]}),
         )
         counts["phase"] += 1
-    for r in recording.rows("dispatches"):
+    for r in counted(recording.rows("dispatches"), progress):
         who = "drafter " if r["drafter"] else ""
         builder.add(
             sub[(int(r["pid"]), "graph decisions")],
@@ -450,7 +456,7 @@ def recording_tracks(builder: TraceBuilder, recording: Any) -> RecordingTracks:
             ),
         )
         counts["dispatch"] += 1
-    for r in recording.rows("replays"):
+    for r in counted(recording.rows("replays"), progress):
         who = "drafter " if r["drafter"] else ""
         builder.add(
             sub[(int(r["pid"]), "graph decisions")],
@@ -463,7 +469,7 @@ def recording_tracks(builder: TraceBuilder, recording: Any) -> RecordingTracks:
             ),
         )
         counts["replay"] += 1
-    for r in recording.rows("builds"):
+    for r in counted(recording.rows("builds"), progress):
         builder.add(
             sub[(int(r["pid"]), "metadata builds")],
             Slice(
@@ -475,7 +481,7 @@ def recording_tracks(builder: TraceBuilder, recording: Any) -> RecordingTracks:
             ),
         )
         counts["build"] += 1
-    for r in recording.rows("reorders"):
+    for r in counted(recording.rows("reorders"), progress):
         track = sub[(int(r["pid"]), "reorder")]
         args = {k: r.get(k) for k in r if k not in ("pid", "t0_ns", "t1_ns")}
         builder.add(
@@ -500,18 +506,27 @@ def recording_tracks(builder: TraceBuilder, recording: Any) -> RecordingTracks:
     return RecordingTracks(process, thread, counts)
 
 
-def write_recording(recording: Any, path: str | os.PathLike[str]) -> Path:
+def record_count(recording: Any) -> int:
+    """Steps and detail rows: what :func:`recording_tracks` (and the rocpd side-car) read."""
+    tables = ("steps", "spans", "dispatches", "replays", "builds", "reorders")
+    return sum(int(recording.db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in tables)
+
+
+def write_recording(
+    recording: Any, path: str | os.PathLike[str], *, progress: Progress = SILENT
+) -> Path:
     """Write a recording as a Perfetto trace (``.pftrace``); returns the path.
 
     ``recording`` is an open :class:`probe.recording.Recording`. Timestamps stay on
     BOOTTIME (``timestamp_clock_id = 6``). Raises :class:`PerfettoUnavailableError` when
-    the ``perfetto`` package is missing.
+    the ``perfetto`` package is missing. ``progress`` gets two stages: the records read,
+    the slices encoded.
     """
     builder = TraceBuilder()
-    recording_tracks(builder, recording)
-    return builder.write(path)
+    recording_tracks(builder, recording, progress)
+    return builder.write(path, progress)
 
 
-def write(recording: Any, target: str | os.PathLike[str]) -> Path:
+def write(recording: Any, target: str | os.PathLike[str], *, progress: Progress = SILENT) -> Path:
     """The exporter contract's offline half (:mod:`exporters.registry`): :func:`write_recording`."""
-    return write_recording(recording, target)
+    return write_recording(recording, target, progress=progress)

@@ -32,6 +32,7 @@ from prometheus_client.metrics_core import Metric
 
 from exporters.base import ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, Update, process_updates, updates
+from probe.progress import SILENT, Progress
 from probe.step import Step
 
 DEFAULT_ADDR = "127.0.0.1:9464"
@@ -151,13 +152,13 @@ def write_textfile(sink: PrometheusSink, path: str | os.PathLike[str]) -> None:
     os.replace(tmp, p)
 
 
-def write(recording: Any, target: str | os.PathLike[str]) -> int:
+def write(recording: Any, target: str | os.PathLike[str], *, progress: Progress = SILENT) -> int:
     """The exporter contract's offline half (:mod:`exporters.registry`): the recording's
     totals as a textfile at ``target``; returns the number of steps. For charts over the
     recording's own time, :mod:`exporters.openmetrics` instead."""
     from exporters.base import replay
 
     sink = PrometheusSink()
-    n = replay(recording, sink)
+    n = replay(recording, sink, progress=progress)
     write_textfile(sink, target)
     return n

@@ -2,7 +2,9 @@
 
 Every exporter is an :class:`Exporter`: a name, a line of help, what its target is, and
 the module that implements the contract of :mod:`exporters.base`: offline, a
-module-level ``write(recording, target)``; live (``live=True``), a ``make_sink(target)``
+module-level ``write(recording, target)`` (``write(recording, target, progress=...)``
+when ``reports_progress``: a :class:`probe.progress.Progress` it reports its stages to);
+live (``live=True``), a ``make_sink(target)``
 giving an :class:`~exporters.base.ExportSink` (``on_process``, ``on_steps(proc, steps,
 gpu)``, ``close``). ``probe export --to NAME --out TARGET`` runs one; ``probe export --to
 list`` lists them.
@@ -31,6 +33,7 @@ from types import ModuleType
 from typing import Any
 
 from exporters.base import MissingExtra
+from probe.progress import Progress
 
 __all__ = ["BUILTIN", "GROUP", "Exporter", "UnknownExporter", "exporters", "get", "listing"]
 
@@ -51,7 +54,8 @@ class UnknownExporter(ValueError):
 @dataclass(frozen=True)
 class Exporter:
     """One exporter: ``module`` implements ``write(recording, target)`` (and ``make_sink``
-    when ``live``); ``extra`` is the pip extra its library comes with (None: none needed)."""
+    when ``live``); ``extra`` is the pip extra its library comes with (None: none needed);
+    ``reports_progress``: its ``write`` takes ``progress=``."""
 
     name: str
     help: str
@@ -59,6 +63,7 @@ class Exporter:
     module: str
     extra: str | None = None
     live: bool = False
+    reports_progress: bool = False
 
     def load(self) -> ModuleType:
         """Import the module; a missing optional library raises :class:`MissingExtra`."""
@@ -79,8 +84,11 @@ class Exporter:
             )
         return mod
 
-    def write(self, recording: Any, target: str) -> Any:
-        """Run the offline half: ``recording`` (an open Recording) into ``target``."""
+    def write(self, recording: Any, target: str, progress: Progress | None = None) -> Any:
+        """Run the offline half: ``recording`` (an open Recording) into ``target``;
+        ``progress`` is handed on when the exporter ``reports_progress``."""
+        if progress is not None and self.reports_progress:
+            return self.load().write(recording, target, progress=progress)
         return self.load().write(recording, target)
 
     def make_sink(self, target: str) -> Any:
@@ -97,12 +105,14 @@ PROMETHEUS = Exporter(
     "exporters.prometheus",
     "prometheus",
     live=True,
+    reports_progress=True,
 )
 OPENMETRICS = Exporter(
     "openmetrics",
     "OpenMetrics with the recording's own timestamps, for promtool's backfill",
     "FILE",
     "exporters.openmetrics",
+    reports_progress=True,
 )
 OTLP = Exporter(
     "otlp",
@@ -111,6 +121,7 @@ OTLP = Exporter(
     "exporters.otlp",
     "otlp",
     live=True,
+    reports_progress=True,
 )
 PERFETTO = Exporter(
     "perfetto",
@@ -118,12 +129,14 @@ PERFETTO = Exporter(
     "FILE",
     "exporters.perfetto",
     "perfetto",
+    reports_progress=True,
 )
 ROCPD = Exporter(
     "rocpd",
     "a rocpd side-car database (ROCm's rocpd merge / convert put it beside rocprofv3's)",
     "FILE",
     "exporters.rocpd",
+    reports_progress=True,
 )
 
 BUILTIN: Mapping[str, Exporter] = {

@@ -11,11 +11,12 @@ import os
 from typing import Any
 
 from exporters.rocprof_sidecar import write_sidecar
+from probe.progress import SILENT, Progress
 
 __all__ = ["write"]
 
 
-def write(recording: Any, target: str | os.PathLike[str]) -> int:
+def write(recording: Any, target: str | os.PathLike[str], *, progress: Progress = SILENT) -> int:
     """Write ``recording``'s spans as a new rocpd database at ``target``; returns the
     number of regions. An existing ``target`` raises ``FileExistsError``."""
-    return write_sidecar(recording, target)
+    return write_sidecar(recording, target, progress=progress)

@@ -32,6 +32,7 @@ from exporters.timelines.model import ProfileError
 from exporters.timelines.rocpd import rocpd_origin
 from exporters.timelines.rocpd_schema import DEFAULT_VERSION, FALLBACK_VERSIONS, layout_of
 from exporters.timelines.rocpd_writer import create_rocpd_db, write_rocpd_regions
+from probe.progress import SILENT, Progress, counted
 
 __all__ = [
     "DEFAULT_VERSION",
@@ -85,20 +86,22 @@ def _up(v: Any) -> str:
     return str(v).upper() if v else "?"
 
 
-def sidecar_spans(recording: Any) -> Iterator[SidecarSpan]:
-    """The regions :func:`write_sidecar` writes, in recording order."""
-    from exporters.perfetto import step_name
+def sidecar_spans(recording: Any, progress: Progress = SILENT) -> Iterator[SidecarSpan]:
+    """The regions :func:`write_sidecar` writes, in recording order; ``progress`` counts
+    the rows read."""
+    from exporters.perfetto import record_count, step_name
 
-    for s in recording.steps():
+    progress.stage("writing regions", record_count(recording), "records")
+    for s in counted(recording.steps(), progress):
         pid = int(s["pid"])
         yield SidecarSpan(
             step_name(s), int(s["t0_ns"]), int(s["t1_ns"]), pid, pid, "PROBE_MARKER_STEP"
         )
-    for r in recording.rows("spans"):
+    for r in counted(recording.rows("spans"), progress):
         pid = int(r["pid"])
         name = str(r["phase"]) + (" (drafter)" if r["drafter"] else "")
         yield SidecarSpan(name, int(r["t0_ns"]), int(r["t1_ns"]), pid, pid, "PROBE_MARKER_PHASE")
-    for r in recording.rows("dispatches"):
+    for r in counted(recording.rows("dispatches"), progress):
         pid = int(r["pid"])
         who = "drafter " if r["drafter"] else ""
         yield SidecarSpan(
@@ -111,7 +114,7 @@ def sidecar_spans(recording: Any) -> Iterator[SidecarSpan]:
             pid,
             "PROBE_MARKER_DISPATCH",
         )
-    for r in recording.rows("replays"):
+    for r in counted(recording.rows("replays"), progress):
         pid = int(r["pid"])
         who = "drafter " if r["drafter"] else ""
         yield SidecarSpan(
@@ -122,7 +125,7 @@ def sidecar_spans(recording: Any) -> Iterator[SidecarSpan]:
             pid,
             "PROBE_MARKER_REPLAY",
         )
-    for r in recording.rows("builds"):
+    for r in counted(recording.rows("builds"), progress):
         pid = int(r["pid"])
         yield SidecarSpan(
             f"{r['builder']} ({r['tag']})",
@@ -132,7 +135,7 @@ def sidecar_spans(recording: Any) -> Iterator[SidecarSpan]:
             pid,
             "PROBE_MARKER_BUILD",
         )
-    for r in recording.rows("reorders"):
+    for r in counted(recording.rows("reorders"), progress):
         pid = int(r["pid"])
         yield SidecarSpan(
             f"reorder {'changed' if r['changed'] else 'unchanged'} moved {r['moved']} "
@@ -153,6 +156,7 @@ def write_sidecar(
     rocprof_db: str | os.PathLike[str] | None = None,
     sql_dir: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
+    progress: Progress = SILENT,
 ) -> int:
     """Write the recording's spans to a new rocpd database at ``path``; returns the count.
 
@@ -178,4 +182,4 @@ def write_sidecar(
         hostname=hostname,
         overwrite=overwrite,
     ) as db:
-        return write_rocpd_regions(db, sidecar_spans(recording))
+        return write_rocpd_regions(db, sidecar_spans(recording, progress))

@@ -27,8 +27,9 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from exporters.base import ProcessInfo, processes_from_recording
+from exporters.base import ProcessInfo, processes_from_recording, step_counts
 from exporters.metrics import METRICS, Update, process_updates, updates
+from probe.progress import SILENT, Progress, counted
 from probe.recording import Recording
 from probe.step import Step
 
@@ -174,11 +175,18 @@ def timeline(info: ProcessInfo, steps: Iterable[Step], interval_s: float) -> Tim
     return Timeline(info, ticks, series)
 
 
-def timelines(rec: Recording, interval_s: float = DEFAULT_INTERVAL_S) -> list[Timeline]:
-    """Every process of ``rec`` with steps and a clock pair, as a :class:`Timeline`."""
+def timelines(
+    rec: Recording, interval_s: float = DEFAULT_INTERVAL_S, *, progress: Progress = SILENT
+) -> list[Timeline]:
+    """Every process of ``rec`` with steps and a clock pair, as a :class:`Timeline`;
+    ``progress`` counts the steps of those processes as they are read."""
+    infos = processes_from_recording(rec)
+    per_pid = step_counts(rec)
+    clocked = [i.pid for i in infos if i.boottime_ns is not None and i.epoch_ns is not None]
+    progress.stage("building timelines", sum(per_pid.get(p, 0) for p in clocked), "steps")
     out = []
-    for info in processes_from_recording(rec):
-        tl = timeline(info, rec.iter_steps(info.pid), interval_s)
+    for info in infos:
+        tl = timeline(info, counted(rec.iter_steps(info.pid), progress), interval_s)
         if tl is not None:
             out.append(tl)
     return out

@@ -18,6 +18,7 @@ from exporters.timelines.model import Profile, ProfileError
 from exporters.timelines.rocpd import read_rocpd
 from exporters.timelines.rocprofv3_csv import read_rocprofv3_csv
 from exporters.timelines.rocprofv3_json import read_rocprofv3_json
+from probe.progress import SILENT, Progress
 
 __all__ = ["load_profile", "load_profiles", "profile_path"]
 
@@ -48,12 +49,16 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
     return load_profiles([path])[0]
 
 
-def load_profiles(paths: Sequence[str | os.PathLike[str]]) -> list[Profile]:
-    """Read profiles; all CSV files and directories given together form one profile."""
+def load_profiles(
+    paths: Sequence[str | os.PathLike[str]], *, progress: Progress = SILENT
+) -> list[Profile]:
+    """Read profiles; all CSV files and directories given together form one profile.
+    ``progress`` gets a stage per input read (its size is not known in advance)."""
     out: list[Profile] = []
     csvs: list[Path] = []
-    for raw in paths:
+    for i, raw in enumerate(paths, 1):
         p = Path(raw)
+        progress.stage(f"loading {p.name or p} ({i}/{len(paths)})", None, "")
         if not p.exists() and not p.is_symlink():
             raise ProfileError(p, "no such file or directory")
         kind = _kind(p)
@@ -74,6 +79,7 @@ def load_profiles(paths: Sequence[str | os.PathLike[str]]) -> list[Profile]:
                     "or 'rocprofiler-sdk-tool' (rocprofv3)",
                 )
     if csvs:
+        progress.stage(f"loading rocprofv3 CSV ({len(csvs)} of {len(paths)} inputs)", None, "")
         prof = read_rocprofv3_csv(csvs)
         meta = dict(prof.meta)
         meta.setdefault("path", ", ".join(str(c) for c in csvs))

@@ -17,6 +17,7 @@ from typing import Any
 from exporters.perfetto import Slice, TraceBuilder, _lanes, recording_tracks
 from exporters.timelines.align import Alignment, shift_profile
 from exporters.timelines.model import GpuKernel, Profile
+from probe.progress import SILENT, Progress, counted
 
 __all__ = ["merge_to_perfetto"]
 
@@ -31,6 +32,8 @@ def merge_to_perfetto(
     recording: Any,
     profiles: Sequence[tuple[Profile, Alignment]],
     path: str | os.PathLike[str],
+    *,
+    progress: Progress = SILENT,
 ) -> dict[str, int]:
     """Write one Perfetto trace: the recording's tracks above each profile's GPU kernels.
 
@@ -40,22 +43,29 @@ def merge_to_perfetto(
     the thread's other tracks. Slices of one thread that overlap without nesting are
     spread over several thread tracks of that thread. Kernels go on ``GPU <device>``
     tracks, one child per stream; each launch (graph launches included) gets a flow arrow
-    to every kernel it launched. Returns counts of what was written.
+    to every kernel it launched. Returns counts of what was written. ``progress`` gets a
+    stage for the recording's records, one per profile (its events) and one for the
+    encoding (the slices).
     """
     b = TraceBuilder()
-    tracks = recording_tracks(b, recording)
+    tracks = recording_tracks(b, recording, progress)
     counts = dict(tracks.counts)
     counts.update(kernels=0, host_calls=0, markers=0, flows=0)
     for profile, al in profiles:
         prof = shift_profile(profile, al.offset_ns)
         src = profile.source
+        progress.stage(
+            f"placing {src} events",
+            len(prof.host_calls) + len(prof.markers) + len(prof.kernels),
+            "events",
+        )
         by_corr: dict[int, list[GpuKernel]] = {}
         for k in prof.kernels:
             if k.correlation_id is not None:
                 by_corr.setdefault(k.correlation_id, []).append(k)
         flow_in: dict[int, int] = {}
         per_thread: dict[tuple[int, int], list[Slice]] = {}
-        for c in prof.host_calls:
+        for c in counted(prof.host_calls, progress):
             flows: tuple[int, ...] = ()
             ks = by_corr.get(c.correlation_id) if c.correlation_id is not None else None
             if ks:
@@ -82,7 +92,7 @@ def merge_to_perfetto(
                 )
             )
             counts["host_calls"] += 1
-        for m in prof.markers:
+        for m in counted(prof.markers, progress):
             per_thread.setdefault((m.pid, m.tid), []).append(
                 Slice(m.name, m.start_ns, m.end_ns, m.category)
             )
@@ -97,7 +107,7 @@ def merge_to_perfetto(
                 b.extend(b.thread_track(pid, tid, name), lane)
         gpus: dict[int | None, int] = {}
         streams: dict[tuple[int | None, int | None], int] = {}
-        for k in prof.kernels:
+        for k in counted(prof.kernels, progress):
             if k.device not in gpus:
                 gpus[k.device] = b.child_track(None, f"GPU {k.device} ({src})")
             sk = (k.device, k.stream)
@@ -116,5 +126,5 @@ def merge_to_perfetto(
                 ),
             )
             counts["kernels"] += 1
-    b.write(path)
+    b.write(path, progress)
     return counts

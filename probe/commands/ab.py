@@ -32,7 +32,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from probe import analysis
+from probe import analysis, progress
 from probe.step import Step
 
 PHASES = ("prepare_inputs", "metadata_build", "forward_launch", "sample", "draft")
@@ -47,8 +47,9 @@ def _mode_reason(s: Step) -> str:
     return f"{mode}/{s.reason.label if s.reason is not None else None}"
 
 
-def summarize(path: Path) -> dict[str, Any]:
-    """One recording -> the numbers ``probe ab`` compares."""
+def summarize(path: Path, bars: progress.Progress = progress.SILENT) -> dict[str, Any]:
+    """One recording -> the numbers ``probe ab`` compares (``bars``: one advance when
+    it is read)."""
     from probe.errors import UsageError
     from probe.recording import Recording, RecordingError
 
@@ -62,6 +63,7 @@ def summarize(path: Path) -> dict[str, Any]:
         raise UsageError(str(exc)) from None
     meta = rec.meta()
     rec.close()
+    bars.advance()
     if not fw:
         raise UsageError(f"{path}: no forward steps recorded")
     rates = analysis.hit_rates(fw)
@@ -147,7 +149,9 @@ def render(cmp: dict[str, Any], console: Console, labels: tuple[str, str]) -> No
         console.print(f"{arm}: top mode/reason: {reasons}")
 
 
-def run_arms(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
+def run_arms(
+    args: argparse.Namespace, bars: progress.Display | None = None
+) -> tuple[list[Path], list[Path]]:
     from probe.errors import UsageError
 
     cmd = list(args.command)
@@ -168,7 +172,9 @@ def run_arms(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
     if there and not args.force:
         raise UsageError(f"ab: {there[0]} exists (use --force to overwrite)")
     out.mkdir(exist_ok=True)
+    bars = bars or progress.Display(None)
     arms: dict[str, list[Path]] = {"A": [], "B": []}
+    bars.stage("ab", 2 * args.reps, "runs")
     for i in range(args.reps):
         order = ("A", "B") if i % 2 == 0 else ("B", "A")
         for arm in order:
@@ -178,25 +184,38 @@ def run_arms(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
             if override:
                 argv += ["--override", override]
             t = time.monotonic()
-            # the workload's own output goes to stderr: stdout is the comparison
-            res = subprocess.run([*argv, "--", *cmd], stdout=sys.stderr)
-            print(
-                f"probe ab: run {i} arm {arm}: exit {res.returncode} in "
-                f"{time.monotonic() - t:.1f}s -> {rec}",
-                file=sys.stderr,
+            bars.describe(f"ab: run {i + 1}/{args.reps} arm {arm}")
+            rc = _run_workload([*argv, "--", *cmd], bars)
+            bars.advance()
+            bars.echo(
+                f"probe ab: run {i} arm {arm}: exit {rc} in {time.monotonic() - t:.1f}s -> {rec}"
             )
-            if res.returncode != 0:
-                raise UsageError(
-                    f"ab: the workload failed in arm {arm} run {i} (exit {res.returncode})"
-                )
+            if rc != 0:
+                raise UsageError(f"ab: the workload failed in arm {arm} run {i} (exit {rc})")
             arms[arm].append(rec)
     return arms["A"], arms["B"]
+
+
+def _run_workload(argv: list[str], bars: progress.Display) -> int:
+    """Run one arm; its own output goes to stderr (stdout is the comparison). Under a
+    progress display its lines are passed on above the display, which they would
+    otherwise overwrite (a carriage-return redraw keeps only its last state)."""
+    if not bars.on:
+        return subprocess.run(argv, stdout=sys.stderr).returncode
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        for raw in proc.stdout or ():
+            line = raw.decode(errors="replace").rstrip("\r\n").rsplit("\r", 1)[-1]
+            bars.echo(line)
+    return proc.returncode
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
     from probe.errors import UsageError
 
-    if args.a or args.b:
+    run_mode = not (args.a or args.b)
+    a_paths: list[Path] = []
+    b_paths: list[Path] = []
+    if not run_mode:
         if not (args.a and args.b):
             raise UsageError("ab: give both --a and --b recordings")
         a_paths, b_paths = [Path(p) for p in args.a], [Path(p) for p in args.b]
@@ -216,9 +235,14 @@ def cmd_ab(args: argparse.Namespace) -> int:
                     parse_override(o)
                 except OverrideError as exc:
                     raise UsageError(f"ab: {exc}") from None
-        a_paths, b_paths = run_arms(args)
         labels = (args.a_override or "stock", args.b_override)
-    cmp = compare([summarize(p) for p in a_paths], [summarize(p) for p in b_paths])
+    with progress.display_for(args) as bars:
+        if run_mode:
+            a_paths, b_paths = run_arms(args, bars)
+        bars.stage("ab: reading recordings", len(a_paths) + len(b_paths), "recordings")
+        sa = [summarize(p, bars) for p in a_paths]
+        sb = [summarize(p, bars) for p in b_paths]
+    cmp = compare(sa, sb)
     if args.json:
         print(json.dumps(cmp, indent=1))
     else:
@@ -245,5 +269,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--force", action="store_true", help="overwrite recordings already in --out")
     p.add_argument("--json", action="store_true", help="the comparison as JSON")
     p.add_argument("--width", type=width, help="terminal width in columns")
+    progress.add_flag(p, "runs done, the arm running, elapsed")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- WORKLOAD [ARGS...] (run mode)")
     p.set_defaults(func=cmd_ab)

@@ -12,12 +12,16 @@ import socket
 import sqlite3
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from probe import config
+from probe import config, progress
 from probe.commands import boottime_ns, positive_float, probe_version, storage_guard
 from probe.errors import RuntimeFailure, UsageError
+
+if TYPE_CHECKING:
+    from probe.collector import ProcessState
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
@@ -56,14 +60,18 @@ def cmd_collect(args: argparse.Namespace) -> int:
     seen_writer = False
     failed: str | None = None
     try:
-        while not stop["now"] and failed is None:
-            failed = storage_guard(col.poll, out)
-            alive = [p for p in col.procs.values() if p.reader.writer_alive()]
-            seen_writer = seen_writer or bool(col.procs)
-            if seen_writer and not alive:
-                failed = failed or storage_guard(col.poll, out)
-                break
-            time.sleep(args.interval)
+        with progress.display_for(args, bar=False) as status:
+            status.stage(f"collect: waiting for rings in {run_dir}", None, "")
+            while not stop["now"] and failed is None:
+                failed = storage_guard(col.poll, out)
+                alive = [p for p in col.procs.values() if p.reader.writer_alive()]
+                if status.on:
+                    status.describe(status_line(col.procs.values(), len(alive)))
+                seen_writer = seen_writer or bool(col.procs)
+                if seen_writer and not alive:
+                    failed = failed or storage_guard(col.poll, out)
+                    break
+                time.sleep(args.interval)
     finally:
 
         def finish() -> None:
@@ -77,10 +85,22 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
+def status_line(procs: Iterable[ProcessState], alive: int) -> str:
+    """``collect: 1,204 steps · 2 processes (2 running) · 0 dropped``."""
+    ps = list(procs)
+    steps = sum(p.steps_seen for p in ps)
+    dropped = sum(p.dropped for p in ps)
+    return (
+        f"collect: {steps:,} steps · {len(ps)} process{'es' if len(ps) != 1 else ''} "
+        f"({alive} running) · {dropped:,} dropped"
+    )
+
+
 def add_parser(sub: Any) -> None:
     c = sub.add_parser("collect", help="read the rings of a run directory into a recording")
     c.add_argument("--run-dir", required=True, help="the directory the rings are in")
     c.add_argument("--out", "-o", required=True, help="recording file to write (.probe.db)")
     c.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     c.add_argument("--interval", type=positive_float, default=0.05, help="ring poll interval, s")
+    progress.add_flag(c, "steps, processes, drops, elapsed")
     c.set_defaults(func=cmd_collect)

@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from probe import progress
 from probe.commands import endpoint, open_recording, positive_float
 from probe.errors import RuntimeFailure, UsageError
 from probe.output import check_target, path_for, write_bytes
@@ -77,10 +78,14 @@ def _run_exporter(args: argparse.Namespace) -> int:
     if not args.out:
         raise UsageError(f"export: --to {exp.name} needs --out {exp.target}")
     rec = open_recording(args.recording)
-    try:
-        exp.write(rec, args.out)
-    except (MissingExtra, FileExistsError, ValueError) as exc:
-        raise UsageError(f"export: --to {exp.name}: {exc}") from None
+    with progress.display_for(args, plain=args.out == "-") as bars:
+        bars.section(exp.name)
+        if not exp.reports_progress:
+            bars.stage("writing", None, "")
+        try:
+            exp.write(rec, args.out, bars)
+        except (MissingExtra, FileExistsError, ValueError) as exc:
+            raise UsageError(f"export: --to {exp.name}: {exc}") from None
     print(f"probe: {exp.name} -> {args.out}", file=sys.stderr)
     return 0
 
@@ -142,32 +147,54 @@ def _export(args: argparse.Namespace) -> int:
             "export: only one of --prometheus-textfile, --perfetto and --openmetrics can be -"
         )
     rec = open_recording(args.recording)
+    with progress.display_for(args, plain=bool(dashes)) as bars:
+        _write_targets(args, rec, bars, textfile, perfetto_out, om_out, rocpd_out)
+    return 0
+
+
+def _write_targets(
+    args: argparse.Namespace,
+    rec: Any,
+    bars: progress.Display,
+    textfile: Path | None,
+    perfetto_out: Path | None,
+    om_out: Path | None,
+    rocpd_out: Path | None,
+) -> None:
     from exporters.base import replay
 
-    err = sys.stderr
+    say = bars.echo
     if args.otlp:
         _sink_module("otlp")  # a missing extra is named before anything else
         check_reachable(args.otlp, args.otlp_protocol, args.timeout)
     if args.openmetrics:
         from exporters.openmetrics import write as write_openmetrics
 
+        bars.section("openmetrics")
         with path_for(om_out) as tmp:
-            n = write_openmetrics(rec, tmp)
-        print(f"probe: {n} timestamped samples -> {om_out or 'standard output'}", file=err)
+            n = write_openmetrics(rec, tmp, progress=bars)
+        say(f"probe: {n} timestamped samples -> {om_out or 'standard output'}")
     if args.prometheus_textfile:
         prom = _sink_module("prometheus")
         sink = prom.PrometheusSink()
-        n = replay(rec, sink)
+        bars.section("prometheus textfile")
+        n = replay(rec, sink, progress=bars)
         write_bytes(textfile, sink.exposition())
-        print(f"probe: {n} steps -> {textfile or 'standard output'}", file=err)
+        say(f"probe: {n} steps -> {textfile or 'standard output'}")
     if args.otlp:
         otlp = _sink_module("otlp")
         # one line at the end says what failed; the SDK's per-batch retry warnings do not
         logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
+        bars.section("otlp")
         try:
             # spans, and metric points at the recording's own time
             w = otlp.write(
-                rec, args.otlp, args.otlp_protocol, sampling=args.sampling, timeout_s=args.timeout
+                rec,
+                args.otlp,
+                args.otlp_protocol,
+                sampling=args.sampling,
+                timeout_s=args.timeout,
+                progress=bars,
             )
         except ValueError as exc:
             raise UsageError(f"export: --otlp {exc}") from None
@@ -177,10 +204,9 @@ def _export(args: argparse.Namespace) -> int:
                 f"{w.spans_failed} span(s) not exported ({w.spans_exported} exported), "
                 f"{w.metric_exports_failed} of {w.metric_exports} metric exports failed"
             )
-        print(
+        say(
             f"probe: {w.steps} steps -> {w.spans_exported} spans and {w.metric_exports} "
-            f"metric samples -> {args.otlp} ({args.otlp_protocol})",
-            file=err,
+            f"metric samples -> {args.otlp} ({args.otlp_protocol})"
         )
     if args.perfetto:
         if importlib.util.find_spec("exporters.perfetto") is None:
@@ -191,18 +217,21 @@ def _export(args: argparse.Namespace) -> int:
             raise UsageError(
                 "export: --perfetto is unavailable (exporters.perfetto has no write_recording)"
             )
+        bars.section("perfetto")
         with path_for(perfetto_out) as tmp:
-            write(rec, tmp)
-        print(f"probe: timeline -> {perfetto_out or 'standard output'}", file=err)
+            write(rec, tmp, progress=bars)
+        say(f"probe: timeline -> {perfetto_out or 'standard output'}")
     if rocpd_out is not None:
         from exporters.rocprof_sidecar import write_sidecar
 
+        bars.section("rocpd")
         try:
-            n = _write_db(rocpd_out, lambda p: write_sidecar(rec, p, args.rocpd_version))
+            n = _write_db(
+                rocpd_out, lambda p: write_sidecar(rec, p, args.rocpd_version, progress=bars)
+            )
         except (ValueError, FileExistsError, OSError) as exc:
             raise UsageError(f"export: --rocpd {rocpd_out}: {exc}") from None
-        print(f"probe: {n} spans -> rocpd side-car {rocpd_out}", file=err)
-    return 0
+        say(f"probe: {n} spans -> rocpd side-car {rocpd_out}")
 
 
 def add_parser(sub: Any) -> None:
@@ -248,4 +277,5 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--to", metavar="NAME", help="run one registered exporter ('list': list them)")
     p.add_argument("--out", metavar="TARGET", help="the target of --to (a file or an endpoint)")
     p.add_argument("--force", action="store_true", help="overwrite existing output files")
+    progress.add_flag(p, "steps done of the total, per exporter")
     p.set_defaults(func=cmd_export)
