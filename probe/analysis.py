@@ -292,16 +292,23 @@ def probe_cost(
     }
 
 
+IN_ENGINE_NOTE = (
+    "a lower bound: in a real engine the hooks cost more than around a no-op"
+    " (one H200, MRV2 k=1: 76 µs of each step's launch window, docs/evidence.md)"
+)
+"""What the calibration leaves out, as measured end to end (benchmarks/gpu/crossover.py)."""
+
+
 def cost_line(cost: Mapping[str, Any] | None) -> str | None:
-    """ "probe cost ≈ X µs per step (Y% of CPU launch overhead)", or None without a
-    calibration."""
+    """ "probe cost ≥ X µs per step (Y% of CPU launch overhead; a lower bound ...)", or
+    None without a calibration. The calibration times each wrapper around a no-op; inside
+    vLLM's step the same hooks cost several times that (:data:`IN_ENGINE_NOTE`)."""
     if not cost:
         return None
-    line = f"probe cost ≈ {cost['per_step_ns'] / 1e3:.1f} µs per step"
+    line = f"probe cost ≥ {cost['per_step_ns'] / 1e3:.1f} µs per step"
     share = cost.get("share_of_cpu_launch_overhead")
-    if share is not None:
-        line += f" ({share:.1%} of CPU launch overhead)"
-    return line
+    note = f"{share:.1%} of CPU launch overhead; " if share is not None else ""
+    return line + f" ({note}{IN_ENGINE_NOTE})"
 
 
 # -- the ratios, each defined once ------------------------------------------------------------

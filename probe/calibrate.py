@@ -4,7 +4,7 @@ Each enable runs a few hundred calls of each wrapper kind around a no-op, on the
 that will run (compiled or pure Python, :mod:`probe.accel`), into a scratch ring of its own,
 and keeps the per-call cost it added (best of several rounds, so a preempted round does not
 count). The result goes into the static snapshot (``snapshot["probe"]["calibration"]``) and
-so into the recording, where ``probe report`` turns it into "probe cost ≈ X µs per step (Y%
+so into the recording, where ``probe report`` turns it into "probe cost ≥ X µs per step (Y%
 of CPU launch overhead)" from the hooked calls each step made.
 
 Kinds:
