@@ -65,8 +65,24 @@ if not COMPILED and WHY_NOT != "PROBE_ACCEL=0":
     log.warning("probe: using the pure-Python hot path (slower): %s", WHY_NOT)
 
 
+HOT_FIELDS: dict[str, int] = {
+    "enabled": 0,  # records are written
+    "in_step": 0,  # >0 inside execute_model / sample_tokens
+    "drafter": 0,  # >0 inside the MTP drafter / speculator
+    "in_build": 0,  # inside a metadata build
+    "sampling": 0,  # attached with sample_every > 1
+    "gpu_timing": 0,  # device events on
+    "step": 0,  # step sequence number of the current/last execute_model
+    "sample_every": 1,  # record 1 engine step in N (execute_model decides)
+    "sample_n": 0,  # steps seen while sampling
+    "timer_every": 0,  # the GPU timer's period (compiled fast paths leave its steps)
+}
+"""The hot fields of ``Core`` (C members on the compiled path) and their fresh values."""
+
+
 class PyCore:
-    """The hot state in pure Python: the same fields as ``probe._accel.Core``."""
+    """The hot state in pure Python: the fields of :data:`HOT_FIELDS`, as ``probe._accel.
+    Core`` has them."""
 
     enabled: int
     in_step: int
@@ -80,16 +96,8 @@ class PyCore:
     timer_every: int
 
     def __init__(self) -> None:
-        self.enabled = 0
-        self.in_step = 0
-        self.drafter = 0
-        self.in_build = 0
-        self.sampling = 0
-        self.gpu_timing = 0
-        self.step = 0
-        self.sample_every = 1
-        self.sample_n = 0
-        self.timer_every = 0
+        for name, value in HOT_FIELDS.items():
+            setattr(self, name, value)
 
 
 Core: type = _C.Core if _C is not None else PyCore

@@ -63,25 +63,17 @@ class Runtime(accel.Core):  # type: ignore[misc]
 
     def reset(self) -> None:
         """Back to the state of a fresh process: disabled, no ring, nothing counted."""
-        self.enabled = False
+        for name, value in accel.HOT_FIELDS.items():
+            setattr(self, name, value)
         self.writer: Any = _NullWriter()
         self.write: Callable[..., bool] = self.writer.write  # 12 wire values (slow paths)
         self.put = packers(self.write)
         self.flush: Callable[[], None] = _nothing  # the step buffer to the ring (attach)
         self.hot_path = "python"  # which path the attached writer runs
-        self.step = 0  # step sequence number of the current/last execute_model
-        self.in_step = 0  # >0 inside execute_model / sample_tokens
-        self.drafter = 0  # >0 inside the MTP drafter / speculator
-        self.in_build = 0
         self.pending: dict[str, Any] = {}  # runner-level context handed to inner hooks
         self.fwd: Any = None  # the open target forward launch (hooks.step.ForwardScope)
         self.strings: dict[str, int] = {}
         self.faults: dict[str, int] = {}
-        self.gpu_timing = False
-        self.timer_every = 0  # the GPU timer's period (compiled fast paths leave its steps)
-        self.sample_every = 1  # record 1 engine step in N (execute_model decides)
-        self.sample_n = 0
-        self.sampling = False  # attached with sample_every > 1
         self.graph_ctx: Any = None  # probe.reasons.GraphContext once known
         self.static: dict[str, Any] = {}  # facts collected at startup (resolve, override)
         self.on_first_step: list[Callable[[Any], None]] = []

@@ -74,3 +74,19 @@ def test_the_runtime_says_which_path_its_writer_runs(tmp_path: Path) -> None:
                     dec.feed(rec)
         assert dec.hello is not None and dec.hello.hot_path == expect
     RT.reset()
+
+
+@pytest.mark.skipif(not accel.COMPILED, reason=f"compiled path not built: {accel.WHY_NOT}")
+def test_the_python_core_has_the_compiled_cores_fields() -> None:
+    """One table of hot fields: the C Core's members, PyCore and Runtime.reset agree."""
+    import probe._accel as c
+
+    members = {n for n, v in vars(c.Core).items() if type(v).__name__ == "member_descriptor"}
+    assert members == set(accel.HOT_FIELDS)
+    py = accel.PyCore()
+    assert {n: getattr(py, n) for n in accel.HOT_FIELDS} == accel.HOT_FIELDS
+    from probe.runtime import RT
+
+    RT.step, RT.sample_every = 41, 9
+    RT.reset()
+    assert {n: int(getattr(RT, n)) for n in accel.HOT_FIELDS} == accel.HOT_FIELDS
