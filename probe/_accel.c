@@ -575,7 +575,7 @@ typedef struct {
     int pos[4];     /* Dispatch MRV2: num_reqs, num_tokens, uniform_token_count,
                        max_query_len positions after self (-1: absent) */
     PyObject *i32, *i64;   /* Build: torch.int32 and torch.int64 (None without torch) */
-    PyTypeObject *last_type; /* Build: the builder class last interned (borrowed id only) */
+    PyObject *last_type;     /* Build: the builder class last interned (strong) */
     long long last_ident;    /* Build: its string id */
 } WrapObject;
 
@@ -674,6 +674,7 @@ static int wrap_traverse(WrapObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->full);
     Py_VISIT(self->i32);
     Py_VISIT(self->i64);
+    Py_VISIT(self->last_type);
     return 0;
 }
 
@@ -685,6 +686,7 @@ static int wrap_clear(WrapObject *self) {
     Py_CLEAR(self->full);
     Py_CLEAR(self->i32);
     Py_CLEAR(self->i64);
+    Py_CLEAR(self->last_type);
     return 0;
 }
 
@@ -1190,7 +1192,7 @@ static PyObject *build_call(WrapObject *self, PyObject *const *args, size_t narg
     }
     long long mql = attr_int(cm, S_max_query_len, &bad);
     if (bad || PyErr_Occurred()) goto slow_clear;
-    if (Py_TYPE(me) != self->last_type) {
+    if ((PyObject *)Py_TYPE(me) != self->last_type) {
         PyObject *name = PyObject_GetAttr((PyObject *)Py_TYPE(me), S_name);
         if (name == NULL) goto slow_clear;
         PyObject *id = PyObject_CallMethodOneArg((PyObject *)c, S_intern, name);
@@ -1199,7 +1201,8 @@ static PyObject *build_call(WrapObject *self, PyObject *const *args, size_t narg
         long long ident = PyLong_AsLongLong(id);
         Py_DECREF(id);
         if (ident == -1 && PyErr_Occurred()) goto slow_clear;
-        self->last_type = Py_TYPE(me);
+        Py_INCREF(Py_TYPE(me));
+        Py_XSETREF(self->last_type, (PyObject *)Py_TYPE(me));
         self->last_ident = ident;
     }
     long long ident = self->last_ident < 256 ? self->last_ident : 0;
