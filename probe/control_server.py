@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from probe import config
+from probe.identity import cmdline, model_from_argv, ranks_of, role_from, stack_modules
 
 log = logging.getLogger("probe")
 
@@ -118,84 +119,6 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except (OSError, IndexError):
         return True
-
-
-# -- role ------------------------------------------------------------------------------------
-
-
-def _cmdline(pid: int | str = "self") -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-
-
-_RANK_IN_TITLE = {"tp_rank": r"_TP(\d+)", "pp_rank": r"_PP(\d+)", "dp_rank": r"_DP(\d+)"}
-
-
-def ranks_of(snap: Mapping[str, Any], title: Sequence[str]) -> dict[str, int | None]:
-    """TP/PP/DP ranks: the snapshot's (written at the first probed step); before that,
-    vLLM's parallel state when this process has initialized it, then the process title
-    (``VLLM::Worker_PP1_TP0``, ``VLLM::EngineCore_DP2``), so ``probe ps`` shows ranks
-    before anything was attached."""
-    ranks: dict[str, int | None] = {k: snap.get(k) for k in _RANK_IN_TITLE}
-    if all(v is not None for v in ranks.values()):
-        return ranks
-    live: dict[str, Any] = {}
-    if "vllm.distributed.parallel_state" in sys.modules:  # never import vLLM from here
-        from probe.hooks.snapshot import live_ranks
-
-        live = live_ranks()
-    text = " ".join(title)
-    for key, pattern in _RANK_IN_TITLE.items():
-        if ranks[key] is None and isinstance(live.get(key), int):
-            ranks[key] = live[key]
-        if ranks[key] is None and (m := re.search(pattern, text)):
-            ranks[key] = int(m.group(1))
-    return ranks
-
-
-def role_from(title: Sequence[str], stack_modules: Sequence[str] = ()) -> str:
-    """``api``, ``engine``, ``worker`` or ``other``, from the process title and argv (as
-    ``/proc/<pid>/cmdline`` shows them after vLLM's ``setproctitle``) or, before the title
-    is set, from the modules on the stack of the plugin's caller."""
-    text = " ".join(title)
-    if "EngineCore" in text:
-        return "engine"
-    if "VLLM::Worker" in text or "VllmWorker" in text:
-        return "worker"
-    if "vllm.entrypoints" in text or re.search(r"(^|/|\s)vllm\s+serve\b", text):
-        return "api"
-    mods = " ".join(stack_modules)
-    if "vllm.v1.worker" in mods:
-        return "worker"
-    if "vllm.v1.engine.core" in mods:
-        return "engine"
-    if "vllm.entrypoints.openai" in mods or "vllm.entrypoints.cli" in mods:
-        return "api"
-    return "other"
-
-
-def _stack_modules() -> list[str]:
-    out = []
-    f = sys._getframe(1)
-    while f is not None:
-        out.append(str(f.f_globals.get("__name__", "")))
-        f = f.f_back  # type: ignore[assignment]
-    return out
-
-
-def _model_from_argv(argv: Sequence[str]) -> str | None:
-    for i, a in enumerate(argv):
-        if a == "--model" and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith("--model="):
-            return a.split("=", 1)[1]
-        if a == "serve" and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
-            return argv[i + 1]
-    return None
 
 
 # -- the probe inside this process, as the server drives it ------------------------------------
@@ -502,7 +425,7 @@ class ControlServer:
         return {"ok": True, **out}
 
     def cmd_status(self, req: Mapping[str, Any], peer_pid: int) -> dict[str, Any]:
-        title = _cmdline()
+        title = cmdline()
         snap = self.host.snapshot() or {}
         vllm = sys.modules.get("vllm")
         hb = self.host.heartbeat_ns()
@@ -515,7 +438,7 @@ class ControlServer:
             "ranks": ranks_of(snap, title),
             "vllm_version": getattr(vllm, "__version__", None) or snap.get("vllm_version"),
             "runner": snap.get("runner"),
-            "model": snap.get("model") or _model_from_argv(title) or _model_from_argv(sys.argv),
+            "model": snap.get("model") or model_from_argv(title) or model_from_argv(sys.argv),
             "enabled": self.host.enabled,
             "attached_by": self.attached_by,
             "reader_heartbeat_age_s": (
@@ -530,7 +453,7 @@ class ControlServer:
         }
 
     def role(self, title: Sequence[str] | None = None) -> str:
-        live = role_from(_cmdline() if title is None else title)
+        live = role_from(cmdline() if title is None else title)
         return live if live != "other" else self.role_hint
 
     def cmd_enable(self, req: Mapping[str, Any], peer_pid: int) -> dict[str, Any]:
@@ -645,7 +568,7 @@ def start_server(environ: Mapping[str, str] | None = None) -> ControlServer | No
     env = os.environ if environ is None else environ
     rdir = run_dir(env)
     sweep_dead_sockets(rdir)
-    server = ControlServer(rdir, environ=env, role_hint=role_from((), _stack_modules()))
+    server = ControlServer(rdir, environ=env, role_hint=role_from((), stack_modules()))
     server.open()
     SERVER = server
     _close_at_exit_everywhere(server)
