@@ -15,6 +15,7 @@ accepted and no code or path travels over the socket::
 
     {"cmd": "status"}
     {"cmd": "enable", "gpu_timing": false, "hooks": ["step", "dispatch"], "sample_every": 4}
+    {"cmd": "enable", "duration_s": 30}
     {"cmd": "disable"}
     {"cmd": "snapshot"}
 
@@ -27,6 +28,10 @@ I/O) wakes every ``watchdog_interval_s``: when the reader's heartbeat in
 the ring header (:meth:`probe.ring.RingReader.touch_heartbeat`) is older than
 ``heartbeat_timeout_s`` or the attaching process is gone, it disables the hooks and
 removes the ring, so a killed ``probe attach`` never leaves a server instrumented.
+An ``enable`` with ``duration_s`` also sets a deadline (that long after this process's
+hooks went on): the same thread wakes at it and turns the hooks off itself, however far
+behind the reader is (``probe attach --duration``). ``status`` tells the deadline and
+how the last attachment ended (``last_off``: why, and when on CLOCK_BOOTTIME).
 
 This module is the engine side (it runs in every vLLM process and imports nothing of
 the reader side); the reader's client is :mod:`probe.control`.
@@ -65,11 +70,12 @@ CLIENT_TIMEOUT_S = 5.0
 REQUEST_DEADLINE_S = 5.0  # a request line must arrive whole within this, however it trickles
 MAX_CLIENTS = 16  # connections served at once; more get an error reply and are closed
 MAX_STEP_INTERVAL = config.MAX_STEP_INTERVAL
+MAX_DURATION_S = 1e7  # as ``probe attach --duration`` accepts
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 COMMANDS: dict[str, frozenset[str]] = {
     "status": frozenset(),
-    "enable": frozenset({"gpu_timing", "hooks", "sample_every"}),
+    "enable": frozenset({"duration_s", "gpu_timing", "hooks", "sample_every"}),
     "disable": frozenset(),
     "snapshot": frozenset(),
 }
@@ -250,6 +256,8 @@ class ControlServer:
         self.alive = alive
         self.attached_by: int | None = None
         self.enabled_at_ns = 0
+        self.deadline_ns: int | None = None  # hooks off at this CLOCK_BOOTTIME (duration_s)
+        self.last_off: dict[str, Any] | None = None  # why and when the hooks last went off
         self.ring_path: Path | None = None
         self.watchdog_trips = 0
         self.requests = 0
@@ -292,7 +300,7 @@ class ControlServer:
         self._wake.set()
         if self.attached_by is not None:
             with contextlib.suppress(Exception):
-                self._disable("server closing")
+                self._disable("server closing", "closing")
         sock, self._sock = self._sock, None
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -348,7 +356,12 @@ class ControlServer:
                 self._wake.wait()
                 self._wake.clear()
                 continue
-            time.sleep(self.watchdog_interval_s)
+            wait = self.watchdog_interval_s
+            deadline = self.deadline_ns
+            if deadline is not None:  # wake at the deadline, not up to an interval after it
+                wait = min(wait, max(0.0, (deadline - self.clock_ns()) / 1e9))
+            self._wake.wait(wait)
+            self._wake.clear()
             self.watchdog()
 
     def _handle_conn(self, conn: socket.socket) -> None:
@@ -445,6 +458,8 @@ class ControlServer:
                 (self.clock_ns() - hb) / 1e9 if self.attached_by is not None and hb else None
             ),
             "ring": self.ring_path.name if self.ring_path is not None else None,
+            "deadline_ns": self.deadline_ns,
+            "last_off": self.last_off,
             "dropped": self.host.dropped(),
             "hook_faults": self.host.faults(),
             "hook_families": self.host.installed_families(),
@@ -472,6 +487,15 @@ class ControlServer:
             or not 1 <= sample_every <= MAX_STEP_INTERVAL
         ):
             raise ControlError(f"enable: sample_every must be an integer 1..{MAX_STEP_INTERVAL}")
+        duration = req.get("duration_s")
+        if duration is not None and (
+            isinstance(duration, bool)
+            or not isinstance(duration, (int, float))
+            or not 0 < duration <= MAX_DURATION_S  # NaN fails this too
+        ):
+            raise ControlError(
+                f"enable: duration_s must be a number of seconds in (0, {MAX_DURATION_S:g}]"
+            )
         families = req.get("hooks")
         if families is not None:
             if (
@@ -490,7 +514,7 @@ class ControlServer:
                 return {"ring": self.ring_path.name, "already": True}
             if not self._reader_stale():
                 raise ControlError(f"attached by pid {self.attached_by}")
-            self._disable(f"taken over from stale reader pid {self.attached_by}")
+            self._disable(f"taken over from stale reader pid {self.attached_by}", "takeover")
         elif self.host.enabled:
             raise ControlError("the probe is already on in this process (PROBE_ENABLE=1)")
         ring = self.run_dir / f"ring-{self.pid}.shm"
@@ -498,6 +522,7 @@ class ControlServer:
         self.ring_path = ring
         self.attached_by = peer_pid
         self.enabled_at_ns = self.clock_ns()
+        self.deadline_ns = None if duration is None else self.enabled_at_ns + int(duration * 1e9)
         self._wake.set()
         log.info("vllm-graph-probe: enabled by pid %d, ring %s", peer_pid, ring)
         return {"ring": ring.name}
@@ -505,7 +530,7 @@ class ControlServer:
     def cmd_disable(self, req: Mapping[str, Any], peer_pid: int) -> dict[str, Any]:
         if self.attached_by is None:
             return {"was_enabled": False}
-        self._disable(f"disable from pid {peer_pid}")
+        self._disable(f"disable from pid {peer_pid}", "disable")
         return {"was_enabled": True}
 
     def cmd_snapshot(self, req: Mapping[str, Any], peer_pid: int) -> dict[str, Any]:
@@ -525,29 +550,41 @@ class ControlServer:
         return self.clock_ns() - last > self.heartbeat_timeout_ns
 
     def watchdog(self) -> bool:
-        """Disable if the attached reader is gone or silent; True when it did.
+        """Disable at the deadline, or if the attached reader is gone or silent; True when
+        it did.
 
         Never raises: it runs on the control thread, which must outlive any fault here.
         """
         try:
             with self._lock:
-                if self.attached_by is None or not self._reader_stale():
+                if self.attached_by is None:
+                    return False
+                if self.deadline_ns is not None and self.clock_ns() >= self.deadline_ns:
+                    self._disable(f"deadline of reader pid {self.attached_by}", "deadline")
+                    return True
+                if not self._reader_stale():
                     return False
                 self.watchdog_trips += 1
-                self._disable(f"watchdog: reader pid {self.attached_by} gone or silent")
+                self._disable(f"watchdog: reader pid {self.attached_by} gone or silent", "watchdog")
                 return True
         except Exception as exc:
             log.warning("probe control: watchdog failed: %r", exc)
             return False
 
-    def _disable(self, why: str) -> None:
+    def _disable(self, why: str, reason: str) -> None:
         log.info("vllm-graph-probe: disabled (%s)", why)
         try:
             self.host.disable()
         finally:
+            self.last_off = {
+                "reason": reason,
+                "at_ns": self.clock_ns(),
+                "deadline_ns": self.deadline_ns,
+            }
             self.attached_by = None
             self.ring_path = None
             self.enabled_at_ns = 0
+            self.deadline_ns = None
 
 
 def _send(conn: socket.socket, obj: Mapping[str, Any]) -> None:

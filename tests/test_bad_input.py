@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -551,9 +552,19 @@ def test_a_trickled_request_is_cut_off_at_its_deadline(short_run_dir: Path) -> N
 
 @pytest.mark.parametrize(
     "args",
-    [{"sample_every": 2**64 + 1}, {"gpu_timing": 2**64 + 1}, {"sample_every": 0}],
+    [
+        {"sample_every": 2**64 + 1},
+        {"gpu_timing": 2**64 + 1},
+        {"sample_every": 0},
+        {"duration_s": 0},
+        {"duration_s": -1},
+        {"duration_s": float("nan")},
+        {"duration_s": 1e300},
+        {"duration_s": True},
+        {"duration_s": "3"},
+    ],
 )
-def test_numeric_control_fields_are_bounded(short_run_dir: Path, args: dict[str, int]) -> None:
+def test_numeric_control_fields_are_bounded(short_run_dir: Path, args: dict[str, Any]) -> None:
     srv = _server(short_run_dir)
     try:
         reply = _send(srv.path, {"cmd": "enable", **args})

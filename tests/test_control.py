@@ -268,6 +268,67 @@ def test_watchdog_thread_disables_when_the_reader_is_gone(run_dir: Path, clean_p
         srv.close()
 
 
+def test_the_deadline_turns_the_hooks_off_however_fresh_the_heartbeat(
+    run_dir: Path, clean_probe: None
+) -> None:
+    from probe.runtime import RT
+
+    clock = Clock()
+    srv = ControlServer(run_dir, environ={}, clock_ns=clock)
+    srv.open()
+    try:
+        ring = run_dir / request(srv.path, "enable", duration_s=3)["ring"]
+        enabled_at = clock.now
+        assert request(srv.path, "status")["deadline_ns"] == enabled_at + 3_000_000_000
+        reader = RingReader.open(ring)
+        clock.now += 2_999_999_999
+        reader.touch_heartbeat(clock.now)
+        assert srv.watchdog() is False and RT.enabled
+        clock.now += 1
+        reader.touch_heartbeat(clock.now)  # the reader is alive and reading: still off
+        assert srv.watchdog() is True
+        assert not RT.enabled and not ring.exists() and srv.attached_by is None
+        st = request(srv.path, "status")
+        assert st["last_off"] == {
+            "reason": "deadline",
+            "at_ns": clock.now,
+            "deadline_ns": enabled_at + 3_000_000_000,
+        }
+        assert st["deadline_ns"] is None and st["watchdog_trips"] == 0
+        # the reader's own disable afterwards changes nothing
+        assert request(srv.path, "disable") == {"ok": True, "was_enabled": False}
+        reader.close()
+    finally:
+        srv.close()
+
+
+def test_the_watchdog_thread_wakes_at_the_deadline_not_an_interval_later(
+    run_dir: Path, clean_probe: None
+) -> None:
+    from probe.runtime import RT
+
+    # the default watchdog interval (0.5 s) is longer than the duration: the thread must
+    # wake at the deadline itself, not at its next round
+    srv = ControlServer(run_dir, environ={})
+    srv.open()
+    try:
+        t0 = time.monotonic()
+        ring = run_dir / request(srv.path, "enable", duration_s=0.2)["ring"]
+        reader = RingReader.open(ring)
+        while RT.enabled and time.monotonic() < t0 + 5:
+            reader.touch_heartbeat()
+            time.sleep(0.002)
+        off = time.monotonic() - t0
+        reader.close()
+        last = request(srv.path, "status")["last_off"]
+        assert last["reason"] == "deadline"
+        late_s = (last["at_ns"] - last["deadline_ns"]) / 1e9
+        # one collection interval of ``probe attach`` (0.1 s) is the bound
+        assert 0 <= late_s < 0.1 and 0.2 <= off < 0.3, (late_s, off)
+    finally:
+        srv.close()
+
+
 def test_a_stale_reader_is_taken_over(run_dir: Path, clean_probe: None) -> None:
     clock = Clock()
     srv = ControlServer(run_dir, environ={}, clock_ns=clock)
