@@ -25,13 +25,48 @@ from typing import Any, Protocol
 
 from probe.assemble import StepAssembler
 from probe.recording import RecordingWriter
-from probe.records import BlobType, Decoder, Hello
+from probe.records import RECORD_SIZE, BlobType, Decoder, Hello
 from probe.ring import RingFormatError, RingReader
 from probe.step import GpuSample, Step
 
 log = logging.getLogger("probe")
 
 RING_RE = re.compile(r"^ring-(\d+)\.shm$")
+SPOOL_BYTES = 64 << 20  # per process: about a million records, minutes of a busy engine
+
+
+class Spool:
+    """Records read from a ring and not decoded yet, in order: the blocks as the ring
+    gave them (one copy each, no per-record work) until :meth:`take` splits them."""
+
+    def __init__(self) -> None:
+        self._blocks: deque[bytes] = deque()
+        self._head = 0  # bytes of the first block already taken
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return self.nbytes // RECORD_SIZE
+
+    def append(self, block: bytes) -> None:
+        if block:
+            self._blocks.append(block)
+            self.nbytes += len(block)
+
+    def take(self, n: int) -> list[bytes]:
+        """Up to ``n`` records, oldest first."""
+        out: list[bytes] = []
+        size = RECORD_SIZE
+        while len(out) < n and self._blocks:
+            block, head = self._blocks[0], self._head
+            end = min(len(block), head + (n - len(out)) * size)
+            out.extend(block[i : i + size] for i in range(head, end, size))
+            self.nbytes -= end - head
+            if end >= len(block):
+                self._blocks.popleft()
+                self._head = 0
+            else:
+                self._head = end
+        return out
 
 
 class Sink(Protocol):
@@ -66,7 +101,7 @@ class ProcessState:
     steps_seen: int = 0
     dropped: int = 0
     announced: bool = False
-    spool: deque[bytes] = field(default_factory=deque)
+    spool: Spool = field(default_factory=Spool)
     """Records read from the ring, not yet decoded (``Collector(assemble_s=...)``)."""
 
     @property
@@ -105,19 +140,24 @@ class Collector:
         batch: int = 4096,
         assemble_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        spool_bytes: int = SPOOL_BYTES,
     ) -> None:
         """``assemble_s``: the reader's split for a busy host. ``None`` (the default):
         each poll decodes, assembles and hands on what it read. A number: each poll
-        first drains every ring into an in-memory spool (a copy: cheap, so the rings
-        never fill and the heartbeat stays fresh however little CPU the reader gets),
-        then decodes, assembles and feeds the sinks for at most that many seconds;
-        the rest waits for the next poll, and :meth:`close` finishes it after the
-        engine has been detached."""
+        first drains every ring into an in-memory :class:`Spool` (one copy per ring:
+        cheap, so the rings do not fill and the heartbeat stays fresh however little CPU
+        the reader gets), then decodes, assembles and feeds the sinks for at most that
+        many seconds (0: not at all); the rest waits for the next poll or
+        :meth:`assemble`, and :meth:`close` finishes it after the engine has been
+        detached. A process's spool holds at most ``spool_bytes``; beyond that the
+        reader leaves the records in the ring, which drops and counts what does not
+        fit, as it does for any reader that falls behind."""
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.sinks = list(sinks)
         self.procs: dict[int, ProcessState] = {}
         self.batch = batch
         self.assemble_s = assemble_s
+        self.spool_bytes = spool_bytes
         self._clock = clock
         self._now = now_ns
         self._explicit = [Path(r) for r in rings]
@@ -151,7 +191,8 @@ class Collector:
             return total
         for proc in list(self.procs.values()):
             total += self._spool(proc)
-        self.assemble(self.assemble_s)
+        if self.assemble_s > 0:
+            self.assemble(self.assemble_s)
         return total
 
     @property
@@ -160,14 +201,12 @@ class Collector:
         return sum(len(p.spool) for p in self.procs.values())
 
     def _spool(self, proc: ProcessState) -> int:
-        """Copy everything committed in the ring into the spool (no decoding)."""
-        n = 0
-        while True:
-            recs = proc.reader.read(self.batch)
-            n += len(recs)
-            proc.spool.extend(recs)
-            if len(recs) < self.batch:
-                break
+        """Copy what is committed in the ring into the spool (no decoding), up to the
+        spool's bound."""
+        room = max(0, self.spool_bytes - proc.spool.nbytes) // RECORD_SIZE
+        block = proc.reader.read_block(room)
+        proc.spool.append(block)
+        n = len(block) // RECORD_SIZE
         if self._now is not None:
             proc.reader.touch_heartbeat(self._now())
         proc.dropped = proc.reader.dropped
@@ -179,9 +218,9 @@ class Collector:
         done = 0
         for proc in list(self.procs.values()):
             while proc.spool:
-                k = min(len(proc.spool), 512)
-                self._assemble(proc, [proc.spool.popleft() for _ in range(k)])
-                done += k
+                recs = proc.spool.take(256)
+                self._assemble(proc, recs)
+                done += len(recs)
                 if t_end is not None and self._clock() >= t_end:
                     break
             self._announce(proc)
@@ -280,9 +319,14 @@ class Collector:
     def flush(self) -> None:
         """Close the open step of every process (end of session)."""
         for proc in self.procs.values():
-            if self.assemble_s is not None:
-                self._spool(proc)
-                self.assemble()
+            if self.assemble_s is not None:  # what is left in the ring: at most one lap
+                left = proc.reader.capacity
+                while left > 0:
+                    n = self._spool(proc)
+                    self.assemble()
+                    left -= n
+                    if n == 0:
+                        break
             self._drain(proc)
             assert proc.assembler is not None
             self._deliver(proc, proc.assembler.flush())

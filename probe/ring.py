@@ -737,6 +737,12 @@ class RingReader:
         Advances the read index past them, which frees their slots for the writer, and
         stamps the heartbeat.
         """
+        block = self.read_block(max_records)
+        return [block[i : i + RECORD_SIZE] for i in range(0, len(block), RECORD_SIZE)]
+
+    def read_block(self, max_records: int | None = None) -> bytes:
+        """As :meth:`read`, the records in one ``bytes`` (64 bytes each, in order): one
+        copy per call, however many records (the cheap drain of ``probe attach``)."""
         if max_records is not None and max_records < 0:
             raise ValueError(f"max_records must be >= 0 or None, got {max_records}")
         self._check_open()
@@ -748,7 +754,7 @@ class RingReader:
             raise RingFormatError(self._path, f"inconsistent indices: write {w}, read {r}")
         if max_records is not None and n > max_records:
             n = max_records
-        out: list[bytes] = []
+        block = b""
         if n:
             start = r & self._mask
             end = start + n
@@ -760,11 +766,10 @@ class RingReader:
                     mm[HEADER_SIZE + start * size : HEADER_SIZE + self._capacity * size]
                     + mm[HEADER_SIZE : HEADER_SIZE + (end - self._capacity) * size]
                 )
-            out = [block[i : i + size] for i in range(0, n * size, size)]
             self._read = r + n
             self._words[_W_READ] = self._read  # after the copies: frees the slots
         self.touch_heartbeat()
-        return out
+        return block
 
     def close(self) -> None:
         """Unmap the ring (the file stays; the writer owns it). Idempotent."""

@@ -250,3 +250,66 @@ def test_killed_attach_is_disabled_by_the_watchdog(server: Server) -> None:
     assert all(r["attached_by"] is None for r in rows)
     assert sum(r["watchdog_trips"] for r in rows) == 3
     assert server.load(PROMPTS[:4]) == [server.complete(p) for p in PROMPTS[:4]]
+
+
+def test_a_stopped_attach_has_the_hooks_turned_off_at_its_deadline(server: Server) -> None:
+    """The reader gets no CPU at all past its deadline (SIGSTOP): each process turns its
+    hooks off at the deadline itself, within one collection interval (0.1 s), and the
+    recording holds nothing from after it."""
+    from probe.recording import Recording
+
+    trips = sum(r["watchdog_trips"] for r in server.ps())
+    rec = server.run_dir / "stopped.probe.db"
+    stop = threading.Event()
+
+    def drive() -> None:
+        while not stop.is_set():
+            server.load(PROMPTS[:8])
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    attach = subprocess.Popen(
+        [
+            PROBE,
+            "attach",
+            "--url",
+            server.url,
+            "--duration",
+            "2",
+            "--no-live",
+            "--record",
+            str(rec),
+        ],
+        env=server.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert attach.stderr is not None
+        line = attach.stderr.readline()  # printed once every process is enabled
+        assert "attached to 3 process(es)" in line, line
+        os.kill(attach.pid, signal.SIGSTOP)
+        # the deadline (2 s) comes before the heartbeat watchdog (5 s of silence)
+        deadline = time.monotonic() + 4.5
+        while any(r["enabled"] for r in server.ps()):
+            assert time.monotonic() < deadline, "the hooks stayed on past the deadline"
+            time.sleep(0.1)
+        rows = server.ps()
+    finally:
+        os.kill(attach.pid, signal.SIGCONT)
+        stop.set()
+        driver.join(timeout=120)
+    _out, err = attach.communicate(timeout=120)
+    assert attach.returncode == 0, err
+    assert "detached (duration reached)" in err
+    assert sum(r["watchdog_trips"] for r in rows) == trips  # not the heartbeat watchdog
+    offs = {r["role"]: r["last_off"] for r in rows}
+    assert {o["reason"] for o in offs.values()} == {"deadline"}, offs
+    late = {role: (o["at_ns"] - o["deadline_ns"]) / 1e9 for role, o in offs.items()}
+    assert all(0 <= s < 0.1 for s in late.values()), late
+    steps = list(Recording.open(rec).iter_steps())
+    assert len(steps) >= 10
+    # every recorded step ended before the worker's hooks went off
+    assert max(s.t1 for s in steps) <= offs["worker"]["at_ns"]
+    assert server.load(PROMPTS[:4]) == [server.complete(p) for p in PROMPTS[:4]]

@@ -9,6 +9,15 @@ control socket, reads their rings with the same collector as ``probe record``, k
 their heartbeats fresh, and on exit (Ctrl-C, ``--duration``, the server going away)
 disables everything it enabled. If this process dies instead, each vLLM process's
 watchdog disables itself once the heartbeat is older than 5 s.
+
+On a busy host the reader must not fall behind, nor keep the hooks on past the
+duration. So each process is told the duration at enable and turns its hooks off at
+the deadline itself, whatever this process is doing; while attached, a thread of this
+process at the lowered reader priority (``PROBE_READER_NICE``) copies each ring into
+memory every poll (cheap, so the rings do not fill) and decodes, assembles and writes
+in slices of at most 50 ms; what is left is finished after detach by the main thread, at
+the user's own priority (the nice value is per thread on Linux; elsewhere the whole
+process is lowered).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import signal
 import socket
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -80,11 +90,15 @@ class Session:
         self.collector: Any = None
         self.failed: str | None = None  # the recording's storage failed (disk full, ...)
 
-    def enable(self) -> None:
+    def enable(self, duration_s: float | None = None) -> None:
+        """Enable every process; with ``duration_s`` each turns its hooks off that long
+        after its own enable (an older server without deadlines is enabled without)."""
         from probe.collector import Collector
         from probe.control import ControlError, request
 
         args: dict[str, Any] = {}
+        if duration_s is not None:
+            args["duration_s"] = duration_s
         if self.gpu_timing is not None:
             args["gpu_timing"] = self.gpu_timing
         if self.hooks is not None:
@@ -94,7 +108,13 @@ class Session:
         rings = []
         for a in self.procs:
             try:
-                reply = request(a.socket, "enable", timeout=ENABLE_TIMEOUT_S, **args)
+                try:
+                    reply = request(a.socket, "enable", timeout=ENABLE_TIMEOUT_S, **args)
+                except ControlError as exc:
+                    if "duration_s" not in args or "'duration_s'" not in str(exc):
+                        raise
+                    old = {k: v for k, v in args.items() if k != "duration_s"}
+                    reply = request(a.socket, "enable", timeout=ENABLE_TIMEOUT_S, **old)
             except (ControlError, OSError) as exc:
                 self.disable()
                 raise UsageError(f"pid {a.pid} ({a.role}): {exc}") from None
@@ -105,6 +125,9 @@ class Session:
         self.collector = Collector(
             None, self.sinks, rings=rings, now_ns=self.now_ns, assemble_s=ASSEMBLE_SLICE_S
         )
+        # map the rings now: at its deadline a process unlinks its ring, which a reader
+        # that has it mapped still drains, however late it runs
+        self.collector.discover()
 
     def alive(self) -> list[Any]:
         from probe.control import pid_alive
@@ -218,11 +241,10 @@ def run_session(
     old_term = signal.signal(signal.SIGTERM, on_signal)
     console = console if console is not None else Console()
     live_on = live_default and not args.no_live and console.is_terminal
-    t_end = time.monotonic() + args.duration if args.duration else None
-    next_print = time.monotonic() + 5.0
+    t_end: float | None = None
     try:
-        session.enable()
-        config.lower_reader_priority()
+        session.enable(duration_s=args.duration)
+        t_end = time.monotonic() + args.duration if args.duration else None
         print(
             f"probe: attached to {len(procs)} process(es): "
             + ", ".join(f"{a.pid} {a.role}" for a in procs),
@@ -233,7 +255,9 @@ def run_session(
             if live_on
             else None
         )
-        with live if live is not None else contextlib.nullcontext():
+
+        def attached() -> None:
+            next_print = time.monotonic() + 5.0
             while not stop["why"]:
                 try:
                     session.collector.poll()
@@ -253,6 +277,9 @@ def run_session(
                     print("\n".join(plain_lines(stats, title)), flush=True)
                     next_print = time.monotonic() + 5.0
                 time.sleep(args.interval)
+
+        with live if live is not None else contextlib.nullcontext():
+            run_lowered(attached, stop, t_end)
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
@@ -278,6 +305,30 @@ def run_session(
         )
         return 1
     return 0
+
+
+def run_lowered(loop: Callable[[], None], stop: dict[str, str], t_end: float | None) -> None:
+    """Run ``loop`` on a thread of its own at the reader's lowered priority and wait for
+    it here, at the user's priority, which the work after detach keeps. Past ``t_end``
+    this thread asks the loop to stop itself (``stop["why"]``), however little CPU the
+    loop gets; an exception in the loop is raised here."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            config.lower_reader_priority()  # this thread's nice value only (Linux)
+            loop()
+        except BaseException as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=run, name="probe-attach-reader", daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.05)
+        if t_end is not None and not stop["why"] and time.monotonic() >= t_end:
+            stop["why"] = "duration reached"
+    if failed:
+        raise failed[0]
 
 
 def add_sample_arg(p: argparse.ArgumentParser) -> None:
