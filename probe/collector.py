@@ -218,7 +218,7 @@ class Collector:
         done = 0
         for proc in list(self.procs.values()):
             while proc.spool:
-                recs = proc.spool.take(256)
+                recs = proc.spool.take(64 if t_end is not None else 4096)
                 self._assemble(proc, recs)
                 done += len(recs)
                 if t_end is not None and self._clock() >= t_end:

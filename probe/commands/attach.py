@@ -256,7 +256,7 @@ def run_session(
             else None
         )
 
-        def attached() -> None:
+        def attached(wake: threading.Event) -> None:
             next_print = time.monotonic() + 5.0
             while not stop["why"]:
                 try:
@@ -276,7 +276,7 @@ def run_session(
                 elif live_default and time.monotonic() >= next_print:
                     print("\n".join(plain_lines(stats, title)), flush=True)
                     next_print = time.monotonic() + 5.0
-                time.sleep(args.interval)
+                wake.wait(args.interval)
 
         with live if live is not None else contextlib.nullcontext():
             run_lowered(attached, stop, t_end)
@@ -307,17 +307,21 @@ def run_session(
     return 0
 
 
-def run_lowered(loop: Callable[[], None], stop: dict[str, str], t_end: float | None) -> None:
-    """Run ``loop`` on a thread of its own at the reader's lowered priority and wait for
-    it here, at the user's priority, which the work after detach keeps. Past ``t_end``
-    this thread asks the loop to stop itself (``stop["why"]``), however little CPU the
-    loop gets; an exception in the loop is raised here."""
+def run_lowered(
+    loop: Callable[[threading.Event], None], stop: dict[str, str], t_end: float | None
+) -> None:
+    """Run ``loop(wake)`` on a thread of its own at the reader's lowered priority and wait
+    for it here, at the user's priority, which the work after detach keeps. Past
+    ``t_end`` this thread asks the loop to stop (``stop["why"]``) and sets ``wake``,
+    which the loop waits on between polls, so it ends at once however little CPU it
+    gets; an exception in the loop is raised here."""
     failed: list[BaseException] = []
+    wake = threading.Event()
 
     def run() -> None:
         try:
             config.lower_reader_priority()  # this thread's nice value only (Linux)
-            loop()
+            loop(wake)
         except BaseException as exc:
             failed.append(exc)
 
@@ -327,6 +331,8 @@ def run_lowered(loop: Callable[[], None], stop: dict[str, str], t_end: float | N
         t.join(0.05)
         if t_end is not None and not stop["why"] and time.monotonic() >= t_end:
             stop["why"] = "duration reached"
+        if stop["why"]:  # also a signal's (the handler only sets the reason)
+            wake.set()
     if failed:
         raise failed[0]
 
