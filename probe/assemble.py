@@ -34,6 +34,11 @@ from probe.step import PHASE_COLUMNS, Step
 
 __all__ = ["PHASE_COLUMNS", "Step", "StepAssembler"]
 
+# the flag bits as plain ints: ``int & IntFlag`` runs enum code, per record
+_SPAN, _OUTSIDE_STEP, _DRAFTER = int(Flag.SPAN), int(Flag.OUTSIDE_STEP), int(Flag.DRAFTER)
+_UNIFORM, _MRV2 = int(Flag.UNIFORM), int(Flag.MRV2)
+_PHASE_NAMES = tuple((p, p.name.lower()) for p in PHASE_COLUMNS)
+
 
 def _union_ns(spans: Iterable[Span]) -> int:
     """Total time covered by possibly nested/overlapping spans."""
@@ -67,8 +72,8 @@ def _expand(recs: Iterable[Decoded]) -> Iterable[Decoded]:
             for _ in range(r.passes):
                 yield Replay(r.step, Mode.PIECEWISE, ReplayKind.PASSTHROUGH, f, rt0, rt1, 0)
             continue
-        if isinstance(r, Dispatch) and r.flags & Flag.SPAN:
-            yield Span(r.step, Phase.DISPATCH, r.t0, r.t1, r.flags & ~Flag.SPAN)
+        if isinstance(r, Dispatch) and r.flags & _SPAN:
+            yield Span(r.step, Phase.DISPATCH, r.t0, r.t1, r.flags & ~_SPAN)
         yield r
 
 
@@ -97,7 +102,7 @@ class StepAssembler:
             self.faults[rec.hook_id] = rec
             return []
         flags = getattr(rec, "flags", 0)
-        if flags & Flag.OUTSIDE_STEP:
+        if flags & _OUTSIDE_STEP:
             self.outside[type(rec).__name__.lower()] += 1
             return []
         out: list[Step] = []
@@ -136,11 +141,11 @@ class StepAssembler:
         t1 = max((s.t1 for s in bracket), default=max((s.t1 for s in spans), default=0))
         host = sum(s.dur_ns for s in bracket)
         ex_rec = execute[0] if execute else None
-        target = [d for d in dispatches if not d.flags & Flag.DRAFTER]
-        drafts = [d for d in dispatches if d.flags & Flag.DRAFTER]
+        target = [d for d in dispatches if not d.flags & _DRAFTER]
+        drafts = [d for d in dispatches if d.flags & _DRAFTER]
         d = target[-1] if target else None
-        tr = [r for r in replays if not r.flags & Flag.DRAFTER and r.kind != ReplayKind.PASSTHROUGH]
-        dr = [r for r in replays if r.flags & Flag.DRAFTER and r.kind == ReplayKind.REPLAY]
+        tr = [r for r in replays if not r.flags & _DRAFTER and r.kind != ReplayKind.PASSTHROUGH]
+        dr = [r for r in replays if r.flags & _DRAFTER and r.kind == ReplayKind.REPLAY]
         captures = sum(1 for r in replays if r.kind == ReplayKind.CAPTURE)
         if captures:
             self.anomalies.append(
@@ -153,7 +158,7 @@ class StepAssembler:
             mode is None
             and ex_rec is not None
             and ex_rec.v0 > 0
-            and not any(s.flags & Flag.DRAFTER for s in spans if s.phase == Phase.FORWARD_LAUNCH)
+            and not any(s.flags & _DRAFTER for s in spans if s.phase == Phase.FORWARD_LAUNCH)
             and any(s.phase == Phase.FORWARD_LAUNCH for s in spans)
         ):
             # a forward ran but no dispatch was seen (a runner without a dispatcher)
@@ -164,10 +169,11 @@ class StepAssembler:
             replayed = pieces > 0
         # REORDER records carry their own time: they are the reorder phase
         timed = spans + [Span(r.step, Phase.REORDER, r.t0, r.t1, r.flags) for r in reorders]
-        phases = {
-            p.name.lower(): _union_ns(s for s in timed if s.phase == p) for p in PHASE_COLUMNS
-        }
-        fwd = [s for s in spans if s.phase == Phase.FORWARD_LAUNCH and not s.flags & Flag.DRAFTER]
+        by_phase: dict[int, list[Span]] = {}
+        for s in timed:
+            by_phase.setdefault(s.phase, []).append(s)
+        phases = {name: _union_ns(by_phase.get(p, ())) for p, name in _PHASE_NAMES}
+        fwd = [s for s in spans if s.phase == Phase.FORWARD_LAUNCH and not s.flags & _DRAFTER]
         launch = (fwd[0].t1 - ex_rec.t0) if fwd and ex_rec is not None else None
         dmode = drafts[0].mode if drafts else None
         dreason = drafts[0].reason if drafts else None
@@ -185,7 +191,7 @@ class StepAssembler:
             padded_reqs=d.padded_reqs if d is not None else 0,
             max_query_len=d.max_query_len if d is not None else 0,
             uniform_decode_query_len=d.uniform_decode_query_len if d is not None else 0,
-            uniform=bool(d.flags & Flag.UNIFORM) if d is not None else False,
+            uniform=bool(d.flags & _UNIFORM) if d is not None else False,
             replayed=replayed,
             pieces=pieces,
             captures=captures,
@@ -195,7 +201,7 @@ class StepAssembler:
             draft_reason=dreason,
             draft_replays=len(dr),
             draft_dispatches=len(drafts),
-            runner="mrv2" if any(s.flags & Flag.MRV2 for s in execute) else "v1",
+            runner="mrv2" if any(s.flags & _MRV2 for s in execute) else "v1",
             spans=tuple(spans),
             builds=tuple(builds),
             reorders=tuple(reorders),

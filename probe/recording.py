@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import json
+import operator
 import os
 import re
 import sqlite3
@@ -218,26 +219,84 @@ def _encode(kind: Any, value: Any) -> Any:
     return value
 
 
-def _step_values(s: Step) -> tuple[Any, ...]:
-    return tuple(
-        s.phases.get(c.phase, 0) if c.phase else _encode(c.kind, getattr(s, c.field))
-        for c in STEP_COLUMNS
-    )
+Names = Callable[[int], "str | None"]  # a builder id -> its class name (the ring's strings)
 
 
-def _detail_values(
-    t: DetailTable, pid: int, step: int, rec: Any, names: Callable[[int], str | None]
-) -> tuple[Any, ...]:
-    out: list[Any] = [pid, step]
-    for c in t.columns:
-        v = getattr(rec, c.attr)
-        if isinstance(c.kind, Flag):
-            out.append(int(bool(v & c.kind)))
-        elif c.kind is str:
-            out.append(names(v))
+def _converter(kind: Any) -> Callable[[Any, Names], Any] | None:
+    """How a value of ``kind`` is stored, as :func:`_encode` does it; None: as it is (an
+    ``int`` field holds an ``int``)."""
+    if isinstance(kind, Flag):
+        bit = int(kind)  # an int mask: IntFlag arithmetic is slow
+        return lambda v, names: int(bool(v & bit))
+    if kind is str:
+        return lambda v, names: names(v)
+    if kind is int or kind is None:
+        return None
+    return lambda v, names: _encode(kind, v)
+
+
+def _row_encoder(
+    segments: list[tuple[Callable[[Any], Any], int]], kinds: list[Any]
+) -> Callable[[Any, Names], list[Any]]:
+    """``(obj, names) -> row``: each segment is a getter of ``n`` consecutive values
+    (``operator.attrgetter`` of several attributes: one C call), then the columns whose
+    kind needs it are converted. The per-column decisions are taken here, once."""
+    convs = [(i, f) for i, k in enumerate(kinds) if (f := _converter(k)) is not None]
+
+    def encode(obj: Any, names: Names) -> list[Any]:
+        row: list[Any] = []
+        for get, n in segments:
+            row.extend(get(obj) if n > 1 else (get(obj),))
+        for i, f in convs:
+            if row[i] is not None:
+                row[i] = f(row[i], names)
+        return row
+
+    return encode
+
+
+def _detail_encoder(t: DetailTable) -> Callable[[Any, Names], list[Any]]:
+    attrs = [c.attr for c in t.columns]
+    return _row_encoder([(operator.attrgetter(*attrs), len(attrs))], [c.kind for c in t.columns])
+
+
+def _step_encoder() -> Callable[[Step, Names], list[Any]]:
+    """The ``steps`` row: the fields in runs of consecutive columns, ``phases`` as its
+    ``<phase>_ns`` columns (0 when a phase did not run)."""
+    segments: list[tuple[Callable[[Any], Any], int]] = []
+    run: list[str] = []
+    phases: list[str] = []
+
+    def close_run() -> None:
+        if run:
+            segments.append((operator.attrgetter(*run), len(run)))
+            run.clear()
+        if phases:
+            names = tuple(phases)
+            segments.append((lambda s: tuple(s.phases.get(p, 0) for p in names), len(names)))
+            phases.clear()
+
+    for c in STEP_COLUMNS:
+        if c.phase:
+            if run:
+                close_run()
+            phases.append(c.phase)
         else:
-            out.append(_encode(c.kind, v))
-    return tuple(out)
+            if phases:
+                close_run()
+            run.append(c.field)
+    close_run()
+    # a text field is stored as it is (``str`` in a detail table is a builder's name)
+    kinds = [None if c.phase or c.kind is str else c.kind for c in STEP_COLUMNS]
+    return _row_encoder(segments, kinds)
+
+
+def _no_names(builder_id: int) -> None:
+    return None
+
+
+_STEP_ROW = _step_encoder()
+_DETAIL_ROWS = tuple((t, _detail_encoder(t)) for t in DETAIL_TABLES)
 
 
 class RecordingWriter:
@@ -294,22 +353,25 @@ class RecordingWriter:
         self.db.execute("UPDATE processes SET dropped=? WHERE pid=?", (dropped, pid))
 
     def add_steps(self, steps: Iterable[Step]) -> None:
+        """The steps and their detail rows, one ``executemany`` per table (each table's
+        rows in the order of the steps, as one ``INSERT`` per row would give them)."""
+        steps = list(steps)
         cols = ", ".join(c.name for c in STEP_COLUMNS)
         marks = ", ".join("?" * len(STEP_COLUMNS))
-        for s in steps:
-            self.db.execute(
-                f"INSERT OR REPLACE INTO steps ({cols}) VALUES ({marks})", _step_values(s)
-            )
-            for t in DETAIL_TABLES:
-                rows = [
-                    _detail_values(t, s.pid, s.step, r, self._builder_name(s.pid))
-                    for r in getattr(s, t.step_field)
-                ]
-                if rows:
-                    self.db.executemany(
-                        f"INSERT INTO {t.name} VALUES ({', '.join('?' * (len(t.columns) + 2))})",
-                        rows,
-                    )
+        self.db.executemany(
+            f"INSERT OR REPLACE INTO steps ({cols}) VALUES ({marks})",
+            [_STEP_ROW(s, _no_names) for s in steps],
+        )
+        for t, encode in _DETAIL_ROWS:
+            rows = []
+            for s in steps:
+                recs = getattr(s, t.step_field)
+                if recs:
+                    head, names = (s.pid, s.step), self._builder_name(s.pid)
+                    rows += [(*head, *encode(r, names)) for r in recs]
+            if rows:
+                marks = ", ".join("?" * (len(t.columns) + 2))
+                self.db.executemany(f"INSERT INTO {t.name} VALUES ({marks})", rows)
         self.maybe_commit()
 
     def _builder_name(self, pid: int) -> Callable[[int], str | None]:
