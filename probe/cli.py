@@ -53,23 +53,41 @@ Exit status: 0 done, 1 a runtime failure, 2 a usage error (one `probe: error:` l
 `probe COMMAND --help` for a command's flags."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from probe.commands import probe_version
+class _Version(argparse.Action):
+    """``--version``: the installed version, looked up only when asked (the lookup reads
+    package metadata, a cost every command paid at start)."""
 
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS) -> None:
+        super().__init__(
+            option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+            help="show program's version number and exit",
+        )  # fmt: skip
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any) -> NoReturn:
+        from probe.commands import probe_version
+
+        print(f"{parser.prog} {probe_version()}")
+        parser.exit()
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; when ``argv`` starts with a command's name, only that command's module
+    is imported (``probe attach`` starts without importing ``ab``, ``export``, ...)."""
     p = _Parser(
         prog="probe",
         description=DESCRIPTION,
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--version", action="version", version=f"%(prog)s {probe_version()}")
+    p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="COMMAND")
-    _add_command_modules(sub)
+    _add_command_modules(sub, argv)
     return p
 
 
-def _add_command_modules(sub: Any) -> None:
-    """Subcommands living in ``probe/commands/<name>.py``.
+def _add_command_modules(sub: Any, argv: Sequence[str] | None = None) -> None:
+    """Subcommands living in ``probe/commands/<name>.py``: all of them, or only the one
+    ``argv`` names first.
 
     Each module defines ``add_parser(subparsers) -> None``; the parser it adds sets
     ``func=<callable(args) -> int>`` with ``set_defaults``. Commands raise
@@ -80,14 +98,17 @@ def _add_command_modules(sub: Any) -> None:
 
     from probe import commands
 
-    for mod in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if mod.name.startswith("_"):
-            continue
-        importlib.import_module(f"probe.commands.{mod.name}").add_parser(sub)
+    names = sorted(m.name for m in pkgutil.iter_modules(commands.__path__))
+    names = [n for n in names if not n.startswith("_")]
+    if argv and argv[0] in names:
+        names = [argv[0]]
+    for name in names:
+        importlib.import_module(f"probe.commands.{name}").add_parser(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         rc = int(args.func(args))
