@@ -421,3 +421,30 @@ def test_ranks_before_the_first_step_come_from_the_process_title() -> None:
     }
     snap = {"tp_rank": 0, "pp_rank": 0, "dp_rank": 0}
     assert control.ranks_of(snap, ["VLLM::Worker_TP1"]) == snap
+
+
+def test_attach_enables_a_server_without_deadlines_without_one(
+    run_dir: Path, clean_probe: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server of an older probe refuses ``duration_s`` as an unknown argument: the
+    reader enables it without, and turns the hooks off itself."""
+    from types import SimpleNamespace
+
+    from probe.commands.attach import Session
+    from probe.runtime import RT
+
+    old = dict(control.COMMANDS, enable=frozenset({"gpu_timing", "hooks", "sample_every"}))
+    monkeypatch.setattr(control, "COMMANDS", old)
+    srv = ControlServer(run_dir, environ={})
+    srv.open()
+    try:
+        with pytest.raises(ControlError, match=r"unknown argument.*duration_s"):
+            request(srv.path, "enable", duration_s=3)
+        proc = SimpleNamespace(socket=srv.path, pid=os.getpid(), role="worker")
+        session = Session([proc], run_dir, [])
+        session.enable(duration_s=3)
+        assert RT.enabled and srv.deadline_ns is None
+        assert session.close() == [] and not RT.enabled
+        assert request(srv.path, "status")["last_off"]["reason"] == "disable"
+    finally:
+        srv.close()
