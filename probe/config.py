@@ -50,8 +50,9 @@ CONTROL = EnvVar("PROBE_CONTROL", "0: do not open the per-process control socket
 PLUGIN = EnvVar("PROBE_PLUGIN", "0: the vLLM plugin does nothing in this process.", "1")
 READER_NICE = EnvVar(
     "PROBE_READER_NICE",
-    "Niceness added to the reader process (record/collect/attach/top), so that on a busy "
-    "host the engine gets the CPU first and the ring absorbs the wait; 0: unchanged.",
+    "Niceness added to the reader process of record and collect, so that on a busy host "
+    "the engine gets the CPU first and the ring absorbs the wait; 0: unchanged. attach "
+    "and top keep the user's priority and bound their work per poll instead.",
     "10",
 )
 ROCTX = EnvVar(

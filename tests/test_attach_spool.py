@@ -1,6 +1,5 @@
 """``probe attach``'s reader under load: the rings copied into a spool while attached,
-decoded, assembled and written in slices or after detach; the attached loop on a thread
-of lowered priority while the main thread keeps the user's.
+decoded, assembled and written in slices or after detach.
 
 The same ring content must give the same recording whichever path it takes: as it is
 read (``probe record``/``collect``), in slices while attached, or all after detach.
@@ -12,8 +11,6 @@ import json
 import os
 import random
 import sqlite3
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from probe.collector import Collector, RecordingSink, Spool
-from probe.commands.attach import run_lowered
 from probe.recording import TABLES, Recording, RecordingWriter
 from probe.records import (
     BlobType,
@@ -225,47 +221,6 @@ def test_spool_take_splits_blocks_in_order() -> None:
     assert sp.take(4) == recs[2:6]  # across the first block's end
     assert sp.take(100) == recs[6:]
     assert len(sp) == 0 and sp.take(5) == []
-
-
-def _nice() -> int:
-    return os.getpriority(os.PRIO_PROCESS, 0)  # the calling thread's, on Linux
-
-
-def test_the_attached_loop_runs_lowered_and_the_main_thread_keeps_its_priority(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("PROBE_READER_NICE", "5")
-    before = _nice()
-    seen: dict[str, object] = {}
-
-    def loop(wake: threading.Event) -> None:
-        seen["nice"] = _nice()
-        seen["thread"] = threading.current_thread() is not threading.main_thread()
-
-    stop = {"why": ""}
-    run_lowered(loop, stop, None)
-    assert seen == {"nice": min(19, before + 5), "thread": True}
-    assert _nice() == before  # the work after detach runs at the user's priority
-
-
-def test_the_main_thread_stops_a_starved_loop_at_the_deadline() -> None:
-    stop = {"why": ""}
-
-    def loop(wake: threading.Event) -> None:  # a loop that never looks at the clock itself
-        while not stop["why"]:
-            wake.wait(60)  # a long poll interval: the wake ends it
-
-    t0 = time.monotonic()
-    run_lowered(loop, stop, t0 + 0.2)
-    assert stop["why"] == "duration reached" and time.monotonic() - t0 < 1.0
-
-
-def test_an_error_in_the_attached_loop_is_raised_in_the_main_thread() -> None:
-    def loop(wake: threading.Event) -> None:
-        raise sqlite3.OperationalError("database or disk is full")
-
-    with pytest.raises(sqlite3.OperationalError, match="disk is full"):
-        run_lowered(loop, {"why": ""}, None)
 
 
 def test_the_writer_gives_the_same_rows_however_the_steps_come(short_tmp: Path) -> None:

@@ -12,12 +12,15 @@ watchdog disables itself once the heartbeat is older than 5 s.
 
 On a busy host the reader must not fall behind, nor keep the hooks on past the
 duration. So each process is told the duration at enable and turns its hooks off at
-the deadline itself, whatever this process is doing; while attached, a thread of this
-process at the lowered reader priority (``PROBE_READER_NICE``) copies each ring into
-memory every poll (cheap, so the rings do not fill) and decodes, assembles and writes
-in slices of at most 50 ms; what is left is finished after detach by the main thread, at
-the user's own priority (the nice value is per thread on Linux; elsewhere the whole
-process is lowered).
+the deadline itself, whatever this process is doing; while attached, each poll copies
+every ring into memory (cheap, so the rings do not fill) and then decodes, assembles and
+writes for at most 50 ms; what is left is finished after detach. That bound, not a
+lower priority, is what keeps the reader's share of a busy host small: ``attach`` and
+``top`` run at the user's priority (``PROBE_READER_NICE`` is for ``record`` and
+``collect``). Tried and dropped: the attached loop on a thread at nice 10. On the
+saturated CPU server of docs/reliability.md it once went 5 s without a poll (the
+watchdog turned the hooks off), and a thread that waits for a CPU while it holds the
+interpreter's lock holds up the rest of the process too.
 """
 
 from __future__ import annotations
@@ -29,13 +32,11 @@ import signal
 import socket
 import sqlite3
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from probe import config
 from probe.commands import address, endpoint, positive_float, positive_int
 from probe.errors import RuntimeFailure, UsageError
 
@@ -262,7 +263,7 @@ def run_session(
             else None
         )
 
-        def attached(wake: threading.Event) -> None:
+        with live if live is not None else contextlib.nullcontext():
             next_print = time.monotonic() + 5.0
             while not stop["why"]:
                 try:
@@ -282,10 +283,7 @@ def run_session(
                 elif live_default and time.monotonic() >= next_print:
                     print("\n".join(plain_lines(stats, title)), flush=True)
                     next_print = time.monotonic() + 5.0
-                wake.wait(args.interval)
-
-        with live if live is not None else contextlib.nullcontext():
-            run_lowered(attached, stop, t_end)
+                time.sleep(args.interval)
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
@@ -315,36 +313,6 @@ def run_session(
         )
         return 1
     return 0
-
-
-def run_lowered(
-    loop: Callable[[threading.Event], None], stop: dict[str, str], t_end: float | None
-) -> None:
-    """Run ``loop(wake)`` on a thread of its own at the reader's lowered priority and wait
-    for it here, at the user's priority, which the work after detach keeps. Past
-    ``t_end`` this thread asks the loop to stop (``stop["why"]``) and sets ``wake``,
-    which the loop waits on between polls, so it ends at once however little CPU it
-    gets; an exception in the loop is raised here."""
-    failed: list[BaseException] = []
-    wake = threading.Event()
-
-    def run() -> None:
-        try:
-            config.lower_reader_priority()  # this thread's nice value only (Linux)
-            loop(wake)
-        except BaseException as exc:
-            failed.append(exc)
-
-    t = threading.Thread(target=run, name="probe-attach-reader", daemon=True)
-    t.start()
-    while t.is_alive():
-        t.join(0.05)
-        if t_end is not None and not stop["why"] and time.monotonic() >= t_end:
-            stop["why"] = "duration reached"
-        if stop["why"]:  # also a signal's (the handler only sets the reason)
-            wake.set()
-    if failed:
-        raise failed[0]
 
 
 def add_sample_arg(p: argparse.ArgumentParser) -> None:
