@@ -22,6 +22,8 @@ turn). For each run:
   going on or off before any timed record of theirs);
 - when each process turned its hooks off against its deadline (``hooks_off_late_s``,
   from ``probe ps --json``'s ``last_off``, and its ``hooks_off_reason``);
+- ``cpu_s``: the CPU time the attach used (user + system): far below ``wall_s`` minus
+  the duration, the rest was waiting for a CPU;
 - ``requests_per_s_before`` (the 5 s before) and ``requests_per_s_attached``: the
   server's completions per second, what the probe costs the engine while attached;
 - ``load1``: the load average just before.
@@ -36,6 +38,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -91,6 +94,7 @@ def attach(
     if prof is not None:
         cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "probe", *cmd[1:]]
     row: dict[str, object] = {"duration_s": d, "load1": round(os.getloadavg()[0], 2)}
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0, e0 = time.monotonic(), time.time()
     p = subprocess.Popen(
         cmd, env=srv.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -105,7 +109,9 @@ def attach(
     timer.join()
     row["requests_per_s_attached"] = round((marks[-1] - marks[0]) / d, 1)
     wall = time.monotonic() - t0
-    row.update(wall_s=round(wall, 2), rc=p.returncode)
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+    row.update(wall_s=round(wall, 2), cpu_s=round(cpu, 2), rc=p.returncode)
     if p.returncode != 0 or "attached to" not in first:
         row["stderr"] = (first + rest)[-500:]
         return row
