@@ -296,7 +296,30 @@ def _no_names(builder_id: int) -> None:
 
 
 _STEP_ROW = _step_encoder()
+_STEP_NAMES = tuple(c.name for c in STEP_COLUMNS)
 _DETAIL_ROWS = tuple((t, _detail_encoder(t)) for t in DETAIL_TABLES)
+_DETAIL_BY_RECORD = {t.record: (t, encode) for t, encode in _DETAIL_ROWS}
+
+
+def step_fields(s: Step) -> dict[str, Any]:
+    """``s`` as its ``steps`` row holds it: column name -> value, in column order.
+
+    Enum members are their lower-case names, booleans 0/1, a missing value None. The
+    writers of foreign formats name a step's values with it (Perfetto's slice args).
+    """
+    return dict(zip(_STEP_NAMES, _STEP_ROW(s, _no_names), strict=True))
+
+
+def record_fields(
+    rec: Span | Dispatch | Replay | Build | Reorder, builder_name: Names = _no_names
+) -> dict[str, Any]:
+    """One detail record of a :class:`Step` as its table's row holds it, after ``pid``
+    and ``step``: column name -> value, in column order, encoded as :func:`step_fields`
+    does (and each :class:`~probe.records.Flag` column 0/1). ``builder_name`` turns a
+    build's builder id into its class name (``Recording.builder_names()[pid].get``).
+    """
+    t, encode = _DETAIL_BY_RECORD[type(rec)]
+    return dict(zip((c.name for c in t.columns), encode(rec, builder_name), strict=True))
 
 
 class RecordingWriter:
