@@ -43,7 +43,6 @@ __all__ = [
     "load_sink",
     "processes_from_recording",
     "replay",
-    "step_counts",
 ]
 
 # sink module -> the extra that installs its library
@@ -217,12 +216,6 @@ def processes_from_recording(rec: Recording) -> list[ProcessInfo]:
     ]
 
 
-def step_counts(rec: Recording) -> dict[int, int]:
-    """Steps per pid: the totals a writer's progress counts towards."""
-    rows = rec.db.execute("SELECT pid, count(*) FROM steps GROUP BY pid").fetchall()
-    return {int(pid): int(n) for pid, n in rows}
-
-
 def replay(
     rec: Recording, sink: StepConsumer, *, batch: int = 256, progress: Progress = SILENT
 ) -> int:
@@ -233,7 +226,7 @@ def replay(
     Returns the number of steps fed. The sink is not closed.
     """
     n = 0
-    progress.stage("replaying steps", sum(step_counts(rec).values()), "steps")
+    progress.stage("replaying steps", sum(rec.step_counts().values()), "steps")
     for info in processes_from_recording(rec):
         sink.process(info)
         chunk: list[Step] = []

@@ -40,13 +40,19 @@ from typing import Any
 
 from exporters.base import MissingExtra
 from probe.progress import SILENT, Progress, counted
+from probe.recording import Recording, record_fields, step_fields
+from probe.records import Build, Dispatch, Flag, Reorder, Replay, Span
+from probe.step import Step
 
 __all__ = [
     "BOOTTIME_CLOCK_ID",
     "PerfettoUnavailableError",
     "Slice",
     "TraceBuilder",
+    "drafter_prefix",
+    "phase_name",
     "recording_tracks",
+    "step_name",
     "write_recording",
 ]
 
@@ -336,10 +342,6 @@ class TraceBuilder:
 # --------------------------------------------------------------------------- recordings
 
 
-def _upper(v: Any) -> str:
-    return str(v).upper() if v else "?"
-
-
 def _process_name(proc: Mapping[str, Any]) -> str:
     role = proc.get("role") or "vLLM process"
     parts = [f"vLLM {role}"]
@@ -380,11 +382,12 @@ _STEP_ARGS = (
 )
 
 
-def step_name(step: Mapping[str, Any]) -> str:
-    """``step 12 FULL hit`` (``step 12`` when the step carries no decision)."""
-    if step.get("mode"):
-        return f"step {step['step']} {_upper(step['mode'])} {step.get('reason') or ''}".strip()
-    return f"step {step['step']}"
+def step_name(step: Step) -> str:
+    """``step 12 FULL hit`` (``step 12`` when the step ran no forward)."""
+    if step.mode is None:
+        return f"step {step.step}"
+    reason = step.reason.name.lower() if step.reason is not None else ""
+    return f"step {step.step} {step.mode.name} {reason}".strip()
 
 
 @dataclass(frozen=True)
@@ -396,20 +399,41 @@ class RecordingTracks:
     counts: dict[str, int]
 
 
+def drafter_prefix(rec: Dispatch | Replay) -> str:
+    """``"drafter "`` for a record of the drafter (MTP proposer), else ``""``."""
+    return "drafter " if rec.flags & Flag.DRAFTER else ""
+
+
+def phase_name(span: Span) -> str:
+    """``forward_launch``; ``forward_launch (drafter)`` for the drafter's."""
+    return span.phase.name.lower() + (" (drafter)" if span.flags & Flag.DRAFTER else "")
+
+
+def _args(
+    rec: Dispatch | Replay | Build | Reorder, builders: Mapping[int, str]
+) -> dict[str, ArgValue]:
+    """A detail slice's args: its row's values but the times (step first)."""
+    fields = record_fields(rec, builders.get)
+    return {"step": rec.step, **{k: v for k, v in fields.items() if k not in ("t0_ns", "t1_ns")}}
+
+
 def recording_tracks(
-    builder: TraceBuilder, recording: Any, progress: Progress = SILENT
+    builder: TraceBuilder, recording: Recording, progress: Progress = SILENT
 ) -> RecordingTracks:
     """Add a recording's processes, steps, phases and decisions to ``builder``.
 
-    ``recording`` is a :class:`probe.recording.Recording`. Returns the track uuids and the
-    number of slices of each category (``step``, ``phase``, ``dispatch``, ``replay``,
-    ``build``, ``reorder``, ``reorder_mark``). ``progress`` counts the rows read.
+    Returns the track uuids and the number of slices of each category (``step``,
+    ``phase``, ``dispatch``, ``replay``, ``build``, ``reorder``, ``reorder_mark``). The
+    args of a slice are the values its recording row holds
+    (:func:`probe.recording.step_fields`, :func:`probe.recording.record_fields`).
+    ``progress`` counts the records (steps and their detail records) as they are added.
     """
     procs = {int(p["pid"]): p for p in recording.processes()}
-    progress.stage("reading records", record_count(recording), "records")
-    steps = recording.steps()
+    progress.stage("reading records", recording.record_count(), "records")
+    steps = list(recording.iter_steps())
+    names = recording.builder_names()
     for s in steps:  # a step whose process row is missing still gets a track
-        procs.setdefault(int(s["pid"]), {"pid": s["pid"]})
+        procs.setdefault(s.pid, {"pid": s.pid})
     process: dict[int, int] = {}
     thread: dict[int, int] = {}
     sub: dict[tuple[int, str], int] = {}
@@ -424,96 +448,47 @@ def recording_tracks(
     counts = dict.fromkeys(
         ("step", "phase", "dispatch", "replay", "build", "reorder", "reorder_mark"), 0
     )
+    # one category after the other: the order slices are added in is the order of ties on
+    # a track, and of the tracks in the file
     for s in counted(steps, progress):
-        builder.add(
-            thread[int(s["pid"])],
-            Slice(
-                step_name(s),
-                int(s["t0_ns"]),
-                int(s["t1_ns"]),
-                "step",
-                {"step": int(s["step"]), **{k: s.get(k) for k in _STEP_ARGS}},
-            ),
-        )
+        fields = step_fields(s)
+        step_args = {"step": s.step, **{k: fields[k] for k in _STEP_ARGS}}
+        builder.add(thread[s.pid], Slice(step_name(s), s.t0, s.t1, "step", step_args))
         counts["step"] += 1
-    for r in counted(recording.rows("spans"), progress):
-        name = str(r["phase"]) + (" (drafter)" if r["drafter"] else "")
-        builder.add(
-            thread[int(r["pid"])],
-            Slice(name, int(r["t0_ns"]), int(r["t1_ns"]), "phase", {"step": r["step"]}),
-        )
+    for s, sp in counted(((x, sp) for x in steps for sp in x.spans), progress):
+        builder.add(thread[s.pid], Slice(phase_name(sp), sp.t0, sp.t1, "phase", {"step": s.step}))
         counts["phase"] += 1
-    for r in counted(recording.rows("dispatches"), progress):
-        who = "drafter " if r["drafter"] else ""
-        builder.add(
-            sub[(int(r["pid"]), "graph decisions")],
-            Slice(
-                f"{who}dispatch {_upper(r['mode'])} {r['reason'] or ''}".strip(),
-                int(r["t0_ns"]),
-                int(r["t1_ns"]),
-                "dispatch",
-                {k: r.get(k) for k in r if k not in ("pid", "t0_ns", "t1_ns")},
-            ),
-        )
+    for s, d in counted(((x, d) for x in steps for d in x.dispatches), progress):
+        name = f"{drafter_prefix(d)}dispatch {d.mode.name} {d.reason.name.lower()}"
+        args = _args(d, names.get(s.pid, {}))
+        builder.add(sub[(s.pid, "graph decisions")], Slice(name, d.t0, d.t1, "dispatch", args))
         counts["dispatch"] += 1
-    for r in counted(recording.rows("replays"), progress):
-        who = "drafter " if r["drafter"] else ""
-        builder.add(
-            sub[(int(r["pid"]), "graph decisions")],
-            Slice(
-                f"{who}{r['kind'] or 'replay'} {_upper(r['mode'])}",
-                int(r["t0_ns"]),
-                int(r["t1_ns"]),
-                "replay",
-                {k: r.get(k) for k in r if k not in ("pid", "t0_ns", "t1_ns")},
-            ),
-        )
+    for s, r in counted(((x, r) for x in steps for r in x.replays), progress):
+        name = f"{drafter_prefix(r)}{r.kind.name.lower()} {r.mode.name}"
+        args = _args(r, names.get(s.pid, {}))
+        builder.add(sub[(s.pid, "graph decisions")], Slice(name, r.t0, r.t1, "replay", args))
         counts["replay"] += 1
-    for r in counted(recording.rows("builds"), progress):
+    for s, b in counted(((x, b) for x in steps for b in x.builds), progress):
+        builders = names.get(s.pid, {})
+        name = f"{builders.get(b.builder_id, '?')} ({b.tag.name.lower()})"
         builder.add(
-            sub[(int(r["pid"]), "metadata builds")],
-            Slice(
-                f"{r['builder'] or 'build'} ({r['tag']})" if r["tag"] else str(r["builder"]),
-                int(r["t0_ns"]),
-                int(r["t1_ns"]),
-                "build",
-                {k: r.get(k) for k in r if k not in ("pid", "t0_ns", "t1_ns")},
-            ),
+            sub[(s.pid, "metadata builds")], Slice(name, b.t0, b.t1, "build", _args(b, builders))
         )
         counts["build"] += 1
-    for r in counted(recording.rows("reorders"), progress):
-        track = sub[(int(r["pid"]), "reorder")]
-        args = {k: r.get(k) for k in r if k not in ("pid", "t0_ns", "t1_ns")}
-        builder.add(
-            track,
-            Slice(
-                "reorder" + (" (changed)" if r["changed"] else ""),
-                int(r["t0_ns"]),
-                int(r["t1_ns"]),
-                "reorder",
-                args,
-            ),
-        )
+    for s, o in counted(((x, o) for x in steps for o in x.reorders), progress):
+        track = sub[(s.pid, "reorder")]
+        args = _args(o, names.get(s.pid, {}))
+        name = "reorder" + (" (changed)" if o.changed else "")
+        builder.add(track, Slice(name, o.t0, o.t1, "reorder", args))
         counts["reorder"] += 1
-        if r["changed"]:
-            builder.add(
-                track,
-                Slice(
-                    f"reorder moved {r['moved']}", int(r["t1_ns"]), int(r["t1_ns"]), "reorder", args
-                ),
-            )
+        if o.changed:
+            builder.add(track, Slice(f"reorder moved {o.moved}", o.t1, o.t1, "reorder", args))
             counts["reorder_mark"] += 1
     return RecordingTracks(process, thread, counts)
 
 
-def record_count(recording: Any) -> int:
-    """Steps and detail rows: what :func:`recording_tracks` (and the rocpd side-car) read."""
-    tables = ("steps", "spans", "dispatches", "replays", "builds", "reorders")
-    return sum(int(recording.db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in tables)
-
-
 def write_recording(
-    recording: Any, path: str | os.PathLike[str], *, progress: Progress = SILENT
+    recording: Recording, path: str | os.PathLike[str], *, progress: Progress = SILENT
 ) -> Path:
     """Write a recording as a Perfetto trace (``.pftrace``); returns the path.
 
@@ -527,6 +502,8 @@ def write_recording(
     return builder.write(path, progress)
 
 
-def write(recording: Any, target: str | os.PathLike[str], *, progress: Progress = SILENT) -> Path:
+def write(
+    recording: Recording, target: str | os.PathLike[str], *, progress: Progress = SILENT
+) -> Path:
     """The exporter contract's offline half (:mod:`exporters.registry`): :func:`write_recording`."""
     return write_recording(recording, target, progress=progress)

@@ -6,7 +6,9 @@ rocprofv3 database of the same run when one is given, so ROCm's own tools put bo
 timeline::
 
     from exporters.rocprof_sidecar import write_sidecar
-    from probe.recording import Recording
+    from probe.progress import SILENT, Progress, counted
+from probe.recording import Recording
+from probe.step import Step
 
     write_sidecar(Recording.open("run.probe.db"), "probe_results.db",
                   rocprof_db="1234_results.db")   # schema and node taken from it
@@ -26,13 +28,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
+from exporters.perfetto import drafter_prefix, phase_name, step_name
 from exporters.timelines.model import ProfileError
 from exporters.timelines.rocpd import rocpd_origin
 from exporters.timelines.rocpd_schema import DEFAULT_VERSION, FALLBACK_VERSIONS, layout_of
 from exporters.timelines.rocpd_writer import create_rocpd_db, write_rocpd_regions
 from probe.progress import SILENT, Progress, counted
+from probe.recording import Recording
+from probe.step import Step
 
 __all__ = [
     "DEFAULT_VERSION",
@@ -82,74 +86,65 @@ def detect_rocpd_layout(path: str | os.PathLike[str]) -> RocpdOrigin:
     return RocpdOrigin(layout, version, machine_id, hostname)
 
 
-def _up(v: Any) -> str:
-    return str(v).upper() if v else "?"
+def sidecar_spans(recording: Recording, progress: Progress = SILENT) -> Iterator[SidecarSpan]:
+    """The regions :func:`write_sidecar` writes: the steps, then their phase spans,
+    dispatches, replays, builds and reorders (each in step order); ``progress`` counts
+    them (one region a record)."""
+    progress.stage("writing regions", recording.record_count(), "records")
+    yield from counted(_regions(list(recording.iter_steps()), recording.builder_names()), progress)
 
 
-def sidecar_spans(recording: Any, progress: Progress = SILENT) -> Iterator[SidecarSpan]:
-    """The regions :func:`write_sidecar` writes, in recording order; ``progress`` counts
-    the rows read."""
-    from exporters.perfetto import record_count, step_name
-
-    progress.stage("writing regions", record_count(recording), "records")
-    for s in counted(recording.steps(), progress):
-        pid = int(s["pid"])
-        yield SidecarSpan(
-            step_name(s), int(s["t0_ns"]), int(s["t1_ns"]), pid, pid, "PROBE_MARKER_STEP"
-        )
-    for r in counted(recording.rows("spans"), progress):
-        pid = int(r["pid"])
-        name = str(r["phase"]) + (" (drafter)" if r["drafter"] else "")
-        yield SidecarSpan(name, int(r["t0_ns"]), int(r["t1_ns"]), pid, pid, "PROBE_MARKER_PHASE")
-    for r in counted(recording.rows("dispatches"), progress):
-        pid = int(r["pid"])
-        who = "drafter " if r["drafter"] else ""
-        yield SidecarSpan(
-            f"{who}dispatch {_up(r['mode'])} {r['reason'] or ''} step {r['step']}".replace(
-                "  ", " "
-            ),
-            int(r["t0_ns"]),
-            int(r["t1_ns"]),
-            pid,
-            pid,
-            "PROBE_MARKER_DISPATCH",
-        )
-    for r in counted(recording.rows("replays"), progress):
-        pid = int(r["pid"])
-        who = "drafter " if r["drafter"] else ""
-        yield SidecarSpan(
-            f"{who}{r['kind'] or 'replay'} {_up(r['mode'])} step {r['step']}",
-            int(r["t0_ns"]),
-            int(r["t1_ns"]),
-            pid,
-            pid,
-            "PROBE_MARKER_REPLAY",
-        )
-    for r in counted(recording.rows("builds"), progress):
-        pid = int(r["pid"])
-        yield SidecarSpan(
-            f"{r['builder']} ({r['tag']})",
-            int(r["t0_ns"]),
-            int(r["t1_ns"]),
-            pid,
-            pid,
-            "PROBE_MARKER_BUILD",
-        )
-    for r in counted(recording.rows("reorders"), progress):
-        pid = int(r["pid"])
-        yield SidecarSpan(
-            f"reorder {'changed' if r['changed'] else 'unchanged'} moved {r['moved']} "
-            f"step {r['step']}",
-            int(r["t0_ns"]),
-            int(r["t1_ns"]),
-            pid,
-            pid,
-            "PROBE_MARKER_REORDER",
-        )
+def _regions(steps: list[Step], names: dict[int, dict[int, str]]) -> Iterator[SidecarSpan]:
+    for s in steps:
+        yield SidecarSpan(step_name(s), s.t0, s.t1, s.pid, s.pid, "PROBE_MARKER_STEP")
+    for s in steps:
+        for sp in s.spans:
+            yield SidecarSpan(phase_name(sp), sp.t0, sp.t1, s.pid, s.pid, "PROBE_MARKER_PHASE")
+    for s in steps:
+        for d in s.dispatches:
+            yield SidecarSpan(
+                f"{drafter_prefix(d)}dispatch {d.mode.name} {d.reason.name.lower()} step {s.step}",
+                d.t0,
+                d.t1,
+                s.pid,
+                s.pid,
+                "PROBE_MARKER_DISPATCH",
+            )
+    for s in steps:
+        for r in s.replays:
+            yield SidecarSpan(
+                f"{drafter_prefix(r)}{r.kind.name.lower()} {r.mode.name} step {s.step}",
+                r.t0,
+                r.t1,
+                s.pid,
+                s.pid,
+                "PROBE_MARKER_REPLAY",
+            )
+    for s in steps:
+        builders = names.get(s.pid, {})
+        for b in s.builds:
+            yield SidecarSpan(
+                f"{builders.get(b.builder_id, '?')} ({b.tag.name.lower()})",
+                b.t0,
+                b.t1,
+                s.pid,
+                s.pid,
+                "PROBE_MARKER_BUILD",
+            )
+    for s in steps:
+        for o in s.reorders:
+            yield SidecarSpan(
+                f"reorder {'changed' if o.changed else 'unchanged'} moved {o.moved} step {s.step}",
+                o.t0,
+                o.t1,
+                s.pid,
+                s.pid,
+                "PROBE_MARKER_REORDER",
+            )
 
 
 def write_sidecar(
-    recording: Any,
+    recording: Recording,
     path: str | os.PathLike[str],
     version: str | None = None,
     *,

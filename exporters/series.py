@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from exporters.base import ProcessInfo, processes_from_recording, step_counts
+from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import METRICS, Update, process_updates, updates
 from probe.progress import SILENT, Progress, counted
 from probe.recording import Recording
@@ -181,7 +181,7 @@ def timelines(
     """Every process of ``rec`` with steps and a clock pair, as a :class:`Timeline`;
     ``progress`` counts the steps of those processes as they are read."""
     infos = processes_from_recording(rec)
-    per_pid = step_counts(rec)
+    per_pid = rec.step_counts()
     clocked = [i.pid for i in infos if i.boottime_ns is not None and i.epoch_ns is not None]
     progress.stage("building timelines", sum(per_pid.get(p, 0) for p in clocked), "steps")
     out = []

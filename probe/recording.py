@@ -684,6 +684,25 @@ class Recording:
             names[len(names) + 1] = name if isinstance(name, str) else "?"
         return out
 
+    def step_counts(self) -> dict[int, int]:
+        """Steps per pid (what ``iter_steps(pid)`` yields), without reading them."""
+        rows = self.db.execute("SELECT pid, count(*) FROM steps GROUP BY pid").fetchall()
+        return {int(pid): int(n) for pid, n in rows}
+
+    def record_count(self) -> int:
+        """Steps and their detail records (spans, dispatches, replays, builds, reorders),
+        as many as ``iter_steps()`` yields, without reading them: the total a writer of
+        every record counts towards."""
+        n = int(self.db.execute("SELECT count(*) FROM steps").fetchone()[0])
+        for t in DETAIL_TABLES:
+            n += int(
+                self.db.execute(
+                    f"SELECT count(*) FROM {t.name} AS d WHERE EXISTS "
+                    "(SELECT 1 FROM steps AS s WHERE s.pid = d.pid AND s.step = d.step)"
+                ).fetchone()[0]
+            )
+        return n
+
     def iter_steps(self, pid: int | None = None) -> Iterator[Step]:
         """Every step (of ``pid``, or all), in (pid, step) order, with its detail records.
 

@@ -285,15 +285,13 @@ def test_merge_stages_load_align_write(tmp_path: Path) -> None:
     window = Recording.open(WINDOW)
     [prof] = load_profiles([KINETO], progress=calls)
     merge_to_perfetto(window, [(prof, align(window, prof))], tmp_path / "m", progress=calls)
-    from exporters.perfetto import record_count
-
     events = len(prof.host_calls) + len(prof.markers) + len(prof.kernels)
     assert calls.stages == [
         (f"loading {KINETO.name} (1/1)", None, ""),
-        ("reading records", record_count(window), "records"),
+        ("reading records", window.record_count(), "records"),
         ("placing kineto events", events, "events"),
         # every record and every event is one slice
-        ("encoding trace", record_count(window) + events, "slices"),
+        ("encoding trace", window.record_count() + events, "slices"),
     ]
     assert calls.done[1:] == [s[1] for s in calls.stages[1:]]
 

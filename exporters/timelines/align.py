@@ -26,10 +26,12 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from exporters.timelines.load import profile_path
 from exporters.timelines.model import CLOCK_BOOTTIME, CLOCK_UNIX_EPOCH, Marker, Profile
+from probe.recording import Recording
+from probe.records import Flag, Phase
+from probe.step import Step
 
 __all__ = [
     "CLOCK_PAIR_TOLERANCE_NS",
@@ -83,11 +85,10 @@ class Alignment:
         return f"offset {self.offset_ns} ns ({self.method}): {self.detail}"
 
 
-def _recording_range(recording: Any) -> tuple[int, int] | None:
-    row = recording.db.execute("SELECT min(t0_ns), max(t1_ns) FROM steps").fetchone()
-    if row is None or row[0] is None:
+def _recording_range(steps: Sequence[Step]) -> tuple[int, int] | None:
+    if not steps:
         return None
-    return int(row[0]), int(row[1])
+    return min(s.t0 for s in steps), max(s.t1 for s in steps)
 
 
 def profile_range(profile: Profile) -> tuple[int, int] | None:
@@ -111,13 +112,15 @@ def overlapping_events(profile: Profile, lo: int, hi: int, offset_ns: int = 0) -
     return sum(1 for seq in seqs for x in seq if x.start_ns <= b and x.end_ns >= a)
 
 
-def _forward_spans(recording: Any, pid: int | None = None) -> list[tuple[int, int]]:
-    q = "SELECT t0_ns, t1_ns FROM spans WHERE phase = 'forward_launch' AND drafter = 0"
-    params: tuple[Any, ...] = ()
-    if pid is not None:
-        q += " AND pid = ?"
-        params = (pid,)
-    return [(int(a), int(b)) for a, b in recording.db.execute(q + " ORDER BY t0_ns", params)]
+def _forward_spans(steps: Iterable[Step], pid: int | None = None) -> list[tuple[int, int]]:
+    """The target model's forward_launch spans (of ``pid``, or all), by start."""
+    return sorted(
+        (sp.t0, sp.t1)
+        for s in steps
+        if pid is None or s.pid == pid
+        for sp in s.spans
+        if sp.phase == Phase.FORWARD_LAUNCH and not sp.flags & Flag.DRAFTER
+    )
 
 
 def _forward_markers(profile: Profile, name: str) -> list[Marker]:
@@ -155,7 +158,7 @@ def _match_forwards(
     return j, diffs, best[0]
 
 
-def _check_pids(recording: Any, profile: Profile, path: str) -> None:
+def _check_pids(recording: Recording, profile: Profile, path: str) -> None:
     rec_pids = {int(p["pid"]) for p in recording.processes()}
     prof_pids = {c.pid for c in profile.host_calls} | {m.pid for m in profile.markers}
     prof_pids.discard(0)
@@ -173,7 +176,7 @@ def _few(values: Iterable[int]) -> str:
 
 
 def align(
-    recording: Any,
+    recording: Recording,
     profile: Profile,
     *,
     offset_ns: int | None = None,
@@ -187,7 +190,8 @@ def align(
     overlap the recording's steps; ``offset_ns`` or ``allow_unaligned`` merge anyway.
     """
     path = profile_path(profile)
-    rec_range = _recording_range(recording)
+    steps = list(recording.iter_steps())
+    rec_range = _recording_range(steps)
     prof_range = profile_range(profile)
     if rec_range is None:
         raise AlignmentError(str(recording.path), "the recording has no steps to align to")
@@ -196,7 +200,7 @@ def align(
     if offset_ns is not None:
         return Alignment(offset_ns, "explicit", "offset given by the user")
     try:
-        al = _align(recording, profile, path, forward_marker)
+        al = _align(recording, steps, profile, path, forward_marker)
         shifted = (prof_range[0] + al.offset_ns, prof_range[1] + al.offset_ns)
         if not overlapping_events(profile, rec_range[0], rec_range[1], al.offset_ns):
             raise AlignmentError(
@@ -219,7 +223,9 @@ def align(
     )
 
 
-def _align(recording: Any, profile: Profile, path: str, forward_marker: str) -> Alignment:
+def _align(
+    recording: Recording, steps: Sequence[Step], profile: Profile, path: str, forward_marker: str
+) -> Alignment:
     if profile.clock == CLOCK_BOOTTIME:
         return Alignment(0, "same clock", f"{profile.source} timestamps are BOOTTIME already")
     if profile.clock != CLOCK_UNIX_EPOCH:
@@ -235,7 +241,7 @@ def _align(recording: Any, profile: Profile, path: str, forward_marker: str) -> 
     base_note = f"Kineto baseTimeNanoseconds {base}" if base else "Kineto absolute epoch µs"
     fwd = _forward_markers(profile, forward_marker)
     prof_pids = {m.pid for m in fwd}
-    spans = _forward_spans(recording, next(iter(prof_pids)) if len(prof_pids) == 1 else None)
+    spans = _forward_spans(steps, next(iter(prof_pids)) if len(prof_pids) == 1 else None)
     match = _match_forwards(fwd, spans, pair_off)
     fwd_off: int | None = None
     residual: tuple[int, int] | None = None

@@ -24,6 +24,9 @@ from typing import Any
 from exporters.timelines.align import Alignment, profile_range, shift_profile
 from exporters.timelines.analyses import gpu_busy_idle, launch_delays
 from exporters.timelines.model import GpuKernel, HostCall, Profile, is_graph_launch
+from probe.recording import Recording
+from probe.records import Flag, Mode, Phase, ReplayKind
+from probe.step import Step
 
 __all__ = ["StepRow", "StepTable", "format_step_table", "is_eager_launch", "step_table"]
 
@@ -105,7 +108,7 @@ class StepTable:
 
 
 def step_table(
-    recording: Any, profile: Profile, alignment: Alignment, *, drafter: bool = False
+    recording: Recording, profile: Profile, alignment: Alignment, *, drafter: bool = False
 ) -> StepTable:
     """Attribute the profile's launches and kernels to the recording's steps.
 
@@ -114,15 +117,11 @@ def step_table(
     """
     prof = shift_profile(profile, alignment.offset_ns)
     pr = profile_range(prof)
-    steps = [
-        s
-        for s in recording.steps()
-        if pr is not None and _overlaps((int(s["t0_ns"]), int(s["t1_ns"])), pr)
-    ]
-    by_pid: dict[int, list[dict[str, Any]]] = {}
+    steps = [s for s in recording.iter_steps() if pr is not None and _overlaps((s.t0, s.t1), pr)]
+    by_pid: dict[int, list[Step]] = {}
     for s in steps:
-        by_pid.setdefault(int(s["pid"]), []).append(s)
-    starts = {pid: [int(s["t0_ns"]) for s in ss] for pid, ss in by_pid.items()}
+        by_pid.setdefault(s.pid, []).append(s)
+    starts = {pid: [s.t0 for s in ss] for pid, ss in by_pid.items()}
     single_pid = next(iter(by_pid)) if len(by_pid) == 1 else None
 
     def step_of(pid: int, t: int) -> tuple[int, int] | None:
@@ -130,26 +129,9 @@ def step_table(
         if key is None:
             return None
         i = bisect.bisect_right(starts[key], t) - 1
-        if i < 0 or t > int(by_pid[key][i]["t1_ns"]):
+        if i < 0 or t > by_pid[key][i].t1:
             return None
-        return key, int(by_pid[key][i]["step"])
-
-    keys = {(int(s["pid"]), int(s["step"])) for s in steps}
-    fwd_spans: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for r in recording.rows("spans"):
-        k = (int(r["pid"]), int(r["step"]))
-        if k in keys and r["phase"] == "forward_launch" and not r["drafter"]:
-            fwd_spans.setdefault(k, []).append((int(r["t0_ns"]), int(r["t1_ns"])))
-    full: dict[tuple[int, int], int] = {}
-    pieces: dict[tuple[int, int], int] = {}
-    for r in recording.rows("replays"):
-        k = (int(r["pid"]), int(r["step"]))
-        if k not in keys or r["kind"] != "replay" or (r["drafter"] and not drafter):
-            continue
-        if r["mode"] == "full":
-            full[k] = full.get(k, 0) + 1
-        elif r["mode"] == "piecewise":
-            pieces[k] = pieces.get(k, 0) + 1
+        return key, by_pid[key][i].step
 
     calls: dict[tuple[int, int], list[HostCall]] = {}
     unattributed = 0
@@ -174,15 +156,21 @@ def step_table(
 
     rows: list[StepRow] = []
     for pid, ss in sorted(by_pid.items()):
-        periods = [
-            (int(s["t0_ns"]), int(ss[i + 1]["t0_ns"]) if i + 1 < len(ss) else int(s["t1_ns"]))
-            for i, s in enumerate(ss)
-        ]
+        periods = [(s.t0, ss[i + 1].t0 if i + 1 < len(ss) else s.t1) for i, s in enumerate(ss)]
         busy = gpu_busy_idle(prof, periods)
         for s, bi in zip(ss, busy, strict=True):
-            k = (pid, int(s["step"]))
+            k = (pid, s.step)
             cs = calls.get(k, [])
-            spans = fwd_spans.get(k, [])
+            spans = [
+                (sp.t0, sp.t1)
+                for sp in s.spans
+                if sp.phase == Phase.FORWARD_LAUNCH and not sp.flags & Flag.DRAFTER
+            ]
+            replays = [
+                r
+                for r in s.replays
+                if r.kind == ReplayKind.REPLAY and (drafter or not r.flags & Flag.DRAFTER)
+            ]
 
             def in_fwd(c: HostCall, spans: list[tuple[int, int]] = spans) -> bool:
                 return any(a <= c.start_ns <= b for a, b in spans)
@@ -197,15 +185,15 @@ def step_table(
             rows.append(
                 StepRow(
                     pid=pid,
-                    step=int(s["step"]),
-                    t0_ns=int(s["t0_ns"]),
-                    t1_ns=int(s["t1_ns"]),
-                    mode=s.get("mode"),
-                    reason=s.get("reason"),
-                    probe_full_replays=full.get(k, 0),
-                    probe_piecewise_pieces=pieces.get(k, 0),
+                    step=s.step,
+                    t0_ns=s.t0,
+                    t1_ns=s.t1,
+                    mode=s.mode.name.lower() if s.mode is not None else None,
+                    reason=s.reason.name.lower() if s.reason is not None else None,
+                    probe_full_replays=sum(1 for r in replays if r.mode == Mode.FULL),
+                    probe_piecewise_pieces=sum(1 for r in replays if r.mode == Mode.PIECEWISE),
                     probe_forward_ns=sum(b - a for a, b in spans),
-                    probe_gpu_busy_ns=s.get("gpu_busy_ns"),
+                    probe_gpu_busy_ns=s.gpu_busy_ns,
                     graph_launches=len(graph),
                     graph_launches_in_forward=sum(1 for c in graph if in_fwd(c)),
                     eager_launches=len(eager),
