@@ -496,9 +496,6 @@ def _check_pids(p: Path, db: sqlite3.Connection) -> None:
             )
 
 
-_DETAIL_BY_NAME = {t.name: t for t in DETAIL_TABLES}
-
-
 def _check_order(rd: _Reader, table: str, row: tuple[Any, ...], kw: dict[str, Any]) -> None:
     """A span that ends before it starts is damage, not data."""
     t0, t1 = kw.get("t0"), kw.get("t1")
@@ -785,50 +782,6 @@ class Recording:
 
     def anomalies(self) -> list[str]:
         return [str(r[0]) for r in self.db.execute("SELECT message FROM anomalies")]
-
-    # Raw rows, for the writers of foreign formats that still read SQL rows; analysis,
-    # the report and the exporters read Steps (iter_steps).
-    def steps(self, where: str = "", params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        """Raw step rows (prefer :meth:`iter_steps`); a row ending before it starts is
-        refused here too."""
-        q = "SELECT * FROM steps" + (f" WHERE {where}" if where else "") + " ORDER BY pid, step"
-        return [self._ordered("steps", dict(r)) for r in self.db.execute(q, params)]
-
-    def rows(self, table: str) -> Iterator[dict[str, Any]]:
-        """Raw rows of a detail table (prefer :meth:`iter_steps`); a row ending before it
-        starts is refused here too."""
-        if table not in {t.name for t in DETAIL_TABLES} | {"faults", "outside", "anomalies"}:
-            raise ValueError(f"unknown table {table!r}")
-        for r in self.db.execute(f"SELECT * FROM {table}"):
-            yield self._ordered(table, dict(r))
-
-    def _ordered(self, table: str, row: dict[str, Any]) -> dict[str, Any]:
-        """``row`` checked as :meth:`iter_steps` checks it (types, NULLs, enum names,
-        ranges, order), for the callers that read raw rows."""
-        rd = _Reader(self.path)
-        key = (row.get("pid"), row.get("step"))
-        if table == "steps":
-            for c in STEP_COLUMNS:
-                rd.value(
-                    "steps", key, c.name, row.get(c.name), c.kind, nullable=c.nullable,
-                    min=c.min, choices=c.choices,
-                )  # fmt: skip
-        elif table in _DETAIL_BY_NAME:
-            rd.value(table, key, "pid", key[0], int)
-            rd.value(table, key, "step", key[1], int)
-            for d in _DETAIL_BY_NAME[table].columns:
-                if d.kind is str:
-                    rd.value(table, key, d.name, row.get(d.name), str, nullable=True)
-                elif isinstance(d.kind, Flag):
-                    rd.value(table, key, d.name, row.get(d.name), d.kind)
-                else:
-                    rd.value(table, key, d.name, row.get(d.name), d.kind, min=d.min)
-        t0, t1 = row.get("t0_ns"), row.get("t1_ns")
-        if type(t0) is int and type(t1) is int and t1 < t0:
-            raise _Reader(self.path).fail(
-                table, (row.get("pid"), row.get("step")), "t1", f"is {t1}, before t0 {t0}"
-            )
-        return row
 
     def close(self) -> None:
         self.db.close()

@@ -176,7 +176,8 @@ def test_recording_round_trip(tmp_path: Path) -> None:
         assert rec.meta()["command"] == ["vllm", "serve", "m"]
         [proc] = rec.processes()
         assert proc["pid"] == 42 and proc["snapshot"]["vllm_version"] == "0.33.0"
-        rows = rec.steps()
+        # the rows as SQLite holds them (the codec's encoding, read without the codec)
+        rows = [dict(r) for r in rec.db.execute("SELECT * FROM steps ORDER BY pid, step")]
         assert [(r["pid"], r["step"]) for r in rows] == [(42, 1), (42, 2)]
         assert [r["mode"] for r in rows] == ["full", "piecewise"]
         assert [r["reason"] for r in rows] == ["hit", "not_uniform"]

@@ -198,9 +198,9 @@ def test_ps_attach_detach_reattach(server: Server) -> None:
     assert "worker" in out.stdout and "graphs_disabled" in out.stdout
 
     r = Recording.open(rec)
-    steps = [s for s in r.steps() if s["mode"] is not None]
+    steps = [s for s in r.iter_steps() if s.forward]
     assert len(steps) >= 10
-    assert {s["pid"] for s in steps} == {roles["worker"]}  # the worker is its own process
+    assert {s.pid for s in steps} == {roles["worker"]}  # the worker is its own process
     procs = {p["pid"]: p for p in r.processes()}
     assert procs[roles["worker"]]["role"] == "worker" and procs[roles["worker"]]["runner"] == "v1"
     assert {a["role"] for a in r.meta()["attached"]} == {"api", "engine", "worker"}

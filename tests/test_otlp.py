@@ -168,8 +168,8 @@ def _check(got: Received, n_steps: int) -> None:
         assert c.end_time_unix_nano <= parent.end_time_unix_nano
     rec = Recording.open(default_recording())
     proc = rec.processes()[0]
-    first = min(rec.steps(), key=lambda r: r["t0_ns"])
-    expected_t0 = first["t0_ns"] - proc["boottime_ns"] + proc["epoch_ns"]
+    first = min(rec.iter_steps(), key=lambda s: s.t0)
+    expected_t0 = first.t0 - proc["boottime_ns"] + proc["epoch_ns"]
     assert min(s.start_time_unix_nano for s in roots) == expected_t0
     a = _attrs(
         next(s for s in roots if _attrs(s.attributes)["vllm_graph_probe.step"] == 101).attributes

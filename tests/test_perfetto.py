@@ -57,10 +57,10 @@ def test_counts_equal_the_recording(window: tuple[Recording, object]) -> None:
 def test_timestamps_are_the_recordings_boottime(window: tuple[Recording, object]) -> None:
     rec, tr = window
     assert tr.clock_ids == {BOOTTIME_CLOCK_ID}
-    steps = {(s["t0_ns"], s["t1_ns"], s["step"]) for s in rec.steps()}
+    steps = {tuple(r) for r in rec.db.execute("SELECT t0_ns, t1_ns, step FROM steps")}
     got = {(s.start_ns, s.end_ns, s.args["step"]) for s in tr.by_category("step")}
     assert got == steps
-    spans = sorted((r["t0_ns"], r["t1_ns"]) for r in rec.rows("spans"))
+    spans = sorted(tuple(r) for r in rec.db.execute("SELECT t0_ns, t1_ns FROM spans"))
     assert sorted((s.start_ns, s.end_ns) for s in tr.by_category("phase")) == spans
     # the ground-truth window (run3-results.json), on BOOTTIME
     assert all(469862122252 <= s.start_ns <= 472903818611 for s in tr.by_category("step"))

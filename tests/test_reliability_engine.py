@@ -277,7 +277,7 @@ def _try_open(path: Path) -> str | int:
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     try:
-        return len(rec.steps())
+        return sum(1 for _ in rec.iter_steps())
     finally:
         rec.close()
 
@@ -296,15 +296,15 @@ def test_probe_bug_in_a_hook_is_counted_and_disables_only_that_hook(
     runs: dict[str, Any],
 ) -> None:
     rec = Recording.open(runs["hooks_rec"])
-    faults = list(rec.rows("faults"))
+    faults = rec.faults()
     assert faults, "the injected fault is not in the faults table"
     assert {f["hook"] for f in faults} == {"reorder.v1"}
     assert all(f["disabled"] == 1 and f["count"] >= 1 for f in faults)
     # the other families kept recording every step
-    fw = [s for s in rec.steps() if s["mode"] is not None]
-    assert len(fw) >= STEPS_PER_ROUND
-    assert list(rec.rows("builds"))
-    assert not list(rec.rows("reorders"))  # the faulting hook wrote nothing more
+    steps = list(rec.iter_steps())
+    assert len([s for s in steps if s.forward]) >= STEPS_PER_ROUND
+    assert any(s.builds for s in steps)
+    assert not any(s.reorders for s in steps)  # the faulting hook wrote nothing more
     report = subprocess.run(
         [str(PROBE), "report", str(runs["hooks_rec"]), "--json"],
         capture_output=True,
@@ -360,7 +360,7 @@ def test_killed_reader_recording_is_readable(runs: dict[str, Any]) -> None:
 
 def test_killed_reader_recording_has_the_round_it_read(runs: dict[str, Any]) -> None:
     rec = Recording.open(runs["reader"]["r1"])
-    fw = [s for s in rec.steps() if s["mode"] is not None]
+    fw = [s for s in rec.iter_steps() if s.forward]
     assert len(fw) >= STEPS_PER_ROUND - 1
 
 

@@ -43,7 +43,7 @@ def test_read_back_gives_the_spans(tmp_path: Path) -> None:
         assert counts[cat] == db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
     assert n == len(prof.markers) == 483
     phases = {(m.start_ns, m.end_ns) for m in prof.markers if m.category == "PROBE_MARKER_PHASE"}
-    assert phases == {(r["t0_ns"], r["t1_ns"]) for r in rec.rows("spans")}
+    assert phases == {tuple(r) for r in db.execute("SELECT t0_ns, t1_ns FROM spans")}
 
 
 def test_schema_and_node_follow_the_rocprof_db(tmp_path: Path) -> None:
