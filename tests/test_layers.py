@@ -87,3 +87,17 @@ def test_the_engine_side_imports_nothing_of_the_reader_side(tmp_path: Path) -> N
         m for m in mods if m in READER_SIDE or m.startswith(tuple(f"{r}." for r in READER_SIDE))
     ]
     assert reader == []
+
+
+def test_no_source_file_is_over_800_lines() -> None:
+    """Rooms stay small: every source file (Python, and the C of the accelerator) of the
+    package, the exporters and the dashboards is at most 800 lines."""
+    root = Path(__file__).resolve().parents[1]
+    long = {
+        str(p.relative_to(root)): n
+        for d in ("probe", "exporters", "dashboards")
+        for p in (root / d).rglob("*")
+        if p.suffix in (".py", ".c", ".h", ".pyi")
+        and (n := len(p.read_text(encoding="utf-8").splitlines())) > 800
+    }
+    assert not long, long

@@ -1,0 +1,495 @@
+/* probe._accel, the Span, Gate, Step and Dispatch wrappers. Included once by probe/_accel.c (one translation unit,
+ * split by room like CPython's stringlib): not a public header. */
+#ifndef PROBE_ACCEL_WRAP_H
+#define PROBE_ACCEL_WRAP_H
+
+/* ---------------------------------------------------------------------------------- */
+/* Span and Gate: wrappers that bind like functions                                     */
+/* ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict;
+    PyObject *weakrefs;
+    PyObject *orig;
+    PyObject *impl; /* Gate: the Python hook; Span: unused (NULL) */
+    CoreObject *core;
+    int phase;     /* Span */
+    int drafter;   /* Span: marks the drafter scope */
+    int sampling;  /* Gate: call the hook while sampling even when off */
+    PyObject *full; /* Dispatch: vLLM's CUDAGraphMode.FULL */
+    int which;      /* Step: 0 execute_model, 1 sample_tokens; Dispatch: 0 V1, 1 MRV2 */
+    int mrv2;       /* Step: Flag.MRV2 on its spans */
+    int pos[4];     /* Dispatch MRV2: num_reqs, num_tokens, uniform_token_count,
+                       max_query_len positions after self (-1: absent) */
+    PyObject *i32, *i64;   /* Build: torch.int32 and torch.int64 (None without torch) */
+    PyObject *last_type;     /* Build: the builder class last interned (strong) */
+    long long last_ident;    /* Build: its string id */
+} WrapObject;
+
+static PyTypeObject SpanType;
+static PyTypeObject GateType;
+
+/* No compiled ring bound (a Python writer is attached): write through ``core.put.span``
+   like the Python hook would, keeping vLLM's exception (if any) as it was. */
+static void span_fallback(CoreObject *c, int phase, int flags, long long step, int64_t t0,
+                          int64_t t1) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *put = PyObject_GetAttrString((PyObject *)c, "put");
+    if (put != NULL) {
+        PyObject *fn = PyObject_GetAttrString(put, "span");
+        Py_DECREF(put);
+        if (fn != NULL) {
+            PyObject *r = PyObject_CallFunction(fn, "LiLLiii", step, phase, (long long)t0,
+                                                (long long)t1, flags, 0, 0);
+            Py_XDECREF(r);
+            Py_DECREF(fn);
+        }
+    }
+    PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+}
+
+static PyObject *span_call(WrapObject *self, PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames) {
+    CoreObject *c = self->core;
+    if (!c->enabled) return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    if (self->drafter) c->drafter++;
+    int64_t t0 = boottime();
+    PyObject *res = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    int64_t t1 = boottime();
+    if (self->drafter) c->drafter--;
+    RingObject *r = c->ring;
+    int f = (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
+    if (r != NULL)
+        ring_stage_span(r, self->phase, f, c->step, t0, t1);
+    else
+        span_fallback(c, self->phase, f, c->step, t0, t1);
+    return res;
+}
+
+static PyObject *gate_call(WrapObject *self, PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames) {
+    CoreObject *c = self->core;
+    if (c->enabled || (self->sampling && c->sampling))
+        return PyObject_Vectorcall(self->impl, args, nargsf, kwnames);
+    return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+}
+
+static PyObject *wrap_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    WrapObject *self = (WrapObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    PyObject *orig, *core, *impl = NULL;
+    int a = 0, b = 0;
+    if (type == &SpanType) {
+        static char *kwlist[] = {"orig", "core", "phase", "drafter", NULL};
+        if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!i|p", kwlist, &orig, &CoreType, &core,
+                                         &a, &b))
+            goto fail;
+        self->vectorcall = (vectorcallfunc)span_call;
+        self->phase = a;
+        self->drafter = b;
+    } else {
+        static char *kwlist[] = {"orig", "impl", "core", "sampling", NULL};
+        if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO!|p", kwlist, &orig, &impl, &CoreType,
+                                         &core, &a))
+            goto fail;
+        self->vectorcall = (vectorcallfunc)gate_call;
+        self->sampling = a;
+        Py_INCREF(impl);
+        self->impl = impl;
+    }
+    if (!PyCallable_Check(orig)) {
+        PyErr_SetString(PyExc_TypeError, "orig must be callable");
+        goto fail;
+    }
+    Py_INCREF(orig);
+    self->orig = orig;
+    Py_INCREF(core);
+    self->core = (CoreObject *)core;
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static int wrap_traverse(WrapObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->dict);
+    Py_VISIT(self->orig);
+    Py_VISIT(self->impl);
+    Py_VISIT((PyObject *)self->core);
+    Py_VISIT(self->full);
+    Py_VISIT(self->i32);
+    Py_VISIT(self->i64);
+    Py_VISIT(self->last_type);
+    return 0;
+}
+
+static int wrap_clear(WrapObject *self) {
+    Py_CLEAR(self->dict);
+    Py_CLEAR(self->orig);
+    Py_CLEAR(self->impl);
+    Py_CLEAR(self->core);
+    Py_CLEAR(self->full);
+    Py_CLEAR(self->i32);
+    Py_CLEAR(self->i64);
+    Py_CLEAR(self->last_type);
+    return 0;
+}
+
+static void wrap_dealloc(WrapObject *self) {
+    PyObject_GC_UnTrack(self);
+    if (self->weakrefs) PyObject_ClearWeakRefs((PyObject *)self);
+    wrap_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *wrap_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *wrap_reduce(PyObject *self, PyObject *Py_UNUSED(x)) {
+    PyErr_Format(PyExc_TypeError, "cannot pickle a probe hook (%R)", self);
+    return NULL;
+}
+
+static PyObject *wrap_repr(WrapObject *self) {
+    return PyUnicode_FromFormat("<probe %s around %R>", Py_TYPE(self)->tp_name, self->orig);
+}
+
+static PyMemberDef wrap_members[] = {
+    {"orig", T_OBJECT, offsetof(WrapObject, orig), READONLY, "the wrapped original"},
+    {"impl", T_OBJECT, offsetof(WrapObject, impl), READONLY,
+     "Gate, Step, Dispatch: the Python hook it hands off to"},
+    {"phase", T_INT, offsetof(WrapObject, phase), READONLY, "Span: the phase id"},
+    {NULL}};
+
+static PyGetSetDef wrap_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL}, {NULL}};
+
+static PyMethodDef wrap_methods[] = {{"__reduce__", wrap_reduce, METH_NOARGS, NULL}, {NULL}};
+
+#define WRAP_TYPE(NAME, NEW, DOC)                                                              \
+    {                                                                                          \
+        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "probe._accel." #NAME,                       \
+        .tp_basicsize = sizeof(WrapObject),                                                    \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |     \
+                    Py_TPFLAGS_METHOD_DESCRIPTOR,                                              \
+        .tp_doc = DOC, .tp_new = NEW, .tp_dealloc = (destructor)wrap_dealloc,                  \
+        .tp_traverse = (traverseproc)wrap_traverse, .tp_clear = (inquiry)wrap_clear,           \
+        .tp_call = PyVectorcall_Call, .tp_vectorcall_offset = offsetof(WrapObject, vectorcall), \
+        .tp_descr_get = wrap_get, .tp_dictoffset = offsetof(WrapObject, dict),                 \
+        .tp_weaklistoffset = offsetof(WrapObject, weakrefs), .tp_members = wrap_members,       \
+        .tp_getset = wrap_getset, .tp_methods = wrap_methods, .tp_repr = (reprfunc)wrap_repr,  \
+        .tp_getattro = PyObject_GenericGetAttr, .tp_setattro = PyObject_GenericSetAttr,        \
+    }
+
+static PyTypeObject SpanType =
+    WRAP_TYPE(Span, wrap_make, "Span(orig, core, phase, drafter=False): a compiled phase-span hook.");
+static PyTypeObject GateType =
+    WRAP_TYPE(Gate, wrap_make, "Gate(orig, impl, core, sampling=False): the dormant path in C.");
+
+
+/* ---------------------------------------------------------------------------------- */
+/* Step and Dispatch: the common path of two Python hooks, in C                         */
+/*                                                                                    */
+/* Each takes the Python hook (``impl``) too and hands it every call off the common    */
+/* path (sampling, the first step, the GPU timer's steps, a dispatch miss, anything it  */
+/* cannot read), so both write the same records.                                       */
+/* ---------------------------------------------------------------------------------- */
+
+#define KIND_DISPATCH 2
+#define FLAG_UNIFORM 4
+#define FLAG_MRV2 8
+#define PHASE_EXECUTE 1
+#define PHASE_SAMPLE_TOKENS 2
+#define REASON_HIT 1
+
+static PyObject *S_total, *S_num_sched, *S_on_first_step, *S_pending, *S_open, *S_decision,
+    *S_num_reqs, *S_max_q, *S_num_tokens, *S_cg_mode, *S_uniform_decode, *S_udql, *S_dql,
+    *S_uniform_token_count, *S_max_query_len, *S_dummy_run, *S_is_profile;
+
+
+
+static PyTypeObject StepType;
+static PyTypeObject DispatchType;
+
+/* the keyword ``name`` of a vectorcall, borrowed, or NULL */
+static PyObject *kwarg(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                       PyObject *name) {
+    if (kwnames == NULL) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+        if (k == name || PyUnicode_Compare(k, name) == 0) return args[nargs + i];
+    }
+    return NULL;
+}
+
+static int has_first_step(CoreObject *c) {
+    PyObject *cbs = PyObject_GetAttr((PyObject *)c, S_on_first_step);
+    if (cbs == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int t = PyObject_IsTrue(cbs);
+    Py_DECREF(cbs);
+    if (t < 0) PyErr_Clear();
+    return t != 0;
+}
+
+static PyObject *step_call(WrapObject *self, PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames) {
+    CoreObject *c = self->core;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (!c->enabled && !c->sampling) return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    RingObject *r = c->ring;
+    long long every = c->timer_every;
+    if (c->sampling || r == NULL) goto slow;
+    if (self->which == 0) {
+        if (nargs < 2 || (every > 0 && (c->step + 1) % every == 0) || has_first_step(c)) goto slow;
+        if (self->mrv2) {
+            PyObject *d = kwarg(args, nargs, kwnames, S_dummy_run);
+            PyObject *p = kwarg(args, nargs, kwnames, S_is_profile);
+            if ((d && PyObject_IsTrue(d)) || (p && PyObject_IsTrue(p))) goto slow;
+        }
+        PyObject *so = args[1];
+        PyObject *tot = PyObject_GetAttr(so, S_total);
+        if (tot == NULL) goto slow_clear;
+        long long ntok = PyLong_AsLongLong(tot);
+        Py_DECREF(tot);
+        if (ntok == -1 && PyErr_Occurred()) goto slow_clear;
+        PyObject *sched = PyObject_GetAttr(so, S_num_sched);
+        if (sched == NULL) goto slow_clear;
+        Py_ssize_t nreq = PyObject_Size(sched);
+        Py_DECREF(sched);
+        if (nreq < 0) goto slow_clear;
+        c->step++;
+        c->in_step++;
+        int64_t t0 = boottime();
+        PyObject *res = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+        int64_t t1 = boottime();
+        c->in_step--;
+        if (c->ring != NULL)
+            ring_stage_wire(c->ring, KIND_SPAN, PHASE_EXECUTE, 0, self->mrv2 ? FLAG_MRV2 : 0,
+                            c->step, t0, t1, ntok, nreq, 0, 0, 0);
+        return res;
+    }
+    if (!c->enabled) goto slow;
+    if (every > 0 && (c->step % every == 0 || (c->step + 1) % every == 0)) goto slow;
+    c->in_step++;
+    int64_t t0 = boottime();
+    PyObject *res = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    int64_t t1 = boottime();
+    c->in_step--;
+    if (c->ring != NULL)
+        ring_stage_wire(c->ring, KIND_SPAN, PHASE_SAMPLE_TOKENS, 0, self->mrv2 ? FLAG_MRV2 : 0,
+                        c->step, t0, t1, 0, 0, 0, 0, 0);
+    return res;
+slow_clear:
+    PyErr_Clear();
+slow:
+    return PyObject_Vectorcall(self->impl, args, nargsf, kwnames);
+}
+
+/* getattr(o, name) as a long long; -1 and an error set when it is not an int; None -> 0 */
+static long long attr_ll(PyObject *o, PyObject *name, int *bad) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) {
+        *bad = 1;
+        return 0;
+    }
+    long long x = 0;
+    if (v != Py_None) {
+        x = PyLong_AsLongLong(v);
+        if (x == -1 && PyErr_Occurred()) *bad = 1;
+    }
+    Py_DECREF(v);
+    return x;
+}
+
+static long long obj_ll(PyObject *v, int *bad) { /* None/NULL -> 0, truthiness as vLLM's "or 0" */
+    if (v == NULL || v == Py_None) return 0;
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred()) *bad = 1;
+    return x;
+}
+
+static PyObject *dispatch_record_slow(WrapObject *self, PyObject *res, int64_t t0, int64_t t1,
+                                      PyObject *const *args, Py_ssize_t nargs,
+                                      PyObject *kwnames) {
+    /* record(result, t0, t1, *args, **kwargs): the Python hook's own recording */
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(tb);
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject **buf = PyMem_Malloc((size_t)(3 + nargs + nk) * sizeof(PyObject *));
+    if (buf == NULL) {
+        PyErr_Clear();
+        return res;
+    }
+    PyObject *a0 = PyLong_FromLongLong(t0), *a1 = PyLong_FromLongLong(t1);
+    if (a0 && a1) {
+        buf[0] = res;
+        buf[1] = a0;
+        buf[2] = a1;
+        for (Py_ssize_t i = 0; i < nargs + nk; i++) buf[3 + i] = args[i];
+        PyObject *r = PyObject_Vectorcall(self->impl, buf, (size_t)(3 + nargs), kwnames);
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(a0);
+    Py_XDECREF(a1);
+    PyMem_Free(buf);
+    PyErr_Clear(); /* the record function counts its own faults */
+    return res;
+}
+
+static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    CoreObject *c = self->core;
+    if (!c->enabled) return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    int64_t t0 = boottime();
+    PyObject *res = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    int64_t t1 = boottime();
+    if (res == NULL) return NULL;
+    RingObject *r = c->ring;
+    if (r == NULL || nargs < 1) return dispatch_record_slow(self, res, t0, t1, args, nargs, kwnames);
+    PyObject *me = args[0];
+    PyObject *desc, *mode;
+    int bad = 0;
+    long long num_tokens, num_reqs = 0, max_q = 0, uq;
+    int f = (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
+    PyObject *pend = PyObject_GetAttr((PyObject *)c, S_pending);
+    if (pend == NULL || !PyDict_CheckExact(pend)) {
+        Py_XDECREF(pend);
+        return dispatch_record_slow(self, res, t0, t1, args, nargs, kwnames);
+    }
+    if (self->which == 0) { /* V1: (mode, BatchDescriptor) */
+        if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) < 2) goto slow;
+        mode = PyTuple_GET_ITEM(res, 0);
+        desc = PyTuple_GET_ITEM(res, 1);
+        if (mode != self->full) goto slow;
+        PyObject *nt = nargs > 1 ? args[1] : kwarg(args, nargs, kwnames, S_num_tokens);
+        if (nt == NULL) goto slow;
+        num_tokens = obj_ll(nt, &bad);
+        PyObject *un = nargs > 2 ? args[2] : kwarg(args, nargs, kwnames, S_uniform_decode);
+        if (un != NULL) {
+            int t = PyObject_IsTrue(un);
+            if (t < 0) goto slow_clear;
+            if (t) f |= FLAG_UNIFORM;
+        }
+        num_reqs = obj_ll(PyDict_GetItemWithError(pend, S_num_reqs), &bad);
+        max_q = obj_ll(PyDict_GetItemWithError(pend, S_max_q), &bad);
+        uq = attr_ll(me, S_udql, &bad);
+    } else { /* MRV2: BatchExecutionDescriptor */
+        desc = res;
+        mode = PyObject_GetAttr(desc, S_cg_mode);
+        if (mode == NULL) goto slow_clear;
+        Py_DECREF(mode); /* the member lives as long as the enum */
+        if (mode != self->full) goto slow;
+        Py_ssize_t n = nargs - 1;
+        PyObject *v[4];
+        PyObject *names[4] = {S_num_reqs, S_num_tokens, S_uniform_token_count, S_max_query_len};
+        for (int i = 0; i < 4; i++) {
+            int p = self->pos[i];
+            v[i] = (p >= 0 && p < n) ? args[1 + p] : kwarg(args, nargs, kwnames, names[i]);
+        }
+        num_reqs = obj_ll(v[0], &bad);
+        num_tokens = obj_ll(v[1], &bad);
+        long long utc = obj_ll(v[2], &bad);
+        long long mq = obj_ll(v[3], &bad);
+        max_q = mq ? mq : utc;
+        if (max_q == 0) goto slow; /* the Python record asks vLLM's caller for it */
+        uq = attr_ll(me, S_dql, &bad);
+        f |= FLAG_MRV2;
+        if (strcmp(_PyType_Name(Py_TYPE(me)), "ModelCudaGraphManager") != 0) f |= FLAG_DRAFTER;
+        if (v[2] != NULL && v[2] != Py_None && utc == uq) f |= FLAG_UNIFORM;
+    }
+    long long padded = attr_ll(desc, S_num_tokens, &bad);
+    long long padded_reqs = attr_ll(desc, S_num_reqs, &bad);
+    if (bad || PyErr_Occurred()) goto slow_clear;
+    if (max_q < 0 || max_q > INT32_MAX || uq < 0 || uq > UINT32_MAX) goto slow;
+    PyObject *open = PyDict_GetItemWithError(pend, S_open);
+    if (open != NULL && PyObject_IsTrue(open) == 1) {
+        PyObject *d = Py_BuildValue("(iiiLLLLLL)", 2, REASON_HIT, f, num_tokens, padded, num_reqs,
+                                    padded_reqs, max_q, uq);
+        if (d == NULL || PyDict_SetItem(pend, S_decision, d) < 0) {
+            Py_XDECREF(d);
+            goto slow_clear;
+        }
+        Py_DECREF(d);
+    } else {
+        if (PyErr_Occurred()) goto slow_clear;
+        ring_stage_wire(r, KIND_DISPATCH, 2, REASON_HIT, f, c->step, t0, t1, num_tokens, padded,
+                        num_reqs, padded_reqs, (int64_t)((uint64_t)max_q << 32) | (uint32_t)uq);
+    }
+    Py_DECREF(pend);
+    return res;
+slow_clear:
+    PyErr_Clear();
+slow:
+    Py_DECREF(pend);
+    return dispatch_record_slow(self, res, t0, t1, args, nargs, kwnames);
+}
+
+static PyObject *fast_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    WrapObject *self = (WrapObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    PyObject *orig, *impl, *core, *full = Py_None;
+    int which = 0, mrv2 = 0;
+    self->pos[0] = self->pos[1] = self->pos[2] = self->pos[3] = -1;
+    if (type == &StepType) {
+        static char *kwlist[] = {"orig", "impl", "core", "which", "mrv2", NULL};
+        if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO!i|p", kwlist, &orig, &impl, &CoreType,
+                                         &core, &which, &mrv2))
+            goto fail;
+        self->vectorcall = (vectorcallfunc)step_call;
+    } else {
+        static char *kwlist[] = {"orig", "record", "core", "full", "which", "positions", NULL};
+        PyObject *pos = NULL;
+        if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO!Oi|O", kwlist, &orig, &impl, &CoreType,
+                                         &core, &full, &which, &pos))
+            goto fail;
+        if (pos != NULL && pos != Py_None && !PyArg_ParseTuple(pos, "iiii", &self->pos[0], &self->pos[1],
+                                             &self->pos[2], &self->pos[3]))
+            goto fail;
+        self->vectorcall = (vectorcallfunc)dispatch_call;
+    }
+    if (!PyCallable_Check(orig) || !PyCallable_Check(impl)) {
+        PyErr_SetString(PyExc_TypeError, "orig and impl must be callable");
+        goto fail;
+    }
+    self->which = which;
+    self->mrv2 = mrv2;
+    Py_INCREF(orig);
+    self->orig = orig;
+    Py_INCREF(impl);
+    self->impl = impl;
+    Py_INCREF(core);
+    self->core = (CoreObject *)core;
+    Py_INCREF(full);
+    self->full = full;
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static PyTypeObject StepType = WRAP_TYPE(
+    Step, fast_make, "Step(orig, impl, core, which, mrv2=False): execute_model/sample_tokens in C.");
+static PyTypeObject DispatchType = WRAP_TYPE(
+    Dispatch, fast_make,
+    "Dispatch(orig, record, core, full, which, positions=None): a FULL hit in C.");
+
+
+
+#endif /* PROBE_ACCEL_WRAP_H */
