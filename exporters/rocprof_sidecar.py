@@ -26,8 +26,9 @@ steps.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from exporters.perfetto import drafter_prefix, phase_name, step_name
 from exporters.timelines.model import ProfileError
@@ -97,50 +98,37 @@ def sidecar_spans(recording: Recording, progress: Progress = SILENT) -> Iterator
 def _regions(steps: list[Step], names: dict[int, dict[int, str]]) -> Iterator[SidecarSpan]:
     for s in steps:
         yield SidecarSpan(step_name(s), s.t0, s.t1, s.pid, s.pid, "PROBE_MARKER_STEP")
-    for s in steps:
-        for sp in s.spans:
-            yield SidecarSpan(phase_name(sp), sp.t0, sp.t1, s.pid, s.pid, "PROBE_MARKER_PHASE")
-    for s in steps:
-        for d in s.dispatches:
-            yield SidecarSpan(
-                f"{drafter_prefix(d)}dispatch {d.mode.name} {d.reason.name.lower()} step {s.step}",
-                d.t0,
-                d.t1,
-                s.pid,
-                s.pid,
-                "PROBE_MARKER_DISPATCH",
-            )
-    for s in steps:
-        for r in s.replays:
-            yield SidecarSpan(
-                f"{drafter_prefix(r)}{r.kind.name.lower()} {r.mode.name} step {s.step}",
-                r.t0,
-                r.t1,
-                s.pid,
-                s.pid,
-                "PROBE_MARKER_REPLAY",
-            )
-    for s in steps:
-        builders = names.get(s.pid, {})
-        for b in s.builds:
-            yield SidecarSpan(
-                f"{builders.get(b.builder_id, '?')} ({b.tag.name.lower()})",
-                b.t0,
-                b.t1,
-                s.pid,
-                s.pid,
-                "PROBE_MARKER_BUILD",
-            )
-    for s in steps:
-        for o in s.reorders:
-            yield SidecarSpan(
-                f"reorder {'changed' if o.changed else 'unchanged'} moved {o.moved} step {s.step}",
-                o.t0,
-                o.t1,
-                s.pid,
-                s.pid,
-                "PROBE_MARKER_REORDER",
-            )
+
+    def build_name(s: Step, b: Any) -> str:
+        return f"{names.get(s.pid, {}).get(b.builder_id, '?')} ({b.tag.name.lower()})"
+
+    kinds: tuple[tuple[str, Callable[[Step, Any], str], str], ...] = (
+        ("spans", lambda s, sp: phase_name(sp), "PHASE"),
+        (
+            "dispatches",
+            lambda s, d: (
+                f"{drafter_prefix(d)}dispatch {d.mode.name} {d.reason.name.lower()} step {s.step}"
+            ),
+            "DISPATCH",
+        ),
+        (
+            "replays",
+            lambda s, r: f"{drafter_prefix(r)}{r.kind.name.lower()} {r.mode.name} step {s.step}",
+            "REPLAY",
+        ),
+        ("builds", build_name, "BUILD"),
+        (
+            "reorders",
+            lambda s, o: (
+                f"reorder {'changed' if o.changed else 'unchanged'} moved {o.moved} step {s.step}"
+            ),
+            "REORDER",
+        ),
+    )
+    for attr, name, marker in kinds:  # each kind in step order, one kind after another
+        for s in steps:
+            for x in getattr(s, attr):
+                yield SidecarSpan(name(s, x), x.t0, x.t1, s.pid, s.pid, f"PROBE_MARKER_{marker}")
 
 
 def write_sidecar(

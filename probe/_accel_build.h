@@ -205,18 +205,9 @@ static PyObject *build_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO!i|OO", kwlist, &orig, &impl, &CoreType,
                                      &core, &tag, &i32, &i64))
         goto fail;
-    if (!PyCallable_Check(orig) || !PyCallable_Check(impl)) {
-        PyErr_SetString(PyExc_TypeError, "orig and record must be callable");
-        goto fail;
-    }
+    if (wrap_own(self, orig, impl, core) < 0) goto fail;
     self->vectorcall = (vectorcallfunc)build_call;
     self->which = tag;
-    Py_INCREF(orig);
-    self->orig = orig;
-    Py_INCREF(impl);
-    self->impl = impl;
-    Py_INCREF(core);
-    self->core = (CoreObject *)core;
     Py_INCREF(i32);
     self->i32 = i32;
     Py_INCREF(i64);

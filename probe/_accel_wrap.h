@@ -441,6 +441,22 @@ slow:
     return dispatch_record_slow(self, res, t0, t1, args, nargs, kwnames);
 }
 
+/* Take the wrapped original, the Python hook it hands off to, and the Core (Step,
+   Dispatch, Build); -1 with a TypeError when either callable is not one. */
+static int wrap_own(WrapObject *self, PyObject *orig, PyObject *impl, PyObject *core) {
+    if (!PyCallable_Check(orig) || !PyCallable_Check(impl)) {
+        PyErr_SetString(PyExc_TypeError, "orig and the Python hook must be callable");
+        return -1;
+    }
+    Py_INCREF(orig);
+    self->orig = orig;
+    Py_INCREF(impl);
+    self->impl = impl;
+    Py_INCREF(core);
+    self->core = (CoreObject *)core;
+    return 0;
+}
+
 static PyObject *fast_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
     WrapObject *self = (WrapObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
@@ -464,18 +480,9 @@ static PyObject *fast_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
             goto fail;
         self->vectorcall = (vectorcallfunc)dispatch_call;
     }
-    if (!PyCallable_Check(orig) || !PyCallable_Check(impl)) {
-        PyErr_SetString(PyExc_TypeError, "orig and impl must be callable");
-        goto fail;
-    }
+    if (wrap_own(self, orig, impl, core) < 0) goto fail;
     self->which = which;
     self->mrv2 = mrv2;
-    Py_INCREF(orig);
-    self->orig = orig;
-    Py_INCREF(impl);
-    self->impl = impl;
-    Py_INCREF(core);
-    self->core = (CoreObject *)core;
     Py_INCREF(full);
     self->full = full;
     return (PyObject *)self;
