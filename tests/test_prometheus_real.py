@@ -214,9 +214,11 @@ def test_panels_show_the_recordings_picture(fed: str) -> None:
     engines = _values(fed, by_title["Engines"][0])
     assert '"runner": "mrv2"' in next(iter(engines))
     p50 = _values(fed, by_title["CPU launch overhead p50 / p99 by mode"][0])
-    # the recording's median launch overhead is ~3 ms (a mode whose steps all fell out of
-    # the rate window reads NaN: not data, so it is left out)
-    assert 1e-3 < max(v for v in p50.values() if v == v) < 10e-3
+    # the recording's median launch overhead is ~3 ms, in its PIECEWISE steps (1292 of
+    # 1298). The 6 eager prefill steps take longer; whether their mode has a rate depends
+    # on whether a scrape fell inside the first chunk's feed, so only PIECEWISE is checked.
+    pw = [v for k, v in p50.items() if json.loads(k).get("mode") == "piecewise"]
+    assert len(pw) == 1 and 1e-3 < pw[0] < 10e-3, p50
 
 
 # -- every ratio both ways ---------------------------------------------------------------------
