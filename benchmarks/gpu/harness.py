@@ -587,21 +587,28 @@ class Engine:
         """One repetition. ``probe="attached_paused"``: attached, with the reader process
         stopped (SIGSTOP) for the repetition, so the reader's own CPU time cannot compete
         with the engine; the ring holds the records until it resumes."""
-        assert self.proc.stdin is not None
         paused = cmd.get("probe") == "attached_paused"
         if paused:
             cmd["probe"] = "attached"
-            self.reader.send_signal(signal.SIGSTOP)
-        try:
-            self.proc.stdin.write(json.dumps({"op": "run", **cmd}) + "\n")
-            self.proc.stdin.flush()
-            res = self.expect("result")
-        finally:
-            if paused:
-                self.reader.send_signal(signal.SIGCONT)
+        res = self.request("run", cmd, pause_reader=paused)
         if paused:
             res["probe"] = "attached_paused"
         return res
+
+    def request(self, op: str, cmd: dict[str, Any], pause_reader: bool = False) -> dict[str, Any]:
+        """Send one command and wait for its result; ``pause_reader``: the reader process
+        stopped (SIGSTOP) meanwhile, so its CPU cannot compete with the engine (the ring
+        holds the records until it resumes)."""
+        assert self.proc.stdin is not None
+        if pause_reader:
+            self.reader.send_signal(signal.SIGSTOP)
+        try:
+            self.proc.stdin.write(json.dumps({"op": op, **cmd}) + "\n")
+            self.proc.stdin.flush()
+            return self.expect("result")
+        finally:
+            if pause_reader:
+                self.reader.send_signal(signal.SIGCONT)
 
     def close(self) -> None:
         try:
@@ -768,19 +775,8 @@ def suite(args: argparse.Namespace) -> None:
                 for variant in exp.get("variants", [{}]):
                     if time.time() + exp.get("variant_s", 30) > deadline:
                         break
-                    assert e.proc.stdin is not None
-                    # "pause_reader": the reader process stopped for the variant, so its
-                    # own CPU cannot compete with the engine (the ring holds the records)
                     paused = bool(variant.get("pause_reader"))
-                    if paused:
-                        e.reader.send_signal(signal.SIGSTOP)
-                    try:
-                        e.proc.stdin.write(json.dumps({"op": "stepwise", **variant}) + "\n")
-                        e.proc.stdin.flush()
-                        r = e.expect("result")
-                    finally:
-                        if paused:
-                            e.reader.send_signal(signal.SIGCONT)
+                    r = e.request("stepwise", variant, pause_reader=paused)
                     r["pause_reader"] = paused
                     res["runs"].append(r)
                     log(
