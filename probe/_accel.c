@@ -163,13 +163,6 @@ PyMODINIT_FUNC PyInit__accel(void) {
     INTERN(S_is_profile, "is_profile");
     INTERN(S_cam, "common_attn_metadata");
     INTERN(S_nat, "num_actual_tokens");
-    INTERN(S_qsl, "query_start_loc_cpu");
-    INTERN(S_dtype, "dtype");
-    INTERN(S_is_cpu, "is_cpu");
-    INTERN(S_dim, "dim");
-    INTERN(S_is_contig, "is_contiguous");
-    INTERN(S_numel, "numel");
-    INTERN(S_data_ptr, "data_ptr");
     INTERN(S_rbt, "reorder_batch_threshold");
     INTERN(S_dth, "decode_threshold");
     INTERN(S_nd, "num_decodes");

@@ -6,52 +6,45 @@
 /* ---------------------------------------------------------------------------------- */
 /* Build: an attention-metadata build (probe/hooks/builders.py) in C                    */
 /*                                                                                    */
-/* The common path (a CPU int32/int64 contiguous query_start_loc_cpu, int fields, the   */
-/* builder class already interned, a compiled BUILD packer) records here; every other   */
-/* call hands its result to the Python ``record(md, t0, t1, self, *args, **kwargs)``,    */
-/* so both paths write the same record.                                                */
+/* The common path (int fields, the builder class already interned, a compiled BUILD    */
+/* packer) records here, reading plain attributes only (no tensor, no exception raised  */
+/* for a missing one); every other call hands its result to the Python                 */
+/* ``record(md, t0, t1, self, *args, **kwargs)``, so both paths write the same record.  */
+/* The real token/request counts are the reader's (probe.assemble.fill_builds).         */
 /* ---------------------------------------------------------------------------------- */
 
 #define KIND_BUILD 4
 
-static PyObject *S_cam, *S_nat, *S_qsl, *S_dtype, *S_is_cpu, *S_dim, *S_is_contig, *S_numel,
-    *S_data_ptr, *S_rbt, *S_dth, *S_nd, *S_np, *S_ndt, *S_npt, *S_put, *S_build, *S_intern,
-    *S_name;
+static PyObject *S_cam, *S_nat, *S_rbt, *S_dth, *S_nd, *S_np, *S_ndt, *S_npt, *S_put, *S_build,
+    *S_intern, *S_name;
 
 static PyTypeObject BuildType;
 
-/* getattr(o, name) as a strict int: *bad when missing, None or not an int */
-static long long attr_int(PyObject *o, PyObject *name, int *bad) {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL || !PyLong_Check(v)) {
-        Py_XDECREF(v);
+/* getattr(o, name) or NULL with no exception when it is missing (-1: another error) */
+static int lookup_attr(PyObject *o, PyObject *name, PyObject **out) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyObject_GetOptionalAttr(o, name, out);
+#else
+    return _PyObject_LookupAttr(o, name, out);
+#endif
+}
+
+/* The value of an int attribute: *state 0 an int, 1 missing, 2 None; *bad on anything
+   else (not an int, an error other than a missing attribute) */
+static long long attr_int_opt(PyObject *o, PyObject *name, int *state, int *bad) {
+    PyObject *v = NULL;
+    int found = lookup_attr(o, name, &v);
+    *state = 1;
+    if (found < 0) {
         *bad = 1;
         return 0;
     }
-    long long x = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (x == -1 && PyErr_Occurred()) *bad = 1;
-    return x;
-}
-
-/* getattr(o, name, dflt) for ints: dflt when missing; *bad when None or not an int */
-static long long attr_int_or(PyObject *o, PyObject *name, long long dflt, int *bad, int *missing) {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) *bad = 1;
-        PyErr_Clear();
-        if (missing) *missing = 1;
-        return dflt;
-    }
-    if (missing) *missing = 0;
-    if (v == Py_None) {
-        Py_DECREF(v);
-        if (missing) *missing = 2; /* present but None */
-        return dflt;
-    }
-    long long x = dflt;
-    if (!PyLong_Check(v)) *bad = 1;
+    if (found == 0) return 0;
+    long long x = 0;
+    if (v == Py_None) *state = 2;
+    else if (!PyLong_Check(v)) *bad = 1;
     else {
+        *state = 0;
         x = PyLong_AsLongLong(v);
         if (x == -1 && PyErr_Occurred()) *bad = 1;
     }
@@ -59,55 +52,30 @@ static long long attr_int_or(PyObject *o, PyObject *name, long long dflt, int *b
     return x;
 }
 
-static int call_true(PyObject *o, PyObject *meth) { /* 1 / 0 / -1 error */
-    PyObject *r = PyObject_CallMethodNoArgs(o, meth);
-    if (r == NULL) return -1;
-    int t = PyObject_IsTrue(r);
-    Py_DECREF(r);
-    return t;
-}
-
-static long long call_int(PyObject *o, PyObject *meth, int *bad) {
-    PyObject *r = PyObject_CallMethodNoArgs(o, meth);
-    if (r == NULL || !PyLong_Check(r)) {
-        Py_XDECREF(r);
-        *bad = 1;
-        return 0;
-    }
-    long long x = PyLong_AsLongLong(r);
-    Py_DECREF(r);
-    if (x == -1 && PyErr_Occurred()) *bad = 1;
+/* getattr(o, name) as a strict int: *bad when missing, None or not an int */
+static long long attr_int(PyObject *o, PyObject *name, int *bad) {
+    int state;
+    long long x = attr_int_opt(o, name, &state, bad);
+    if (state != 0) *bad = 1;
     return x;
 }
 
-/* int(t[i]) for a 1-D contiguous CPU int32/int64 tensor with i in range; *bad otherwise */
-static long long tensor_at(WrapObject *self, PyObject *t, long long i, int *bad) {
-    PyObject *dt = PyObject_GetAttr(t, S_dtype);
-    if (dt == NULL) goto no;
-    int size = dt == self->i32 ? 4 : dt == self->i64 ? 8 : 0;
-    Py_DECREF(dt);
-    if (size == 0) goto no;
-    PyObject *cpu = PyObject_GetAttr(t, S_is_cpu);
-    if (cpu == NULL) goto no;
-    Py_DECREF(cpu);
-    if (cpu != Py_True) goto no;
-    if (call_int(t, S_dim, bad) != 1 || *bad) goto no;
-    if (call_true(t, S_is_contig) != 1) goto no;
-    long long n = call_int(t, S_numel, bad);
-    if (*bad || i < 0 || i >= n) goto no;
-    long long addr = call_int(t, S_data_ptr, bad);
-    if (*bad || addr == 0) goto no;
-    if (size == 4) {
-        int32_t v;
-        memcpy(&v, (const char *)(intptr_t)addr + i * 4, 4);
-        return v;
+/* The compiled BUILD packer of the ring bound to ``c`` (cached on the wrapper until the
+   ring changes), or NULL with no exception when there is none (a Python writer). */
+static PackerObject *build_packer(WrapObject *self, CoreObject *c) {
+    PackerObject *p = (PackerObject *)self->packer;
+    if (p != NULL && p->ring == c->ring) return p;
+    PyObject *put = PyObject_GetAttr((PyObject *)c, S_put);
+    PyObject *packer = put != NULL ? PyObject_GetAttr(put, S_build) : NULL;
+    Py_XDECREF(put);
+    if (packer == NULL || !PyObject_TypeCheck(packer, &PackerType) ||
+        ((PackerObject *)packer)->ring != c->ring) {
+        Py_XDECREF(packer);
+        PyErr_Clear();
+        return NULL;
     }
-    int64_t v;
-    memcpy(&v, (const char *)(intptr_t)addr + i * 8, 8);
-    return v;
-no:
-    *bad = 1;
-    return 0;
+    Py_XSETREF(self->packer, packer);
+    return (PackerObject *)packer;
 }
 
 static PyObject *build_call(WrapObject *self, PyObject *const *args, size_t nargsf,
@@ -127,31 +95,28 @@ static PyObject *build_call(WrapObject *self, PyObject *const *args, size_t narg
     Py_ssize_t at = tag ? 1 : 2;
     PyObject *cm = nargs > at ? args[at] : kwarg(args, nargs, kwnames, S_cam);
     if (cm == NULL) goto slow;
-    int bad = 0, miss = 0;
+    int bad = 0, st = 0;
     long long padded_tokens = attr_int(cm, S_nat, &bad);
     long long padded_reqs = attr_int(cm, S_num_reqs, &bad);
-    if (bad) goto slow_clear;
-    PyObject *qsl = PyObject_GetAttr(cm, S_qsl);
-    if (qsl == NULL) goto slow_clear;
-    long long real_tokens = tensor_at(self, qsl, padded_reqs, &bad);
-    Py_DECREF(qsl);
-    if (bad) goto slow_clear;
-    long long real_reqs = real_tokens == padded_tokens ? padded_reqs : 0;
-    long long thr = attr_int_or(me, S_rbt, -1, &bad, &miss);
-    if (miss) thr = attr_int_or(me, S_dth, -1, &bad, NULL);
-    long long nd = attr_int_or(md, S_nd, -1, &bad, &miss), npf = -1, ndt = -1, npt = -1;
-    if (miss == 0) {
-        int m2 = 0;
-        npf = attr_int_or(md, S_np, 0, &bad, &m2);
-        if (m2 == 2) bad = 1; /* None: the Python record decides */
-        ndt = attr_int_or(md, S_ndt, 0, &bad, &m2);
-        if (m2 == 2) bad = 1;
-        npt = attr_int_or(md, S_npt, -1, &bad, NULL);
-        if (npt < 0 && ndt >= 0) npt = real_tokens >= ndt ? real_tokens - ndt : -1;
+    long long mql = attr_int(cm, S_max_query_len, &bad);
+    long long thr = attr_int_opt(me, S_rbt, &st, &bad);
+    if (st != 0) {
+        thr = attr_int_opt(me, S_dth, &st, &bad);
+        if (st != 0) thr = -1;
+    }
+    long long nd = attr_int_opt(md, S_nd, &st, &bad), npf = -1, ndt = -1, npt = -1;
+    if (st == 0) {
+        npf = attr_int_opt(md, S_np, &st, &bad);
+        if (st == 2) bad = 1; /* None: the Python record decides */
+        if (st == 1) npf = 0;
+        ndt = attr_int_opt(md, S_ndt, &st, &bad);
+        if (st == 2) bad = 1;
+        if (st == 1) ndt = 0;
+        npt = attr_int_opt(md, S_npt, &st, &bad);
+        if (st != 0) npt = -1;
     } else {
         nd = -1;
     }
-    long long mql = attr_int(cm, S_max_query_len, &bad);
     if (bad || PyErr_Occurred()) goto slow_clear;
     if ((PyObject *)Py_TYPE(me) != self->last_type) {
         PyObject *name = PyObject_GetAttr((PyObject *)Py_TYPE(me), S_name);
@@ -169,26 +134,13 @@ static PyObject *build_call(WrapObject *self, PyObject *const *args, size_t narg
     long long ident = self->last_ident < 256 ? self->last_ident : 0;
     int f = (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
     long long t = tag ? tag : (c->drafter > 0 ? 2 : 0);
-    PyObject *put = PyObject_GetAttr((PyObject *)c, S_put);
-    if (put == NULL) goto slow_clear;
-    PyObject *packer = PyObject_GetAttr(put, S_build);
-    Py_DECREF(put);
-    if (packer == NULL) goto slow_clear;
-    if (!PyObject_TypeCheck(packer, &PackerType)) {
-        Py_DECREF(packer);
-        goto slow;
-    }
-    long long vals[16] = {c->step, t, ident, f, t0, t1, padded_tokens, real_tokens, padded_reqs,
-                          real_reqs, mql, thr, nd, npf, ndt, npt};
-    PyObject *argv[16];
-    int n = 0;
-    for (; n < 16; n++)
-        if ((argv[n] = PyLong_FromLongLong(vals[n])) == NULL) break;
-    PyObject *r = n == 16 ? packer_call((PackerObject *)packer, argv, 16, NULL) : NULL;
-    for (int i = 0; i < n; i++) Py_DECREF(argv[i]);
-    Py_DECREF(packer);
-    if (r == NULL) goto slow_clear;
-    Py_DECREF(r);
+    PackerObject *packer = build_packer(self, c);
+    if (packer == NULL) goto slow;
+    /* the BUILD fields in declaration order (accel._check_wire_layout holds it); the real
+       token and request counts are the reader's: -1 */
+    long long vals[16] = {c->step, t, ident, f, t0, t1, padded_tokens, -1, padded_reqs,
+                          -1, mql, thr, nd, npf, ndt, npt};
+    if (packer_put(packer, vals) < 0) goto slow_clear;
     return md;
 slow_clear:
     PyErr_Clear();
@@ -199,19 +151,15 @@ slow:
 static PyObject *build_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
     WrapObject *self = (WrapObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
-    PyObject *orig, *impl, *core, *i32 = Py_None, *i64 = Py_None;
+    PyObject *orig, *impl, *core;
     int tag = 0;
-    static char *kwlist[] = {"orig", "record", "core", "tag", "int32", "int64", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO!i|OO", kwlist, &orig, &impl, &CoreType,
-                                     &core, &tag, &i32, &i64))
+    static char *kwlist[] = {"orig", "record", "core", "tag", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO!i", kwlist, &orig, &impl, &CoreType, &core,
+                                     &tag))
         goto fail;
     if (wrap_own(self, orig, impl, core) < 0) goto fail;
     self->vectorcall = (vectorcallfunc)build_call;
     self->which = tag;
-    Py_INCREF(i32);
-    self->i32 = i32;
-    Py_INCREF(i64);
-    self->i64 = i64;
     return (PyObject *)self;
 fail:
     Py_DECREF(self);
@@ -219,8 +167,7 @@ fail:
 }
 
 static PyTypeObject BuildType = WRAP_TYPE(
-    Build, build_make,
-    "Build(orig, record, core, tag, int32=None, int64=None): a metadata build in C.");
+    Build, build_make, "Build(orig, record, core, tag): a metadata build in C.");
 
 
 #endif /* PROBE_ACCEL_BUILD_H */

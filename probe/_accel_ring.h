@@ -371,25 +371,18 @@ typedef struct {
 
 static PyTypeObject PackerType;
 
-static PyObject *packer_call(PackerObject *self, PyObject *const *args, size_t nargsf,
-                             PyObject *kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs != self->nfields || (kwnames && PyTuple_GET_SIZE(kwnames))) {
-        PyErr_Format(PyExc_TypeError, "packer of kind %d takes %d positional fields, got %zd",
-                     self->kind, self->nfields, nargs);
-        return NULL;
-    }
+/* Stage one record of the packer's kind from its fields as C integers (declaration
+   order); -1 with an exception set when a value does not fit its slot. */
+static int packer_put(PackerObject *self, const long long *vals) {
     int64_t w[11] = {0};
     for (int i = 0; i < self->nfields; i++) {
-        long long v = PyLong_AsLongLong(args[i]);
-        if (v == -1 && PyErr_Occurred()) return NULL;
-        v += self->bias[i];
+        long long v = vals[i] + self->bias[i];
         int s = self->slot[i];
         switch (self->part[i]) {
         case 1:
             if (v < INT32_MIN || v > INT32_MAX) {
                 PyErr_Format(PyExc_OverflowError, "field %d = %lld does not fit 31 bits", i, v);
-                return NULL;
+                return -1;
             }
             w[s] |= (int64_t)((uint64_t)v << 32);
             break;
@@ -403,7 +396,7 @@ static PyObject *packer_call(PackerObject *self, PyObject *const *args, size_t n
     for (int s = 0; s < 3; s++) {
         if (w[s] < 0 || w[s] > 255) {
             PyErr_Format(PyExc_ValueError, "slot %d = %lld is not in 0..255", s, (long long)w[s]);
-            return NULL;
+            return -1;
         }
     }
     RingObject *r = self->ring;
@@ -416,6 +409,23 @@ static PyObject *packer_call(PackerObject *self, PyObject *const *args, size_t n
     memcpy(p + 4, &st, 4);
     for (int s = 4; s < 11; s++) put_u64(p + 8 + (s - 4) * 8, w[s]);
     ring_staged(r);
+    return 0;
+}
+
+static PyObject *packer_call(PackerObject *self, PyObject *const *args, size_t nargsf,
+                             PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != self->nfields || (kwnames && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_Format(PyExc_TypeError, "packer of kind %d takes %d positional fields, got %zd",
+                     self->kind, self->nfields, nargs);
+        return NULL;
+    }
+    long long vals[MAXF];
+    for (int i = 0; i < self->nfields; i++) {
+        vals[i] = PyLong_AsLongLong(args[i]);
+        if (vals[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    if (packer_put(self, vals) < 0) return NULL;
     Py_RETURN_TRUE;
 }
 

@@ -23,7 +23,7 @@ typedef struct {
     int mrv2;       /* Step: Flag.MRV2 on its spans */
     int pos[4];     /* Dispatch MRV2: num_reqs, num_tokens, uniform_token_count,
                        max_query_len positions after self (-1: absent) */
-    PyObject *i32, *i64;   /* Build: torch.int32 and torch.int64 (None without torch) */
+    PyObject *packer;        /* Build: the bound ring's BUILD packer (strong, a cache) */
     PyObject *last_type;     /* Build: the builder class last interned (strong) */
     long long last_ident;    /* Build: its string id */
 } WrapObject;
@@ -121,8 +121,7 @@ static int wrap_traverse(WrapObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->impl);
     Py_VISIT((PyObject *)self->core);
     Py_VISIT(self->full);
-    Py_VISIT(self->i32);
-    Py_VISIT(self->i64);
+    Py_VISIT(self->packer);
     Py_VISIT(self->last_type);
     return 0;
 }
@@ -133,8 +132,7 @@ static int wrap_clear(WrapObject *self) {
     Py_CLEAR(self->impl);
     Py_CLEAR(self->core);
     Py_CLEAR(self->full);
-    Py_CLEAR(self->i32);
-    Py_CLEAR(self->i64);
+    Py_CLEAR(self->packer);
     Py_CLEAR(self->last_type);
     return 0;
 }

@@ -212,15 +212,7 @@ def build_hook(
     c = _compiled()
     if c is None or not isinstance(rt, c.Core):
         return None
-    i32: Any = None
-    i64: Any = None  # no torch: every call takes the Python record
-    try:
-        import torch
-
-        i32, i64 = torch.int32, torch.int64
-    except Exception:
-        pass
-    return c.Build(orig, record, rt, tag, i32, i64)
+    return c.Build(orig, record, rt, tag)
 
 
 def _check_wire_layout() -> None:

@@ -354,6 +354,10 @@ class Build:
     The split is what the builder itself decided (read off its metadata) or, where the
     metadata carries none, what ``split_decodes_and_prefills`` returns for its inputs.
     Counts are -1 where neither is available.
+
+    The hook reads only plain attributes inside vLLM. ``real_tokens``, ``real_reqs``
+    and a missing ``num_prefill_tokens`` are derived by the reader
+    (:func:`probe.assemble.fill_builds`, from the step's dispatch): the engine writes -1.
     """
 
     SPEC: ClassVar[RecordSpec]
@@ -364,9 +368,9 @@ class Build:
     t0: int = at("t0", unit="ns")
     t1: int = at("t1", unit="ns")
     padded_tokens: int = at("v0", "hi", unit="tokens")
-    real_tokens: int = at("v0", "lo", unit="tokens")
+    real_tokens: int = at("v0", "lo", unit="tokens", unknown_as=-1)
     padded_reqs: int = at("v1", "hi", unit="requests")
-    real_reqs: int = at("v1", "lo", unit="requests")
+    real_reqs: int = at("v1", "lo", unit="requests", unknown_as=-1)
     max_query_len: int = at("v2", "hi", unit="tokens")
     reorder_batch_threshold: int = at("v2", "lo", unit="tokens", unknown_as=-1)
     num_decodes: int = at("v3", "hi", unit="requests", unknown_as=-1)

@@ -13,6 +13,10 @@ The split (num decodes/prefills and their tokens) is read off the returned metad
 is what the builder itself decided. Builders whose metadata carries none (0.26's ROCm
 sparse builder) record -1; the reorder record still carries the runner's split.
 
+Inside vLLM the hook reads plain attributes only, no tensor: the real (unpadded) token
+and request counts, and the prefill tokens a builder leaves out, are derived by the
+reader from the step's dispatch (:func:`probe.assemble.fill_builds`).
+
 Host syncs inside a step (``torch.cuda.Stream.synchronize``, ``torch.cuda.synchronize``:
 e.g. the ROCm sparse builder's stream synchronize when its metadata key changes) are
 recorded as SYNC_STALL spans, which the reader attributes to the enclosing build.
@@ -42,29 +46,6 @@ METHODS = {
 }
 
 
-def _int_reader() -> Callable[[Any, int], int]:
-    """``read(t, i) == int(t[i])`` for a 1-D CPU integer tensor, without going through
-    torch's indexing (a 0-d tensor per call: ~1 µs in a hot loop, 5-10 µs inside the
-    engine). Reads the element in place after checking it lies inside the tensor; anything
-    unusual (GPU, strided, another dtype) takes ``int(t[i])``."""
-    import ctypes
-
-    try:
-        import torch
-
-        at = {torch.int32: ctypes.c_int32.from_address, torch.int64: ctypes.c_int64.from_address}
-    except Exception:  # no torch: nothing but the general path
-        at = {}
-
-    def read(t: Any, i: int) -> int:
-        get = at.get(t.dtype)
-        if get is not None and t.dim() == 1 and t.is_cpu and 0 <= i < t.shape[0]:
-            return int(get(t.data_ptr() + i * t.stride(0) * t.element_size()).value)
-        return int(t[i])
-
-    return read
-
-
 def _split(md: Any) -> tuple[int, int, int, int]:
     """(num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens), -1 = unknown."""
     nd = getattr(md, "num_decodes", None)
@@ -80,8 +61,6 @@ def build(tag: BuildTag) -> Callable[[Callable[..., Any], Hook], Any]:
     tag_v = int(tag)
 
     def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
-        read_int = _int_reader()
-
         def record(md: Any, t0: int, t1: int, self: Any, *args: Any, **kwargs: Any) -> None:
             try:
                 cm: Any
@@ -91,14 +70,10 @@ def build(tag: BuildTag) -> Callable[[Callable[..., Any], Hook], Any]:
                     cm = args[1] if len(args) > 1 else kwargs["common_attn_metadata"]
                 padded_tokens = cm.num_actual_tokens
                 padded_reqs = cm.num_reqs
-                real_tokens = read_int(cm.query_start_loc_cpu, padded_reqs)
-                real_reqs = padded_reqs if real_tokens == padded_tokens else 0
                 thr = getattr(self, "reorder_batch_threshold", None)
                 if thr is None:
                     thr = getattr(self, "decode_threshold", None)
                 nd, npf, ndt, npt = _split(md)
-                if npt < 0 <= ndt:  # the builder left it out: the rest of the real tokens
-                    npt = real_tokens - ndt if real_tokens >= ndt else -1
                 f = 0 if RT.in_step else _OUTSIDE
                 if RT.drafter:
                     f |= _DRAFTER
@@ -112,9 +87,9 @@ def build(tag: BuildTag) -> Callable[[Callable[..., Any], Hook], Any]:
                     t0,
                     t1,
                     padded_tokens,
-                    real_tokens,
+                    -1,  # real tokens and requests: the reader's (assemble.fill_builds)
                     padded_reqs,
-                    real_reqs,
+                    -1,
                     cm.max_query_len,
                     -1 if thr is None else thr,
                     nd,

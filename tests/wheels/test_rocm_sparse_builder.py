@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from probe import hooks
+from probe.assemble import fill_builds
 from probe.doctor import findings
 from probe.hooks import snapshot
 from probe.records import Build, Dispatch, Reason
@@ -275,12 +276,15 @@ def test_builds_through_the_probe_match_the_builders_metadata(
             md.num_reqs,
             md.max_query_len,
         ), batch.id
-        assert (rec.real_tokens, rec.real_reqs) == (sum(batch.q), len(batch.q)), batch.id
+        # inside vLLM the hook reads no tensor: the real counts are the reader's
+        assert (rec.real_tokens, rec.real_reqs) == (-1, -1), batch.id
+        (filled,) = fill_builds([rec], [])  # no dispatch here: the unpadded counts
+        assert (filled.real_tokens, filled.real_reqs) == (sum(batch.q), len(batch.q)), batch.id
         assert rec.reorder_batch_threshold == builder.reorder_batch_threshold
         if hasattr(md, "num_decodes"):  # 0.33: the builder's own split
             split = (md.num_decodes, md.num_prefills, md.num_decode_tokens)
             assert (rec.num_decodes, rec.num_prefills, rec.num_decode_tokens) == split, batch.id
-            assert rec.num_prefill_tokens == sum(batch.q) - md.num_decode_tokens
+            assert filled.num_prefill_tokens == sum(batch.q) - md.num_decode_tokens
         else:  # 0.26's metadata carries no split
             assert (rec.num_decodes, rec.num_prefills) == (-1, -1)
     # The aiter work-split kernel ran once per distinct metadata key, then the sync.
