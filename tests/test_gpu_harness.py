@@ -135,3 +135,45 @@ def test_tp2_recording_from_the_h200_reads_per_rank() -> None:
     for rows in per_rank.values():
         decode = [s for s in rows if s.uniform]
         assert len(decode) > 900 and all(s.mode == Mode.FULL for s in decode)
+
+
+def test_reshape_leaves_out_and_plains_hooks_by_id() -> None:
+    """The leave-one-out and wrap-only variants: excluded ids (or prefixes ending in
+    ".") are not installed; with wrap_only every other hook but the step bracket is the
+    plain phase span, and the originals come back by identity afterwards."""
+    import types
+
+    from probe.hooks import step
+    from probe.hooks._base import Installer, Target
+    from probe.records import Phase
+
+    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
+    reshape = _load("reshape")
+
+    def marker(orig: object, hook: object) -> object:
+        def wrapped(*a: object) -> str:
+            return "body"
+
+        return wrapped
+
+    owner = types.SimpleNamespace(a=lambda: "a", b=lambda: "b", c=lambda: "c")
+    originals = dict(vars(owner))
+    ids = {"a": "sync.stream", "b": "reorder.mrv2", "c": "step.mrv2.execute_model"}
+    r = reshape.Reshape(exclude=["sync."], wrap_only=True)
+    unpatched = Installer.install_on
+    r.patch()
+    assert Installer.install_on is not unpatched
+    try:
+        inst = Installer()
+        for name, hid in ids.items():
+            inst.install_on(Target(hid, __name__, "", name, marker), owner)
+    finally:
+        r.unpatch()
+    assert vars(owner)["a"] is originals["a"]  # left out
+    assert vars(owner)["c"]() == "body"  # the bracket keeps its own body
+    plain = step.span(Phase.SYNC_STALL)(originals["b"], None)  # type: ignore[arg-type]
+    assert type(vars(owner)["b"]) is type(plain) and vars(owner)["b"]() == "b"
+    assert r.summary()["skipped"] == ["sync.stream"] and r.summary()["plain"] == ["reorder.mrv2"]
+    assert Installer.install_on is unpatched
+    inst.uninstall()
+    assert dict(vars(owner)) == originals

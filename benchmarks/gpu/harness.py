@@ -222,8 +222,13 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
 
         st = SelfTime()
         st.patch()
+    from reshape import Reshape
+
     from probe import accel
 
+    reshape = Reshape(cmd.get("exclude", ()), bool(cmd.get("wrap_only")))
+    if reshape.active:  # leave-one-out, or every body replaced by a plain span
+        reshape.patch()
     hot = cmd.get("hot_path") or accel.active()  # "python": the pure-Python wrappers
     if cmd.get("null"):  # the control: no hook at all, RT.enabled still switched per block
         hot, families = "none", ["none"]
@@ -297,6 +302,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             unbare()
         if st is not None:
             st.unpatch()  # the next install builds plain wrappers again
+        reshape.unpatch()
     b1 = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
     if crossover:
         from crossover import pair_costs
@@ -322,6 +328,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             "selftime": st.result(sum(r[2] for r in xrows) // max(1, every))
             if st is not None
             else None,
+            "reshape": reshape.summary() if reshape.active else None,
         }
     skip = prefill_blocks(starts, block, int(cmd.get("prefill_steps", PREFILL_STEPS)))
     diffs = block_costs(rows, block, exclude=skip)
@@ -781,6 +788,8 @@ def suite(args: argparse.Namespace) -> None:
                     res["runs"].append(r)
                     log(
                         f"stepwise {r['families']} {r['hot_path']} paused={paused} "
+                        f"exclude={variant.get('exclude', [])} "
+                        f"wrap_only={bool(variant.get('wrap_only'))} "
                         f"gpu_timing={r['gpu_timing']}: "
                         f"{r['steps']} steps, median on-off per block pair "
                         f"{(r['median_pair_diff_ns'] or 0) / 1e3:.1f} us, "
