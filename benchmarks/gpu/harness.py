@@ -22,6 +22,7 @@ per engine drains the ring into a recording.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -224,16 +225,20 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         st.patch()
     from reshape import Reshape
 
-    from probe import accel
+    try:
+        from probe import accel
+    except Exception:  # a probe from before the accelerator (the 59e55d7 baseline)
+        accel = None
 
     reshape = Reshape(cmd.get("exclude", ()), bool(cmd.get("wrap_only")))
     if reshape.active:  # leave-one-out, or every body replaced by a plain span
         reshape.patch()
-    hot = cmd.get("hot_path") or accel.active()  # "python": the pure-Python wrappers
+    # "python": the pure-Python wrappers
+    hot = cmd.get("hot_path") or (accel.active() if accel is not None else "python")
     if cmd.get("null"):  # the control: no hook at all, RT.enabled still switched per block
         hot, families = "none", ["none"]
     else:
-        with accel.use(hot):
+        with accel.use(hot) if accel is not None else contextlib.nullcontext():
             hooks.install(families, lazy=False)
         hooks.enable(writer, gpu_timing=cmd.get("gpu_timing", True))
     if st is not None:
