@@ -340,7 +340,11 @@ def sample_every_arg(args: argparse.Namespace) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    return run_session(args, title="probe attach", live_default=not args.no_live)
+    rc = run_session(args, title="probe attach", live_default=not args.no_live)
+    # the recording, rings and sockets are closed by now; an exporter may still have
+    # work for the interpreter's exit (its threads, atexit), so only without one
+    args.exit_at_once = not (getattr(args, "prometheus", None) or getattr(args, "otlp", None))
+    return rc
 
 
 def add_session_args(p: argparse.ArgumentParser) -> None:
