@@ -28,12 +28,15 @@ turn). For each run:
   server's completions per second, what the probe costs the engine while attached;
 - ``load1``: the load average just before.
 
-``--profile DIR`` runs each attach under cProfile into ``DIR/attach-D-N.prof``.
-``--trace``: where the attach's main thread spent each part, from ``/proc`` sampled
-every 10 ms (``trace`` in each row): ``cpu`` (running), ``runq`` (runnable, waiting for
-a CPU: the scheduler's ``run_delay``) and ``blocked`` by the system call it was in
-(``recvfrom``: a control socket's reply; ``clock_nanosleep``: the poll interval;
-``fdatasync``/``fsync``: SQLite; ``futex``: a lock). Prints one JSON object.
+``--profile DIR`` runs each attach under cProfile into ``DIR/attach-D-N-K.prof``.
+``--baseline DIR``: each run also with the ``probe`` of another checkout (its tree on
+``PYTHONPATH`` for the attach only; the server keeps this one's), alternating, under
+the same server and load; each row says its ``tree``. ``--trace``: where the attach's
+main thread spent each part, from ``/proc`` sampled every 10 ms (``trace`` in each
+row): ``cpu`` (running), ``runq`` (runnable, waiting for a CPU: the scheduler's
+``run_delay``) and ``blocked`` by the system call it was in (``recvfrom``/``poll``: a
+control socket's reply; ``clock_nanosleep``: the poll interval; ``fdatasync``/``fsync``:
+SQLite; ``futex``: a lock). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -159,6 +162,7 @@ def attach(
     prof: Path | None,
     served: Callable[[], int],
     trace: bool = False,
+    tree: Path | None = None,
 ) -> dict[str, object]:
     """One ``probe attach --duration d``, timed in parts (see the module docstring), and
     the server's completions per second while the hooks were on."""
@@ -167,11 +171,13 @@ def attach(
     if prof is not None:
         cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "probe", *cmd[1:]]
     row: dict[str, object] = {"duration_s": d, "load1": round(os.getloadavg()[0], 2)}
+    env = srv.env
+    if tree is not None:
+        env = dict(env, PYTHONPATH=str(tree))
+        row["tree"] = str(tree)
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0, e0 = time.monotonic(), time.time()
-    p = subprocess.Popen(
-        cmd, env=srv.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     tracer = Tracer(p.pid) if trace else None
     assert p.stderr is not None
     first = p.stderr.readline()
@@ -301,6 +307,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--profile", type=Path, help="cProfile each attach into this folder")
     ap.add_argument("--trace", action="store_true", help="where the attach's time went")
+    ap.add_argument("--baseline", type=Path, help="also attach with this checkout's probe")
     ap.add_argument("--clients-here", action="store_true", help="the load in this process")
     ap.add_argument("--client-process", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -328,13 +335,17 @@ def main() -> None:
     try:
         for n in range(a.repeat):
             for d in a.durations:
-                rec = run_dir / f"attach-{d:g}-{n}.probe.db"
-                prof = a.profile / f"attach-{d:g}-{n}.prof" if a.profile is not None else None
-                before = rate(load, 5.0)
-                row = attach(srv, d, rec, prof, load.served, a.trace)
-                row["requests_per_s_before"] = round(before, 1)
-                out["runs"].append(row)  # type: ignore[attr-defined]
-                print(json.dumps(row), file=sys.stderr, flush=True)
+                trees: list[Path | None] = [None] if a.baseline is None else [None, a.baseline]
+                for k, tree in enumerate(trees if n % 2 == 0 else trees[::-1]):
+                    rec = run_dir / f"attach-{d:g}-{n}-{k}.probe.db"
+                    prof = (
+                        a.profile / f"attach-{d:g}-{n}-{k}.prof" if a.profile is not None else None
+                    )
+                    before = rate(load, 5.0)
+                    row = attach(srv, d, rec, prof, load.served, a.trace, tree)
+                    row["requests_per_s_before"] = round(before, 1)
+                    out["runs"].append(row)  # type: ignore[attr-defined]
+                    print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
         out["requests_served"] = load.served()
         load.close()
