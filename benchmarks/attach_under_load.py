@@ -28,8 +28,15 @@ turn). For each run:
   server's completions per second, what the probe costs the engine while attached;
 - ``load1``: the load average just before.
 
-``--profile DIR`` runs each attach under cProfile into ``DIR/attach-D-N.prof``. Prints
-one JSON object.
+``--profile DIR`` runs each attach under cProfile into ``DIR/attach-D-N-K.prof``.
+``--baseline DIR``: each run also with the ``probe`` of another checkout (its tree on
+``PYTHONPATH`` for the attach only; the server keeps this one's), alternating, under
+the same server and load; each row says its ``tree``. ``--trace``: where the attach's
+main thread spent each part, from ``/proc`` sampled every 10 ms (``trace`` in each
+row): ``cpu`` (running), ``runq`` (runnable, waiting for a CPU: the scheduler's
+``run_delay``) and ``blocked`` by the system call it was in (``recvfrom``/``poll``: a
+control socket's reply; ``clock_nanosleep``: the poll interval; ``fdatasync``/``fsync``:
+SQLite; ``futex``: a lock). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -84,8 +91,78 @@ def start(run_dir: Path) -> Server:
     raise SystemExit("server not up in 300 s")
 
 
+SYSCALLS = {
+    0: "read", 1: "write", 3: "close", 7: "poll", 9: "mmap", 11: "munmap", 17: "pread64",
+    18: "pwrite64", 23: "select", 35: "nanosleep", 42: "connect", 44: "sendto",
+    45: "recvfrom", 47: "recvmsg", 61: "wait4", 74: "fsync", 75: "fdatasync", 87: "unlink",
+    202: "futex", 230: "clock_nanosleep", 232: "epoll_wait", 257: "openat", 262: "newfstatat",
+    270: "pselect6", 271: "ppoll", 281: "epoll_pwait",
+}  # fmt: skip
+
+
+class Tracer:
+    """Samples a process's main thread from ``/proc`` every ``every`` s until it exits:
+    (epoch s, state, system call, cumulative CPU ns, cumulative run-queue wait ns)."""
+
+    def __init__(self, pid: int, every: float = 0.01) -> None:
+        self.pid, self.every = pid, every
+        self.samples: list[tuple[float, str, str, int, int]] = []
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _read(self, name: str) -> str:
+        with open(f"/proc/{self.pid}/task/{self.pid}/{name}") as f:
+            return f.read()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                stat = self._read("stat")
+                state = stat[stat.rindex(")") + 2]
+                call = self._read("syscall").split()[0] if state in "SD" else ""
+                cpu, runq = (int(x) for x in self._read("schedstat").split()[:2])
+            except (OSError, ValueError, IndexError):
+                return
+            if call and call.lstrip("-").isdigit():
+                call = SYSCALLS.get(int(call), call)
+            self.samples.append((time.time(), state, call, cpu, runq))
+            time.sleep(self.every)
+
+    def join(self) -> None:
+        self._t.join()
+
+    def parts(self, bounds: list[tuple[str, float, float]]) -> dict[str, dict[str, float]]:
+        """Per part (name, epoch start, epoch end): seconds of CPU, of run-queue wait, and
+        blocked by system call (the wall the samples cover, less those two)."""
+        out: dict[str, dict[str, float]] = {}
+        for name, a, b in bounds:
+            inside = [x for x in self.samples if a <= x[0] < b]
+            if len(inside) < 2:
+                continue
+            wall = inside[-1][0] - inside[0][0]
+            cpu = (inside[-1][3] - inside[0][3]) / 1e9
+            runq = (inside[-1][4] - inside[0][4]) / 1e9
+            row = {"wall": wall, "cpu": cpu, "runq": runq}
+            blocked: dict[str, int] = {}
+            for x in inside[:-1]:
+                if x[1] in "SD":
+                    blocked[x[2] or "?"] = blocked.get(x[2] or "?", 0) + 1
+            n = sum(blocked.values())
+            rest = max(0.0, wall - cpu - runq)
+            for call, k in sorted(blocked.items(), key=lambda kv: -kv[1]):
+                row[f"blocked {call}"] = rest * k / n
+            out[name] = {k: round(v, 2) for k, v in row.items()}
+        return out
+
+
 def attach(
-    srv: Server, d: float, rec: Path, prof: Path | None, served: Callable[[], int]
+    srv: Server,
+    d: float,
+    rec: Path,
+    prof: Path | None,
+    served: Callable[[], int],
+    trace: bool = False,
+    tree: Path | None = None,
 ) -> dict[str, object]:
     """One ``probe attach --duration d``, timed in parts (see the module docstring), and
     the server's completions per second while the hooks were on."""
@@ -94,11 +171,14 @@ def attach(
     if prof is not None:
         cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "probe", *cmd[1:]]
     row: dict[str, object] = {"duration_s": d, "load1": round(os.getloadavg()[0], 2)}
+    env = srv.env
+    if tree is not None:
+        env = dict(env, PYTHONPATH=str(tree))
+        row["tree"] = str(tree)
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0, e0 = time.monotonic(), time.time()
-    p = subprocess.Popen(
-        cmd, env=srv.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tracer = Tracer(p.pid) if trace else None
     assert p.stderr is not None
     first = p.stderr.readline()
     t_attached = time.monotonic()
@@ -107,6 +187,8 @@ def attach(
     timer.start()
     _out, rest = p.communicate(timeout=d + 600)
     timer.join()
+    if tracer is not None:
+        tracer.join()
     row["requests_per_s_attached"] = round((marks[-1] - marks[0]) / d, 1)
     wall = time.monotonic() - t0
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -124,6 +206,10 @@ def attach(
         attached_s=round(detached - e0 - (t_attached - t0), 2),
         finish_s=round(e0 + wall - detached, 2),
     )
+    if tracer is not None:
+        e_att, e_end = e0 + (t_attached - t0), e0 + wall
+        parts = [("startup", e0, e_att), ("attached", e_att, detached), ("finish", detached, e_end)]
+        row["trace"] = tracer.parts(parts)
     m = re.search(r"finished in ([\d.]+) s \(([\d,]+) records left", rest)
     if m:  # the attach's own account of the work after detach
         row.update(after_detach_s=float(m[1]), records_left=int(m[2].replace(",", "")))
@@ -220,6 +306,8 @@ def main() -> None:
     ap.add_argument("--durations", type=float, nargs="+", default=[3.0, 30.0])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--profile", type=Path, help="cProfile each attach into this folder")
+    ap.add_argument("--trace", action="store_true", help="where the attach's time went")
+    ap.add_argument("--baseline", type=Path, help="also attach with this checkout's probe")
     ap.add_argument("--clients-here", action="store_true", help="the load in this process")
     ap.add_argument("--client-process", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -247,13 +335,17 @@ def main() -> None:
     try:
         for n in range(a.repeat):
             for d in a.durations:
-                rec = run_dir / f"attach-{d:g}-{n}.probe.db"
-                prof = a.profile / f"attach-{d:g}-{n}.prof" if a.profile is not None else None
-                before = rate(load, 5.0)
-                row = attach(srv, d, rec, prof, load.served)
-                row["requests_per_s_before"] = round(before, 1)
-                out["runs"].append(row)  # type: ignore[attr-defined]
-                print(json.dumps(row), file=sys.stderr, flush=True)
+                trees: list[Path | None] = [None] if a.baseline is None else [None, a.baseline]
+                for k, tree in enumerate(trees if n % 2 == 0 else trees[::-1]):
+                    rec = run_dir / f"attach-{d:g}-{n}-{k}.probe.db"
+                    prof = (
+                        a.profile / f"attach-{d:g}-{n}-{k}.prof" if a.profile is not None else None
+                    )
+                    before = rate(load, 5.0)
+                    row = attach(srv, d, rec, prof, load.served, a.trace, tree)
+                    row["requests_per_s_before"] = round(before, 1)
+                    out["runs"].append(row)  # type: ignore[attr-defined]
+                    print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
         out["requests_served"] = load.served()
         load.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -107,12 +108,19 @@ def _add_command_modules(sub: Any, argv: Sequence[str] | None = None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    entry = argv is None  # the process's own command line (console script, python -m)
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         rc = int(args.func(args))
         sys.stdout.flush()  # here, so a full or closed stdout is one line, not a traceback
+        if entry and getattr(args, "exit_at_once", False) and not _threads_left():
+            # a command that closed everything it opened ends without the interpreter's
+            # teardown (freeing every object and module one by one: 30-40 ms of CPU after
+            # ``attach``, up to seconds of wall on the saturated host it waits in)
+            sys.stderr.flush()
+            os._exit(rc)
         return rc
     except UsageError as exc:
         return _fail(str(exc), EXIT_USAGE)
@@ -126,6 +134,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # stdout on a full device, a file that vanished mid-read
         where = exc.filename or ("standard output" if exc.errno in _STDOUT_ERRNOS else "probe")
         return _fail(f"{where}: {exc.strerror or exc}", EXIT_RUNTIME)
+
+
+def _threads_left() -> bool:
+    """A thread the interpreter's exit would wait for."""
+    import threading
+
+    main = threading.main_thread()
+    return any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate())
 
 
 def _fail(message: str, status: int) -> int:

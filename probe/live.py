@@ -19,17 +19,15 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-from rich.console import Group, RenderableType
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from probe import analysis
 from probe.collector import ProcessState
 from probe.records import Mode
 from probe.step import GpuSample, Step
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
 
 
 @dataclass
@@ -350,8 +348,9 @@ def rank_lines(s: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def header_line(stats: LiveStats, title: str) -> str:
-    agg = stats.aggregate()
+def header_line(stats: LiveStats, title: str, agg: Mapping[str, Any] | None = None) -> str:
+    """The first line; ``agg``: :meth:`LiveStats.aggregate` when the caller has it."""
+    agg = stats.aggregate() if agg is None else agg
     h = agg["hit_rates"]
     return (
         f"{title} | {agg['ranks']} rank(s), {agg['steps_per_s']:.1f} steps/s, "
@@ -361,9 +360,11 @@ def header_line(stats: LiveStats, title: str) -> str:
 
 
 def plain_lines(stats: LiveStats, title: str = "probe") -> list[str]:
-    """The view as plain text (stdout not a terminal, ``--no-live`` progress)."""
-    out = [header_line(stats, title)]
+    """The view as plain text (stdout not a terminal, ``--no-live`` progress); no rich
+    (``attach --no-live`` never imports it: on a saturated host every millisecond of CPU
+    at start and exit costs tens of milliseconds of wall time)."""
     agg = stats.aggregate()
+    out = [header_line(stats, title, agg)]
     if agg["verdict"]:
         out.append(f"verdict: {agg['verdict'][0]}")
     for v in stats.active():
@@ -375,8 +376,13 @@ def plain_lines(stats: LiveStats, title: str = "probe") -> list[str]:
 
 def render(stats: LiveStats, title: str = "probe") -> RenderableType:
     """The view as rich panels: a header with the aggregate, then one panel per rank."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
     agg = stats.aggregate()
-    head = Text(header_line(stats, title), style="bold")
+    head = Text(header_line(stats, title, agg), style="bold")
     if agg["verdict"]:
         head.append("\n" + agg["verdict"][0], style="cyan")
     parts: list[RenderableType] = [head]

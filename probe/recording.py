@@ -25,7 +25,6 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +50,8 @@ APPLICATION_ID = 0x56475052  # "VGPR"
 
 def default_recording() -> Path:
     """The bundled real recording (H200, tiny DeepSeek-V3.2 + MTP; see docs/evidence.md)."""
+    from importlib import resources  # here: its import is a cost every command paid at start
+
     return Path(str(resources.files("probe") / "data" / "default.probe.db"))
 
 

@@ -584,21 +584,67 @@ _DECODERS: dict[int, tuple[type, tuple[Callable[[tuple[int, ...]], Any], ...]]] 
 }
 
 
+def _kind_decoder(spec: RecordSpec) -> Callable[[tuple[int, ...]], Any]:
+    """One function per kind, generated from the same declaration as :func:`_field_decoder`
+    (one call per record instead of one per field: the reader's decode cost per step,
+    62-74 µs with the closures). An enum value out of range raises ``ValueError``; the
+    caller then decodes field by field for the error that names the field."""
+    env: dict[str, Any] = {"cls": spec.cls}
+    args = []
+    for j, f in enumerate(spec.fields):
+        v = f"w[{1 + _SLOT_INDEX[f.slot]}]"
+        if f.part == "hi":
+            v = f"({v} >> 32)"
+        elif f.part == "lo":
+            v = f"({v} & 0xFFFFFFFF)"
+        if f.unknown_as is not None:
+            v = f"({v} - 1)"
+        if f.type is bool:
+            v = f"bool({v})"
+        elif f.type is not int:
+            env[f"T{j}"] = f.type
+            v = f"T{j}({v})"
+        args.append(v)
+    src = f"def decode_{spec.kind.name.lower()}(w):\n    return cls({', '.join(args)})\n"
+    exec(compile(src, f"<probe.records: {spec.kind.name} decoder>", "exec"), env)
+    fn: Callable[[tuple[int, ...]], Any] = env[f"decode_{spec.kind.name.lower()}"]
+    return fn
+
+
+_FAST: dict[int, Callable[[tuple[int, ...]], Any]] = {
+    int(s.kind): _kind_decoder(s) for s in SPECS.values()
+}
+_NOT_DATA = frozenset({int(RecordKind.STRING), int(RecordKind.BLOB), int(RecordKind.HELLO)})
+_unpack = RECORD.unpack
+
+
+def _decode_slowly(w: tuple[int, ...]) -> Decoded:
+    """Field by field: the twin of :data:`_FAST`, and the one that names a bad field."""
+    try:
+        cls, fields = _DECODERS[w[0]]
+    except KeyError:
+        raise RecordDecodeError(f"unknown record kind {w[0]}") from None
+    out: Decoded = cls(*(d(w) for d in fields))
+    return out
+
+
 def decode(rec: bytes | memoryview) -> Decoded | None:
     """Decode one data record; STRING, BLOB and HELLO records return None (see Decoder).
 
     Raises :class:`RecordDecodeError` for an unknown kind or an enum value out of range.
     """
-    w = RECORD.unpack(rec)
+    w = _unpack(rec)
     kind = w[0]
-    if kind in (RecordKind.STRING, RecordKind.BLOB, RecordKind.HELLO):
+    if kind in _NOT_DATA:
         return None
-    try:
-        cls, fields = _DECODERS[kind]
-    except KeyError:
-        raise RecordDecodeError(f"unknown record kind {kind}") from None
-    out: Decoded = cls(*(d(w) for d in fields))
-    return out
+    fast = _FAST.get(kind)
+    if fast is not None:
+        try:
+            out: Decoded = fast(w)
+            return out
+        except ValueError:
+            pass  # an enum value out of range: the slow path says which field
+    return _decode_slowly(w)
 
 
 def _decode_hello(rec: bytes | memoryview) -> Hello:

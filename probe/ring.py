@@ -80,11 +80,9 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import secrets
 import stat
 import struct
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -206,6 +204,8 @@ def default_ring_dir(
     elif Path(shm_root).is_dir():
         d = Path(shm_root) / name
     else:
+        import tempfile  # the fallback only: not in every reader's start
+
         d = Path(tmp_root if tmp_root is not None else tempfile.gettempdir()) / name
     try:
         os.makedirs(d, mode=0o700)
@@ -469,7 +469,7 @@ class RingWriter:
         final = Path(path)
         check_ring_dir(final.parent)
         size = HEADER_SIZE + capacity * RECORD_SIZE
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         flags = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
         fd = os.open(tmp, flags, 0o600)
         try:

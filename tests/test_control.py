@@ -448,3 +448,28 @@ def test_attach_enables_a_server_without_deadlines_without_one(
         assert request(srv.path, "status")["last_off"]["reason"] == "disable"
     finally:
         srv.close()
+
+
+def test_attach_ends_with_its_output_and_recording_whole(
+    server: ControlServer, run_dir: Path
+) -> None:
+    """``probe attach`` ends without the interpreter's teardown (``os._exit``): what it
+    printed and the recording it wrote are all there, and the process is detached."""
+    rec = run_dir / "a.probe.db"
+    probe = str(Path(sys.executable).with_name("probe"))
+    cmd = [probe, "attach", "--run-dir", str(run_dir), "--duration", "0.5", "--no-live"]
+    out = subprocess.run(
+        [*cmd, "--record", str(rec)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "detached (duration reached)" in out.stderr
+    assert out.stderr.rstrip().endswith(f"probe: recording written to {rec}")
+    assert out.stdout.startswith("probe attach | ") and out.stdout.endswith("\n")
+    from probe.recording import Recording
+
+    meta = Recording.open(rec).meta()
+    assert meta["stop_reason"] == "duration reached" and int(meta["ended_epoch_ns"]) > 0
+    assert server.attached_by is None and rings(run_dir) == []

@@ -14,7 +14,10 @@ On a busy host the reader must not fall behind, nor keep the hooks on past the
 duration. So each process is told the duration at enable and turns its hooks off at
 the deadline itself, whatever this process is doing; while attached, each poll copies
 every ring into memory (cheap, so the rings do not fill) and then decodes, assembles and
-writes for at most 50 ms; what is left is finished after detach. That bound, not a
+writes for at most 50 ms; while records are left over, the next poll comes at once
+instead of after ``--interval`` (on a saturated host the reader waits for a CPU far
+longer than it works, so a sleep while behind only moves the work past the detach);
+what is left at the detach is finished after it. That bound, not a
 lower priority, is what keeps the reader's share of a busy host small: ``attach`` and
 ``top`` run at the user's priority (``PROBE_READER_NICE`` is for ``record`` and
 ``collect``). Tried and dropped: the attached loop on a thread at nice 10. On the
@@ -172,9 +175,6 @@ class Session:
 def run_session(
     args: argparse.Namespace, *, title: str, live_default: bool, console: Any = None
 ) -> int:
-    from rich.console import Console
-    from rich.live import Live
-
     from probe.commands.ps import discover, run_dir
     from probe.live import LiveStats, plain_lines, render
 
@@ -246,8 +246,11 @@ def run_session(
 
     old_int = signal.signal(signal.SIGINT, on_signal)
     old_term = signal.signal(signal.SIGTERM, on_signal)
-    console = console if console is not None else Console()
-    live_on = live_default and not args.no_live and console.is_terminal
+    if console is None and live_default and not args.no_live:  # rich only for a live view
+        from rich.console import Console
+
+        console = Console()
+    live_on = live_default and not args.no_live and console is not None and console.is_terminal
     t_end: float | None = None
     try:
         session.enable(duration_s=args.duration)
@@ -257,11 +260,11 @@ def run_session(
             + ", ".join(f"{a.pid} {a.role}" for a in procs),
             file=err,
         )
-        live = (
-            Live(render(stats, title), console=console, auto_refresh=False, transient=False)
-            if live_on
-            else None
-        )
+        live = None
+        if live_on:
+            from rich.live import Live
+
+            live = Live(render(stats, title), console=console, auto_refresh=False, transient=False)
 
         with live if live is not None else contextlib.nullcontext():
             next_print = time.monotonic() + 5.0
@@ -283,7 +286,8 @@ def run_session(
                 elif live_default and time.monotonic() >= next_print:
                     print("\n".join(plain_lines(stats, title)), flush=True)
                     next_print = time.monotonic() + 5.0
-                time.sleep(args.interval)
+                if not session.collector.spooled:  # behind: the next slice at once
+                    time.sleep(args.interval)
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
@@ -336,7 +340,11 @@ def sample_every_arg(args: argparse.Namespace) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    return run_session(args, title="probe attach", live_default=not args.no_live)
+    rc = run_session(args, title="probe attach", live_default=not args.no_live)
+    # the recording, rings and sockets are closed by now; an exporter may still have
+    # work for the interpreter's exit (its threads, atexit), so only without one
+    args.exit_at_once = not (getattr(args, "prometheus", None) or getattr(args, "otlp", None))
+    return rc
 
 
 def add_session_args(p: argparse.ArgumentParser) -> None:
