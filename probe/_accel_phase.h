@@ -270,13 +270,13 @@ impl:
 /* Phase: the runner's dispatch phase                                                 */
 /* ---------------------------------------------------------------------------------- */
 
-/* The int argument at ``pos`` (or keyword ``name``); None, absent or 0 -> 0 (``v or 0``);
-   -1 when it is not an exact int that fits. */
+/* The int argument at ``pos`` (or keyword ``name``); absent -> 0, None -> 0 when
+   ``none_ok`` (``v or 0``); -1 when it is not an exact int that fits. */
 static inline int arg_ll(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int pos,
-                         PyObject *name, long long *out) {
+                         PyObject *name, int none_ok, long long *out) {
     PyObject *v = (pos >= 0 && pos < nargs) ? args[pos] : kwarg(args, nargs, kwnames, name);
     *out = 0;
-    if (v == NULL || v == Py_None) return 0;
+    if (v == NULL || (none_ok && v == Py_None)) return 0;
     return exact_ll(v, out);
 }
 
@@ -303,8 +303,8 @@ static int phase_close(PhaseObject *self, CoreObject *c, int64_t t0, int64_t t1,
         }
         if (t && c->in_step) {
             long long nr, nt;
-            if (arg_ll(args, nargs, kwnames, 1, S_num_reqs, &nr) < 0 ||
-                arg_ll(args, nargs, kwnames, 2, S_num_tokens, &nt) < 0)
+            if (arg_ll(args, nargs, kwnames, 1, S_num_reqs, 0, &nr) < 0 ||
+                arg_ll(args, nargs, kwnames, 2, S_num_tokens, 0, &nt) < 0)
                 return -1;
             c->dec_mode = 0;
             c->dec_reason = REASON_FORCED_EAGER;
@@ -341,8 +341,8 @@ static PyObject *phase_call(PhaseObject *self, PyObject *const *args, size_t nar
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (w->which == 0) {
         long long nr, mq;
-        if (arg_ll(args, nargs, kwnames, w->pos[0], S_num_reqs, &nr) < 0 ||
-            arg_ll(args, nargs, kwnames, w->pos[1], S_mnst, &mq) < 0)
+        if (arg_ll(args, nargs, kwnames, w->pos[0], S_num_reqs, 1, &nr) < 0 ||
+            arg_ll(args, nargs, kwnames, w->pos[1], S_mnst, 1, &mq) < 0)
             return PyObject_Vectorcall(w->impl, args, nargsf, kwnames);
         c->phase_num_reqs = nr;
         c->phase_max_q = mq;

@@ -153,7 +153,7 @@ def v1_runner_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., An
         try:
             _close_phase(t0, t1, 0)
         except Exception as exc:
-            hook.fail(exc)
+            _abandon_phase(hook, exc)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
@@ -170,7 +170,7 @@ def v1_runner_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., An
             rt.decided = 0
             rt.phase_open = 1
         except Exception as exc:
-            hook.fail(exc)
+            _abandon_phase(hook, exc)
             return orig(*args, **kwargs)
         t0 = _clock(BOOTTIME)
         try:
@@ -199,6 +199,13 @@ def _close_phase(t0: int, t1: int, extra: int) -> None:
         rt.put.span(rt.step, _PHASE, t0, t1, f, 0, 0)
         return
     _put(decision, t0, t1, _SPANF)
+
+
+def _abandon_phase(hook: Hook, exc: BaseException) -> None:
+    """A fault in a phase hook: the phase is closed unwritten (so that dispatches after it
+    write their own records) and the hook removed."""
+    RT.phase_open = RT.decided = RT.phase_num_reqs = RT.phase_max_q = 0
+    hook.fail(exc)
 
 
 def _put(decision: tuple[int, ...], t0: int, t1: int, extra: int = 0) -> None:
@@ -443,7 +450,7 @@ def mrv2_sync_dp(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 _decide(0, eager, f, t0, t1, num_tokens, num_tokens, num_reqs, num_reqs, 0, 0)
             _close_phase(t0, t1, _MRV2)
         except Exception as exc:
-            hook.fail(exc)
+            _abandon_phase(hook, exc)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
