@@ -19,7 +19,8 @@
  *             directly; when on, calls the Python hook.
  *
  * The rooms are in _accel_ring.h (Ring, Packer), _accel_wrap.h (Span, Gate, Step,
- * Dispatch) and _accel_build.h (Build), included below into this one translation unit.
+ * Dispatch), _accel_build.h (Build) and _accel_phase.h (Reorder, Phase), included below
+ * into this one translation unit.
  *
  * A wrapper never swallows or changes vLLM's result or exception; no function here raises
  * on the hot path except for arguments that cannot be packed (the calling Python hook
@@ -67,6 +68,10 @@ typedef struct {
     long long sample_every;
     long long sample_n;
     long long timer_every; /* >0: the GPU timer samples 1 step in N (Python handles those) */
+    /* the runner's dispatch phase and the decision made inside it (_accel_phase.h) */
+    int phase_open, decided;
+    long long phase_num_reqs, phase_max_q, dec_mode, dec_reason, dec_flags, dec_num_tokens,
+        dec_padded_tokens, dec_num_reqs, dec_padded_reqs, dec_max_q, dec_uq;
     struct RingObject *ring; /* strong; the ring the packers and spans stage into */
 } CoreObject;
 
@@ -84,11 +89,25 @@ static PyMemberDef core_members[] = {
     {"sample_n", T_LONGLONG, offsetof(CoreObject, sample_n), 0, "steps seen while sampling"},
     {"timer_every", T_LONGLONG, offsetof(CoreObject, timer_every), 0,
      "GPU timer period in steps (0: no timer)"},
+#define PHASE_LL(name, doc) {#name, T_LONGLONG, offsetof(CoreObject, name), 0, doc}
+    {"phase_open", T_INT, offsetof(CoreObject, phase_open), 0, "inside the runner's dispatch phase"},
+    {"decided", T_INT, offsetof(CoreObject, decided), 0, "a dispatch decision waits for it"},
+    PHASE_LL(phase_num_reqs, "V1 runner: real requests"),
+    PHASE_LL(phase_max_q, "V1 runner: the longest query"),
+    PHASE_LL(dec_mode, "decision: mode"), PHASE_LL(dec_reason, "decision: reason"),
+    PHASE_LL(dec_flags, "decision: flags"), PHASE_LL(dec_num_tokens, "decision: tokens"),
+    PHASE_LL(dec_padded_tokens, "decision: padded tokens"),
+    PHASE_LL(dec_num_reqs, "decision: requests"),
+    PHASE_LL(dec_padded_reqs, "decision: padded requests"),
+    PHASE_LL(dec_max_q, "decision: max_query_len"),
+    PHASE_LL(dec_uq, "decision: uniform_decode_query_len"),
+#undef PHASE_LL
     {NULL}};
 
 #include "_accel_ring.h"  /* Ring, Packer */
 #include "_accel_wrap.h"  /* Span, Gate, Step, Dispatch */
 #include "_accel_build.h" /* Build */
+#include "_accel_phase.h" /* Reorder, Phase */
 
 /* ---------------------------------------------------------------------------------- */
 /* Core type                                                                          */
@@ -147,11 +166,7 @@ PyMODINIT_FUNC PyInit__accel(void) {
     INTERN(S_total, "total_num_scheduled_tokens");
     INTERN(S_num_sched, "num_scheduled_tokens");
     INTERN(S_on_first_step, "on_first_step");
-    INTERN(S_pending, "pending");
-    INTERN(S_open, "open");
-    INTERN(S_decision, "decision");
     INTERN(S_num_reqs, "num_reqs");
-    INTERN(S_max_q, "max_q");
     INTERN(S_num_tokens, "num_tokens");
     INTERN(S_cg_mode, "cg_mode");
     INTERN(S_uniform_decode, "uniform_decode");
@@ -173,13 +188,16 @@ PyMODINIT_FUNC PyInit__accel(void) {
     INTERN(S_build, "build");
     INTERN(S_intern, "intern");
     INTERN(S_name, "__name__");
-    PyTypeObject *types[] = {&CoreType, &RingType, &PackerType,   &SpanType,
-                             &GateType, &StepType, &DispatchType, &BuildType};
+    if (phase_init() < 0) return NULL;
+    PyTypeObject *types[] = {&CoreType,  &RingType,     &PackerType, &SpanType,
+                             &GateType,  &StepType,     &DispatchType, &BuildType,
+                             &ReorderType, &PhaseType};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0) return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (m == NULL) return NULL;
-    const char *names[] = {"Core", "Ring", "Packer", "Span", "Gate", "Step", "Dispatch", "Build"};
+    const char *names[] = {"Core", "Ring",     "Packer", "Span",    "Gate",
+                           "Step", "Dispatch", "Build",  "Reorder", "Phase"};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         Py_INCREF(types[i]);
         if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) return NULL;

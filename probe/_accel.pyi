@@ -19,6 +19,20 @@ class Core:
     step: int
     sample_every: int
     sample_n: int
+    timer_every: int
+    phase_open: int
+    decided: int
+    phase_num_reqs: int
+    phase_max_q: int
+    dec_mode: int
+    dec_reason: int
+    dec_flags: int
+    dec_num_tokens: int
+    dec_padded_tokens: int
+    dec_num_reqs: int
+    dec_padded_reqs: int
+    dec_max_q: int
+    dec_uq: int
     @property
     def bound_ring(self) -> Ring | None: ...
 

@@ -209,9 +209,9 @@ static PyTypeObject GateType =
 #define PHASE_SAMPLE_TOKENS 2
 #define REASON_HIT 1
 
-static PyObject *S_total, *S_num_sched, *S_on_first_step, *S_pending, *S_open, *S_decision,
-    *S_num_reqs, *S_max_q, *S_num_tokens, *S_cg_mode, *S_uniform_decode, *S_udql, *S_dql,
-    *S_uniform_token_count, *S_max_query_len, *S_dummy_run, *S_is_profile;
+static PyObject *S_total, *S_num_sched, *S_on_first_step, *S_num_reqs, *S_num_tokens,
+    *S_cg_mode, *S_uniform_decode, *S_udql, *S_dql, *S_uniform_token_count, *S_max_query_len,
+    *S_dummy_run, *S_is_profile;
 
 
 
@@ -366,11 +366,6 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
     int bad = 0;
     long long num_tokens, num_reqs = 0, max_q = 0, uq;
     int f = (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
-    PyObject *pend = PyObject_GetAttr((PyObject *)c, S_pending);
-    if (pend == NULL || !PyDict_CheckExact(pend)) {
-        Py_XDECREF(pend);
-        return dispatch_record_slow(self, res, t0, t1, args, nargs, kwnames);
-    }
     if (self->which == 0) { /* V1: (mode, BatchDescriptor) */
         if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) < 2) goto slow;
         mode = PyTuple_GET_ITEM(res, 0);
@@ -385,8 +380,8 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
             if (t < 0) goto slow_clear;
             if (t) f |= FLAG_UNIFORM;
         }
-        num_reqs = obj_ll(PyDict_GetItemWithError(pend, S_num_reqs), &bad);
-        max_q = obj_ll(PyDict_GetItemWithError(pend, S_max_q), &bad);
+        num_reqs = c->phase_num_reqs; /* the runner's phase (0 outside one) */
+        max_q = c->phase_max_q;
         uq = attr_ll(me, S_udql, &bad);
     } else { /* MRV2: BatchExecutionDescriptor */
         desc = res;
@@ -416,26 +411,25 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
     long long padded_reqs = attr_ll(desc, S_num_reqs, &bad);
     if (bad || PyErr_Occurred()) goto slow_clear;
     if (max_q < 0 || max_q > INT32_MAX || uq < 0 || uq > UINT32_MAX) goto slow;
-    PyObject *open = PyDict_GetItemWithError(pend, S_open);
-    if (open != NULL && PyObject_IsTrue(open) == 1) {
-        PyObject *d = Py_BuildValue("(iiiLLLLLL)", 2, REASON_HIT, f, num_tokens, padded, num_reqs,
-                                    padded_reqs, max_q, uq);
-        if (d == NULL || PyDict_SetItem(pend, S_decision, d) < 0) {
-            Py_XDECREF(d);
-            goto slow_clear;
-        }
-        Py_DECREF(d);
+    if (c->phase_open) { /* the phase writes it with its span; the last re-dispatch wins */
+        c->dec_mode = 2;
+        c->dec_reason = REASON_HIT;
+        c->dec_flags = f;
+        c->dec_num_tokens = num_tokens;
+        c->dec_padded_tokens = padded;
+        c->dec_num_reqs = num_reqs;
+        c->dec_padded_reqs = padded_reqs;
+        c->dec_max_q = max_q;
+        c->dec_uq = uq;
+        c->decided = 1;
     } else {
-        if (PyErr_Occurred()) goto slow_clear;
         ring_stage_wire(r, KIND_DISPATCH, 2, REASON_HIT, f, c->step, t0, t1, num_tokens, padded,
                         num_reqs, padded_reqs, (int64_t)((uint64_t)max_q << 32) | (uint32_t)uq);
     }
-    Py_DECREF(pend);
     return res;
 slow_clear:
     PyErr_Clear();
 slow:
-    Py_DECREF(pend);
     return dispatch_record_slow(self, res, t0, t1, args, nargs, kwnames);
 }
 

@@ -76,6 +76,21 @@ HOT_FIELDS: dict[str, int] = {
     "sample_every": 1,  # record 1 engine step in N (execute_model decides)
     "sample_n": 0,  # steps seen while sampling
     "timer_every": 0,  # the GPU timer's period (compiled fast paths leave its steps)
+    # the runner's dispatch phase and the decision a dispatcher made inside it
+    # (probe.hooks.dispatch; the record is written when the phase closes)
+    "phase_open": 0,
+    "decided": 0,
+    "phase_num_reqs": 0,  # V1 runner: real requests
+    "phase_max_q": 0,  # V1 runner: the longest query
+    "dec_mode": 0,  # the decision: (mode, reason, flags, num_tokens, padded_tokens,
+    "dec_reason": 0,  # num_reqs, padded_reqs, max_q, uq) of its DISPATCH record
+    "dec_flags": 0,
+    "dec_num_tokens": 0,
+    "dec_padded_tokens": 0,
+    "dec_num_reqs": 0,
+    "dec_padded_reqs": 0,
+    "dec_max_q": 0,
+    "dec_uq": 0,
 }
 """The hot fields of ``Core`` (C members on the compiled path) and their fresh values."""
 
@@ -94,6 +109,19 @@ class PyCore:
     sample_every: int
     sample_n: int
     timer_every: int
+    phase_open: int
+    decided: int
+    phase_num_reqs: int
+    phase_max_q: int
+    dec_mode: int
+    dec_reason: int
+    dec_flags: int
+    dec_num_tokens: int
+    dec_padded_tokens: int
+    dec_num_reqs: int
+    dec_padded_reqs: int
+    dec_max_q: int
+    dec_uq: int
 
     def __init__(self) -> None:
         for name, value in HOT_FIELDS.items():
@@ -215,9 +243,43 @@ def build_hook(
     return c.Build(orig, record, rt, tag)
 
 
+def reorder_hook(
+    orig: Callable[..., Any],
+    record: Callable[..., Any],
+    impl: Callable[..., Any],
+    rt: Any,
+    which: int,
+) -> Any | None:
+    """A reorder decision (which=0: V1 ``_may_reorder_batch``, 1: MRV2 ``sort_batch_req_ids``)
+    recorded in C; a call it cannot start goes to the Python hook ``impl``, a result it
+    cannot read to ``record``. None on the Python path."""
+    c = _compiled()
+    if c is None or not isinstance(rt, c.Core):
+        return None
+    return c.Reorder(orig, record, impl, rt, which)
+
+
+def phase_hook(
+    orig: Callable[..., Any],
+    record: Callable[..., Any],
+    impl: Callable[..., Any],
+    rt: Any,
+    which: int,
+    positions: tuple[int, int] | None = None,
+) -> Any | None:
+    """The runner's dispatch phase (which=0: V1 ``_determine_batch_execution_and_padding``,
+    1: MRV2 ``dispatch_cg_and_sync_dp``) in C, its close handed to the Python ``record(t0,
+    t1, *args, **kwargs)`` when it cannot write it. None on the Python path."""
+    c = _compiled()
+    if c is None or not isinstance(rt, c.Core):
+        return None
+    return c.Phase(orig, record, impl, rt, which, positions)
+
+
 def _check_wire_layout() -> None:
-    """The compiled Span, Step and Dispatch write SPAN and DISPATCH records themselves:
-    those two declarations must keep the wire slots the C code uses."""
+    """The compiled Span, Step, Dispatch, Phase and Reorder write SPAN, DISPATCH and
+    REORDER records themselves: those declarations must keep the wire slots the C code
+    uses, with no ``unknown_as`` bias (the C writes the values as they are)."""
     wire = {
         records.RecordKind.SPAN: {
             "step": ("step", ""), "phase": ("a", ""), "flags": ("c", ""), "t0": ("t0", ""),
@@ -228,6 +290,12 @@ def _check_wire_layout() -> None:
             "t0": ("t0", ""), "t1": ("t1", ""), "num_tokens": ("v0", ""),
             "padded_tokens": ("v1", ""), "num_reqs": ("v2", ""), "padded_reqs": ("v3", ""),
             "max_query_len": ("v4", "hi"), "uniform_decode_query_len": ("v4", "lo"),
+        },
+        records.RecordKind.REORDER: {
+            "step": ("step", ""), "changed": ("a", ""), "spec_as_decode": ("b", ""),
+            "flags": ("c", ""), "t0": ("t0", ""), "t1": ("t1", ""), "threshold": ("v0", ""),
+            "num_reqs": ("v1", ""), "num_decodes": ("v2", ""), "num_decode_tokens": ("v3", ""),
+            "moved": ("v4", ""),
         },
     }  # fmt: skip
     # the compiled Build passes the BUILD fields positionally, in this order
@@ -243,8 +311,9 @@ def _check_wire_layout() -> None:
             "order probe._accel's Build passes"
         )
     for kind, want in wire.items():
-        got = {f.name: (f.slot, f.part) for f in records.SPECS[kind].fields}
-        if got != want:
+        fields = records.SPECS[kind].fields
+        got = {f.name: (f.slot, f.part) for f in fields}
+        if got != want or any(f.unknown_as is not None for f in fields):
             raise ImportError(
                 f"probe.accel: the {kind.name} declaration {got} no longer "
                 "matches the records probe._accel writes itself"

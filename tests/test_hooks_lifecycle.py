@@ -198,18 +198,21 @@ def test_probe_fault_removes_hook_keeps_result(
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
     original = vars(CudagraphDispatcher)["dispatch"]
-    expected = original(v1_dispatcher, num_tokens=6, uniform_decode=True)
+    expected = original(v1_dispatcher, num_tokens=40, uniform_decode=True)
     hooks.install(["dispatch"], lazy=False)
     hooks.enable(ring, gpu_timing=False)
 
-    # the runner context the hook reads raises: on the compiled path the C fast path hands
-    # the call to the Python record function, which meets the same error
-    monkeypatch.setattr(RT, "pending", _Raiser(RuntimeError("probe bug")))
-    got = v1_dispatcher.dispatch(num_tokens=6, uniform_decode=True)
+    # the miss reason's computation raises (a probe bug): on the compiled path the C fast
+    # path hands the miss to the Python record function, which meets the error
+    def broken() -> Any:
+        raise RuntimeError("probe bug")
+
+    monkeypatch.setattr(dispatch_hooks, "_reasons", broken)
+    got = v1_dispatcher.dispatch(num_tokens=40, uniform_decode=True)
     assert got == expected
     assert vars(CudagraphDispatcher)["dispatch"] is original
     assert RT.faults == {"dispatch.v1.dispatcher": 1}
-    assert v1_dispatcher.dispatch(num_tokens=6, uniform_decode=True) == expected
+    assert v1_dispatcher.dispatch(num_tokens=40, uniform_decode=True) == expected
     assert RT.faults == {"dispatch.v1.dispatcher": 1}
 
 

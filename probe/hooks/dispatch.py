@@ -4,7 +4,7 @@ Supports vLLM 0.26 to 0.33.
 
 - V1: ``CudagraphDispatcher.dispatch`` decides; ``GPUModelRunner.
   _determine_batch_execution_and_padding`` around it knows the real request count and the
-  longest query, which it hands to the inner hook through ``RT.pending``. The MTP
+  longest query, which it hands to the inner hook (see below). The MTP
   drafter's own dispatcher (``SpecDecodeBaseProposer``) is the same class; its records are
   flagged DRAFTER by the drafter scope.
 - MRV2: ``CudaGraphManager.dispatch`` decides; ``dispatch_cg_and_sync_dp`` skips it when
@@ -16,9 +16,16 @@ the slow ones.
 
 One record per decision: inside the runner's dispatch phase (V1
 ``_determine_batch_execution_and_padding``, MRV2 ``dispatch_cg_and_sync_dp``) the inner
-hook hands its decision to the outer one (``RT.pending["decision"]``; under DP > 1 the last
-re-dispatch wins, as in vLLM), which writes it with the phase's own span (``Flag.SPAN``).
-A dispatch with no runner phase around it (the MTP drafter's) writes its own record.
+hook hands its decision to the outer one (under DP > 1 the last re-dispatch wins, as in
+vLLM), which writes it with the phase's own span (``Flag.SPAN``); a phase with no
+decision inside it writes a plain DISPATCH span. A dispatch with no runner phase around
+it (the MTP drafter's) writes its own record.
+
+The hand-off is in hot fields of the runtime (:data:`probe.accel.HOT_FIELDS`:
+``phase_open``, the V1 runner's ``phase_num_reqs``/``phase_max_q``, the decision's
+``dec_*``), C members on the compiled path, where the dispatchers' FULL hits and both
+phase wrappers run in C and allocate nothing; misses (which compute a reason) and the
+pure-Python path read and write the same fields.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
+from operator import index
 from typing import Any
 
 from probe import accel
@@ -129,6 +137,11 @@ def _positions(sig: inspect.Signature, *names: str) -> list[int]:
     return [params.index(n) if n in params else -1 for n in names]
 
 
+def _int_or_0(v: Any) -> int:
+    """A runner's count as the phase keeps it: ``v or 0``, as an int."""
+    return index(v) if v else 0
+
+
 def v1_runner_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     """``GPUModelRunner._determine_batch_execution_and_padding``: batch facts + DISPATCH span."""
     sig = inspect.signature(orig)
@@ -136,43 +149,63 @@ def v1_runner_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., An
     i_reqs = names.index("num_reqs") if "num_reqs" in names else -1
     i_maxq = names.index("max_num_scheduled_tokens") if "max_num_scheduled_tokens" in names else -1
 
+    def close(t0: int, t1: int, /, *args: Any, **kwargs: Any) -> None:
+        try:
+            _close_phase(t0, t1, 0)
+        except Exception as exc:
+            _abandon_phase(hook, exc)
+
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
             return orig(*args, **kwargs)
         try:
-            pend = RT.pending
-            pend["num_reqs"] = args[i_reqs] if 0 <= i_reqs < len(args) else kwargs.get("num_reqs")
-            pend["max_q"] = (
-                args[i_maxq] if 0 <= i_maxq < len(args) else kwargs.get("max_num_scheduled_tokens")
+            n = len(args)
+            rt = RT
+            rt.phase_num_reqs = _int_or_0(
+                args[i_reqs] if 0 <= i_reqs < n else kwargs.get("num_reqs")
             )
-            pend["force_eager"] = kwargs.get("force_eager", False)
-            pend["open"] = True
+            rt.phase_max_q = _int_or_0(
+                args[i_maxq] if 0 <= i_maxq < n else kwargs.get("max_num_scheduled_tokens")
+            )
+            rt.decided = 0
+            rt.phase_open = 1
         except Exception as exc:
-            hook.fail(exc)
+            _abandon_phase(hook, exc)
             return orig(*args, **kwargs)
         t0 = _clock(BOOTTIME)
         try:
             return orig(*args, **kwargs)
         finally:
             t1 = _clock(BOOTTIME)
-            try:
-                _close_phase(pend, t0, t1, 0)
-            except Exception as exc:
-                hook.fail(exc)
+            close(t0, t1, *args, **kwargs)
 
-    return wrapper
+    compiled = accel.phase_hook(orig, close, wrapper, RT, 0, (i_reqs, i_maxq))
+    return compiled if compiled is not None else wrapper
 
 
-def _close_phase(pend: dict[str, Any], t0: int, t1: int, extra: int) -> None:
+def _close_phase(t0: int, t1: int, extra: int) -> None:
     """End of the runner's dispatch phase: its decision and span in one DISPATCH record
     (or a plain span when no decision was made inside it)."""
-    decision = pend.get("decision")
-    pend.clear()
-    f = extra | (0 if RT.in_step else _OUTSIDE) | (_DRAFTER if RT.drafter else 0)
-    if decision is None:
-        RT.put.span(RT.step, _PHASE, t0, t1, f, 0, 0)
+    rt = RT
+    decided = rt.decided
+    if decided:
+        decision = (
+            rt.dec_mode, rt.dec_reason, rt.dec_flags, rt.dec_num_tokens, rt.dec_padded_tokens,
+            rt.dec_num_reqs, rt.dec_padded_reqs, rt.dec_max_q, rt.dec_uq,
+        )  # fmt: skip
+    rt.phase_open = rt.decided = rt.phase_num_reqs = rt.phase_max_q = 0
+    if not decided:
+        f = extra | (0 if rt.in_step else _OUTSIDE) | (_DRAFTER if rt.drafter else 0)
+        rt.put.span(rt.step, _PHASE, t0, t1, f, 0, 0)
         return
     _put(decision, t0, t1, _SPANF)
+
+
+def _abandon_phase(hook: Hook, exc: BaseException) -> None:
+    """A fault in a phase hook: the phase is closed unwritten (so that dispatches after it
+    write their own records) and the hook removed."""
+    RT.phase_open = RT.decided = RT.phase_num_reqs = RT.phase_max_q = 0
+    hook.fail(exc)
 
 
 def _put(decision: tuple[int, ...], t0: int, t1: int, extra: int = 0) -> None:
@@ -186,7 +219,6 @@ def _put(decision: tuple[int, ...], t0: int, t1: int, extra: int = 0) -> None:
 
 
 def _decide(
-    pend: dict[str, Any],
     m: int,
     reason: int,
     f: int,
@@ -199,12 +231,17 @@ def _decide(
     max_q: int,
     uq: int,
 ) -> None:
-    """A dispatcher's decision: to the open runner phase, or a record of its own."""
-    decision = (m, reason, f, num_tokens, padded_tokens, num_reqs, padded_reqs, max_q, uq)
-    if pend.get("open"):
-        pend["decision"] = decision
-    else:
-        _put(decision, t0, t1)
+    """A dispatcher's decision: to the open runner phase (the last one wins), or a record
+    of its own."""
+    rt = RT
+    if not rt.phase_open:
+        _put((m, reason, f, num_tokens, padded_tokens, num_reqs, padded_reqs, max_q, uq), t0, t1)
+        return
+    rt.dec_mode, rt.dec_reason, rt.dec_flags = m, reason, f
+    rt.dec_num_tokens, rt.dec_padded_tokens = num_tokens, padded_tokens
+    rt.dec_num_reqs, rt.dec_padded_reqs = num_reqs, padded_reqs
+    rt.dec_max_q, rt.dec_uq = max_q, uq
+    rt.decided = 1
 
 
 def _mode_members() -> tuple[Any, Any]:
@@ -254,14 +291,10 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                         self, mode, desc, ctx=ctx, **_bind(sig, (self, *args), kwargs)
                     ),
                 )
-            pend = RT.pending
-            num_reqs = pend.get("num_reqs") or 0
-            max_q = pend.get("max_q") or 0
             f = (0 if RT.in_step else _OUTSIDE) | (_DRAFTER if RT.drafter else 0)
             if uniform:
                 f |= _UNIFORM
             _decide(
-                pend,
                 m,
                 reason,
                 f,
@@ -269,9 +302,9 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 t1,
                 num_tokens,
                 desc.num_tokens,
-                num_reqs,
+                RT.phase_num_reqs,  # the runner's phase (0 outside one)
                 desc.num_reqs or 0,
-                max_q,
+                RT.phase_max_q,
                 self.uniform_decode_query_len,
             )
         except Exception as exc:
@@ -373,7 +406,6 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             if utc is not None and utc == dql:
                 f |= _UNIFORM
             _decide(
-                RT.pending,
                 m,
                 reason,
                 f,
@@ -406,38 +438,34 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
 
 def mrv2_sync_dp(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     """``dispatch_cg_and_sync_dp``: DISPATCH span; records forced-eager steps itself."""
+    eager = int(Reason.FORCED_EAGER)
+
+    def close(t0: int, t1: int, /, *args: Any, **kwargs: Any) -> None:
+        try:
+            rt = RT
+            if kwargs.get("need_eager") and rt.in_step:
+                num_reqs = args[1] if len(args) > 1 else kwargs.get("num_reqs", 0)
+                num_tokens = args[2] if len(args) > 2 else kwargs.get("num_tokens", 0)
+                f = _MRV2 | (_DRAFTER if rt.drafter else 0)
+                _decide(0, eager, f, t0, t1, num_tokens, num_tokens, num_reqs, num_reqs, 0, 0)
+            _close_phase(t0, t1, _MRV2)
+        except Exception as exc:
+            _abandon_phase(hook, exc)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
             return orig(*args, **kwargs)
-        pend = RT.pending
-        pend["open"] = True
+        RT.decided = 0
+        RT.phase_open = 1
         t0 = _clock(BOOTTIME)
         try:
             return orig(*args, **kwargs)
         finally:
             t1 = _clock(BOOTTIME)
-            try:
-                if kwargs.get("need_eager") and RT.in_step:
-                    num_reqs = args[1] if len(args) > 1 else kwargs.get("num_reqs", 0)
-                    num_tokens = args[2] if len(args) > 2 else kwargs.get("num_tokens", 0)
-                    f = _MRV2 | (_DRAFTER if RT.drafter else 0)
-                    pend["decision"] = (
-                        0,
-                        int(Reason.FORCED_EAGER),
-                        f,
-                        num_tokens,
-                        num_tokens,
-                        num_reqs,
-                        num_reqs,
-                        0,
-                        0,
-                    )
-                _close_phase(pend, t0, t1, _MRV2)
-            except Exception as exc:
-                hook.fail(exc)
+            close(t0, t1, *args, **kwargs)
 
-    return wrapper
+    compiled = accel.phase_hook(orig, close, wrapper, RT, 1)
+    return compiled if compiled is not None else wrapper
 
 
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner"

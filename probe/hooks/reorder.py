@@ -11,7 +11,10 @@ Supports vLLM 0.26 to 0.33.
   by name) orders verify/decode requests first; the hook records the same facts with the
   decode query length as the threshold.
 
-One REORDER record per decision; its t0/t1 are the step's reorder phase.
+One REORDER record per decision; its t0/t1 are the step's reorder phase. On the compiled
+path (:mod:`probe.accel`) both hooks record in C; any input the C code does not read
+(not an exact dict, list, str id or int, an error) goes to the Python ``record``, so the
+records and the faults are the same on both paths.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from functools import partial
 from operator import eq, ge
 from typing import Any
 
+from probe import accel
 from probe.hooks._base import Family, Hook, Target
 from probe.records import Flag
 from probe.runtime import BOOTTIME, RT
@@ -37,6 +41,38 @@ def _moved(before: Any, after: Any) -> int:
 
 
 def v1_may_reorder(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    def record(
+        before: list[Any], t0: int, t1: int, /, self: Any, scheduler_output: Any, *a: Any, **k: Any
+    ) -> None:
+        try:
+            after = self.input_batch.req_ids
+            # the common case (nothing moved) is one C-level list comparison
+            moved = 0 if before == after else _moved(before, after)
+            thr = self.reorder_batch_threshold
+            uq = getattr(self, "uniform_decode_query_len", 1)
+            counts = scheduler_output.num_scheduled_tokens.values()
+            if thr is None:
+                nd = ndt = 0
+            else:
+                dec = list(filter(partial(ge, thr), counts))  # C-level, O(requests)
+                nd, ndt = len(dec), sum(dec)
+            f = 0 if RT.in_step else _OUTSIDE
+            RT.put.reorder(
+                RT.step,
+                moved > 0,
+                f,
+                t0,
+                t1,
+                -1 if thr is None else thr,
+                len(before),
+                nd,
+                ndt,
+                moved,
+                bool(thr is not None and uq > 1 and thr >= uq),  # numpy ints give numpy bools
+            )
+        except Exception as exc:
+            hook.fail(exc)
+
     def _may_reorder_batch(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
             return orig(self, scheduler_output, *args, **kwargs)
@@ -50,47 +86,19 @@ def v1_may_reorder(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             return orig(self, scheduler_output, *args, **kwargs)
         finally:
             t1 = _clock(BOOTTIME)
-            try:
-                after = self.input_batch.req_ids
-                # the common case (nothing moved) is one C-level list comparison
-                moved = 0 if before == after else _moved(before, after)
-                thr = self.reorder_batch_threshold
-                uq = getattr(self, "uniform_decode_query_len", 1)
-                counts = scheduler_output.num_scheduled_tokens.values()
-                if thr is None:
-                    nd = ndt = 0
-                else:
-                    dec = list(filter(partial(ge, thr), counts))  # C-level, O(requests)
-                    nd, ndt = len(dec), sum(dec)
-                f = 0 if RT.in_step else _OUTSIDE
-                RT.put.reorder(
-                    RT.step,
-                    moved > 0,
-                    f,
-                    t0,
-                    t1,
-                    -1 if thr is None else thr,
-                    len(before),
-                    nd,
-                    ndt,
-                    moved,
-                    thr is not None and uq > 1 and thr >= uq,
-                )
-            except Exception as exc:
-                hook.fail(exc)
+            record(before, t0, t1, self, scheduler_output, *args, **kwargs)
 
-    return _may_reorder_batch
+    # exact lists, dicts, str ids and ints are recorded in C; everything else by ``record``
+    compiled = accel.reorder_hook(orig, record, _may_reorder_batch, RT, 0)
+    return compiled if compiled is not None else _may_reorder_batch
 
 
 def mrv2_sort(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
-    def sort_batch_req_ids(num_tokens_per_req: Any, *args: Any, **kwargs: Any) -> Any:
-        if not RT.enabled:
-            return orig(num_tokens_per_req, *args, **kwargs)
-        t0 = _clock(BOOTTIME)
-        result = orig(num_tokens_per_req, *args, **kwargs)
-        t1 = _clock(BOOTTIME)
+    def record(
+        result: Any, t0: int, t1: int, num_tokens_per_req: Any, /, *a: Any, **k: Any
+    ) -> None:
         try:
-            dql = args[-1] if args else kwargs.get("decode_query_len", 1)
+            dql = k["decode_query_len"] if "decode_query_len" in k else a[-1] if a else 1
             before = list(num_tokens_per_req)
             moved = 0 if before == result else _moved(before, result)
             dec = list(filter(partial(eq, dql), num_tokens_per_req.values()))
@@ -106,13 +114,22 @@ def mrv2_sort(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 len(dec),
                 sum(dec),
                 moved,
-                dql > 1,
+                bool(dql > 1),
             )
         except Exception as exc:
             hook.fail(exc)
+
+    def sort_batch_req_ids(num_tokens_per_req: Any, *args: Any, **kwargs: Any) -> Any:
+        if not RT.enabled:
+            return orig(num_tokens_per_req, *args, **kwargs)
+        t0 = _clock(BOOTTIME)
+        result = orig(num_tokens_per_req, *args, **kwargs)
+        t1 = _clock(BOOTTIME)
+        record(result, t0, t1, num_tokens_per_req, *args, **kwargs)
         return result
 
-    return sort_batch_req_ids
+    compiled = accel.reorder_hook(orig, record, sort_batch_req_ids, RT, 1)
+    return compiled if compiled is not None else sort_batch_req_ids
 
 
 TARGETS: tuple[Target, ...] = (
