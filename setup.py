@@ -11,7 +11,12 @@ setup(
         Extension(
             "probe._accel",
             ["probe/_accel.c"],
-            depends=["probe/_accel_ring.h", "probe/_accel_wrap.h", "probe/_accel_build.h"],
+            depends=[
+                "probe/_accel_ring.h",
+                "probe/_accel_wrap.h",
+                "probe/_accel_build.h",
+                "probe/_accel_fwd.h",
+            ],
             optional=True,
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wno-missing-field-initializers"],
         )

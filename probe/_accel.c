@@ -19,7 +19,8 @@
  *             directly; when on, calls the Python hook.
  *
  * The rooms are in _accel_ring.h (Ring, Packer), _accel_wrap.h (Span, Gate, Step,
- * Dispatch) and _accel_build.h (Build), included below into this one translation unit.
+ * Dispatch), _accel_build.h (Build) and _accel_fwd.h (Forward, Replay), included below
+ * into this one translation unit.
  *
  * A wrapper never swallows or changes vLLM's result or exception; no function here raises
  * on the hot path except for arguments that cannot be packed (the calling Python hook
@@ -68,6 +69,10 @@ typedef struct {
     long long sample_n;
     long long timer_every; /* >0: the GPU timer samples 1 step in N (Python handles those) */
     struct RingObject *ring; /* strong; the ring the packers and spans stage into */
+    struct { /* the open target forward launch (_accel_fwd.h) */
+        int open;
+        long long mode, tokens, full, pieces, captures, passes, t0, t1;
+    } fwd;
 } CoreObject;
 
 static PyTypeObject CoreType;
@@ -84,11 +89,23 @@ static PyMemberDef core_members[] = {
     {"sample_n", T_LONGLONG, offsetof(CoreObject, sample_n), 0, "steps seen while sampling"},
     {"timer_every", T_LONGLONG, offsetof(CoreObject, timer_every), 0,
      "GPU timer period in steps (0: no timer)"},
+#define FWD_MEMBER(name, type, field, doc) {name, type, offsetof(CoreObject, fwd.field), 0, doc},
+    FWD_MEMBER("fwd_open", T_INT, open, ">0 while a target forward launch is open")
+    FWD_MEMBER("fwd_mode", T_LONGLONG, mode, "its last replay's mode")
+    FWD_MEMBER("fwd_tokens", T_LONGLONG, tokens, "its last replay's num_tokens")
+    FWD_MEMBER("fwd_full", T_LONGLONG, full, "its FULL replays")
+    FWD_MEMBER("fwd_pieces", T_LONGLONG, pieces, "its PIECEWISE piece replays")
+    FWD_MEMBER("fwd_captures", T_LONGLONG, captures, "its captures")
+    FWD_MEMBER("fwd_passes", T_LONGLONG, passes, "its calls into run_pw_graph")
+    FWD_MEMBER("fwd_t0", T_LONGLONG, t0, "its first replay's start (0: none)")
+    FWD_MEMBER("fwd_t1", T_LONGLONG, t1, "its last replay's end")
+#undef FWD_MEMBER
     {NULL}};
 
 #include "_accel_ring.h"  /* Ring, Packer */
 #include "_accel_wrap.h"  /* Span, Gate, Step, Dispatch */
 #include "_accel_build.h" /* Build */
+#include "_accel_fwd.h"   /* Forward, Replay */
 
 /* ---------------------------------------------------------------------------------- */
 /* Core type                                                                          */
@@ -180,13 +197,16 @@ PyMODINIT_FUNC PyInit__accel(void) {
     INTERN(S_build, "build");
     INTERN(S_intern, "intern");
     INTERN(S_name, "__name__");
+    if (fwd_intern() < 0) return NULL;
     PyTypeObject *types[] = {&CoreType, &RingType, &PackerType,   &SpanType,
-                             &GateType, &StepType, &DispatchType, &BuildType};
+                             &GateType, &StepType, &DispatchType, &BuildType,
+                             &ForwardType, &ReplayType};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0) return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (m == NULL) return NULL;
-    const char *names[] = {"Core", "Ring", "Packer", "Span", "Gate", "Step", "Dispatch", "Build"};
+    const char *names[] = {"Core", "Ring",     "Packer", "Span",    "Gate",
+                           "Step", "Dispatch", "Build",  "Forward", "Replay"};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         Py_INCREF(types[i]);
         if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) return NULL;

@@ -19,6 +19,15 @@ class Core:
     step: int
     sample_every: int
     sample_n: int
+    fwd_open: int
+    fwd_mode: int
+    fwd_tokens: int
+    fwd_full: int
+    fwd_pieces: int
+    fwd_captures: int
+    fwd_passes: int
+    fwd_t0: int
+    fwd_t1: int
     @property
     def bound_ring(self) -> Ring | None: ...
 
@@ -58,5 +67,29 @@ class Gate:
         impl: Callable[..., Any],
         core: Core,
         sampling: bool = False,
+    ) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+class Forward:
+    orig: Callable[..., Any]
+    def __init__(
+        self,
+        orig: Callable[..., Any],
+        impl: Callable[..., Any],
+        record: Callable[..., Any],
+        core: Core,
+    ) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+class Replay:
+    orig: Callable[..., Any]
+    def __init__(
+        self,
+        orig: Callable[..., Any],
+        impl: Callable[..., Any],
+        record: Callable[..., Any],
+        core: Core,
+        which: int,
+        fcm: Any = None,
     ) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...

@@ -71,7 +71,6 @@ class Runtime(accel.Core):  # type: ignore[misc]
         self.flush: Callable[[], None] = _nothing  # the step buffer to the ring (attach)
         self.hot_path = "python"  # which path the attached writer runs
         self.pending: dict[str, Any] = {}  # runner-level context handed to inner hooks
-        self.fwd: Any = None  # the open target forward launch (hooks.step.ForwardScope)
         self.strings: dict[str, int] = {}
         self.faults: dict[str, int] = {}
         self.graph_ctx: Any = None  # probe.reasons.GraphContext once known
