@@ -69,6 +69,7 @@ typedef struct {
     long long sample_n;
     long long timer_every; /* >0: the GPU timer samples 1 step in N (Python handles those) */
     struct RingObject *ring; /* strong; the ring the packers and spans stage into */
+    int tee; /* probe.markers tees RT.put: Forward and Replay write through it */
     struct { /* the open target forward launch (_accel_fwd.h) */
         int open;
         long long mode, tokens, full, pieces, captures, passes, t0, t1;
@@ -89,6 +90,7 @@ static PyMemberDef core_members[] = {
     {"sample_n", T_LONGLONG, offsetof(CoreObject, sample_n), 0, "steps seen while sampling"},
     {"timer_every", T_LONGLONG, offsetof(CoreObject, timer_every), 0,
      "GPU timer period in steps (0: no timer)"},
+    {"tee", T_INT, offsetof(CoreObject, tee), 0, "probe.markers tees RT.put"},
 #define FWD_MEMBER(name, type, field, doc) {name, type, offsetof(CoreObject, fwd.field), 0, doc},
     FWD_MEMBER("fwd_open", T_INT, open, ">0 while a target forward launch is open")
     FWD_MEMBER("fwd_mode", T_LONGLONG, mode, "its last replay's mode")

@@ -19,6 +19,7 @@ class Core:
     step: int
     sample_every: int
     sample_n: int
+    tee: int
     fwd_open: int
     fwd_mode: int
     fwd_tokens: int

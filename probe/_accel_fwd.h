@@ -68,6 +68,10 @@ static inline void scope_count(CoreObject *c, long long mode, int captured, long
     c->fwd.t1 = t1;
 }
 
+/* The ring to stage into; NULL (every record through the Python record, hence RT.put)
+   while probe.markers tees RT.put. */
+static inline RingObject *direct_ring(CoreObject *c) { return c->tee ? NULL : c->ring; }
+
 static inline int outside_flags(CoreObject *c) {
     return (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
 }
@@ -98,7 +102,7 @@ static PyObject *forward_call(FwdObject *self, PyObject *const *args, size_t nar
     if (!c->enabled) return PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
     int outer = c->fwd.open;
     int opened = c->in_step > 0 && c->drafter <= 0 && !outer;
-    if (c->ring == NULL ||
+    if (direct_ring(c) == NULL ||
         (opened && c->gpu_timing && (c->timer_every <= 0 || c->step % c->timer_every == 0)))
         return PyObject_Vectorcall(self->hook, args, nargsf, kwnames);
     if (opened) {
@@ -109,7 +113,7 @@ static PyObject *forward_call(FwdObject *self, PyObject *const *args, size_t nar
     PyObject *res = PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
     int64_t t1 = boottime();
     if (opened) c->fwd.open = 0;
-    RingObject *r = c->ring;
+    RingObject *r = direct_ring(c);
     int f = outside_flags(c);
     if (opened) {
         long long m = c->fwd.mode, full = c->fwd.full, caps = c->fwd.captures;
@@ -145,7 +149,7 @@ static PyObject *replay_mrv2(FwdObject *self, PyObject *const *args, size_t narg
     PyObject *res = PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
     int64_t t1 = boottime();
     if (res == NULL) return NULL;
-    RingObject *r = c->ring;
+    RingObject *r = direct_ring(c);
     if (r == NULL || nargs < 1) goto slow;
     PyObject *me = args[0];
     int drafter = mrv2_drafter(c, me);
@@ -206,7 +210,7 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *ctx = NULL, *mode = NULL, *want = NULL, *val = NULL, *desc = NULL, *ents = NULL,
              *cg = NULL;
-    if (nargs < 1 || c->ring == NULL || get_or_clear(self->fcm, S_fctx, &ctx) < 0) goto impl;
+    if (nargs < 1 || direct_ring(c) == NULL || get_or_clear(self->fcm, S_fctx, &ctx) < 0) goto impl;
     if (ctx == Py_None) goto orig;
     PyObject *me = args[0];
     if (get_or_clear(ctx, S_rt_mode, &mode) < 0 || get_or_clear(me, S_runtime_mode, &want) < 0 ||
@@ -261,7 +265,7 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
         }
         Py_DECREF(nt);
     }
-    RingObject *r = c->ring;
+    RingObject *r = direct_ring(c);
     if (ok && c->fwd.open && c->drafter <= 0) {
         scope_count(c, mv, captured, n, t0, t1);
     } else if (ok && r != NULL && mv <= 255 && mv >= 0) {

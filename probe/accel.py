@@ -76,6 +76,7 @@ HOT_FIELDS: dict[str, int] = {
     "sample_every": 1,  # record 1 engine step in N (execute_model decides)
     "sample_n": 0,  # steps seen while sampling
     "timer_every": 0,  # the GPU timer's period (compiled fast paths leave its steps)
+    "tee": 0,  # >0 while probe.markers tees RT.put: the compiled Forward/Replay write through it
     # the open target forward launch (hooks.step.forward) and the replays counted into it
     "fwd_open": 0,  # >0 while one is open
     "fwd_mode": 0,  # the last replay's mode
@@ -104,6 +105,7 @@ class PyCore:
     sample_every: int
     sample_n: int
     timer_every: int
+    tee: int
     fwd_open: int
     fwd_mode: int
     fwd_tokens: int

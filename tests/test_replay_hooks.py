@@ -432,3 +432,35 @@ def test_python_hooks_record_each_shape(shape: str, tmp_path: Path) -> None:
         else:
             assert hid not in left and hid.startswith("replay.")
     assert not [r for r in recs if r[0] not in ("Forward", "Replay", "Span", "Fault")]
+
+
+@pytest.mark.parametrize("path", ["compiled", "python"] if accel.COMPILED else ["python"])
+def test_live_marks_see_the_replays_on_a_compiled_ring(path: str, tmp_path: Path) -> None:
+    """With PROBE_ROCTX=1 the records go through the marker tee (RT.put), not straight
+    into the ring: the replay marks are there on both paths."""
+    from probe import markers
+    from tests.test_roctx_live import FakeRoctx
+
+    w = _world()
+    inst = Installer()
+    _install(w, inst, path, path)
+    fake = FakeRoctx()
+    with accel.use(path):
+        writer = RingWriter.create(tmp_path / "ring", 256)
+    try:
+        RT.attach(writer)
+        RT.on_first_step = []
+        RT.enabled, RT.in_step, RT.step = True, 1, 7
+        assert markers.start(RT, inst, {"PROBE_ROCTX": "1"}, importer=lambda name: fake)
+        assert RT.tee == 1
+        mrv2_drafter(w)
+        RT.in_step, RT.enabled = 0, False
+        RT.detach()
+        inst.uninstall()
+        kinds = [type(r).__name__ for r in drain(writer)[0]]
+    finally:
+        markers._CURRENT[0] = None
+        writer.close()
+    marks = [c[1] for c in fake.calls if c[0] == "mark"]
+    assert marks == ["replay FULL step 7"] + ["drafter replay FULL step 7"] * 2
+    assert kinds == ["Forward", "Replay", "Replay", "Span"]
