@@ -48,6 +48,12 @@ typedef struct {
     WrapObject w;   /* orig, impl (the Python hook's record: what C does not stage), core */
     PyObject *hook; /* the whole Python hook: the calls C does not take */
     PyObject *fcm;  /* Replay which=2: the module vllm.forward_context */
+    /* which=2, per call of every piece: the last mode seen and its value (an enum member's
+       value never changes; ``.value`` is a Python property), the last batch descriptor
+       and its hash (a frozen dataclass: a Python __hash__). Strong references. */
+    PyObject *last_mode, *last_desc;
+    long long last_mv;
+    Py_hash_t last_hash;
 } FwdObject;
 
 static PyTypeObject ForwardType;
@@ -213,11 +219,19 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
     if (nargs < 1 || direct_ring(c) == NULL || get_or_clear(self->fcm, S_fctx, &ctx) < 0) goto impl;
     if (ctx == Py_None) goto orig;
     PyObject *me = args[0];
-    if (get_or_clear(ctx, S_rt_mode, &mode) < 0 || get_or_clear(me, S_runtime_mode, &want) < 0 ||
-        get_or_clear(mode, S_value, &val) < 0 || !PyLong_CheckExact(val))
+    if (get_or_clear(ctx, S_rt_mode, &mode) < 0 || get_or_clear(me, S_runtime_mode, &want) < 0)
         goto impl;
-    long long mv = PyLong_AsLongLong(val);
-    if (mv == -1 && PyErr_Occurred()) goto impl_clear;
+    long long mv;
+    if (mode == self->last_mode) {
+        mv = self->last_mv;
+    } else {
+        if (get_or_clear(mode, S_value, &val) < 0 || !PyLong_CheckExact(val)) goto impl;
+        mv = PyLong_AsLongLong(val);
+        if (mv == -1 && PyErr_Occurred()) goto impl_clear;
+        Py_INCREF(mode);
+        Py_XSETREF(self->last_mode, mode);
+        self->last_mv = mv;
+    }
     if (mv == 0) goto orig;
     if (want != Py_None) {
         int ne = PyObject_RichCompareBool(mode, want, Py_NE);
@@ -227,7 +241,18 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
     if (get_or_clear(ctx, S_bdesc, &desc) < 0 || get_or_clear(me, S_entries, &ents) < 0 ||
         !PyDict_CheckExact(ents))
         goto impl;
-    PyObject *entry = PyDict_GetItemWithError(ents, desc); /* borrowed */
+    if (desc != self->last_desc) {
+        Py_hash_t h = PyObject_Hash(desc);
+        if (h == -1) goto impl_clear;
+        Py_INCREF(desc);
+        Py_XSETREF(self->last_desc, desc);
+        self->last_hash = h;
+    }
+#if PY_VERSION_HEX < 0x030D0000
+    PyObject *entry = _PyDict_GetItem_KnownHash(ents, desc, self->last_hash); /* borrowed */
+#else
+    PyObject *entry = PyDict_GetItemWithError(ents, desc);
+#endif
     if (entry == NULL && PyErr_Occurred()) goto impl_clear;
     int captured = 0;
     if (entry != NULL && entry != Py_None) {
@@ -347,12 +372,16 @@ fail:
 }
 
 static int fwd_traverse(FwdObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->last_mode);
+    Py_VISIT(self->last_desc);
     Py_VISIT(self->hook);
     Py_VISIT(self->fcm);
     return wrap_traverse(&self->w, visit, arg);
 }
 
 static int fwd_clear(FwdObject *self) {
+    Py_CLEAR(self->last_mode);
+    Py_CLEAR(self->last_desc);
     Py_CLEAR(self->hook);
     Py_CLEAR(self->fcm);
     return wrap_clear(&self->w);
