@@ -16,6 +16,7 @@ setup(
                 "probe/_accel_wrap.h",
                 "probe/_accel_build.h",
                 "probe/_accel_phase.h",
+                "probe/_accel_fwd.h",
             ],
             optional=True,
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wno-missing-field-initializers"],

@@ -19,8 +19,8 @@
  *             directly; when on, calls the Python hook.
  *
  * The rooms are in _accel_ring.h (Ring, Packer), _accel_wrap.h (Span, Gate, Step,
- * Dispatch), _accel_build.h (Build) and _accel_phase.h (Reorder, Phase), included below
- * into this one translation unit.
+ * Dispatch), _accel_build.h (Build), _accel_phase.h (Reorder, Phase) and _accel_fwd.h
+ * (Forward, Replay), included below into this one translation unit.
  *
  * A wrapper never swallows or changes vLLM's result or exception; no function here raises
  * on the hot path except for arguments that cannot be packed (the calling Python hook
@@ -73,6 +73,11 @@ typedef struct {
     long long phase_num_reqs, phase_max_q, dec_mode, dec_reason, dec_flags, dec_num_tokens,
         dec_padded_tokens, dec_num_reqs, dec_padded_reqs, dec_max_q, dec_uq;
     struct RingObject *ring; /* strong; the ring the packers and spans stage into */
+    int tee; /* probe.markers tees RT.put: hooks of teed kinds write through it (direct_ring) */
+    struct { /* the open target forward launch (_accel_fwd.h) */
+        int open;
+        long long mode, tokens, full, pieces, captures, passes, t0, t1;
+    } fwd;
 } CoreObject;
 
 static PyTypeObject CoreType;
@@ -102,12 +107,25 @@ static PyMemberDef core_members[] = {
     PHASE_LL(dec_max_q, "decision: max_query_len"),
     PHASE_LL(dec_uq, "decision: uniform_decode_query_len"),
 #undef PHASE_LL
+    {"tee", T_INT, offsetof(CoreObject, tee), 0, "probe.markers tees RT.put"},
+#define FWD_MEMBER(name, type, field, doc) {name, type, offsetof(CoreObject, fwd.field), 0, doc},
+    FWD_MEMBER("fwd_open", T_INT, open, ">0 while a target forward launch is open")
+    FWD_MEMBER("fwd_mode", T_LONGLONG, mode, "its last replay's mode")
+    FWD_MEMBER("fwd_tokens", T_LONGLONG, tokens, "its last replay's num_tokens")
+    FWD_MEMBER("fwd_full", T_LONGLONG, full, "its FULL replays")
+    FWD_MEMBER("fwd_pieces", T_LONGLONG, pieces, "its PIECEWISE piece replays")
+    FWD_MEMBER("fwd_captures", T_LONGLONG, captures, "its captures")
+    FWD_MEMBER("fwd_passes", T_LONGLONG, passes, "its calls into run_pw_graph")
+    FWD_MEMBER("fwd_t0", T_LONGLONG, t0, "its first replay's start (0: none)")
+    FWD_MEMBER("fwd_t1", T_LONGLONG, t1, "its last replay's end")
+#undef FWD_MEMBER
     {NULL}};
 
 #include "_accel_ring.h"  /* Ring, Packer */
 #include "_accel_wrap.h"  /* Span, Gate, Step, Dispatch */
 #include "_accel_build.h" /* Build */
 #include "_accel_phase.h" /* Reorder, Phase */
+#include "_accel_fwd.h"   /* Forward, Replay */
 
 /* ---------------------------------------------------------------------------------- */
 /* Core type                                                                          */
@@ -189,15 +207,16 @@ PyMODINIT_FUNC PyInit__accel(void) {
     INTERN(S_intern, "intern");
     INTERN(S_name, "__name__");
     if (phase_init() < 0) return NULL;
-    PyTypeObject *types[] = {&CoreType,  &RingType,     &PackerType, &SpanType,
-                             &GateType,  &StepType,     &DispatchType, &BuildType,
-                             &ReorderType, &PhaseType};
+    if (fwd_intern() < 0) return NULL;
+    PyTypeObject *types[] = {&CoreType,    &RingType,  &PackerType,  &SpanType,   &GateType,
+                             &StepType,    &DispatchType, &BuildType, &ReorderType, &PhaseType,
+                             &ForwardType, &ReplayType};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0) return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (m == NULL) return NULL;
     const char *names[] = {"Core", "Ring",     "Packer", "Span",    "Gate",
-                           "Step", "Dispatch", "Build",  "Reorder", "Phase"};
+                           "Step", "Dispatch", "Build",  "Reorder", "Phase", "Forward", "Replay"};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         Py_INCREF(types[i]);
         if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) return NULL;

@@ -33,6 +33,16 @@ class Core:
     dec_padded_reqs: int
     dec_max_q: int
     dec_uq: int
+    tee: int
+    fwd_open: int
+    fwd_mode: int
+    fwd_tokens: int
+    fwd_full: int
+    fwd_pieces: int
+    fwd_captures: int
+    fwd_passes: int
+    fwd_t0: int
+    fwd_t1: int
     @property
     def bound_ring(self) -> Ring | None: ...
 
@@ -72,5 +82,29 @@ class Gate:
         impl: Callable[..., Any],
         core: Core,
         sampling: bool = False,
+    ) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+class Forward:
+    orig: Callable[..., Any]
+    def __init__(
+        self,
+        orig: Callable[..., Any],
+        impl: Callable[..., Any],
+        record: Callable[..., Any],
+        core: Core,
+    ) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+class Replay:
+    orig: Callable[..., Any]
+    def __init__(
+        self,
+        orig: Callable[..., Any],
+        impl: Callable[..., Any],
+        record: Callable[..., Any],
+        core: Core,
+        which: int,
+        fcm: Any = None,
     ) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...

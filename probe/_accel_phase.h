@@ -115,7 +115,7 @@ static PyObject *reorder_mrv2(PhaseObject *self, PyObject *const *args, size_t n
     PyObject *res = PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
     int64_t t1 = boottime();
     if (res == NULL) return NULL;
-    RingObject *r = c->ring;
+    RingObject *r = direct_ring(c);
     if (r == NULL || nargs < 1 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(res))
         goto slow;
     PyObject *num = args[0];
@@ -150,7 +150,7 @@ slow:
 /* The V1 record from the snapshot: 0 staged, -1 the Python record must write it. */
 static int reorder_v1_fast(PhaseObject *self, CoreObject *c, PyObject *me, PyObject *so,
                            Py_ssize_t n, int64_t t0, int64_t t1) {
-    RingObject *r = c->ring;
+    RingObject *r = direct_ring(c);
     if (r == NULL) return -1;
     PyObject *ib = PyObject_GetAttr(me, S_input_batch);
     if (ib == NULL) return -1;
@@ -291,7 +291,7 @@ static inline void phase_reset(CoreObject *c) {
    0 written; -1 the Python record must do it (the fields are left as they were). */
 static int phase_close(PhaseObject *self, CoreObject *c, int64_t t0, int64_t t1,
                        PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    RingObject *r = c->ring;
+    RingObject *r = direct_ring(c);
     if (r == NULL) return -1;
     int mrv2 = self->w.which == 1;
     if (mrv2) { /* need_eager skips the manager: the step runs eager (FORCED_EAGER) */

@@ -73,6 +73,11 @@ static inline void ring_staged(RingObject *r) {
 
 static inline void put_u64(uint8_t *p, int64_t v) { memcpy(p, &v, 8); }
 
+/* The ring a compiled hook stages a teed kind (DISPATCH, REPLAY, FORWARD, REORDER) into;
+   NULL (the record goes through the Python record, hence RT.put) while probe.markers
+   tees RT.put, so the live marks see every decision. */
+static inline RingObject *direct_ring(CoreObject *c) { return c->tee ? NULL : c->ring; }
+
 static void ring_stage_span(RingObject *r, int phase, int flags, long long step, int64_t t0,
                             int64_t t1) {
     uint8_t *p = ring_slot(r);

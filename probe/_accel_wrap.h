@@ -359,7 +359,7 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
     PyObject *res = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
     int64_t t1 = boottime();
     if (res == NULL) return NULL;
-    RingObject *r = c->ring;
+    RingObject *r = direct_ring(c);
     if (r == NULL || nargs < 1) return dispatch_record_slow(self, res, t0, t1, args, nargs, kwnames);
     PyObject *me = args[0];
     PyObject *desc, *mode;

@@ -91,6 +91,17 @@ HOT_FIELDS: dict[str, int] = {
     "dec_padded_reqs": 0,
     "dec_max_q": 0,
     "dec_uq": 0,
+    "tee": 0,  # >0 while probe.markers tees RT.put: the compiled Forward/Replay write through it
+    # the open target forward launch (hooks.step.forward) and the replays counted into it
+    "fwd_open": 0,  # >0 while one is open
+    "fwd_mode": 0,  # the last replay's mode
+    "fwd_tokens": 0,  # and its num_tokens
+    "fwd_full": 0,  # FULL replays
+    "fwd_pieces": 0,  # PIECEWISE piece replays
+    "fwd_captures": 0,  # captures
+    "fwd_passes": 0,  # calls into MRV2's run_pw_graph
+    "fwd_t0": 0,  # the first replay's start (0: none yet)
+    "fwd_t1": 0,  # the last replay's end
 }
 """The hot fields of ``Core`` (C members on the compiled path) and their fresh values."""
 
@@ -122,6 +133,16 @@ class PyCore:
     dec_padded_reqs: int
     dec_max_q: int
     dec_uq: int
+    tee: int
+    fwd_open: int
+    fwd_mode: int
+    fwd_tokens: int
+    fwd_full: int
+    fwd_pieces: int
+    fwd_captures: int
+    fwd_passes: int
+    fwd_t0: int
+    fwd_t1: int
 
     def __init__(self) -> None:
         for name, value in HOT_FIELDS.items():
@@ -276,10 +297,43 @@ def phase_hook(
     return c.Phase(orig, record, impl, rt, which, positions)
 
 
+def forward_hook(
+    orig: Callable[..., Any], impl: Callable[..., Any], record: Callable[..., Any], rt: Any
+) -> Any | None:
+    """The forward launch (``hooks.step.forward``) in C: its scope in the Core's hot
+    fields, the FORWARD or SPAN record staged; ``impl`` (the Python hook) takes the GPU
+    timer's steps and calls without a compiled ring, ``record(t0, t1, opened, outer)``
+    what C cannot stage. None on the Python path."""
+    c = _compiled()
+    if c is None or not isinstance(rt, c.Core):
+        return None
+    return c.Forward(orig, impl, record, rt)
+
+
+def replay_hook(
+    orig: Callable[..., Any],
+    impl: Callable[..., Any],
+    record: Callable[..., Any],
+    rt: Any,
+    which: int,
+    fcm: Any = None,
+) -> Any | None:
+    """A graph replay hook (``hooks.replay``) in C: which=0 MRV2 ``run_fullgraph``, 1
+    ``run_pw_graph`` (both hand ``record(result, t0, t1, *args, **kwargs)`` what C cannot
+    read), 2 ``CUDAGraphWrapper.__call__`` (``fcm``: vllm.forward_context; ``impl`` takes
+    the calls whose forward context C cannot read, ``record(t0, t1, mode, captured,
+    desc)`` the rest it cannot stage). None on the Python path."""
+    c = _compiled()
+    if c is None or not isinstance(rt, c.Core):
+        return None
+    return c.Replay(orig, impl, record, rt, which, fcm)
+
+
 def _check_wire_layout() -> None:
-    """The compiled Span, Step, Dispatch, Phase and Reorder write SPAN, DISPATCH and
-    REORDER records themselves: those declarations must keep the wire slots the C code
-    uses, with no ``unknown_as`` bias (the C writes the values as they are)."""
+    """The compiled Span, Step, Dispatch, Phase, Reorder, Forward and Replay write SPAN,
+    DISPATCH, REORDER, FORWARD and REPLAY records themselves: those declarations must keep
+    the wire slots the C code uses, with no ``unknown_as`` bias (the C writes the values
+    as they are)."""
     wire = {
         records.RecordKind.SPAN: {
             "step": ("step", ""), "phase": ("a", ""), "flags": ("c", ""), "t0": ("t0", ""),
@@ -296,6 +350,16 @@ def _check_wire_layout() -> None:
             "flags": ("c", ""), "t0": ("t0", ""), "t1": ("t1", ""), "threshold": ("v0", ""),
             "num_reqs": ("v1", ""), "num_decodes": ("v2", ""), "num_decode_tokens": ("v3", ""),
             "moved": ("v4", ""),
+        },
+        records.RecordKind.FORWARD: {
+            "step": ("step", ""), "mode": ("a", ""), "flags": ("c", ""), "t0": ("t0", ""),
+            "t1": ("t1", ""), "full_replays": ("v0", "hi"), "pieces": ("v0", "lo"),
+            "captures": ("v1", "hi"), "passes": ("v1", "lo"), "num_tokens": ("v2", ""),
+            "replay_t0": ("v3", ""), "replay_t1": ("v4", ""),
+        },
+        records.RecordKind.REPLAY: {
+            "step": ("step", ""), "mode": ("a", ""), "kind": ("b", ""), "flags": ("c", ""),
+            "t0": ("t0", ""), "t1": ("t1", ""), "num_tokens": ("v0", ""),
         },
     }  # fmt: skip
     # the compiled Build passes the BUILD fields positionally, in this order

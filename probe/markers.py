@@ -385,6 +385,7 @@ class MarkersLive:
                 _CURRENT[0] = None
             if self.rt.put is self.put:
                 self.rt.put = self._inner
+                self.rt.tee = 0
             self.rt.fault("roctx", exc, disabled=True)
         except Exception:
             pass
@@ -419,11 +420,13 @@ def start(
             return None
     else:
         _CURRENT[0] = None
+        rt.tee = 0
         return None
     try:
         live = MarkersLive(rt, emitter)
         _CURRENT[0] = live
         rt.put = live.put
+        rt.tee = 1  # the compiled hooks that stage records themselves write through rt.put
         live.wrap_hooks(installer)
         rt.on_first_step.append(lambda runner: live.wrap_hooks(installer))
         return live

@@ -70,7 +70,6 @@ class Runtime(accel.Core):  # type: ignore[misc]
         self.put = packers(self.write)
         self.flush: Callable[[], None] = _nothing  # the step buffer to the ring (attach)
         self.hot_path = "python"  # which path the attached writer runs
-        self.fwd: Any = None  # the open target forward launch (hooks.step.ForwardScope)
         self.strings: dict[str, int] = {}
         self.faults: dict[str, int] = {}
         self.graph_ctx: Any = None  # probe.reasons.GraphContext once known

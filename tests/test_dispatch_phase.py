@@ -87,6 +87,14 @@ def _run(owner_targets: list[tuple[Target, Any]], path: str, tmp: Path, case: di
             inst.install_on(target, owner)
         RT.attach(writer)
         calls = _count_python_writes()
+        fake = None
+        if "marks" in case:  # PROBE_ROCTX=1: the marker tee over RT.put
+            from probe import markers
+            from tests.test_roctx_live import FakeRoctx
+
+            fake = FakeRoctx()
+            RT.on_first_step = []
+            assert markers.start(RT, inst, {"PROBE_ROCTX": "1"}, importer=lambda name: fake)
         RT.enabled = True
         RT.in_step = case.get("in_step", 1)
         RT.drafter = case.get("drafter", 0)
@@ -101,6 +109,11 @@ def _run(owner_targets: list[tuple[Target, Any]], path: str, tmp: Path, case: di
         RT.in_step = RT.drafter = 0
         RT.enabled = False
         RT.detach()
+        if fake is not None:
+            from probe import markers
+
+            markers._CURRENT[0] = None
+            case["marks"].extend(c[1] for c in fake.calls if c[0] == "mark")
     wrappers = {type(h.wrapper).__name__ for h in inst.hooks.values()}
     if inst.hooks:
         inst.uninstall()
@@ -361,3 +374,21 @@ def test_mrv2_phase_values(hot_path: str, tmp_path: Path) -> None:
     assert r.flags & Flag.DRAFTER
     (r, _), _ = _record_mrv2("bare manager", hot_path, tmp_path)
     assert not r.flags & Flag.SPAN
+
+
+@needs_c
+def test_live_marks_see_the_dispatch_on_a_compiled_ring(tmp_path: Path) -> None:
+    """With PROBE_ROCTX=1 the compiled Dispatch and Phase write through the marker tee
+    (RT.put), not straight into the ring: the dispatch marks are there, as on the Python
+    path, and the records are the same."""
+    got = {}
+    for path in ("python", "compiled"):
+        MRV2["hit (marks)"] = {**MRV2["hit"], "marks": []}
+        try:
+            recs, faults = _record_mrv2("hit (marks)", path, tmp_path)
+            got[path] = (_strip(recs), faults, list(MRV2["hit (marks)"]["marks"]))
+        finally:
+            del MRV2["hit (marks)"]
+    assert got["compiled"] == got["python"]
+    marks = got["compiled"][2]
+    assert len(marks) == 2 and all(m.startswith("dispatch FULL hit step 3") for m in marks)

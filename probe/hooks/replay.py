@@ -13,8 +13,10 @@ Supports vLLM 0.26 to 0.33.
   ``run_pw_graph``; ``ModelCudaGraphManager.run_fullgraph`` is also the MRV2 FULL forward
   launch span.
 
-Inside a target forward launch (:class:`probe.hooks.step.ForwardScope`) a replay is not a
-record of its own: it is counted into that launch's FORWARD record.
+Inside a target forward launch (:func:`probe.hooks.step.scope_replay`) a replay is not a
+record of its own: it is counted into that launch's FORWARD record. On the compiled path
+(:func:`probe.accel.replay_hook`) the MRV2 hooks and the plain wrapper's common case run in
+C; what C cannot read or stage goes to the same Python ``record``.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from probe import accel
 from probe.hooks import step
 from probe.hooks._base import Family, Hook, Target
 from probe.records import Flag, ReplayKind
 from probe.runtime import BOOTTIME, RT
+
+scope_replay = step.scope_replay
 
 _clock = time.clock_gettime_ns
 _REPLAYED = int(ReplayKind.REPLAY)
@@ -50,6 +55,22 @@ def wrapper_call(breakable: bool) -> Callable[[Callable[..., Any], Hook], Any]:
     def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         fcm = _forward_context_module()
 
+        def record(t0: int, t1: int, mode: int, captured: bool, desc: Any) -> None:
+            """After a replay or capture (the compiled hook hands off here what it cannot
+            stage itself)."""
+            try:
+                n = getattr(desc, "num_tokens", 0)
+                if RT.fwd_open and not RT.drafter:
+                    scope_replay(mode, captured, n, t0, t1)
+                else:
+                    f = extra | (0 if RT.in_step else _OUTSIDE)
+                    if RT.drafter:
+                        f |= _DRAFTER
+                    kind = _REPLAYED if captured else _CAPTURE
+                    RT.put.replay(RT.step, mode, kind, f, t0, t1, n)
+            except Exception as exc:
+                hook.fail(exc)
+
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
             if not RT.enabled:
                 return orig(self, *args, **kwargs)
@@ -59,7 +80,8 @@ def wrapper_call(breakable: bool) -> Callable[[Callable[..., Any], Hook], Any]:
                     return orig(self, *args, **kwargs)
                 mode = ctx.cudagraph_runtime_mode
                 want = self.runtime_mode
-                if mode.value == 0 or (want is not None and mode != want):
+                value = mode.value
+                if value == 0 or (want is not None and mode != want):
                     return orig(self, *args, **kwargs)
                 desc = ctx.batch_descriptor
                 if breakable:
@@ -78,62 +100,54 @@ def wrapper_call(breakable: bool) -> Callable[[Callable[..., Any], Hook], Any]:
             t0 = _clock(BOOTTIME)
             result = orig(self, *args, **kwargs)
             t1 = _clock(BOOTTIME)
-            try:
-                n = getattr(desc, "num_tokens", 0)
-                scope = RT.fwd
-                if scope is not None and not RT.drafter:
-                    scope.replay(mode.value, captured, n, t0, t1)
-                else:
-                    f = extra | (0 if RT.in_step else _OUTSIDE)
-                    if RT.drafter:
-                        f |= _DRAFTER
-                    kind = _REPLAYED if captured else _CAPTURE
-                    RT.put.replay(RT.step, mode.value, kind, f, t0, t1, n)
-            except Exception as exc:
-                hook.fail(exc)
+            record(t0, t1, value, captured, desc)
             return result
 
-        return __call__
+        if breakable:
+            return __call__
+        compiled = accel.replay_hook(orig, __call__, record, RT, 2, fcm)
+        return compiled if compiled is not None else __call__
 
     return factory
 
 
+def _drafter(manager: Any) -> bool:
+    return bool(RT.drafter) or type(manager).__name__ != "ModelCudaGraphManager"
+
+
 def run_fullgraph(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    def record(result: Any, t0: int, t1: int, self: Any, desc: Any, *a: Any, **kw: Any) -> None:
+        try:
+            drafter = _drafter(self)
+            if RT.fwd_open and not drafter:
+                scope_replay(2, True, desc.num_tokens, t0, t1)
+            else:
+                f = _MRV2 | (0 if RT.in_step else _OUTSIDE) | (_DRAFTER if drafter else 0)
+                RT.put.replay(RT.step, 2, _REPLAYED, f, t0, t1, desc.num_tokens)
+        except Exception as exc:
+            hook.fail(exc)
+
     def wrapper(self: Any, desc: Any, *args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
             return orig(self, desc, *args, **kwargs)
         t0 = _clock(BOOTTIME)
         result = orig(self, desc, *args, **kwargs)
         t1 = _clock(BOOTTIME)
-        try:
-            drafter = RT.drafter or type(self).__name__ != "ModelCudaGraphManager"
-            scope = RT.fwd
-            if scope is not None and not drafter:
-                scope.replay(2, True, desc.num_tokens, t0, t1)
-            else:
-                f = _MRV2 | (0 if RT.in_step else _OUTSIDE) | (_DRAFTER if drafter else 0)
-                RT.put.replay(RT.step, 2, _REPLAYED, f, t0, t1, desc.num_tokens)
-        except Exception as exc:
-            hook.fail(exc)
+        record(result, t0, t1, self, desc, *args, **kwargs)
         return result
 
-    return wrapper
+    compiled = accel.replay_hook(orig, wrapper, record, RT, 0)
+    return compiled if compiled is not None else wrapper
 
 
 def run_pw_graph(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     """MRV2 PIECEWISE: one record per call; the pieces inside are counted separately."""
 
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not RT.enabled:
-            return orig(self, *args, **kwargs)
-        t0 = _clock(BOOTTIME)
-        result = orig(self, *args, **kwargs)
-        t1 = _clock(BOOTTIME)
+    def record(result: Any, t0: int, t1: int, self: Any, *args: Any, **kwargs: Any) -> None:
         try:
-            drafter = RT.drafter or type(self).__name__ != "ModelCudaGraphManager"
-            scope = RT.fwd
-            if scope is not None and not drafter:
-                scope.passes += 1  # confirmation comes from the pieces
+            drafter = _drafter(self)
+            if RT.fwd_open and not drafter:
+                RT.fwd_passes += 1  # confirmation comes from the pieces
             else:
                 f = _MRV2 | (0 if RT.in_step else _OUTSIDE) | (_DRAFTER if drafter else 0)
                 if getattr(self, "use_breakable_cg", False):
@@ -141,9 +155,18 @@ def run_pw_graph(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 RT.put.replay(RT.step, 1, _PASS, f, t0, t1, 0)
         except Exception as exc:
             hook.fail(exc)
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not RT.enabled:
+            return orig(self, *args, **kwargs)
+        t0 = _clock(BOOTTIME)
+        result = orig(self, *args, **kwargs)
+        t1 = _clock(BOOTTIME)
+        record(result, t0, t1, self, *args, **kwargs)
         return result
 
-    return wrapper
+    compiled = accel.replay_hook(orig, wrapper, record, RT, 1)
+    return compiled if compiled is not None else wrapper
 
 
 CG = "vllm.v1.worker.gpu.cudagraph_utils"

@@ -14,7 +14,7 @@ forward_launch, logits, sample, draft. Each is one SPAN record written after the
 call returns, with BOOTTIME taken immediately around it; on the compiled path
 (:mod:`probe.accel`) a plain phase span is a C object that does all of that itself. The
 forward launch is one FORWARD record that also carries the graph replays seen inside it
-(:func:`forward`).
+(:func:`forward`), counting them in the Core's hot fields (:func:`scope_replay`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from operator import index as _index
 from typing import Any
 
 from probe import accel
@@ -76,53 +77,51 @@ def span(phase: Phase, *, drafter: bool = False) -> Callable[[Callable[..., Any]
     return factory
 
 
-class ForwardScope:
-    """The graph replays seen inside one target forward launch, for its FORWARD record.
+def scope_replay(mode: int, captured: bool, num_tokens: int, t0: int, t1: int) -> None:
+    """Count one graph replay into the open target forward launch, for its FORWARD record.
 
-    Opened by the forward hooks around the target model's forward (in a step, outside the
-    drafter); the replay hooks add to it instead of writing records of their own.
+    The launch's scope is hot state of the Core (``RT.fwd_*``, :data:`probe.accel.
+    HOT_FIELDS`): opened by the forward hooks around the target model's forward (in a
+    step, outside the drafter), read and written by the compiled and the Python hooks
+    alike; the replay hooks add to it instead of writing records of their own.
     """
+    rt = RT
+    if not captured:
+        rt.fwd_captures += 1
+    elif mode == _FULL:
+        rt.fwd_full += 1
+    elif mode == _PIECEWISE:
+        rt.fwd_pieces += 1
+    rt.fwd_mode = _index(mode)  # ints, as the compiled Core's fields take them
+    rt.fwd_tokens = _index(num_tokens)
+    if not rt.fwd_t0:
+        rt.fwd_t0 = t0
+    rt.fwd_t1 = t1
 
-    __slots__ = ("captures", "full", "mode", "num_tokens", "passes", "pieces", "t0", "t1")
 
-    def __init__(self) -> None:
-        self.mode = 0
-        self.full = 0
-        self.pieces = 0
-        self.captures = 0
-        self.passes = 0
-        self.num_tokens = 0
-        self.t0 = 0
-        self.t1 = 0
+def _open_scope() -> None:
+    rt = RT
+    rt.fwd_mode = rt.fwd_tokens = rt.fwd_full = rt.fwd_pieces = rt.fwd_captures = 0
+    rt.fwd_passes = rt.fwd_t0 = rt.fwd_t1 = 0
+    rt.fwd_open = 1
 
-    def replay(self, mode: int, captured: bool, num_tokens: int, t0: int, t1: int) -> None:
-        if not captured:
-            self.captures += 1
-        elif mode == _FULL:
-            self.full += 1
-        elif mode == _PIECEWISE:
-            self.pieces += 1
-        self.mode = mode
-        self.num_tokens = num_tokens
-        if not self.t0:
-            self.t0 = t0
-        self.t1 = t1
 
-    def write(self, flags: int, t0: int, t1: int) -> None:
-        RT.put.forward(
-            RT.step,
-            self.mode,
-            flags,
-            t0,
-            t1,
-            self.full,
-            self.pieces,
-            self.captures,
-            self.passes,
-            self.num_tokens,
-            self.t0,
-            self.t1,
-        )
+def _write_scope(flags: int, t0: int, t1: int) -> None:
+    rt = RT
+    rt.put.forward(
+        rt.step,
+        rt.fwd_mode,
+        flags,
+        t0,
+        t1,
+        rt.fwd_full,
+        rt.fwd_pieces,
+        rt.fwd_captures,
+        rt.fwd_passes,
+        rt.fwd_tokens,
+        rt.fwd_t0,
+        rt.fwd_t1,
+    )
 
 
 class GpuTimer:
@@ -298,57 +297,68 @@ def forward(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     """The forward launch (V1 ``_model_forward``, MRV2 ``ModelCudaGraphManager.
     run_fullgraph``): the device events and one FORWARD record holding the launch span and
     the replays inside it. Outside a step or inside the drafter it is a plain SPAN (and
-    the replays write their own records)."""
+    the replays write their own records); a forward inside an open one (nested) writes
+    nothing, its replays count into the outer one. On the compiled path the whole call is
+    in C (:func:`probe.accel.forward_hook`) but for the GPU timer's sampled steps."""
+
+    def record(t0: int, t1: int, opened: int, outer: int, timer: GpuTimer | None = None) -> None:
+        """The record after the call (the compiled hook hands off here what it cannot
+        stage itself)."""
+        try:
+            if timer is not None:
+                timer.forward_end()
+            f = 0 if RT.in_step else _OUTSIDE
+            if RT.drafter:
+                f |= _DRAFTER
+            if opened:
+                _write_scope(f, t0, t1)
+            elif not outer:
+                RT.put.span(RT.step, _FORWARD, t0, t1, f, 0, 0)
+        except Exception as exc:
+            hook.fail(exc)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
             return orig(*args, **kwargs)
-        outer = RT.fwd
-        scope = ForwardScope() if RT.in_step and not RT.drafter and outer is None else None
-        timer = _timer() if scope is not None else None
+        outer = RT.fwd_open
+        opened = 1 if RT.in_step and not RT.drafter and not outer else 0
+        timer = _timer() if opened else None
         if timer is not None:
             timer.forward_start()
-        RT.fwd = scope if scope is not None else outer
+        if opened:
+            _open_scope()
         t0 = _clock(BOOTTIME)
         try:
             return orig(*args, **kwargs)
         finally:
             t1 = _clock(BOOTTIME)
-            RT.fwd = outer
-            try:
-                if timer is not None:
-                    timer.forward_end()
-                f = 0 if RT.in_step else _OUTSIDE
-                if RT.drafter:
-                    f |= _DRAFTER
-                if scope is not None:
-                    scope.write(f, t0, t1)
-                elif outer is None:
-                    RT.put.span(RT.step, _FORWARD, t0, t1, f, 0, 0)
-            except Exception as exc:
-                hook.fail(exc)
+            if opened:
+                RT.fwd_open = 0
+            record(t0, t1, opened, outer, timer)
 
-    return wrapper
+    compiled = accel.forward_hook(orig, wrapper, record, RT)
+    return compiled if compiled is not None else wrapper
 
 
 class _TimedContext:
     """Wraps MRV2's ``set_forward_context`` manager: its body is the eager/PW forward,
     recorded like :func:`forward`."""
 
-    __slots__ = ("_cm", "_outer", "_scope", "_t0", "_timer")
+    __slots__ = ("_cm", "_opened", "_outer", "_t0", "_timer")
 
     def __init__(self, cm: Any) -> None:
         self._cm = cm
         self._t0 = 0
         self._timer: GpuTimer | None = None
-        self._scope: ForwardScope | None = None
-        self._outer: ForwardScope | None = None
+        self._opened = 0
+        self._outer = 0
 
     def __enter__(self) -> Any:
         value = self._cm.__enter__()
-        outer = self._outer = RT.fwd
-        if not RT.drafter and outer is None:
-            self._scope = RT.fwd = ForwardScope()
+        outer = self._outer = RT.fwd_open
+        if not RT.drafter and not outer:
+            self._opened = 1
+            _open_scope()
             self._timer = _timer()
             if self._timer is not None:
                 self._timer.forward_start()
@@ -357,16 +367,17 @@ class _TimedContext:
 
     def __exit__(self, *exc: Any) -> Any:
         t1 = _clock(BOOTTIME)
-        RT.fwd = self._outer
+        if self._opened:
+            RT.fwd_open = 0
         try:
             if self._timer is not None:
                 self._timer.forward_end()
             f = 0 if RT.in_step else _OUTSIDE
             if RT.drafter:
                 f |= _DRAFTER
-            if self._scope is not None:
-                self._scope.write(f, self._t0, t1)
-            elif self._outer is None:
+            if self._opened:
+                _write_scope(f, self._t0, t1)
+            elif not self._outer:
                 RT.put.span(RT.step, _FORWARD, self._t0, t1, f, 0, 0)
         except Exception:
             pass
