@@ -11,9 +11,9 @@ Kinds:
 
 - ``span_ns``: a plain phase span (prepare_inputs, metadata_build, sample, logits, draft,
   sync): bypass check, two CLOCK_BOOTTIME reads, one SPAN record staged;
-- ``hook_ns``: a Python-bodied hook on its common path (the V1 dispatch hook on a FULL hit,
-  around a stand-in dispatcher): the hooks for dispatch, builds, reorder, replays, forward
-  and the step bracket;
+- ``hook_ns``: a hook with a body on its common path (the V1 dispatch hook on a FULL hit,
+  around a stand-in dispatcher; in C on the compiled path): the hooks for dispatch,
+  builds, reorder, replays, forward and the step bracket;
 - ``dormant_ns``: any hook while the probe is off.
 
 These are fixed per-call costs around a no-op: the first call of the day inside a real step

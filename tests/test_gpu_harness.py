@@ -177,3 +177,21 @@ def test_reshape_leaves_out_and_plains_hooks_by_id() -> None:
     assert Installer.install_on is unpatched
     inst.uninstall()
     assert dict(vars(owner)) == originals
+
+
+def test_crossover_pools_the_runs_of_a_variant() -> None:
+    """``crossover.py --pool``: the block pairs of every run of one variant in one median
+    and interval; other variants stay apart."""
+    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
+    crossover = _load("crossover")
+
+    def row(variant: str, xs: list[int]) -> dict:
+        return {"scenario": "s", "variant": variant, "families": "all", "hot_path": "compiled",
+                "gpu_timing": 8, "steps": 10, "step_median_us": 4000.0,
+                "launch_off_median_us": 1000.0, "_parts": {"step": xs}}  # fmt: skip
+
+    rows = [row("all", [1000] * 5), row("all", [3000] * 6), row("null", [0] * 4)]
+    out = {r["variant"]: r for r in crossover.pooled(rows)}
+    assert out["all"]["runs"] == 2 and out["all"]["step"]["pairs"] == 11
+    assert out["all"]["step"]["median_us"] == 3.0  # 6 of the 11 pairs read 3 µs
+    assert out["null"]["step"]["median_us"] == 0.0 and out["null"]["runs"] == 1

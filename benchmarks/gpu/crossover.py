@@ -123,43 +123,93 @@ def summarize(res: dict[str, Any], recording: Path | None = None) -> list[dict[s
                 if recording is not None:
                     rec = recorded_launch(recording, r["window_boottime"])
                     parts["perturbation"] = pair_costs(perturbation_rows(bare, rec), block, False)
-            for k, xs in parts.items():
-                c = ci95(xs)
-                row[k] = {
-                    "pairs": len(xs),
-                    "median_us": statistics.median(xs) / 1e3 if xs else None,
-                    "ci95_us": [c[0] / 1e3, c[1] / 1e3] if c else None,
-                }
-            if "perturbation" in row and row.get("launch_off_median_us"):
-                m = row["perturbation"]["median_us"]
-                row["perturbation"]["share"] = m / row["launch_off_median_us"] if m else None
+            reshape = r.get("reshape") or {}
+            row["variant"] = (
+                "null" if r["families"] == ["none"] else "wrap_only"
+                if reshape.get("wrap_only") else "all" if not reshape.get("exclude")
+                else "all but " + ",".join(reshape["exclude"])
+            )  # fmt: skip
+            _fill(row, parts)
+            row["_parts"] = parts
             out.append(row)
+    return out
+
+
+def _fill(row: dict[str, Any], parts: dict[str, list[int]]) -> None:
+    for k, xs in parts.items():
+        c = ci95(xs)
+        row[k] = {
+            "pairs": len(xs),
+            "median_us": statistics.median(xs) / 1e3 if xs else None,
+            "ci95_us": [c[0] / 1e3, c[1] / 1e3] if c else None,
+        }
+    if "perturbation" in row and row.get("launch_off_median_us"):
+        m = row["perturbation"]["median_us"]
+        row["perturbation"]["share"] = m / row["launch_off_median_us"] if m else None
+
+
+def pooled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (scenario, variant, hot path, GPU timing): the block pairs of every run
+    of it pooled (their medians and intervals recomputed over all pairs)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        key = (r["scenario"], r["variant"], r["hot_path"], r["gpu_timing"])
+        groups.setdefault(key, []).append(r)
+    out = []
+    for (scen, variant, hot, gpu), rs in groups.items():
+        parts: dict[str, list[int]] = {}
+        for r in rs:
+            for k, xs in r["_parts"].items():
+                parts.setdefault(k, []).extend(xs)
+        offs = [r["launch_off_median_us"] for r in rs if r.get("launch_off_median_us")]
+        row: dict[str, Any] = {
+            "scenario": scen, "variant": variant, "families": rs[0]["families"],
+            "hot_path": hot, "gpu_timing": gpu, "runs": len(rs),
+            "steps": sum(r["steps"] for r in rs),
+            "step_median_us": statistics.median(r["step_median_us"] for r in rs),
+            "launch_off_median_us": statistics.median(offs) if offs else None,
+        }  # fmt: skip
+        _fill(row, {k: xs for k, xs in parts.items() if k in ("step", "launch", "perturbation")})
+        out.append(row)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("results", type=Path)
-    ap.add_argument("--recording", type=Path)
+    ap.add_argument(
+        "results", nargs="+", help="RESULTS.json[.gz], or RESULTS=RECORDING.probe.db to pair each"
+    )
+    ap.add_argument("--recording", type=Path, help="the recording of a single RESULTS")
+    ap.add_argument("--pool", action="store_true", help="pool the runs of each variant")
     ap.add_argument("--json", type=Path, help="write the summary here")
     a = ap.parse_args()
-    raw = a.results.read_bytes()
-    if a.results.suffix == ".gz":
-        import gzip
+    rows: list[dict[str, Any]] = []
+    for arg in a.results:
+        path, _, rec = arg.partition("=")
+        raw = Path(path).read_bytes()
+        if path.endswith(".gz"):
+            import gzip
 
-        raw = gzip.decompress(raw)
-    rows = summarize(json.loads(raw), a.recording)
+            raw = gzip.decompress(raw)
+        recording = Path(rec) if rec else a.recording
+        rows.extend(summarize(json.loads(raw), recording))
+    if a.pool:
+        rows = pooled(rows)
     for r in rows:
         parts = []
         for k in ("step", "launch", "perturbation"):
             if k in r and r[k]["median_us"] is not None:
                 lo_hi = r[k]["ci95_us"] or [float("nan")] * 2
                 parts.append(f"{k} {r[k]['median_us']:+.1f} [{lo_hi[0]:+.1f}, {lo_hi[1]:+.1f}] us")
+        runs = f" runs={r['runs']}" if "runs" in r else ""
         print(
-            f"{r['scenario']} {r['families']!s:12s} {r['hot_path']} gpu_timing={r['gpu_timing']}"
-            f" steps={r['steps']} step={r['step_median_us']:.0f}us: " + "; ".join(parts)
+            f"{r['scenario']} {r.get('variant', r['families'])!s:12s} {r['hot_path']} "
+            f"gpu_timing={r['gpu_timing']}{runs} steps={r['steps']} "
+            f"step={r['step_median_us']:.0f}us: " + "; ".join(parts)
         )
     if a.json:
+        for r in rows:
+            r.pop("_parts", None)
         a.json.write_text(json.dumps(rows, indent=1) + "\n")
 
 
