@@ -25,13 +25,14 @@ import contextlib
 import dataclasses
 import importlib
 import logging
+import time
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from probe import accel
-from probe.runtime import RT
+from probe.runtime import BOOTTIME, RT
 
 log = logging.getLogger("probe")
 
@@ -249,3 +250,23 @@ def _mark(wrapper: Any, original: Any, hook_id: str) -> None:
     with contextlib.suppress(AttributeError, TypeError):
         wrapper.__wrapped__ = original
         wrapper.__probe_hook__ = hook_id
+
+
+def timed(orig: Callable[..., Any], record: Callable[..., None]) -> Callable[..., Any]:
+    """The pure-Python twin of a compiled hook that hands its result to ``record(result,
+    t0, t1, *args, **kwargs)`` (dispatch, replay, reorder): bypass when off, CLOCK_BOOTTIME
+    first and last thing around the original, the original's result and exceptions
+    unchanged."""
+    clock = time.clock_gettime_ns
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not RT.enabled:
+            return orig(*args, **kwargs)
+        t0 = clock(BOOTTIME)
+        result = orig(*args, **kwargs)
+        t1 = clock(BOOTTIME)
+        record(result, t0, t1, *args, **kwargs)
+        return result
+
+    wrapper.__name__ = wrapper.__qualname__ = getattr(orig, "__name__", "wrapper")
+    return wrapper

@@ -39,7 +39,7 @@ from operator import index
 from typing import Any
 
 from probe import accel
-from probe.hooks._base import Family, Hook, Target
+from probe.hooks._base import Family, Hook, Target, timed
 from probe.records import Flag, Phase, Reason
 from probe.runtime import BOOTTIME, RT
 
@@ -310,14 +310,7 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         except Exception as exc:
             hook.fail(exc)
 
-    def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not RT.enabled:
-            return orig(self, *args, **kwargs)
-        t0 = _clock(BOOTTIME)
-        result = orig(self, *args, **kwargs)
-        t1 = _clock(BOOTTIME)
-        record(result, t0, t1, self, *args, **kwargs)
-        return result
+    dispatch = timed(orig, record)
 
     # a FULL hit (the steady state) is recorded in C; everything else by ``record``
     compiled = accel.dispatch_hook(orig, record, RT, full, 0)
@@ -421,14 +414,7 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         except Exception as exc:
             hook.fail(exc)
 
-    def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not RT.enabled:
-            return orig(self, *args, **kwargs)
-        t0 = _clock(BOOTTIME)
-        desc = orig(self, *args, **kwargs)
-        t1 = _clock(BOOTTIME)
-        record(desc, t0, t1, self, *args, **kwargs)
-        return desc
+    dispatch = timed(orig, record)
 
     # a FULL hit (the steady state) is recorded in C; everything else by ``record``
     positions = (i_reqs, i_tok, i_utc, i_maxq)

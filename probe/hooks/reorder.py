@@ -26,7 +26,7 @@ from operator import eq, ge
 from typing import Any
 
 from probe import accel
-from probe.hooks._base import Family, Hook, Target
+from probe.hooks._base import Family, Hook, Target, timed
 from probe.records import Flag
 from probe.runtime import BOOTTIME, RT
 
@@ -119,14 +119,7 @@ def mrv2_sort(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         except Exception as exc:
             hook.fail(exc)
 
-    def sort_batch_req_ids(num_tokens_per_req: Any, *args: Any, **kwargs: Any) -> Any:
-        if not RT.enabled:
-            return orig(num_tokens_per_req, *args, **kwargs)
-        t0 = _clock(BOOTTIME)
-        result = orig(num_tokens_per_req, *args, **kwargs)
-        t1 = _clock(BOOTTIME)
-        record(result, t0, t1, num_tokens_per_req, *args, **kwargs)
-        return result
+    sort_batch_req_ids = timed(orig, record)
 
     compiled = accel.reorder_hook(orig, record, sort_batch_req_ids, RT, 1)
     return compiled if compiled is not None else sort_batch_req_ids

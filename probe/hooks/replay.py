@@ -27,7 +27,7 @@ from typing import Any
 
 from probe import accel
 from probe.hooks import step
-from probe.hooks._base import Family, Hook, Target
+from probe.hooks._base import Family, Hook, Target, timed
 from probe.records import Flag, ReplayKind
 from probe.runtime import BOOTTIME, RT
 
@@ -127,14 +127,7 @@ def run_fullgraph(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         except Exception as exc:
             hook.fail(exc)
 
-    def wrapper(self: Any, desc: Any, *args: Any, **kwargs: Any) -> Any:
-        if not RT.enabled:
-            return orig(self, desc, *args, **kwargs)
-        t0 = _clock(BOOTTIME)
-        result = orig(self, desc, *args, **kwargs)
-        t1 = _clock(BOOTTIME)
-        record(result, t0, t1, self, desc, *args, **kwargs)
-        return result
+    wrapper = timed(orig, record)
 
     compiled = accel.replay_hook(orig, wrapper, record, RT, 0)
     return compiled if compiled is not None else wrapper
@@ -156,14 +149,7 @@ def run_pw_graph(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         except Exception as exc:
             hook.fail(exc)
 
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not RT.enabled:
-            return orig(self, *args, **kwargs)
-        t0 = _clock(BOOTTIME)
-        result = orig(self, *args, **kwargs)
-        t1 = _clock(BOOTTIME)
-        record(result, t0, t1, self, *args, **kwargs)
-        return result
+    wrapper = timed(orig, record)
 
     compiled = accel.replay_hook(orig, wrapper, record, RT, 1)
     return compiled if compiled is not None else wrapper
