@@ -9,7 +9,10 @@ monkeypatches probe internals before the vLLM plugin runs:
 ``PROBE_FAULT_RAISE_IN=<module>``
     every record packer (``RT.put.<kind>``) raises ``RuntimeError`` when called from
     ``probe.hooks.<module>`` (a probe bug inside one hook family). The hook must be removed
-    and counted; vLLM unaffected.
+    and counted; vLLM unaffected. The compiled hooks of the teed kinds (dispatch, replay,
+    forward, reorder) stage their records in C, past ``RT.put``; the Core's ``tee`` field
+    is set so they hand every record to their Python record function instead (as under
+    the live roctx/NVTX tee), which is where the bug then strikes.
 ``PROBE_FAULT_BAD_TARGETS=1``
     Adds targets a future vLLM would not resolve: an attribute renamed on a class that
     exists, and a module that no longer exists. They must be reported as missing.
@@ -57,6 +60,17 @@ def _raise_in(module: str) -> None:
             setattr(self.put, name, faulty(getattr(self.put, name)))
 
     Runtime.attach = attach_with_fault  # type: ignore[method-assign]
+
+    from probe import markers
+
+    start = markers.start
+
+    def start_with_tee(rt: Any, *args: Any, **kwargs: Any) -> Any:
+        live = start(rt, *args, **kwargs)
+        rt.tee = 1  # the compiled hooks write through rt.put, where the bug is injected
+        return live
+
+    markers.start = start_with_tee
 
 
 def _bad_targets() -> None:
