@@ -76,6 +76,17 @@ def test_the_runtime_says_which_path_its_writer_runs(tmp_path: Path) -> None:
     RT.reset()
 
 
+def test_the_hot_fields_are_typed_as_declared() -> None:
+    """The two typing declarations of the hot fields (PyCore's annotations, the Core stub
+    in _accel.pyi) name exactly the fields of HOT_FIELDS, so neither drifts unseen."""
+    import re
+
+    assert set(accel.PyCore.__annotations__) == set(accel.HOT_FIELDS)
+    stub = (Path(accel.__file__).parent / "_accel.pyi").read_text(encoding="utf-8")
+    body = stub.split("class Core:", 1)[1].split("\nclass ", 1)[0]
+    assert set(re.findall(r"^    (\w+): int$", body, re.M)) == set(accel.HOT_FIELDS)
+
+
 @pytest.mark.skipif(not accel.COMPILED, reason=f"compiled path not built: {accel.WHY_NOT}")
 def test_the_python_core_has_the_compiled_cores_fields() -> None:
     """One table of hot fields: the C Core's members, PyCore and Runtime.reset agree."""
