@@ -242,6 +242,22 @@ static int has_first_step(CoreObject *c) {
     return t != 0;
 }
 
+/* The step bracket's original, inside the step and timed first and last thing, and its
+   SPAN record (v0, v1: execute_model's tokens and requests) */
+static PyObject *in_step_call(WrapObject *self, PyObject *const *args, size_t nargsf,
+                              PyObject *kwnames, int phase, long long v0, long long v1) {
+    CoreObject *c = self->core;
+    c->in_step++;
+    int64_t t0 = boottime();
+    PyObject *res = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    int64_t t1 = boottime();
+    c->in_step--;
+    if (c->ring != NULL)
+        ring_stage_wire(c->ring, KIND_SPAN, phase, 0, self->mrv2 ? FLAG_MRV2 : 0, c->step, t0,
+                        t1, v0, v1, 0, 0, 0);
+    return res;
+}
+
 static PyObject *step_call(WrapObject *self, PyObject *const *args, size_t nargsf,
                            PyObject *kwnames) {
     CoreObject *c = self->core;
@@ -269,27 +285,11 @@ static PyObject *step_call(WrapObject *self, PyObject *const *args, size_t nargs
         Py_DECREF(sched);
         if (nreq < 0) goto slow_clear;
         c->step++;
-        c->in_step++;
-        int64_t t0 = boottime();
-        PyObject *res = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
-        int64_t t1 = boottime();
-        c->in_step--;
-        if (c->ring != NULL)
-            ring_stage_wire(c->ring, KIND_SPAN, PHASE_EXECUTE, 0, self->mrv2 ? FLAG_MRV2 : 0,
-                            c->step, t0, t1, ntok, nreq, 0, 0, 0);
-        return res;
+        return in_step_call(self, args, nargsf, kwnames, PHASE_EXECUTE, ntok, nreq);
     }
     if (!c->enabled) goto slow;
     if (every > 0 && (c->step % every == 0 || (c->step + 1) % every == 0)) goto slow;
-    c->in_step++;
-    int64_t t0 = boottime();
-    PyObject *res = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
-    int64_t t1 = boottime();
-    c->in_step--;
-    if (c->ring != NULL)
-        ring_stage_wire(c->ring, KIND_SPAN, PHASE_SAMPLE_TOKENS, 0, self->mrv2 ? FLAG_MRV2 : 0,
-                        c->step, t0, t1, 0, 0, 0, 0, 0);
-    return res;
+    return in_step_call(self, args, nargsf, kwnames, PHASE_SAMPLE_TOKENS, 0, 0);
 slow_clear:
     PyErr_Clear();
 slow:
