@@ -67,7 +67,7 @@ typedef struct {
     long long step;
     long long sample_every;
     long long sample_n;
-    long long timer_every; /* >0: the GPU timer samples 1 step in N (Python handles those) */
+    long long timer_every; /* >0: the GPU timer samples 1 step in N (RT.timer_tick) */
     /* the runner's dispatch phase and the decision made inside it (_accel_phase.h) */
     int phase_open, decided;
     long long phase_num_reqs, phase_max_q, dec_mode, dec_reason, dec_flags, dec_num_tokens,
@@ -194,6 +194,7 @@ PyMODINIT_FUNC PyInit__accel(void) {
     INTERN(S_max_query_len, "max_query_len");
     INTERN(S_dummy_run, "dummy_run");
     INTERN(S_is_profile, "is_profile");
+    INTERN(S_timer_tick, "timer_tick");
     INTERN(S_cam, "common_attn_metadata");
     INTERN(S_nat, "num_actual_tokens");
     INTERN(S_rbt, "reorder_batch_threshold");

@@ -104,9 +104,16 @@ static PyObject *forward_call(FwdObject *self, PyObject *const *args, size_t nar
     if (!c->enabled) return PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
     int outer = c->fwd.open;
     int opened = c->in_step > 0 && c->drafter <= 0 && !outer;
-    if (direct_ring(c) == NULL ||
-        (opened && c->gpu_timing && (c->timer_every <= 0 || c->step % c->timer_every == 0)))
+    int timed = opened && c->gpu_timing && (c->timer_every <= 0 || c->step % c->timer_every == 0);
+    PyObject *tick = timed ? timer_tick_of(c) : NULL;
+    if (direct_ring(c) == NULL || (timed && tick == NULL)) {
+        Py_XDECREF(tick);
         return PyObject_Vectorcall(self->hook, args, nargsf, kwnames);
+    }
+    if (tick != NULL) {
+        Py_INCREF(tick); /* one reference for each point */
+        timer_tick(tick, TICK_FORWARD_START);
+    }
     if (opened) {
         memset(&c->fwd, 0, sizeof(c->fwd));
         c->fwd.open = 1;
@@ -115,6 +122,7 @@ static PyObject *forward_call(FwdObject *self, PyObject *const *args, size_t nar
     PyObject *res = PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
     int64_t t1 = boottime();
     if (opened) c->fwd.open = 0;
+    if (tick != NULL) timer_tick(tick, TICK_FORWARD_END);
     RingObject *r = direct_ring(c);
     int f = outside_flags(c);
     if (opened) {

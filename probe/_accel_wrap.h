@@ -211,7 +211,7 @@ static PyTypeObject GateType =
 
 static PyObject *S_total, *S_num_sched, *S_on_first_step, *S_num_reqs, *S_num_tokens,
     *S_cg_mode, *S_uniform_decode, *S_udql, *S_dql, *S_uniform_token_count, *S_max_query_len,
-    *S_dummy_run, *S_is_profile;
+    *S_dummy_run, *S_is_profile, *S_timer_tick;
 
 
 
@@ -228,6 +228,44 @@ static PyObject *kwarg(PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
         if (k == name || PyUnicode_Compare(k, name) == 0) return args[nargs + i];
     }
     return NULL;
+}
+
+/* The GPU timer (probe.hooks.step.GpuTimer): the compiled hooks stay on their fast path on
+   its steps and hand it each point through ``RT.timer_tick(point)``, its ``tick`` (which
+   never raises). The points, as TICK_* in probe/hooks/step.py: */
+#define TICK_STEP_START 0
+#define TICK_FORWARD_START 1
+#define TICK_FORWARD_END 2
+#define TICK_STEP_END 3
+#define TICK_PREV_END 4
+
+/* the timer's tick, a new reference, or NULL when there is none (the timer off, or a
+   Python hot path without one: the Python hook then takes the step) */
+static PyObject *timer_tick_of(CoreObject *c) {
+    if (!c->gpu_timing) return NULL;
+    PyObject *t = PyObject_GetAttr((PyObject *)c, S_timer_tick);
+    if (t == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (t == Py_None) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* tick(point), keeping any error vLLM's call left set; steals ``t`` */
+static void timer_tick(PyObject *t, int point) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *p = PyLong_FromLong(point);
+    PyObject *r = p != NULL ? PyObject_CallOneArg(t, p) : NULL;
+    Py_XDECREF(p);
+    Py_XDECREF(r);
+    Py_DECREF(t);
+    PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
 }
 
 static int has_first_step(CoreObject *c) {
@@ -264,10 +302,11 @@ static PyObject *step_call(WrapObject *self, PyObject *const *args, size_t nargs
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (!c->enabled && !c->sampling) return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
     RingObject *r = c->ring;
-    long long every = c->timer_every;
+    long long every = c->gpu_timing ? c->timer_every : 0;
     if (c->sampling || r == NULL) goto slow;
     if (self->which == 0) {
-        if (nargs < 2 || (every > 0 && (c->step + 1) % every == 0) || has_first_step(c)) goto slow;
+        int timed = every > 0 && (c->step + 1) % every == 0;
+        if (nargs < 2 || has_first_step(c)) goto slow;
         if (self->mrv2) {
             PyObject *d = kwarg(args, nargs, kwnames, S_dummy_run);
             PyObject *p = kwarg(args, nargs, kwnames, S_is_profile);
@@ -284,12 +323,23 @@ static PyObject *step_call(WrapObject *self, PyObject *const *args, size_t nargs
         Py_ssize_t nreq = PyObject_Size(sched);
         Py_DECREF(sched);
         if (nreq < 0) goto slow_clear;
+        PyObject *tick = timed ? timer_tick_of(c) : NULL;
+        if (timed && tick == NULL) goto slow;
         c->step++;
+        if (tick != NULL) timer_tick(tick, TICK_STEP_START);
         return in_step_call(self, args, nargsf, kwnames, PHASE_EXECUTE, ntok, nreq);
     }
     if (!c->enabled) goto slow;
-    if (every > 0 && (c->step % every == 0 || (c->step + 1) % every == 0)) goto slow;
-    return in_step_call(self, args, nargsf, kwnames, PHASE_SAMPLE_TOKENS, 0, 0);
+    int end = every > 0 && c->step % every == 0, before = every > 0 && (c->step + 1) % every == 0;
+    PyObject *tick = end || before ? timer_tick_of(c) : NULL;
+    if ((end || before) && tick == NULL) goto slow;
+    PyObject *res = in_step_call(self, args, nargsf, kwnames, PHASE_SAMPLE_TOKENS, 0, 0);
+    if (tick != NULL) {
+        if (end && before) Py_INCREF(tick); /* every == 1: both points, one reference each */
+        if (end) timer_tick(tick, TICK_STEP_END);
+        if (before) timer_tick(tick, TICK_PREV_END);
+    }
+    return res;
 slow_clear:
     PyErr_Clear();
 slow:

@@ -75,6 +75,9 @@ class Runtime(accel.Core):  # type: ignore[misc]
         self.graph_ctx: Any = None  # probe.reasons.GraphContext once known
         self.static: dict[str, Any] = {}  # facts collected at startup (resolve, override)
         self.on_first_step: list[Callable[[Any], None]] = []
+        # the GPU timer's tick (probe.hooks.step.GpuTimer) while it runs: the compiled
+        # hooks call it on the timer's steps
+        self.timer_tick: Callable[[int], None] | None = None
 
     # -- attachment --------------------------------------------------------------------
 
@@ -111,6 +114,7 @@ class Runtime(accel.Core):  # type: ignore[misc]
         self.enabled = False
         self.sampling = False
         self.timer_every = 0
+        self.timer_tick = None
         self.flush()
         writer, self.writer = self.writer, _NullWriter()
         hot = getattr(writer, "hot", None)

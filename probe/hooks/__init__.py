@@ -246,6 +246,7 @@ def enable(writer: Any, *, gpu_timing: bool | int = True, sample_every: int = 1)
         RT.attach(writer)
         RT.gpu_timing = False
         RT.timer_every = 0
+        RT.timer_tick = None
         step.TIMER.clear()
         if gpu_timing:
             try:
@@ -256,6 +257,7 @@ def enable(writer: Any, *, gpu_timing: bool | int = True, sample_every: int = 1)
                     step.TIMER.append(step.GpuTimer(every))
                     RT.gpu_timing = True
                     RT.timer_every = step.TIMER[0].every
+                    RT.timer_tick = step.TIMER[0].tick  # the compiled hooks' way in
             except Exception as exc:
                 log.info("probe: no device timing (%r)", exc)
         RT.on_first_step = [_first_step]

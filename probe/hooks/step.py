@@ -124,6 +124,40 @@ def _write_scope(flags: int, t0: int, t1: int) -> None:
     )
 
 
+TICK_STEP_START, TICK_FORWARD_START, TICK_FORWARD_END, TICK_STEP_END, TICK_PREV_END = range(5)
+"""The points of a timed step at which the hooks call :meth:`GpuTimer.tick` (the same
+numbers in probe/_accel_wrap.h)."""
+
+
+def _plain_record(event: Any) -> None:
+    event.record()
+
+
+def _current_stream_record(torch: Any) -> Callable[[Any], None]:
+    """``event.record()`` on the current stream, with the ``Stream`` object made once per
+    stream instead of on every call (``torch.cuda.Event.record()`` builds one each time
+    through ``torch.cuda.current_stream()``, which costs about as much as the record
+    itself). The current stream is still looked up on every call (two C calls), so an
+    event always goes on the stream vLLM has current, as with ``record()``."""
+    try:
+        base_record = torch.cuda.Event.__mro__[1].record
+        get_device = torch._C._cuda_getDevice
+        get_stream = torch._C._cuda_getCurrentStream
+        stream_type = torch.cuda.Stream
+    except AttributeError:
+        return _plain_record
+    cache: list[Any] = [None, None]  # (stream_id, device_index, device_type), its Stream
+
+    def record(event: Any) -> None:
+        key = get_stream(get_device())
+        if key != cache[0]:
+            cache[1] = stream_type(stream_id=key[0], device_index=key[1], device_type=key[2])
+            cache[0] = key
+        base_record(event, cache[1])
+
+    return record
+
+
 class GpuTimer:
     """Device events around sampled steps, read lazily, never synchronized.
 
@@ -133,44 +167,62 @@ class GpuTimer:
     the probe). When the last event has completed (``query()``, non-blocking) the timer
     writes a GPU record: the forward's busy time, the step's device span, and the idle gap
     between the previous step's end and this step's start (the GPU waiting on the host).
+
+    The hooks reach it through :meth:`tick` only (the compiled ones through
+    ``RT.timer_tick``, so a timed step stays on the compiled path). ``event`` makes an
+    event (default: a timing ``torch.cuda.Event``; tests pass their own).
     """
 
-    def __init__(self, every: int = 8) -> None:
-        import torch
+    def __init__(self, every: int = 8, event: Callable[[], Any] | None = None) -> None:
+        if event is None:
+            import torch
 
+            self._event: Callable[[], Any] = lambda: torch.cuda.Event(enable_timing=True)
+            self._record: Callable[[Any], None] = _current_stream_record(torch)
+        else:
+            self._event, self._record = event, _plain_record
         self.every = max(1, every)
-        self._event = lambda: torch.cuda.Event(enable_timing=True)
         self._free: list[Any] = []
         self._pending: deque[tuple[int, Any, Any, Any, Any, Any]] = deque()
         self._cur: list[Any] = []
         self._prev_end: Any = None
 
+    def tick(self, point: int) -> None:
+        """The hooks' one way in, at the TICK_* points of a timed step (and of the step
+        before one). Never raises: a fault turns device timing off for the rest of the
+        attachment and is counted as the hook ``gpu_timer``, the step hooks stay on."""
+        try:
+            if point == TICK_STEP_START:
+                self._cur = [self._get()]
+            elif point == TICK_FORWARD_START:
+                if len(self._cur) == 1:
+                    self._cur.append(self._get())
+            elif point == TICK_FORWARD_END:
+                if len(self._cur) == 2:
+                    self._cur.append(self._get())
+            elif point == TICK_STEP_END:
+                self._step_end(RT.step)
+            else:
+                self._mark_prev_end()
+        except Exception as exc:
+            RT.gpu_timing = False
+            RT.fault("gpu_timer", exc, disabled=True)
+
     def _get(self) -> Any:
         ev = self._free.pop() if self._free else self._event()
-        ev.record()
+        self._record(ev)
         return ev
 
     def sampled(self, step: int) -> bool:
         return step % self.every == 0
 
-    def mark_prev_end(self) -> None:
-        """Called at the end of the step before a sampled one."""
+    def _mark_prev_end(self) -> None:
+        """At the end of the step before a sampled one."""
         if self._prev_end is not None:
             self._free.append(self._prev_end)
         self._prev_end = self._get()
 
-    def step_start(self) -> None:
-        self._cur = [self._get()]
-
-    def forward_start(self) -> None:
-        if len(self._cur) == 1:
-            self._cur.append(self._get())
-
-    def forward_end(self) -> None:
-        if len(self._cur) == 2:
-            self._cur.append(self._get())
-
-    def step_end(self, step: int) -> None:
+    def _step_end(self, step: int) -> None:
         cur, self._cur = self._cur, []
         if len(cur) == 3:
             prev, self._prev_end = self._prev_end, None
@@ -225,7 +277,7 @@ def execute(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]:
                 RT.step += 1
                 timer = _sampled_timer()
                 if timer is not None:
-                    timer.step_start()
+                    timer.tick(TICK_STEP_START)
             except Exception as exc:
                 hook.fail(exc)
                 return orig(self, scheduler_output, *args, **kwargs)
@@ -268,9 +320,9 @@ def sample_tokens(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]
                     RT.put.span(RT.step, _SAMPLE_TOKENS, t0, t1, c, 0, 0)
                     timer = _timer()
                     if timer is not None:
-                        timer.step_end(RT.step)
+                        timer.tick(TICK_STEP_END)
                         if not RT.sampling and timer.sampled(RT.step + 1):
-                            timer.mark_prev_end()
+                            timer.tick(TICK_PREV_END)
                 except Exception as exc:
                     hook.fail(exc)
 
@@ -287,7 +339,7 @@ def _before_sampled_step(orig: Callable[..., Any], runner: Any, args: Any, kwarg
     try:
         timer = _timer()
         if timer is not None and timer.sampled(RT.step + 1):
-            timer.mark_prev_end()
+            timer.tick(TICK_PREV_END)
     except Exception:  # the probe never raises into vLLM
         pass
     return result
@@ -299,14 +351,14 @@ def forward(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     the replays inside it. Outside a step or inside the drafter it is a plain SPAN (and
     the replays write their own records); a forward inside an open one (nested) writes
     nothing, its replays count into the outer one. On the compiled path the whole call is
-    in C (:func:`probe.accel.forward_hook`) but for the GPU timer's sampled steps."""
+    in C (:func:`probe.accel.forward_hook`), the GPU timer's steps too (its ticks)."""
 
     def record(t0: int, t1: int, opened: int, outer: int, timer: GpuTimer | None = None) -> None:
         """The record after the call (the compiled hook hands off here what it cannot
         stage itself)."""
         try:
             if timer is not None:
-                timer.forward_end()
+                timer.tick(TICK_FORWARD_END)
             f = 0 if RT.in_step else _OUTSIDE
             if RT.drafter:
                 f |= _DRAFTER
@@ -324,7 +376,7 @@ def forward(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         opened = 1 if RT.in_step and not RT.drafter and not outer else 0
         timer = _timer() if opened else None
         if timer is not None:
-            timer.forward_start()
+            timer.tick(TICK_FORWARD_START)
         if opened:
             _open_scope()
         t0 = _clock(BOOTTIME)
@@ -361,7 +413,7 @@ class _TimedContext:
             _open_scope()
             self._timer = _timer()
             if self._timer is not None:
-                self._timer.forward_start()
+                self._timer.tick(TICK_FORWARD_START)
         self._t0 = _clock(BOOTTIME)
         return value
 
@@ -371,7 +423,7 @@ class _TimedContext:
             RT.fwd_open = 0
         try:
             if self._timer is not None:
-                self._timer.forward_end()
+                self._timer.tick(TICK_FORWARD_END)
             f = 0 if RT.in_step else _OUTSIDE
             if RT.drafter:
                 f |= _DRAFTER
