@@ -170,8 +170,11 @@ class StepAssembler:
         execute = [s for s in spans if s.phase == Phase.EXECUTE]
         sample = [s for s in spans if s.phase == Phase.SAMPLE_TOKENS]
         bracket = execute + sample
-        t0 = min((s.t0 for s in bracket), default=min((s.t0 for s in spans), default=0))
-        t1 = max((s.t1 for s in bracket), default=max((s.t1 for s in spans), default=0))
+        # a step cut by the hooks going on or off may lack its bracket (or every span):
+        # its time is then that of whatever timed records it has
+        timed_recs = bracket or spans or [r for r in o.records if getattr(r, "t0", 0)]
+        t0 = min((r.t0 for r in timed_recs), default=0)
+        t1 = max((r.t1 for r in timed_recs), default=0)
         host = sum(s.dur_ns for s in bracket)
         ex_rec = execute[0] if execute else None
         target = [d for d in dispatches if not d.flags & _DRAFTER]

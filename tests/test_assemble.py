@@ -315,3 +315,14 @@ def test_a_view_in_place_of_a_table_is_refused(tmp_path: Path) -> None:
     _poke(path, "CREATE VIEW steps AS SELECT * FROM steps_real")
     with pytest.raises(RecordingError, match=r"steps: a view"):
         Recording.open(path)
+
+
+def test_a_step_cut_before_its_first_span_takes_the_times_of_its_other_records() -> None:
+    # the hooks went on inside step 5's reorder: only its REORDER and DISPATCH records
+    # (the Known gap "untimed steps": t0_ns = t1_ns = 0 before)
+    reorder = encode(RecordKind.REORDER, 0, 0, 0, 5, 1_000, 1_040, 1, 4, 4, 4, 0)
+    steps, _ = assemble([reorder, disp(5, Mode.FULL, Reason.HIT, t=1_100)])
+    assert [(s.step, s.t0, s.t1, s.host_ns) for s in steps] == [(5, 1_000, 1_101, 0)]
+    # a step with its bracket keeps the bracket's times
+    steps, _ = assemble([reorder, *forward_step(6, 2_000, Mode.FULL)])
+    assert [(s.t0, s.t1) for s in steps if s.step == 6] == [(2_000, 2_130)]
