@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from probe.records import (
     Build,
@@ -172,7 +173,7 @@ class StepAssembler:
         bracket = execute + sample
         # a step cut by the hooks going on or off may lack its bracket (or every span):
         # its time is then that of whatever timed records it has
-        timed_recs = bracket or spans or [r for r in o.records if getattr(r, "t0", 0)]
+        timed_recs: list[Any] = bracket or spans or [r for r in o.records if getattr(r, "t0", 0)]
         t0 = min((r.t0 for r in timed_recs), default=0)
         t1 = max((r.t1 for r in timed_recs), default=0)
         host = sum(s.dur_ns for s in bracket)
