@@ -195,3 +195,54 @@ def test_crossover_pools_the_runs_of_a_variant() -> None:
     assert out["all"]["runs"] == 2 and out["all"]["step"]["pairs"] == 11
     assert out["all"]["step"]["median_us"] == 3.0  # 6 of the 11 pairs read 3 µs
     assert out["null"]["step"]["median_us"] == 0.0 and out["null"]["runs"] == 1
+
+
+class _Hooks:
+    """Stands in for probe.hooks in the engine process: installed or not, on or off."""
+
+    def __init__(self, rt: object) -> None:
+        self.installed, self.rt = False, rt
+
+    def install(self, lazy: bool = True) -> None:
+        self.installed = True
+
+    def uninstall(self) -> None:
+        self.installed = False
+        self.rt.enabled = False  # type: ignore[attr-defined]
+
+    def enable(self, writer: object, gpu_timing: bool = True) -> None:
+        self.rt.enabled = True  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "modes",
+    [["attached", "absent", "profiler"], ["attached", "detached", "absent", "profiler"]],
+)
+def test_each_repetition_runs_its_mode_whatever_ran_before(modes: list[str]) -> None:
+    # the overhead experiment's rotation: the profiler alone never has the probe on (it
+    # did before: after an absent repetition it installed and enabled the hooks, after an
+    # attached one it kept them on), detached is installed and dormant, attached is on
+    import types
+
+    rt = types.SimpleNamespace(enabled=False, sampling=False, sample_every=1, sample_n=0)
+    hooks = _Hooks(rt)
+    installed, seen = True, []
+    hooks.installed = rt.enabled = True  # the engine starts attached (the warm-up)
+    for i in range(3 * len(modes)):
+        for m in modes[i % len(modes) :] + modes[: i % len(modes)]:
+            installed = harness.apply_mode(m, installed, False, hooks, rt, None)
+            assert installed == hooks.installed
+            seen.append((m, hooks.installed, rt.enabled))
+    want = {
+        "attached": (True, True),
+        "detached": (True, False),
+        "absent": (False, False),
+        "profiler": (False, False),
+    }
+    assert {(m, inst, on) for m, inst, on in seen} == {(m, *want[m]) for m in modes}
+    installed = harness.apply_mode("groundtruth", installed, True, hooks, rt, None)
+    assert installed and rt.enabled  # the ground truth: the profiler and the probe together
+    installed = harness.apply_mode("attached_s8", installed, False, hooks, rt, None)
+    assert rt.enabled and rt.sampling and rt.sample_every == 8
+    with pytest.raises(ValueError, match="unknown probe mode"):
+        harness.hooks_for("attahced")

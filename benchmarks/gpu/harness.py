@@ -51,6 +51,44 @@ def load_scenario(name: str) -> dict[str, Any]:
     return sc
 
 
+def hooks_for(mode: str) -> str:
+    """What a repetition of probe mode ``mode`` needs of the hooks: ``"absent"``
+    (uninstalled, vLLM's originals back: ``absent``, and ``profiler``, the torch profiler
+    alone), ``"off"`` (installed and dormant: ``detached``) or ``"on"`` (attached:
+    ``attached``, ``attached_sN``, ``groundtruth``, the profiler and the probe together)."""
+    if mode in ("absent", "profiler"):
+        return "absent"
+    if mode == "detached":
+        return "off"
+    if mode in ("attached", "groundtruth") or mode.startswith("attached_s"):
+        return "on"
+    raise ValueError(f"unknown probe mode {mode!r}")
+
+
+def apply_mode(
+    mode: str, installed: bool, reinstall: bool, hooks: Any, rt: Any, writer: Any
+) -> bool:
+    """Put the hooks in the state a repetition of ``mode`` needs (:func:`hooks_for`),
+    whatever the repetition before left; returns whether they are installed now."""
+    need = hooks_for(mode)
+    if mode in ("groundtruth", "attached") and reinstall:
+        hooks.uninstall()  # every family again (a stepwise variant may have left a few)
+        installed = False
+    if need == "absent" and installed:
+        hooks.uninstall()
+        installed = False
+    elif need != "absent" and not installed:
+        hooks.install(lazy=False)
+        hooks.enable(writer, gpu_timing=True)
+        installed = True
+    # "attached_s8": attached, recording one engine step in 8 (--sample 8)
+    every = int(mode.split("_s", 1)[1]) if mode.startswith("attached_s") else 1
+    rt.sampling, rt.sample_every, rt.sample_n = every > 1, every, 0
+    if need != "absent":
+        rt.enabled = need == "on"
+    return installed
+
+
 def log(*a: Any) -> None:
     print(f"[harness {time.strftime('%H:%M:%S')}]", *a, file=sys.stderr, flush=True)
 
@@ -143,23 +181,7 @@ def engine_main(args: argparse.Namespace) -> None:
                 emit({"op": "result", **stepwise(llm, cmd, prompts, sp, writer)})
                 continue
             mode = cmd.get("probe", "attached")
-            if mode in ("groundtruth", "attached") and cmd.get("reinstall"):
-                hooks.uninstall()  # every family again (a stepwise variant may have left a few)
-                installed = False
-            if mode == "absent" and installed:
-                hooks.uninstall()
-                installed = False
-            elif mode != "absent" and not installed:
-                hooks.install(lazy=False)
-                hooks.enable(writer, gpu_timing=True)
-                installed = True
-            # "attached_s8": attached, recording one engine step in 8 (--sample 8)
-            every = int(mode.split("_s", 1)[1]) if mode.startswith("attached_s") else 1
-            RT.sampling, RT.sample_every, RT.sample_n = every > 1, every, 0
-            if mode in ("attached", "groundtruth") or every > 1:
-                RT.enabled = True
-            elif mode == "detached" and installed:
-                RT.enabled = False
+            installed = apply_mode(mode, installed, bool(cmd.get("reinstall")), hooks, RT, writer)
             seed = int(cmd.get("seed", 0))
             ps = prompts(seed, cmd.get("requests", n_req), cmd.get("prompt_len", plen))
             prof = None
