@@ -17,3 +17,20 @@ def per_call(fn: Callable[[], Any], n: int, rounds: int = 15) -> float:
             fn()
         samples.append((time.perf_counter_ns() - t0) / n)
     return statistics.median(samples)
+
+
+def evictor(mb: int = 64) -> Callable[[], None]:
+    """A call that evicts the caches the way an engine's own host work does between two
+    hooked calls: ``mb`` MB of memory touched and some torch code run (in-engine each
+    hooked call runs cold; a back-to-back loop keeps everything hot)."""
+    import numpy as np
+    import torch
+
+    big = np.ones(mb * 1024 * 1024 // 8)
+
+    def evict() -> None:
+        big.sum()
+        for _ in range(50):
+            torch.ones(8) + 1
+
+    return evict

@@ -38,23 +38,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _timing import evictor
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--evict-mb", type=int, default=64)
     a = ap.parse_args()
-    import numpy as np
-    import torch
-
     from probe import accel
 
-    big = np.ones(a.evict_mb * 1024 * 1024 // 8)
-
-    def evict() -> None:
-        big.sum()
-        for _ in range(50):
-            torch.ones(8) + 1
+    evict = evictor(a.evict_mb)
 
     paths = ["compiled", "python"] if accel.COMPILED else ["python"]
     with tempfile.TemporaryDirectory() as tmp:

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _timing import evictor
+
 _clk = time.clock_gettime_ns
 _BOOT = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
@@ -58,21 +60,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=400)
     ap.add_argument("--evict-mb", type=int, default=64)
     a = ap.parse_args()
-    import numpy as np
-    import torch
-
     from probe import accel
     from probe.hooks import step
     from probe.hooks._base import Installer, Target
     from probe.ring import RingWriter
     from probe.runtime import RT
 
-    big = np.ones(a.evict_mb * 1024 * 1024 // 8)
-
-    def evict() -> None:
-        big.sum()
-        for _ in range(50):
-            torch.ones(8) + 1
+    evict = evictor(a.evict_mb)
 
     def runner_class() -> type:
         class GPUModelRunner:

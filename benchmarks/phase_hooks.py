@@ -36,21 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _timing import per_call
-
-
-def _evictor() -> Callable[[], None]:
-    import numpy as np
-    import torch
-
-    big = np.ones(64 * 1024 * 1024 // 8)
-
-    def evict() -> None:
-        big.sum()
-        for _ in range(50):
-            torch.ones(8) + 1
-
-    return evict
+from _timing import evictor, per_call
 
 
 def _warm(fn: Callable[[], Any], orig: Callable[[], Any], n: int, rounds: int = 21) -> float:
@@ -230,7 +216,7 @@ def main() -> None:
     from probe.ring import RingWriter
     from probe.runtime import RT
 
-    evict = _evictor()
+    evict = evictor()
     tmp = Path(tempfile.mkdtemp(prefix="probe-bench-", dir="/dev/shm"))
     results: dict[str, Any] = {}
     paths = ["compiled", "python"] if accel.COMPILED else ["python"]
