@@ -246,3 +246,23 @@ def test_each_repetition_runs_its_mode_whatever_ran_before(modes: list[str]) -> 
     assert rt.enabled and rt.sampling and rt.sample_every == 8
     with pytest.raises(ValueError, match="unknown probe mode"):
         harness.hooks_for("attahced")
+
+
+def test_every_committed_plan_checks_and_a_typo_does_not() -> None:
+    plans = sorted((ROOT / "benchmarks/gpu").glob("plan*.json"))
+    assert len(plans) > 20
+    import json
+
+    for p in plans:
+        assert harness.check_plan(json.loads(p.read_text())) == [], p.name
+    plan = json.loads((ROOT / "benchmarks/gpu/plan_final2_mrv2.json").read_text())
+    plan["experiments"][0]["variants"][1]["gpu_timng"] = 8
+    plan["experiments"].append({"kind": "overhead", "scenario": "stock_v3", "modes": ["absnt"]})
+    plan["experiments"].append({"kind": "stepwize", "scenario": "stock_mrv2_k1"})
+    assert harness.check_plan(plan) == [
+        "experiment 0 variant 1: unknown key 'gpu_timng'",
+        "experiment 1: no scenario 'stock_v3' in benchmarks/gpu/scenarios",
+        "experiment 1: unknown probe mode 'absnt'",
+        "experiment 2: unknown kind 'stepwize'",
+    ]
+    assert harness.check_plan([]) == ['a plan is {"experiments": [...]}']

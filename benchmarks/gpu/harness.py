@@ -768,10 +768,58 @@ def run_groundtruth(eng: Engine, out: Path) -> dict[str, Any]:
     return {"window_boottime": r["boottime"], "trace": trace.name, "tok_s": r["tok_s"]}
 
 
+EXPERIMENT_KEYS = {
+    "overhead": {"reps", "modes", "groundtruth", "budget_s"},
+    "stepwise": {"variants", "variant_s", "budget_s"},
+    "groundtruth": {"budget_s"},
+    "record": {"reps", "run", "budget_s"},
+    "ab": {"a", "b", "reps", "budget_s"},
+}
+VARIANT_KEYS = {
+    "design", "block", "bare_timer", "generates", "null", "gpu_timing", "exclude",
+    "wrap_only", "pause_reader", "families", "hot_path", "prefill_steps", "sample_every",
+    "selftime", "ring_stand_in", "return_tokens", "out_len", "requests",
+}  # fmt: skip
+MODES = {"attached", "detached", "absent", "profiler", "groundtruth", "attached_paused"}
+
+
+def check_plan(plan: Any) -> list[str]:
+    """What is wrong with a plan, before any device time is spent on it: unknown kinds,
+    keys (a typo would silently run the default), scenarios and probe modes."""
+    if not isinstance(plan, dict) or not isinstance(plan.get("experiments"), list):
+        return ['a plan is {"experiments": [...]}']
+    problems = []
+    scenarios = {p.stem for p in (HERE / "scenarios").glob("*.json")}
+    for i, exp in enumerate(plan["experiments"]):
+        where = f"experiment {i}"
+        kind = exp.get("kind") if isinstance(exp, dict) else None
+        if kind not in EXPERIMENT_KEYS:
+            problems.append(f"{where}: unknown kind {kind!r}")
+            continue
+        extra = set(exp) - EXPERIMENT_KEYS[kind] - {"kind", "scenario", "close_after"}
+        problems += [f"{where} ({kind}): unknown key {k!r}" for k in sorted(extra)]
+        names = [exp.get("scenario"), exp.get("a"), exp.get("b"), *exp.get("close_after", [])]
+        for name in names:
+            if name is not None and name not in scenarios:
+                problems.append(f"{where}: no scenario {name!r} in benchmarks/gpu/scenarios")
+        if kind != "ab" and "scenario" not in exp:
+            problems.append(f"{where} ({kind}): no scenario")
+        for m in exp.get("modes") or []:
+            if m not in MODES and not str(m).startswith("attached_s"):
+                problems.append(f"{where}: unknown probe mode {m!r}")
+        for j, v in enumerate(exp.get("variants") or []):
+            bad = sorted(set(v) - VARIANT_KEYS) if isinstance(v, dict) else ["(not an object)"]
+            problems += [f"{where} variant {j}: unknown key {k!r}" for k in bad]
+    return problems
+
+
 def suite(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plan = json.loads(Path(args.plan).read_text()) if args.plan else {}
+    problems = check_plan(plan) if args.plan else []
+    if problems:
+        raise SystemExit(f"harness: {args.plan}: " + "; ".join(problems))
     deadline = float(args.deadline) if args.deadline else time.time() + 1e9
     summary: dict[str, Any] = {"started": time.time(), "experiments": []}
     sfile = out / "results.json"
