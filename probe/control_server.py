@@ -24,10 +24,12 @@ changes nothing. ``enable`` creates the ring in the process's own run dir and an
 with its file name. Only a peer with our uid (or root) is served (``SO_PEERCRED``).
 
 While a reader is attached a watchdog thread of its own (it depends on no client's
-I/O) wakes every ``watchdog_interval_s``: when the reader's heartbeat in
-the ring header (:meth:`probe.ring.RingReader.touch_heartbeat`) is older than
-``heartbeat_timeout_s`` or the attaching process is gone, it disables the hooks and
-removes the ring, so a killed ``probe attach`` never leaves a server instrumented.
+I/O) wakes every ``watchdog_interval_s``: when the attaching process is gone, or the
+reader's heartbeat in the ring header (:meth:`probe.ring.RingReader.touch_heartbeat`) is
+older than ``heartbeat_timeout_s`` while the reader is stopped (or its state cannot be
+read), or older than ``live_silence_s`` while it runs (a reader waiting for a CPU on a
+saturated host), it disables the hooks and removes the ring, so a killed ``probe
+attach`` never leaves a server instrumented.
 An ``enable`` with ``duration_s`` also sets a deadline (that long after this process's
 hooks went on): the same thread wakes at it and turns the hooks off itself, however far
 behind the reader is (``probe attach --duration``). ``status`` tells the deadline and
@@ -65,6 +67,13 @@ SOCK_PREFIX = "ctl-"
 SOCK_SUFFIX = ".sock"
 SOCK_RE = re.compile(r"^ctl-(\d+)\.sock$")
 DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
+LIVE_READER_SILENCE_S = 60.0
+"""How long a reader that is still running may go without reading before the watchdog
+turns the hooks off. On a saturated host a live reader waits for a CPU for many seconds
+(3.5-19 s early trips at 5 s in 3 of 48 attaches under load, docs/reliability.md), and
+turning the hooks off under it loses the rest of its attachment. A reader that is gone is
+caught at the next wake whatever its heartbeat; one that is stopped (SIGSTOP, Ctrl-Z) or
+whose state cannot be read keeps ``heartbeat_timeout_s``."""
 WATCHDOG_INTERVAL_S = 0.5
 CLIENT_TIMEOUT_S = 5.0
 REQUEST_DEADLINE_S = 5.0  # a request line must arrive whole within this, however it trickles
@@ -111,6 +120,17 @@ def check_peer(cred: tuple[int, int, int], my_uid: int | None = None) -> None:
     pid, uid, _gid = cred
     if uid not in (want, 0):
         raise PeerRefused(pid, uid, want)
+
+
+def pid_stat(pid: int) -> tuple[str, int] | None:
+    """``(state, start time)`` of ``pid`` from ``/proc/PID/stat`` (the state letter: R, S,
+    D, T, t, Z, ...; the start in clock ticks since boot), or None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0].decode("ascii", "replace"), int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def pid_alive(pid: int) -> bool:
@@ -241,6 +261,8 @@ class ControlServer:
         heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
         watchdog_interval_s: float = WATCHDOG_INTERVAL_S,
         alive: Callable[[int], bool] = pid_alive,
+        stat: Callable[[int], tuple[str, int] | None] = pid_stat,
+        live_silence_s: float = LIVE_READER_SILENCE_S,
     ) -> None:
         from probe.ring import check_ring_dir
 
@@ -254,7 +276,10 @@ class ControlServer:
         self.heartbeat_timeout_ns = int(heartbeat_timeout_s * 1e9)
         self.watchdog_interval_s = watchdog_interval_s
         self.alive = alive
+        self.stat = stat
+        self.live_silence_ns = int(live_silence_s * 1e9)
         self.attached_by: int | None = None
+        self.reader_start: int | None = None  # the reader's start time (a reused pid differs)
         self.enabled_at_ns = 0
         self.deadline_ns: int | None = None  # hooks off at this CLOCK_BOOTTIME (duration_s)
         self.last_off: dict[str, Any] | None = None  # why and when the hooks last went off
@@ -521,6 +546,8 @@ class ControlServer:
         self.host.enable(ring, gpu_timing, families, sample_every)
         self.ring_path = ring
         self.attached_by = peer_pid
+        st = self.stat(peer_pid) if peer_pid > 0 else None
+        self.reader_start = st[1] if st is not None else None
         self.enabled_at_ns = self.clock_ns()
         self.deadline_ns = None if duration is None else self.enabled_at_ns + int(duration * 1e9)
         self._wake.set()
@@ -542,12 +569,23 @@ class ControlServer:
     # -- watchdog -------------------------------------------------------------------------
 
     def _reader_stale(self) -> bool:
-        if self.attached_by is None:
+        """The attached reader is gone, or silent too long for what it is doing: a
+        running (or sleeping) reader may wait ``live_silence_s`` for a CPU, a stopped one
+        or one whose state cannot be read (a pid from another namespace) gets
+        ``heartbeat_timeout_s``."""
+        pid = self.attached_by
+        if pid is None:
             return False
-        if not self.alive(self.attached_by):
-            return True
+        st = self.stat(pid) if pid > 0 else None
+        if pid > 0 and (
+            not self.alive(pid)
+            or (st is not None and self.reader_start is not None and st[1] != self.reader_start)
+        ):
+            return True  # gone (or its pid taken by another process)
+        running = st is not None and st[0] not in ("T", "t", "Z", "X")
+        limit = self.live_silence_ns if running else self.heartbeat_timeout_ns
         last = max(self.host.heartbeat_ns(), self.enabled_at_ns)
-        return self.clock_ns() - last > self.heartbeat_timeout_ns
+        return self.clock_ns() - last > limit
 
     def watchdog(self) -> bool:
         """Disable at the deadline, or if the attached reader is gone or silent; True when

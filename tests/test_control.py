@@ -224,11 +224,21 @@ def test_second_client_gets_attached_by(server: ControlServer, run_dir: Path) ->
     request(server.path, "disable")
 
 
-def test_watchdog_disables_when_the_heartbeat_stops(run_dir: Path, clean_probe: None) -> None:
+def test_watchdog_disables_when_a_stopped_readers_heartbeat_stops(
+    run_dir: Path, clean_probe: None
+) -> None:
     from probe.runtime import RT
 
     clock = Clock()
-    srv = ControlServer(run_dir, environ={}, clock_ns=clock, heartbeat_timeout_s=5.0)
+    start = control.pid_stat(os.getpid())
+    assert start is not None
+    srv = ControlServer(
+        run_dir,
+        environ={},
+        clock_ns=clock,
+        heartbeat_timeout_s=5.0,
+        stat=lambda pid: ("T", start[1]),  # the reader is stopped (SIGSTOP, Ctrl-Z)
+    )
     srv.open()
     try:
         ring = run_dir / request(srv.path, "enable")["ring"]
@@ -243,6 +253,68 @@ def test_watchdog_disables_when_the_heartbeat_stops(run_dir: Path, clean_probe: 
         assert not RT.enabled and not ring.exists() and srv.attached_by is None
         assert request(srv.path, "status")["watchdog_trips"] == 1
         reader.close()
+    finally:
+        srv.close()
+
+
+def test_a_running_reader_waiting_for_a_cpu_keeps_the_hooks_on(
+    run_dir: Path, clean_probe: None
+) -> None:
+    # on a saturated host a live reader can go many seconds without a poll; turning the
+    # hooks off under it lost the rest of its attachment (3 of 48 attaches under load);
+    # it gets live_silence_s, and is caught at once when its process is gone
+    from probe.runtime import RT
+
+    clock = Clock()
+    gone: set[int] = set()
+    srv = ControlServer(
+        run_dir,
+        environ={},
+        clock_ns=clock,
+        heartbeat_timeout_s=5.0,
+        live_silence_s=60.0,
+        alive=lambda pid: pid not in gone,
+    )
+    srv.open()
+    try:
+        ring = run_dir / request(srv.path, "enable", duration_s=120)["ring"]
+        reader = RingReader.open(ring)
+        assert srv.stat(os.getpid())[0] in ("R", "S")  # this process: the reader, running
+        clock.now += 20_000_000_000
+        assert srv.watchdog() is False and RT.enabled  # 20 s silent, still running
+        reader.touch_heartbeat(clock.now)
+        clock.now += 59_000_000_000
+        assert srv.watchdog() is False and RT.enabled
+        clock.now += 2_000_000_000
+        assert srv.watchdog() is True  # 61 s silent: stuck, not starved
+        assert not RT.enabled and request(srv.path, "status")["watchdog_trips"] == 1
+        # a reader that is gone is caught at the next wake, however fresh its heartbeat
+        ring = run_dir / request(srv.path, "enable")["ring"]
+        reader2 = RingReader.open(ring)
+        reader2.touch_heartbeat(clock.now)
+        assert srv.watchdog() is False
+        gone.add(os.getpid())
+        assert srv.watchdog() is True and not RT.enabled
+        reader.close()
+        reader2.close()
+    finally:
+        srv.close()
+
+
+def test_a_reader_whose_pid_was_taken_over_is_gone(run_dir: Path, clean_probe: None) -> None:
+    from probe.runtime import RT
+
+    clock = Clock()
+    me = control.pid_stat(os.getpid())
+    assert me is not None
+    stats = {"now": me}
+    srv = ControlServer(run_dir, environ={}, clock_ns=clock, stat=lambda pid: stats["now"])
+    srv.open()
+    try:
+        request(srv.path, "enable")
+        assert srv.reader_start == me[1] and srv.watchdog() is False and RT.enabled
+        stats["now"] = ("S", me[1] + 1)  # the reader died and another process got its pid
+        assert srv.watchdog() is True and not RT.enabled
     finally:
         srv.close()
 
@@ -339,7 +411,10 @@ def test_a_stale_reader_is_taken_over(run_dir: Path, clean_probe: None) -> None:
         srv.ring_path = run_dir / "ring-x.shm"
         with pytest.raises(ControlError, match="attached by pid 1"):
             request(srv.path, "enable")
-        clock.now += 10_000_000_000
+        clock.now += 10_000_000_000  # silent 10 s, but running: it may be starved
+        with pytest.raises(ControlError, match="attached by pid 1"):
+            request(srv.path, "enable")
+        clock.now += 51_000_000_000  # silent 61 s: stuck
         assert request(srv.path, "enable")["ring"] == f"ring-{os.getpid()}.shm"
         assert srv.attached_by == os.getpid()
     finally:

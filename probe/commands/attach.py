@@ -8,7 +8,8 @@ It asks every armed process of the server (``probe ps``) to enable its hooks ove
 control socket, reads their rings with the same collector as ``probe record``, keeps
 their heartbeats fresh, and on exit (Ctrl-C, ``--duration``, the server going away)
 disables everything it enabled. If this process dies instead, each vLLM process's
-watchdog disables itself once the heartbeat is older than 5 s.
+watchdog disables itself at its next wake (and if it is stopped, once the heartbeat is
+older than 5 s; if it runs but gets no CPU, after 60 s: probe.control_server).
 
 On a busy host the reader must not fall behind, nor keep the hooks on past the
 duration. So each process is told the duration at enable and turns its hooks off at
