@@ -34,3 +34,27 @@ def evictor(mb: int = 64) -> Callable[[], None]:
             torch.ones(8) + 1
 
     return evict
+
+
+def median_ns(
+    fn: Callable[[], Any],
+    n: int,
+    evict: Callable[[], None] | None = None,
+    every: int = 0,
+    between: Callable[[], Any] | None = None,
+) -> float:
+    """Median ns of ``n`` single calls of ``fn`` on CLOCK_BOOTTIME, each after
+    ``evict()`` when given (:func:`evictor`); ``between()`` after every ``every`` calls,
+    untimed (to keep a ring from filling, say)."""
+    clk = time.clock_gettime_ns
+    boot = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+    ts = []
+    for i in range(n):
+        if evict is not None:
+            evict()
+        t0 = clk(boot)
+        fn()
+        ts.append(clk(boot) - t0)
+        if between is not None and every and i % every == every - 1:
+            between()
+    return statistics.median(ts)

@@ -29,16 +29,14 @@ Records go to a real shared-memory ring, recreated every 100 calls so it never f
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _timing import evictor
+from _timing import evictor, median_ns
 
 
 def main() -> None:
@@ -67,23 +65,11 @@ def main() -> None:
         print(f"{key:40} {v['warm']:8.0f} {v['cold']:8.0f}")
 
 
-_clk = time.clock_gettime_ns
-_BOOT = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 _STATE: dict[str, Any] = {}
 
 
 def timed(fn: Callable[[], Any], n: int, evict: Callable[[], None] | None) -> float:
-    ts = []
-    for i in range(n):
-        if evict is not None:
-            evict()
-        t0 = _clk(_BOOT)
-        fn()
-        t1 = _clk(_BOOT)
-        ts.append(t1 - t0)
-        if i % 100 == 99:
-            _STATE["renew"]()
-    return statistics.median(ts)
+    return median_ns(fn, n, evict, every=100, between=lambda: _STATE["renew"]())
 
 
 def teardown() -> None:

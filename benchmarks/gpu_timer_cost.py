@@ -23,14 +23,13 @@ against probe trees from before ``GpuTimer(event=...)`` too.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from _timing import evictor
+from _timing import evictor, median_ns
 
 _clk = time.clock_gettime_ns
 _BOOT = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
@@ -124,8 +123,9 @@ def main() -> None:
                 RT.enabled = True
                 row = []
                 for cold in (False, True):
-                    h = _timed(hooked_step, a.n, evict if cold else None, writer, RT)
-                    p = _timed(plain_step, a.n, evict if cold else None, None, RT)
+                    ev = evict if cold else None
+                    h = median_ns(hooked_step, a.n, ev, every=200, between=partial(_drain, writer))
+                    p = median_ns(plain_step, a.n, ev)
                     row.append(h - p)
                 print(f"{path:10} {'timed' if timed else 'untimed':8} {row[0]:8.0f} {row[1]:8.0f}")
                 if RT.faults:
@@ -136,24 +136,13 @@ def main() -> None:
             RT.reset()
 
 
-def _timed(
-    fn: Callable[[], Any], n: int, evict: Callable[[], None] | None, writer: Any, rt: Any
-) -> float:
-    ts = []
-    for i in range(n):
-        if evict is not None:
-            evict()
-        t0 = _clk(_BOOT)
-        fn()
-        t1 = _clk(_BOOT)
-        ts.append(t1 - t0)
-        if writer is not None and i % 200 == 199:  # keep the ring from filling
-            from probe.ring import RingReader
+def _drain(writer: Any) -> None:
+    """Read the ring empty (it would fill: nothing else reads it here)."""
+    from probe.ring import RingReader
 
-            with RingReader.open(writer.path) as reader:
-                for _ in reader.read():
-                    pass
-    return statistics.median(ts)
+    with RingReader.open(writer.path) as reader:
+        for _ in reader.read():
+            pass
 
 
 if __name__ == "__main__":
