@@ -140,11 +140,8 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:  # a zombie is gone for our purposes
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
+    st = pid_stat(pid)  # a zombie is gone for our purposes
+    return st is None or st[0] != "Z"
 
 
 # -- the probe inside this process, as the server drives it ------------------------------------
