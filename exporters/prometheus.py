@@ -40,13 +40,18 @@ DEFAULT_ADDR = "127.0.0.1:9464"
 
 class _WithoutCreated:
     """The metrics of ``inner`` less their ``_created`` samples (prometheus_client's
-    switch for that, ``disable_created_metrics()``, is process-global)."""
+    switch for that, ``disable_created_metrics()``, is process-global), read under
+    ``lock``: the sink applies a batch of steps under it, so a scrape sees every counter of
+    a batch or none (a scrape between two of them made a ratio panel read above 1)."""
 
-    def __init__(self, inner: CollectorRegistry) -> None:
+    def __init__(self, inner: CollectorRegistry, lock: threading.Lock) -> None:
         self.inner = inner
+        self.lock = lock
 
     def collect(self) -> Iterator[Metric]:
-        for fam in self.inner.collect():
+        with self.lock:
+            fams = list(self.inner.collect())
+        for fam in fams:
             fam.samples = [s for s in fam.samples if not s.name.endswith("_created")]
             yield fam
 
@@ -58,9 +63,9 @@ class PrometheusSink(ExportSink):
         super().__init__()
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         #: what is exposed: ``registry`` without ``_created`` series
-        self.exposed = CollectorRegistry(auto_describe=False)
-        self.exposed.register(_WithoutCreated(self.registry))  # type: ignore[arg-type]
         self._lock = threading.Lock()
+        self.exposed = CollectorRegistry(auto_describe=False)
+        self.exposed.register(_WithoutCreated(self.registry, self._lock))  # type: ignore[arg-type]
         self._known: dict[int, ProcessInfo] = {}
         self.metrics: dict[str, Any] = {}
         for m in METRICS.values():

@@ -276,3 +276,42 @@ def test_gpu_idle_share_is_idle_over_the_step_period() -> None:
     assert analysis.ratio("gpu_idle_share", steps) == idle / period
     assert round(idle / period, 3) == 0.313 and round(idle / busy, 3) == 0.751
     assert "gpu_step_seconds_sum" in ratio_queries()["gpu_idle_share"]
+
+
+def test_a_scrape_sees_a_batch_of_steps_whole_or_not_at_all() -> None:
+    # a scrape between two counters of one batch made the "Replays confirmed" ratio read
+    # above 1 (seen once in CI: 1.003); the exposition now waits for the batch
+    import threading
+
+    from exporters.prometheus import PrometheusSink
+
+    rec = Recording.open(default_recording())
+    [info] = processes_from_recording(rec)
+    steps = list(rec.iter_steps(info.pid))[:50]
+    sink = PrometheusSink()
+    sink.process(info)
+    mid, go = threading.Event(), threading.Event()
+    plain, n = sink.apply, [0]
+
+    def apply(u: object) -> None:
+        plain(u)  # type: ignore[arg-type]
+        n[0] += 1
+        if n[0] == 3:  # part of the batch applied: hold it there
+            mid.set()
+            go.wait(10)
+
+    sink.apply = apply  # type: ignore[method-assign]
+    writer = threading.Thread(target=sink.steps, args=(info, steps, []))
+    writer.start()
+    assert mid.wait(10)
+    seen: list[bytes] = []
+    scraper = threading.Thread(target=lambda: seen.append(sink.exposition()))
+    scraper.start()
+    scraper.join(0.5)
+    assert scraper.is_alive() and not seen  # waits for the batch, reads nothing partial
+    go.set()
+    writer.join(10)
+    scraper.join(10)
+    whole = sink.exposition()
+    assert seen == [whole]
+    assert b"vllm_graph_probe_steps_total" in whole
