@@ -294,7 +294,7 @@ def probe_cost(
 
 IN_ENGINE_NOTE = (
     "a lower bound: in a real engine the hooks cost more than around a no-op"
-    " (one H200, MRV2 k=1: 30 µs of each step's launch window, docs/evidence.md)"
+    " (one H200, MRV2 k=1: 18 µs of each step's launch window, docs/evidence.md)"
 )
 """What the calibration leaves out, as measured end to end (benchmarks/gpu/crossover.py)."""
 
