@@ -76,8 +76,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent))
 
 from test_attach_serve import MODEL, PROBE, Server, _free_port  # noqa: E402
+
+from benchmarks._proc import Tracer  # noqa: E402
 
 
 def start(run_dir: Path, extra: dict[str, str] | None = None) -> Server:
@@ -108,70 +111,6 @@ def start(run_dir: Path, extra: dict[str, str] | None = None) -> Server:
         except OSError:
             time.sleep(1)
     raise SystemExit("server not up in 300 s")
-
-
-SYSCALLS = {
-    0: "read", 1: "write", 3: "close", 7: "poll", 9: "mmap", 11: "munmap", 17: "pread64",
-    18: "pwrite64", 23: "select", 35: "nanosleep", 42: "connect", 44: "sendto",
-    45: "recvfrom", 47: "recvmsg", 61: "wait4", 74: "fsync", 75: "fdatasync", 87: "unlink",
-    202: "futex", 230: "clock_nanosleep", 232: "epoll_wait", 257: "openat", 262: "newfstatat",
-    270: "pselect6", 271: "ppoll", 281: "epoll_pwait",
-}  # fmt: skip
-
-
-class Tracer:
-    """Samples a process's main thread from ``/proc`` every ``every`` s until it exits:
-    (epoch s, state, system call, cumulative CPU ns, cumulative run-queue wait ns)."""
-
-    def __init__(self, pid: int, every: float = 0.01) -> None:
-        self.pid, self.every = pid, every
-        self.samples: list[tuple[float, str, str, int, int]] = []
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _read(self, name: str) -> str:
-        with open(f"/proc/{self.pid}/task/{self.pid}/{name}") as f:
-            return f.read()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                stat = self._read("stat")
-                state = stat[stat.rindex(")") + 2]
-                call = self._read("syscall").split()[0] if state in "SD" else ""
-                cpu, runq = (int(x) for x in self._read("schedstat").split()[:2])
-            except (OSError, ValueError, IndexError):
-                return
-            if call and call.lstrip("-").isdigit():
-                call = SYSCALLS.get(int(call), call)
-            self.samples.append((time.time(), state, call, cpu, runq))
-            time.sleep(self.every)
-
-    def join(self) -> None:
-        self._t.join()
-
-    def parts(self, bounds: list[tuple[str, float, float]]) -> dict[str, dict[str, float]]:
-        """Per part (name, epoch start, epoch end): seconds of CPU, of run-queue wait, and
-        blocked by system call (the wall the samples cover, less those two)."""
-        out: dict[str, dict[str, float]] = {}
-        for name, a, b in bounds:
-            inside = [x for x in self.samples if a <= x[0] < b]
-            if len(inside) < 2:
-                continue
-            wall = inside[-1][0] - inside[0][0]
-            cpu = (inside[-1][3] - inside[0][3]) / 1e9
-            runq = (inside[-1][4] - inside[0][4]) / 1e9
-            row = {"wall": wall, "cpu": cpu, "runq": runq}
-            blocked: dict[str, int] = {}
-            for x in inside[:-1]:
-                if x[1] in "SD":
-                    blocked[x[2] or "?"] = blocked.get(x[2] or "?", 0) + 1
-            n = sum(blocked.values())
-            rest = max(0.0, wall - cpu - runq)
-            for call, k in sorted(blocked.items(), key=lambda kv: -kv[1]):
-                row[f"blocked {call}"] = rest * k / n
-            out[name] = {k: round(v, 2) for k, v in row.items()}
-        return out
 
 
 def autogroup(pid: int | str = "self") -> dict[str, object] | None:

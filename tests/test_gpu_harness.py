@@ -5,13 +5,19 @@ the per-repetition deadline; and a TP=2 recording from the H200 read per rank.""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import random
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from benchmarks import _proc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,7 +121,6 @@ def test_cpu_specs_and_deadline() -> None:
     assert harness.parse_cpus("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
     assert harness.parse_cpus("") is None and harness.parse_cpus(None) is None
     assert harness.pin(None) is None
-    import time
 
     now = time.time()
     assert not harness.out_of_time(now + 5, now, 0)  # nothing done yet: always try one
@@ -266,3 +271,118 @@ def test_every_committed_plan_checks_and_a_typo_does_not() -> None:
         "experiment 2: unknown kind 'stepwize'",
     ]
     assert harness.check_plan([]) == ['a plan is {"experiments": [...]}']
+
+
+# -- where the engine's main thread ran (benchmarks/_proc.py) and the step speeds ------------
+
+regimes = _load("regimes")
+
+
+def test_siblings_read_the_smt_topology_and_a_cpu_without_it_is_its_own_core(tmp_path) -> None:
+    for cpu, text in ((0, "0,8\n"), (8, "0,8\n"), (1, "1-2\n"), (2, "1-2\n")):
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(text)
+    (tmp_path / "cpu3").mkdir()
+    (tmp_path / "cpufreq").mkdir()  # not a CPU
+    assert _proc.siblings(tmp_path) == {0: [0, 8], 1: [1, 2], 2: [1, 2], 3: [3], 8: [0, 8]}
+
+
+def test_the_tracer_sees_a_busy_thread_run_and_where() -> None:
+    import subprocess
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<5: pass"]
+    )
+    try:
+        tr = _proc.Tracer(p.pid, every=0.005)
+        import time
+
+        time.sleep(0.4)
+        samples = tr.stop()
+    finally:
+        p.kill()
+        p.wait()
+    row = _proc.placement(samples)
+    assert row["samples"] == len(samples) >= 10
+    seen = {int(c) for c in row["cpus"]}  # type: ignore[union-attr]
+    assert seen and seen <= set(range(os.cpu_count() or 1))
+    assert 0 <= int(row["migrations"]) < len(samples)  # type: ignore[call-overload]
+    assert float(row["cpu_s"]) > 0.05  # type: ignore[arg-type]
+
+
+def test_placement_counts_moves_between_cpus() -> None:
+    s = [(float(i), "R", "", i * 10, 0, cpu) for i, cpu in enumerate([0, 0, 1, 1, 0, 3])]
+    row = _proc.placement(s)
+    assert row["cpus"] == {"0": 3, "1": 2, "3": 1} and row["migrations"] == 3
+    assert row["cpu_s"] == 0.0 and row["wall_s"] == 5.0
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_pin_main_thread_puts_the_caller_alone_and_the_others_off_its_core() -> None:
+    code = (
+        "import json, os, threading, time\n"
+        "from benchmarks import _proc\n"
+        "ev = threading.Event()\n"
+        "t = threading.Thread(target=ev.wait); t.start()\n"
+        "cpus = sorted(os.sched_getaffinity(0))\n"
+        "sib = {c: [c] for c in cpus}\n"
+        "done = _proc.pin_main_thread(cpus[0], sib)\n"
+        "tids = os.listdir('/proc/self/task')\n"
+        "aff = {tid: sorted(os.sched_getaffinity(int(tid))) for tid in tids}\n"
+        "try:\n"
+        "    _proc.pin_main_thread(10**4, sib)\n"
+        "except ValueError as exc:\n"
+        "    err = str(exc)\n"
+        "ev.set(); t.join()\n"
+        "print(json.dumps([cpus, done, aff, threading.get_native_id(), err]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    ).stdout  # fmt: skip
+    cpus, done, aff, me, err = json.loads(out)
+    assert done["main_cpu"] == cpus[0] and done["threads_moved"] >= 1
+    assert aff[str(me)] == [cpus[0]]
+    others = [v for k, v in aff.items() if k != str(me)]
+    assert others and all(v == cpus[1:] for v in others)
+    assert "not among this process's CPUs" in err
+
+
+def test_regimes_split_repetitions_and_show_two_step_speeds() -> None:
+    rng = random.Random(1)
+    rows, t = [], 10**9
+    for rep in range(4):
+        for i in range(128):
+            fast = rep % 2 == 0 or i < 64  # reps 1 and 3 switch to slow half-way
+            d = int((2.4e6 if fast else 3.8e6) * rng.uniform(0.98, 1.02))
+            rows.append((t, t + d))
+            t += d + 10_000
+        t += 10**9  # the gap between two generates
+    reps = regimes.split(rows, None)
+    assert [len(r) for r in reps] == [128] * 4
+    res = regimes.analyse(reps, 32)
+    assert [r["spread"] > 1.4 for r in res["reps"]] == [False, True, False, True]
+    bins = res["window_median_bins_ms"]
+    assert set(bins) == {2.5, 3.75} and bins[2.5] == 12 and bins[3.75] == 4
+    # windows given: the same split
+    w = [[r[0][0], r[-1][0]] for r in (rows[:128], rows[128:256])]
+    assert [len(r) for r in regimes.split(rows, w)] == [128, 128]
+
+
+def test_overhead_keeps_each_repetitions_window_and_main_thread_moves() -> None:
+    class _Eng:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def run(self, rep: int, probe: str, seed: int) -> dict:
+            self.n += 1
+            return {
+                "rep": rep, "probe": probe, "tok_s": 100.0 + self.n, "tokens_sha": "x",
+                "boottime": [self.n * 10, self.n * 10 + 5], "main_thread": {"migrations": self.n},
+            }  # fmt: skip
+
+    res = harness.run_overhead(_Eng(), 2, Path("."), ["attached", "absent"])  # type: ignore[arg-type]
+    att = res["modes"]["attached"]
+    assert att["windows"] == [[10, 15], [40, 45]]  # rep 0 runs attached first, rep 1 second
+    assert att["main_thread_migrations"] == [1, 4]
+    assert res["modes"]["absent"]["main_thread_migrations"] == [2, 3]

@@ -38,6 +38,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+if str(REPO) not in sys.path:  # benchmarks._proc (stdlib only), in both processes
+    sys.path.insert(1, str(REPO))
 SCEN_DIR = HERE / "scenarios"
 TAG = "HARNESS "
 
@@ -159,6 +161,14 @@ def engine_main(args: argparse.Namespace) -> None:
 
     llm.generate(prompts(999), sp(16), use_tqdm=False)  # warm-up (JIT, allocator)
     installed = True
+    pinned: dict[str, Any] | None = None
+    if args.main_cpu is not None:  # after the engine started its threads (they stay off it)
+        from benchmarks._proc import pin_main_thread
+
+        try:
+            pinned = pin_main_thread(int(args.main_cpu))
+        except (ValueError, OSError) as exc:
+            pinned = {"error": str(exc)}
     emit(
         {
             "op": "ready",
@@ -169,6 +179,7 @@ def engine_main(args: argparse.Namespace) -> None:
             "snapshot": RT.static.get("snapshot"),
             "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name() if cuda else "cpu",
+            "main_thread_pin": pinned,
         }
     )
     for line in sys.stdin:
@@ -558,6 +569,7 @@ class Engine:
         label: str,
         cpus: set[int] | None = None,
         reader_cpus: set[int] | None = None,
+        main_cpu: int | None = None,
     ) -> None:
         self.label = label
         self.run_dir = out / f"rings-{label}"
@@ -579,6 +591,7 @@ class Engine:
                 scenario,
                 "--run-dir",
                 str(self.run_dir),
+                *([] if main_cpu is None else ["--main-cpu", str(main_cpu)]),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -633,14 +646,21 @@ class Engine:
         """Send one command and wait for its result; ``pause_reader``: the reader process
         stopped (SIGSTOP) meanwhile, so its CPU cannot compete with the engine (the ring
         holds the records until it resumes)."""
+        from benchmarks._proc import Tracer, placement
+
         assert self.proc.stdin is not None
         if pause_reader:
             self.reader.send_signal(signal.SIGSTOP)
+        # where the engine's main thread (vLLM's step loop, in-process) ran meanwhile
+        tracer = Tracer(self.proc.pid, every=0.01)
         try:
             self.proc.stdin.write(json.dumps({"op": op, **cmd}) + "\n")
             self.proc.stdin.flush()
-            return self.expect("result")
+            res = self.expect("result")
+            res["main_thread"] = placement(tracer.stop())
+            return res
         finally:
+            tracer.stop()
             if pause_reader:
                 self.reader.send_signal(signal.SIGCONT)
 
@@ -744,6 +764,11 @@ def run_overhead(
                 "paired_ratio_to_absent": [
                     x["tok_s"] / y["tok_s"] for x, y in zip(rs, res["absent"], strict=False)
                 ],
+                "windows": [x.get("boottime") for x in rs],  # for benchmarks/gpu/regimes.py
+                # the engine's main thread per repetition: how often it changed CPU
+                "main_thread_migrations": [
+                    (x.get("main_thread") or {}).get("migrations") for x in rs
+                ],
             }
             for m, rs in res.items()
         },
@@ -821,7 +846,18 @@ def suite(args: argparse.Namespace) -> None:
     if problems:
         raise SystemExit(f"harness: {args.plan}: " + "; ".join(problems))
     deadline = float(args.deadline) if args.deadline else time.time() + 1e9
-    summary: dict[str, Any] = {"started": time.time(), "experiments": []}
+    from benchmarks._proc import siblings
+
+    summary: dict[str, Any] = {
+        "started": time.time(),
+        "machine": {
+            "cpu_siblings": {str(c): v for c, v in siblings().items()},
+            "cpus": args.cpus,
+            "reader_cpus": args.reader_cpus,
+            "main_cpu": args.main_cpu,
+        },
+        "experiments": [],
+    }
     sfile = out / "results.json"
 
     def save() -> None:
@@ -833,7 +869,12 @@ def suite(args: argparse.Namespace) -> None:
         if name not in engines:
             log(f"starting engine {name}")
             engines[name] = Engine(
-                name, out, name, parse_cpus(args.cpus), parse_cpus(args.reader_cpus)
+                name,
+                out,
+                name,
+                parse_cpus(args.cpus),
+                parse_cpus(args.reader_cpus),
+                None if args.main_cpu is None else int(args.main_cpu),
             )
             r = engines[name].ready
             log(f"engine {name} ready in {r['init_s']:.0f}s (probe from {r.get('probe_path')})")
@@ -916,12 +957,19 @@ def main() -> None:
     e = sub.add_parser("engine")
     e.add_argument("--scenario", required=True)
     e.add_argument("--run-dir", required=True)
+    e.add_argument("--main-cpu", type=int)
     s = sub.add_parser("suite")
     s.add_argument("--plan", required=True)
     s.add_argument("--out", required=True)
     s.add_argument("--deadline")
     s.add_argument("--cpus", help="pin the engine processes to these CPUs, e.g. 0-7")
     s.add_argument("--reader-cpus", help="pin the probe's reader processes, e.g. 8-9")
+    s.add_argument(
+        "--main-cpu",
+        type=int,
+        help="after start-up, the engine's main thread alone on this CPU and its other "
+        "threads off this CPU's core (benchmarks._proc.pin_main_thread)",
+    )
     args = ap.parse_args()
     if args.cmd == "engine":
         engine_main(args)

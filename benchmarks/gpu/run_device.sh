@@ -3,7 +3,8 @@
 # analysis, and packs what comes back into $OUT (at most a few files).
 #   benchmarks/gpu/run_device.sh PLAN NAME SECONDS
 # Optional: CPUS / READER_CPUS (e.g. 0-11 / 12-13) pin the engines and the probe's readers;
-# CUDA_VISIBLE_DEVICES picks the GPU.
+# MAIN_CPU (one of CPUS) puts each engine's main thread alone on that CPU's core after
+# start-up; CUDA_VISIBLE_DEVICES picks the GPU.
 set -uo pipefail
 PLAN=$1; NAME=$2; SECS=${3:-480}
 OUT=${OUT:-/tmp/out}; W=/tmp/$NAME; mkdir -p "$W" "$OUT"
@@ -14,7 +15,7 @@ if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
 fi
 DEADLINE=$(( $(date +%s) + SECS ))
 timeout -k 10 $(( SECS + 30 )) python3 benchmarks/gpu/harness.py suite --plan "$PLAN" --out "$W" \
-  --deadline "$DEADLINE" ${CPUS:+--cpus "$CPUS"} ${READER_CPUS:+--reader-cpus "$READER_CPUS"} \
+  --deadline "$DEADLINE" ${CPUS:+--cpus "$CPUS"} ${READER_CPUS:+--reader-cpus "$READER_CPUS"} ${MAIN_CPU:+--main-cpu "$MAIN_CPU"} \
   2> "$W/suite.log"
 echo "suite rc=$?"; tail -40 "$W/suite.log"
 if [ -f "$W/groundtruth.trace.json" ]; then
