@@ -878,6 +878,9 @@ def suite(args: argparse.Namespace) -> None:
             )
             r = engines[name].ready
             log(f"engine {name} ready in {r['init_s']:.0f}s (probe from {r.get('probe_path')})")
+            if r.get("main_thread_pin") is not None:
+                summary["machine"].setdefault("main_thread_pin", {})[name] = r["main_thread_pin"]
+                log(f"engine {name} main thread: {r['main_thread_pin']}")
         return engines[name]
 
     for exp in plan.get("experiments", []):
