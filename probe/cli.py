@@ -20,9 +20,8 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from probe.errors import RuntimeFailure, UsageError
-from probe.recording import default_recording
 
-__all__ = ["default_recording", "main"]
+__all__ = ["main"]  # and default_recording, imported when asked (__getattr__)
 
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
@@ -110,6 +109,12 @@ def _add_command_modules(sub: Any, argv: Sequence[str] | None = None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     entry = argv is None  # the process's own command line (console script, python -m)
     argv = sys.argv[1:] if argv is None else list(argv)
+    if entry:  # attach --session-nice: into a session of its own before the imports below
+        from probe import session
+
+        moved = session.early(argv)
+        if moved is not None:
+            return moved
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
@@ -134,6 +139,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # stdout on a full device, a file that vanished mid-read
         where = exc.filename or ("standard output" if exc.errno in _STDOUT_ERRNOS else "probe")
         return _fail(f"{where}: {exc.strerror or exc}", EXIT_RUNTIME)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "default_recording":  # imported where asked: the recording module is heavy
+        from probe.recording import default_recording
+
+        return default_recording
+    raise AttributeError(name)
 
 
 def _threads_left() -> bool:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from probe.commands.attach import in_own_session
 from probe.errors import UsageError
+from probe.session import early, in_own_session
 
 ROOT = Path(__file__).resolve().parents[1]
 AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
@@ -27,12 +27,15 @@ needs_autogroups = pytest.mark.skipif(
 
 CHILD = """
 import os, sys, time
-from probe.commands.attach import in_own_session
+import probe.cli
+from probe import session
 parent = os.getpid()
-rc = in_own_session(int(sys.argv[1]))
+rc = session.early(["attach", "--url", "http://127.0.0.1:1", "--session-nice", sys.argv[1]])
 if rc is None:  # the child: where the attach would run
+    light = "probe.recording" not in sys.modules  # moved before the heavy imports
+    group = open("/proc/self/autogroup").read()
     with open(sys.argv[2], "w") as f:
-        f.write(f"{parent} {os.getpid()} {os.getsid(0)} {open('/proc/self/autogroup').read()}")
+        f.write(f"{light} {parent} {os.getpid()} {os.getsid(0)} {group}")
     if sys.argv[3] == "sleep":
         time.sleep(30)
     os._exit(7)
@@ -54,7 +57,8 @@ def test_the_attach_runs_in_a_session_of_its_own_with_that_nice(tmp_path: Path) 
     p = _run(tmp_path, 3)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 7 and "parent rc 7" in out, err
-    parent, child, sid, group = (tmp_path / "child").read_text().split(maxsplit=3)
+    light, parent, child, sid, group = (tmp_path / "child").read_text().split(maxsplit=4)
+    assert light == "True"  # before the recording and command modules were imported
     assert child != parent and sid == child  # a new session, led by the child
     name, nice = group.split()[0], group.split()[2]
     assert nice == "3"
@@ -115,3 +119,27 @@ def test_a_nice_out_of_range_is_refused_before_anything() -> None:
     assert p.stderr.strip().splitlines()[-1] == (
         "probe: error: argument --session-nice: '-21': give a nice value from -20 to 19"
     )
+
+
+def test_early_leaves_other_command_lines_to_the_parser() -> None:
+    for argv in (
+        [], ["report"], ["attach", "--url", "x"], ["attach", "--session-nice", "x"],
+        ["attach", "--session-nice", "-21"], ["attach", "--session-nice", "-5", "--help"],
+        ["record", "--session-nice", "-5"], ["attach", "--", "--session-nice", "-5"],
+    ):  # fmt: skip
+        assert early(argv) is None, argv  # no fork: nothing to wait for
+
+
+@needs_autogroups
+def test_the_command_line_attach_reports_in_the_child_and_returns_its_status() -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "probe", "attach", "--url", "http://127.0.0.1:1",
+         "--duration", "1", "--no-live", "--session-nice=2"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "probe: error: no process of this user listens on port 1 (http://127.0.0.1:1); is "
+        "the server up?"
+    ]

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import os
 import signal
 import socket
 import sqlite3
@@ -42,6 +41,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from probe import session
 from probe.commands import address, endpoint, nice_value, positive_float, positive_int
 from probe.errors import RuntimeFailure, UsageError
 
@@ -341,74 +341,9 @@ def sample_every_arg(args: argparse.Namespace) -> int:
     return int(n)
 
 
-AUTOGROUP_ENABLED = "/proc/sys/kernel/sched_autogroup_enabled"
-
-
-def in_own_session(nice: int, enabled_path: str = AUTOGROUP_ENABLED) -> int | None:
-    """``--session-nice N``: go on in a session of its own whose autogroup has nice ``N``.
-
-    With autogroups (``sched_autogroup_enabled``), Linux shares the CPU between sessions
-    first and only then between the processes of one, so a process's own nice weighs it
-    only against its session's other processes; on a host whose CPUs a saturated server
-    keeps busy, a reader at its user's priority waits in the run queue far longer than it
-    works (docs/reliability.md). This forks: the child makes a new session, writes ``N``
-    to ``/proc/self/autogroup`` and returns None (it runs the attach); the parent forwards
-    SIGINT, SIGTERM and SIGHUP to it, waits, and returns its exit status. A value below
-    the current one needs CAP_SYS_NICE (or root): then a one-line error, nothing started.
-    """
-    try:
-        with open(enabled_path) as f:
-            on = f.read().strip() == "1"
-    except OSError:
-        on = False
-    if not on:
-        raise UsageError(
-            f"--session-nice: this kernel does not share the CPU by session ({enabled_path} "
-            "is not 1), so a session's nice would change nothing; use nice(1) instead"
-        )
-    sys.stdout.flush()
-    sys.stderr.flush()
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: the attach itself
-        os.close(r)
-        try:
-            os.setsid()
-            with open("/proc/self/autogroup", "w") as group:
-                group.write(str(nice))
-            with contextlib.suppress(OSError, AttributeError):  # gone with the parent
-                import ctypes
-
-                ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PDEATHSIG
-        except OSError as exc:
-            os.write(w, (exc.strerror or str(exc)).encode()[:200])
-            os._exit(2)
-        os.write(w, b"ok")
-        os.close(w)
-        return None
-    os.close(w)
-    with os.fdopen(r, "rb") as pipe:
-        said = pipe.read()
-
-    def forward(sig: int, _frame: Any) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, forward)
-    _, status = os.waitpid(pid, 0)
-    if said != b"ok":
-        raise UsageError(
-            f"--session-nice {nice}: {said.decode(errors='replace')} (a value below the "
-            "session's present one needs CAP_SYS_NICE, or root)"
-        )
-    code = os.waitstatus_to_exitcode(status)
-    return code if code >= 0 else 128 - code
-
-
 def cmd_attach(args: argparse.Namespace) -> int:
-    if getattr(args, "session_nice", None) is not None:
-        rc0 = in_own_session(args.session_nice)
+    if getattr(args, "session_nice", None) is not None and not session.MOVED:
+        rc0 = session.in_own_session(args.session_nice)
         if rc0 is not None:  # the parent: the attach ran in the child
             args.exit_at_once = True
             return rc0
