@@ -112,7 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if entry:  # attach --session-nice: into a session of its own before the imports below
         from probe import session
 
-        moved = session.early(argv)
+        try:
+            moved = session.early(argv)
+        except UsageError as exc:
+            return _fail(str(exc), EXIT_USAGE)
         if moved is not None:
             return moved
     parser = build_parser(argv)

@@ -13,6 +13,7 @@ attach``'s own handler calls :func:`in_own_session` when :func:`early` did not r
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -95,7 +96,7 @@ def early(argv: Sequence[str]) -> int | None:
     """``probe attach ... --session-nice N ...``: move before anything else is imported.
     Returns the exit status in the process that waited, None where the command goes on
     (the child, or a command line this does not apply to: a value argparse will refuse is
-    left to it)."""
+    left to it). Raises UsageError like :func:`in_own_session`."""
     if not argv or argv[0] != "attach":
         return None
     value = None
@@ -108,14 +109,10 @@ def early(argv: Sequence[str]) -> int | None:
             value = a.split("=", 1)[1]
     if value is None or "-h" in argv or "--help" in argv:
         return None
+    from probe.commands import nice_value  # the parser's own check of the value
+
     try:
-        nice = int(value)
-    except ValueError:
+        nice = nice_value(value)
+    except argparse.ArgumentTypeError:
         return None
-    if not -20 <= nice <= 19:
-        return None
-    try:
-        return in_own_session(nice)
-    except UsageError as exc:
-        print(f"probe: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+    return in_own_session(nice)  # a UsageError goes to main's one-line error
