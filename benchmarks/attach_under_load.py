@@ -29,7 +29,8 @@ CAP_SYS_NICE; several: alternating; with autogroups it weighs the attach only ag
 other processes of its session); ``--attach-group-nice N ...``: the nice of the attach's
 autogroup (``/proc/PID/autogroup``, what weighs a session against the others; ``none``:
 as is); ``--attach-session-nice N ...``: ``probe attach --session-nice N``, the probe's own
-way to do that (``none``: without); ``--server-env KEY=VALUE ...`` sets the server's
+way to do that (``auto``, ``off`` or N; ``none``: without the flag, i.e. its default,
+``auto``); ``--server-env KEY=VALUE ...`` sets the server's
 environment (``nobind`` there: none). For each run:
 
 - ``wall_s`` in three parts: ``startup_s`` (start to "attached": interpreter,
@@ -172,7 +173,7 @@ def attach(
     cpus: str = "all",
     nice: int = 0,
     group_nice: int | None = None,
-    session_nice: int | None = None,
+    session_nice: str | None = None,
 ) -> dict[str, object]:
     """One ``probe attach --duration d``, timed in parts (see the module docstring), and
         the server's completions per second while the hooks were on. ``session``: ``own`` (a
@@ -180,9 +181,11 @@ def attach(
     ``taskset -c`` list, or ``all``; ``nice``: the attach's nice value (``nice -n``; below
     0 needs root or CAP_SYS_NICE); ``group_nice``: its autogroup's nice (written to
     ``/proc/self/autogroup`` before the attach starts: with autogroups, a process's own nice
-    only weighs it against the other processes of its session); ``session_nice``: the same
-    by the probe itself (``probe attach --session-nice``: it forks, so ``--trace`` then
-    follows the waiting parent, not the attach)."""
+    only weighs it against the other processes of its session); ``session_nice``: ``probe
+    attach --session-nice`` (``auto``, ``off`` or N; None: without the flag, which is
+    ``auto``). Started here in a session of its own, the attach leads it and sets its
+    group's nice itself; in this process's session it calls ``setsid`` itself (no terminal,
+    no process group of its own): either way no fork, so ``--trace`` follows the attach."""
     cmd = [PROBE, "attach", "--url", srv.url, "--duration", f"{d:g}", "--no-live"]
     cmd += ["--record", str(rec)]
     if session_nice is not None:
@@ -380,7 +383,8 @@ def main() -> None:
         "--attach-session-nice",
         nargs="+",
         default=["none"],
-        help="probe attach --session-nice N (none: without it; several: alternating)",
+        help="probe attach --session-nice auto|off|N (none: without the flag, i.e. its "
+        "default, auto; several: alternating)",
     )
     ap.add_argument(
         "--session-busy", type=int, default=0, help="N CPU-bound processes in this session"
@@ -439,7 +443,7 @@ def main() -> None:
             for d in a.durations:
                 trees: list[Path | None] = [None] if a.baseline is None else [None, a.baseline]
                 runs = [
-                    (tree, session, cpus, nice, _opt(g), _opt(sn))
+                    (tree, session, cpus, nice, _opt(g), None if sn == "none" else sn)
                     for tree in trees
                     for session in a.attach_session
                     for cpus in a.attach_cpus

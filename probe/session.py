@@ -1,14 +1,27 @@
-"""``probe attach --session-nice N``: the attach in a session (so an autogroup) of its own.
+"""The attach's CPU share: by default (``--session-nice auto``) raised where it is permitted.
 
 With autogroups (``sched_autogroup_enabled``), Linux shares the CPU between sessions first
 and only then between the processes of one, so a process's own nice weighs it only against
 its session's other processes. On a host whose CPUs a saturated server keeps busy, a reader
-at its user's priority waits in the run queue far longer than it works (docs/reliability.md,
-"The attach's session weight"); its session's weight is what changes that.
+at its user's priority waits in the run queue far longer than it works: the requested
+duration ran over by seconds (docs/reliability.md, "The attach's session weight"); its
+session's weight is what changes that.
+
+``auto`` (the default): with CAP_SYS_NICE (root), the attach goes on in a session of its own
+whose autogroup has nice -5, and has nice -5 itself (which is what counts where autogroups do
+not apply: autogroups off, or a container's CPU cgroup); without it, it runs as started.
+``N``: the same with N, and a one-line error where N is not permitted. ``off``: as started.
+
+How it gets into a session of its own, in this order: a session leader already has one (only
+the autogroup's nice is written); a process that leads no process group and has no terminal
+(a script's or a service's child) calls ``setsid`` itself, so its pid stays the attach's;
+otherwise (a terminal's job, which leads its process group) it forks: the child runs the
+attach in a new session and the parent stays in the terminal's job control, forwarding
+signals and returning the child's status.
 
 :func:`early` runs first thing in ``probe``'s ``main``, before the commands' modules are
 imported, so the interpreter's start is the only work done at the old weight; ``probe
-attach``'s own handler calls :func:`in_own_session` when :func:`early` did not run.
+attach``'s own handler calls :func:`raise_share` when :func:`early` did not run.
 """
 
 from __future__ import annotations
@@ -24,32 +37,110 @@ from typing import Any
 from probe.errors import UsageError
 
 AUTOGROUP_ENABLED = "/proc/sys/kernel/sched_autogroup_enabled"
+AUTO_NICE = -5
+"""What ``auto`` asks for: 5 of 6 attaches on time under load where 2 of 6 were without
+(docs/reliability.md), and the server served as many requests per second either way."""
+CAP_SYS_NICE = 23
+
 MOVED = False
-"""True in the process that now runs in its own session (the child of the fork)."""
+"""True once this process runs with the share :func:`raise_share` set (also in a fork's child)."""
+SHARE = "as started"
+"""What was done, for the recording's meta (``reader_share``)."""
 
 
-def in_own_session(nice: int, enabled_path: str = AUTOGROUP_ENABLED) -> int | None:
-    """``--session-nice N``: go on in a session of its own whose autogroup has nice ``N``.
+def may_raise(status_path: str = "/proc/self/status") -> bool:
+    """Whether this process may lower a nice value (CAP_SYS_NICE in its effective set)."""
+    try:
+        with open(status_path) as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_NICE & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
-    With autogroups (``sched_autogroup_enabled``), Linux shares the CPU between sessions
-    first and only then between the processes of one, so a process's own nice weighs it
-    only against its session's other processes; on a host whose CPUs a saturated server
-    keeps busy, a reader at its user's priority waits in the run queue far longer than it
-    works (docs/reliability.md). This forks: the child makes a new session, writes ``N``
-    to ``/proc/self/autogroup`` and returns None (it runs the attach); the parent forwards
-    SIGINT, SIGTERM and SIGHUP to it, waits, and returns its exit status. A value below
-    the current one needs CAP_SYS_NICE (or root): then a one-line error, nothing started.
-    """
+
+def autogroups_on(enabled_path: str = AUTOGROUP_ENABLED) -> bool:
     try:
         with open(enabled_path) as f:
-            on = f.read().strip() == "1"
+            return f.read().strip() == "1"
     except OSError:
-        on = False
-    if not on:
+        return False
+
+
+def _has_terminal() -> bool:
+    try:
+        os.close(os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY))
+    except OSError:
+        return False
+    return True
+
+
+def _set(nice: int, group: bool) -> None:
+    """Write ``nice`` to this session's autogroup (``group``) and to this process."""
+    if group:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    os.setpriority(os.PRIO_PROCESS, 0, nice)
+
+
+def _refused(nice: int, why: str) -> UsageError:
+    return UsageError(
+        f"--session-nice {nice}: {why} (a value below the session's present one needs "
+        "CAP_SYS_NICE, or root)"
+    )
+
+
+def raise_share(
+    setting: int | str = "auto", enabled_path: str = AUTOGROUP_ENABLED, fork: bool = True
+) -> int | None:
+    """Give the attach the CPU share ``setting`` asks for (``auto``, ``off`` or a nice value;
+    see the module's text). Returns None where the attach goes on in this process, the
+    child's exit status in a parent that forked and waited. Raises UsageError for an
+    explicit value that is not permitted (nothing is started then), and where a fork is
+    needed but not allowed (``fork=False``: ``probe.cli.main`` called from a program)."""
+    global MOVED, SHARE
+    if setting == "off" or MOVED:
+        return None
+    if setting == "auto":
+        if not may_raise():
+            SHARE = "as started (raising it needs CAP_SYS_NICE)"
+            return None
+        nice = AUTO_NICE
+    else:
+        nice = int(setting)
+    group = autogroups_on(enabled_path)
+    if not group:
+        try:
+            _set(nice, group=False)
+        except OSError as exc:
+            raise _refused(nice, exc.strerror or str(exc)) from None
+        MOVED, SHARE = True, f"nice {nice} (no session groups)"
+        return None
+    done = f"a session of its own, autogroup nice {nice}"
+    pid = os.getpid()
+    if os.getsid(0) == pid or (os.getpgrp() != pid and not _has_terminal()):
+        try:
+            if os.getsid(0) != pid:
+                os.setsid()
+            _set(nice, group=True)
+        except OSError as exc:
+            raise _refused(nice, exc.strerror or str(exc)) from None
+        MOVED, SHARE = True, done
+        return None
+    if not fork:
         raise UsageError(
-            f"--session-nice: this kernel does not share the CPU by session ({enabled_path} "
-            "is not 1), so a session's nice would change nothing; use nice(1) instead"
+            f"--session-nice {nice}: this process leads its process group (or has a terminal), "
+            "so only a fork could give it a session of its own; run probe attach as a command"
         )
+    return _fork(nice, done)
+
+
+def _fork(nice: int, done: str) -> int | None:
+    """A terminal's job: the attach in a child that makes a new session; this process
+    forwards signals to it (job control: Ctrl-Z stops both, ``fg`` continues both), waits
+    and returns its status (128 + N for a signal)."""
+    global MOVED, SHARE
     sys.stdout.flush()
     sys.stderr.flush()
     r, w = os.pipe()
@@ -58,8 +149,7 @@ def in_own_session(nice: int, enabled_path: str = AUTOGROUP_ENABLED) -> int | No
         os.close(r)
         try:
             os.setsid()
-            with open("/proc/self/autogroup", "w") as group:
-                group.write(str(nice))
+            _set(nice, group=True)
             with contextlib.suppress(OSError, AttributeError):  # gone with the parent
                 import ctypes
 
@@ -69,8 +159,7 @@ def in_own_session(nice: int, enabled_path: str = AUTOGROUP_ENABLED) -> int | No
             os._exit(2)
         os.write(w, b"ok")
         os.close(w)
-        global MOVED
-        MOVED = True
+        MOVED, SHARE = True, done
         return None
     os.close(w)
     with os.fdopen(r, "rb") as pipe:
@@ -80,26 +169,53 @@ def in_own_session(nice: int, enabled_path: str = AUTOGROUP_ENABLED) -> int | No
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, forward)
-    _, status = os.waitpid(pid, 0)
+    def stop(_sig: int, _frame: Any) -> None:
+        # the child leads an orphaned process group, where the kernel drops SIGTSTP
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stops here until SIGCONT
+        signal.signal(signal.SIGTSTP, stop)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCONT, signal.SIGWINCH):
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+            signal.signal(sig, forward)
+    if signal.getsignal(signal.SIGTSTP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGTSTP, stop)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:  # pragma: no cover - PEP 475 retries
+            continue
     if said != b"ok":
-        raise UsageError(
-            f"--session-nice {nice}: {said.decode(errors='replace')} (a value below the "
-            "session's present one needs CAP_SYS_NICE, or root)"
-        )
+        raise _refused(nice, said.decode(errors="replace"))
     code = os.waitstatus_to_exitcode(status)
     return code if code >= 0 else 128 - code
 
 
+def setting_value(text: str) -> int | str:
+    """``--session-nice``: ``auto``, ``off`` or a nice value from -20 to 19."""
+    if text in ("auto", "off"):
+        return text
+    from probe.commands import nice_value  # the parser's own check of the value
+
+    try:
+        int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give auto, off or a nice value") from None
+    return nice_value(text)
+
+
 def early(argv: Sequence[str]) -> int | None:
-    """``probe attach ... --session-nice N ...``: move before anything else is imported.
-    Returns the exit status in the process that waited, None where the command goes on
-    (the child, or a command line this does not apply to: a value argparse will refuse is
-    left to it). Raises UsageError like :func:`in_own_session`."""
+    """``probe attach ...``: take the share ``--session-nice`` asks for (default ``auto``)
+    before anything else is imported. Returns the exit status in a parent that forked and
+    waited, None where the command goes on (here or in the child, or a command line this
+    does not apply to: a value argparse will refuse, or ``--help``, is left to it). Raises
+    UsageError like :func:`raise_share`."""
     if not argv or argv[0] != "attach":
         return None
-    value = None
+    value = "auto"
     for i, a in enumerate(argv):
         if a == "--":
             break
@@ -107,12 +223,10 @@ def early(argv: Sequence[str]) -> int | None:
             value = argv[i + 1]
         elif a.startswith("--session-nice="):
             value = a.split("=", 1)[1]
-    if value is None or "-h" in argv or "--help" in argv:
+    if "-h" in argv or "--help" in argv:
         return None
-    from probe.commands import nice_value  # the parser's own check of the value
-
     try:
-        nice = nice_value(value)
+        setting = setting_value(value)
     except argparse.ArgumentTypeError:
         return None
-    return in_own_session(nice)  # a UsageError goes to main's one-line error
+    return raise_share(setting)  # a UsageError goes to main's one-line error

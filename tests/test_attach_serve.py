@@ -13,6 +13,7 @@ import concurrent.futures as cf
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -313,3 +314,72 @@ def test_a_stopped_attach_has_the_hooks_turned_off_at_its_deadline(server: Serve
     # every recorded step ended before the worker's hooks went off
     assert max(s.t1 for s in steps) <= offs["worker"]["at_ns"]
     assert server.load(PROMPTS[:4]) == [server.complete(p) for p in PROMPTS[:4]]
+
+
+def _in_a_terminal(
+    server: Server, cmd: str, ctrl_c: bool = False
+) -> tuple[str, dict[int, dict[str, Any]]]:
+    """``sh -c CMD`` as a pseudo-terminal's session: sh has no job control, so the attach it
+    starts is in sh's process group with the terminal as its own, the case where ``probe
+    attach`` forks (probe/session.py). Returns the terminal's output and the pids seen as
+    the attacher while it was on (its session, whether its parent is an attach, its
+    autogroup); ``ctrl_c``: a Ctrl-C typed once every process is on."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child execs
+        os.execve("/bin/sh", ["sh", "-c", f"trap 'echo sh-int' INT; {cmd}; echo rc=$?"], server.env)
+    out, attachers, typed = b"", {}, False
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([fd], [], [], 1.0)[0]:
+                continue
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: every process holding the terminal has exited
+                break
+            if not chunk:
+                break
+            out += chunk
+            if b"attached to 3 process(es)" in out and not attachers:
+                for a in {r["attached_by"] for r in server.ps()} - {None}:
+                    parent = Path(f"/proc/{a}/stat").read_text().rsplit(")", 1)[1].split()[1]
+                    argv = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+                    attachers[a] = {
+                        "sid": os.getsid(a),
+                        "parent_is_probe": b"attach" in argv,  # not sh -c "... attach ..."
+                        "group": Path(f"/proc/{a}/autogroup").read_text().split(),
+                    }
+                if ctrl_c and not typed:
+                    os.write(fd, b"\x03")
+                    typed = True
+    finally:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        os.close(fd)
+    return out.decode(errors="replace"), attachers
+
+
+def test_from_a_terminal_the_attach_forks_draws_its_live_view_and_ctrl_c_detaches(
+    server: Server,
+) -> None:
+    """A terminal's job: the attach runs in a child in a session of its own (with CAP_SYS_NICE,
+    by default), draws the live view on the terminal, and the parent that stayed in the
+    terminal's job control returns its status; a Ctrl-C typed there reaches it and detaches."""
+    from probe.session import autogroups_on, may_raise
+
+    if not (may_raise() and autogroups_on()):
+        pytest.skip("the default share needs CAP_SYS_NICE, the fork session groups")
+    out, attachers = _in_a_terminal(server, f"{PROBE} attach --url {server.url} --duration 3")
+    assert "rc=0" in out and "detached (duration reached)" in out, out[-2000:]
+    assert "probe attach |" in out and "\x1b[" in out  # the live view, drawn with escapes
+    ((child, seen),) = attachers.items()
+    assert seen["sid"] == child and seen["parent_is_probe"], seen  # a forked child's session
+    assert seen["group"][0].startswith("/autogroup-") and seen["group"][2] == "-5", seen
+    assert all(r["attached_by"] is None and not r["enabled"] for r in server.ps())
+
+    with_ctrl_c, again = _in_a_terminal(server, f"{PROBE} attach --url {server.url}", True)
+    assert "detached (interrupted)" in with_ctrl_c and "rc=0" in with_ctrl_c, with_ctrl_c[-2000:]
+    assert len(again) == 1 and child not in again
+    assert all(r["attached_by"] is None and not r["enabled"] for r in server.ps())

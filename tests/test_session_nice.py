@@ -11,12 +11,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from probe.errors import UsageError
-from probe.session import early, in_own_session
+from probe.session import AUTO_NICE, early, may_raise
 
 ROOT = Path(__file__).resolve().parents[1]
 AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
@@ -26,70 +26,158 @@ needs_autogroups = pytest.mark.skipif(
 )
 
 CHILD = """
-import os, sys, time
+import os, signal, sys, time
 import probe.cli
 from probe import session
-parent = os.getpid()
-rc = session.early(["attach", "--url", "http://127.0.0.1:1", "--session-nice", sys.argv[1]])
-if rc is None:  # the child: where the attach would run
+started = os.getpid()
+args = ["attach", "--url", "http://127.0.0.1:1"]
+if sys.argv[1] != "default":
+    args += ["--session-nice", sys.argv[1]]
+if len(sys.argv) > 4:  # a kernel without session groups (its switch in a file)
+    rc = session.raise_share(session.setting_value(sys.argv[1]), enabled_path=sys.argv[4])
+else:
+    rc = session.early(args)
+if rc is None:  # where the attach would run
     light = "probe.recording" not in sys.modules  # moved before the heavy imports
-    group = open("/proc/self/autogroup").read()
-    with open(sys.argv[2], "w") as f:
-        f.write(f"{light} {parent} {os.getpid()} {os.getsid(0)} {group}")
+    group = open("/proc/self/autogroup").read().split() or ["root", "nice", "-"]
+    signal.signal(signal.SIGWINCH, lambda *a: open(sys.argv[2] + ".winch", "w").close())
+    with open(sys.argv[2] + ".tmp", "w") as f:
+        print(light, started, os.getpid(), os.getsid(0), group[0], group[2],
+              os.getpriority(os.PRIO_PROCESS, 0), session.SHARE.replace(" ", "_"), file=f)
+    os.rename(sys.argv[2] + ".tmp", sys.argv[2])
     if sys.argv[3] == "sleep":
         time.sleep(30)
     os._exit(7)
 print(f"parent rc {rc}", flush=True)
 sys.exit(rc)
 """
+Started = dict[str, str]
 
 
-def _run(tmp_path: Path, nice: int, mode: str = "exit") -> subprocess.Popen[str]:
+def _run(
+    tmp_path: Path, nice: str, mode: str = "exit", how: str = "child", *extra: str
+) -> subprocess.Popen[str]:
+    """``how``: ``child`` (a script's child: no process group or session of its own),
+    ``job`` (leads its process group, as a terminal's job does) or ``leader`` (leads its
+    session already)."""
     return subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(nice), str(tmp_path / "child"), mode],
+        [sys.executable, "-c", CHILD, nice, str(tmp_path / "child"), mode, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
+        process_group=0 if how == "job" else None, start_new_session=how == "leader",
     )  # fmt: skip
 
 
-@needs_autogroups
-def test_the_attach_runs_in_a_session_of_its_own_with_that_nice(tmp_path: Path) -> None:
-    p = _run(tmp_path, 3)
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 7 and "parent rc 7" in out, err
-    light, parent, child, sid, group = (tmp_path / "child").read_text().split(maxsplit=4)
-    assert light == "True"  # before the recording and command modules were imported
-    assert child != parent and sid == child  # a new session, led by the child
-    name, nice = group.split()[0], group.split()[2]
-    assert nice == "3"
+def _started(tmp_path: Path) -> Started:
+    keys = ["light", "started", "pid", "sid", "group", "group_nice", "nice", "share"]
+    return dict(zip(keys, (tmp_path / "child").read_text().split(), strict=True))
+
+
+def _own_group() -> str:
     # Empty where this process's session has the default (root) group, as under a
     # container's init: the kernel prints a line only for a session's own autogroup.
-    own = (Path("/proc/self/autogroup").read_text().split() or ["root"])[0]
-    assert name.startswith("/autogroup-") and name != own  # another group than the starter's
+    return (Path("/proc/self/autogroup").read_text().split() or ["root"])[0]
 
 
 @needs_autogroups
-def test_a_signal_to_the_parent_reaches_the_attach_and_its_status_comes_back(
+@pytest.mark.skipif(not may_raise(), reason="CAP_SYS_NICE")
+def test_a_terminals_job_forks_and_the_attach_runs_in_a_session_of_its_own(
     tmp_path: Path,
 ) -> None:
-    p = _run(tmp_path, 0, "sleep")
-    for _ in range(200):
-        if (tmp_path / "child").exists():
-            break
-        time.sleep(0.05)
-    assert (tmp_path / "child").exists()
+    p = _run(tmp_path, "-3", how="job")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 7 and "parent rc 7" in out, err
+    c = _started(tmp_path)
+    assert c["light"] == "True"  # before the recording and command modules were imported
+    assert c["pid"] != c["started"] and c["sid"] == c["pid"]  # a new session, led by the child
+    assert c["group"].startswith("/autogroup-") and c["group"] != _own_group()
+    assert (c["group_nice"], c["nice"]) == ("-3", "-3")
+
+
+@needs_autogroups
+@pytest.mark.skipif(not may_raise(), reason="CAP_SYS_NICE")
+def test_a_scripts_child_moves_itself_and_keeps_its_pid(tmp_path: Path) -> None:
+    """No terminal and no process group of its own: ``setsid`` in the process itself, so
+    the pid a script started (and may signal, or find in ``probe ps``) is the attach's."""
+    p = _run(tmp_path, "default")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 7 and "parent rc" not in out, err
+    c = _started(tmp_path)
+    assert c["pid"] == c["started"] == c["sid"]
+    assert c["group"].startswith("/autogroup-") and c["group"] != _own_group()
+    assert (c["group_nice"], c["nice"]) == (str(AUTO_NICE), str(AUTO_NICE))  # auto: raised
+    assert c["share"] == f"a_session_of_its_own,_autogroup_nice_{AUTO_NICE}"
+
+
+@needs_autogroups
+def test_a_session_leader_only_sets_its_groups_nice(tmp_path: Path) -> None:
+    p = _run(tmp_path, "4", how="leader")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 7 and "parent rc" not in out, err
+    c = _started(tmp_path)
+    assert c["pid"] == c["started"] == c["sid"]
+    assert (c["group_nice"], c["nice"]) == ("4", "4")
+
+
+def test_off_and_auto_without_the_right_run_as_started(tmp_path: Path) -> None:
+    runs = [("off", [])]
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        runs.append(("default", ["setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice"]))
+    for nice, prefix in runs:
+        (tmp_path / "child").unlink(missing_ok=True)
+        p = subprocess.run(
+            [*prefix, sys.executable, "-c", CHILD, nice, str(tmp_path / "child"), "exit"],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        assert p.returncode == 7 and "parent rc" not in p.stdout, p.stderr
+        c = _started(tmp_path)
+        assert c["pid"] == c["started"] and c["sid"] == str(os.getsid(0)), nice  # not moved
+        assert c["nice"] == str(os.getpriority(os.PRIO_PROCESS, 0)), nice
+        if prefix:
+            assert c["share"] == "as_started_(raising_it_needs_CAP_SYS_NICE)"
+
+
+@pytest.mark.skipif(not may_raise(), reason="CAP_SYS_NICE")
+def test_without_session_groups_the_attach_sets_its_own_nice(tmp_path: Path) -> None:
+    off = tmp_path / "enabled"
+    off.write_text("0\n")
+    p = _run(tmp_path, "-2", "exit", "child", str(off))
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 7 and "parent rc" not in out, err
+    c = _started(tmp_path)
+    assert c["pid"] == c["started"] and c["sid"] == str(os.getsid(0))  # no new session
+    assert c["nice"] == "-2" and c["share"] == "nice_-2_(no_session_groups)"
+
+
+def _state(pid: str) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _wait_for(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+@needs_autogroups
+@pytest.mark.skipif(not may_raise(), reason="CAP_SYS_NICE")
+def test_signals_to_a_jobs_parent_reach_the_attach_and_its_status_comes_back(
+    tmp_path: Path,
+) -> None:
+    p = _run(tmp_path, "0", "sleep", "job")
+    _wait_for(lambda: (tmp_path / "child").exists(), "the child did not start")
+    child = _started(tmp_path)["pid"]
+    p.send_signal(signal.SIGWINCH)  # a resize of the terminal
+    _wait_for(lambda: (tmp_path / "child.winch").exists(), "SIGWINCH not forwarded")
+    p.send_signal(signal.SIGTSTP)  # Ctrl-Z: both stop
+    _wait_for(lambda: _state(child) == "T" and _state(str(p.pid)) == "T", "Ctrl-Z")
+    p.send_signal(signal.SIGCONT)  # fg: both go on
+    _wait_for(lambda: _state(child) == "S" and _state(str(p.pid)) == "S", "fg")
     p.send_signal(signal.SIGTERM)
     out, _err = p.communicate(timeout=30)
     assert p.returncode == 128 + signal.SIGTERM and f"parent rc {128 + signal.SIGTERM}" in out
-
-
-def test_a_kernel_without_session_groups_is_a_usage_error(tmp_path: Path) -> None:
-    off = tmp_path / "enabled"
-    off.write_text("0\n")
-    with pytest.raises(UsageError, match="does not share the CPU by session"):
-        in_own_session(-5, str(off))
-    with pytest.raises(UsageError, match="does not share the CPU by session"):
-        in_own_session(-5, str(tmp_path / "missing"))
 
 
 @needs_autogroups
@@ -124,12 +212,14 @@ def test_a_nice_out_of_range_is_refused_before_anything() -> None:
 
 
 def test_early_leaves_other_command_lines_to_the_parser() -> None:
+    nice0, sid0 = os.getpriority(os.PRIO_PROCESS, 0), os.getsid(0)
     for argv in (
-        [], ["report"], ["attach", "--url", "x"], ["attach", "--session-nice", "x"],
-        ["attach", "--session-nice", "-21"], ["attach", "--session-nice", "-5", "--help"],
-        ["record", "--session-nice", "-5"], ["attach", "--", "--session-nice", "-5"],
+        [], ["report"], ["attach", "--session-nice", "x"], ["attach", "--session-nice", "-21"],
+        ["attach", "--session-nice", "-5", "--help"], ["record", "--session-nice", "-5"],
+        ["attach", "--session-nice", "off", "--", "--session-nice", "-5"],
     ):  # fmt: skip
-        assert early(argv) is None, argv  # no fork: nothing to wait for
+        assert early(argv) is None, argv  # nothing done: this process is pytest's
+    assert os.getpriority(os.PRIO_PROCESS, 0) == nice0 and os.getsid(0) == sid0
 
 
 @needs_autogroups
@@ -144,4 +234,23 @@ def test_the_command_line_attach_reports_in_the_child_and_returns_its_status() -
     assert p.stderr.strip().splitlines() == [
         "probe: error: no process of this user listens on port 1 (http://127.0.0.1:1); is "
         "the server up?"
+    ]
+
+
+@needs_autogroups
+def test_called_from_a_program_that_leads_its_group_it_never_forks_under_it() -> None:
+    prog = (
+        "import os, sys\nfrom probe import cli\n"
+        "rc = cli.main(['attach', '--url', 'http://127.0.0.1:1', '--session-nice', '0'])\n"
+        "print('host', os.getpid(), rc)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", prog], capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, process_group=0,
+    )  # fmt: skip
+    assert p.returncode == 0 and p.stdout.count("host") == 1 and p.stdout.split()[2] == "2"
+    assert p.stderr.strip().splitlines() == [
+        "probe: error: --session-nice 0: this process leads its process group (or has a "
+        "terminal), so only a fork could give it a session of its own; run probe attach as a "
+        "command"
     ]

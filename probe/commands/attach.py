@@ -41,8 +41,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from probe import session
-from probe.commands import address, endpoint, nice_value, positive_float, positive_int
+from probe import session as sharing
+from probe.commands import address, endpoint, positive_float, positive_int
 from probe.errors import RuntimeFailure, UsageError
 
 ENABLE_TIMEOUT_S = 60.0  # the first enable may import torch for device timing
@@ -231,6 +231,7 @@ def run_session(
             attached=[{"pid": a.pid, "role": a.role} for a in procs],
             sample_every=sample,
             started_epoch_ns=time.time_ns(),
+            reader_share=sharing.SHARE,
         )
         sinks.append(RecordingSink(writer))
     if getattr(args, "prometheus", None):
@@ -342,11 +343,9 @@ def sample_every_arg(args: argparse.Namespace) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    if getattr(args, "session_nice", None) is not None and not session.MOVED:
-        rc0 = session.in_own_session(args.session_nice)
-        if rc0 is not None:  # the parent: the attach ran in the child
-            args.exit_at_once = True
-            return rc0
+    nice = getattr(args, "session_nice", None)
+    if isinstance(nice, int) and not sharing.MOVED:  # an explicit N, where early() did not run
+        sharing.raise_share(nice, fork=False)  # called from a program: never fork under it
     rc = run_session(args, title="probe attach", live_default=not args.no_live)
     # the recording, rings and sockets are closed by now; an exporter may still have
     # work for the interpreter's exit (its threads, atexit), so only without one
@@ -377,10 +376,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-live", action="store_true", help="no live view (a summary at the end)")
     p.add_argument(
         "--session-nice",
-        type=nice_value,
-        metavar="N",
-        help="run in a session of its own whose CPU share (the autogroup's nice) is N: on a "
-        "host a saturated server keeps busy, -5 keeps the attach on time (below 0: "
-        "CAP_SYS_NICE or root; docs/reliability.md)",
+        type=sharing.setting_value,
+        metavar="N|auto|off",
+        help="the attach's CPU share: a session of its own whose autogroup's nice (and its "
+        "own) is N, so that on a host a saturated server keeps busy it keeps its duration; "
+        f"auto (the default): {sharing.AUTO_NICE} where permitted (CAP_SYS_NICE or root), "
+        "else as started; off: as started (docs/reliability.md)",
     )
     p.set_defaults(func=cmd_attach)
