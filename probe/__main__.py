@@ -2,6 +2,6 @@
 
 import sys
 
-from probe.cli import main
+from probe.entry import main
 
 sys.exit(main())

@@ -26,15 +26,13 @@ attach``'s own handler calls :func:`raise_share` when :func:`early` did not run.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import os
-import signal
 import sys
-from collections.abc import Sequence
-from typing import Any
 
 from probe.errors import UsageError
+
+# Only what the interpreter has loaded already (and probe.errors): this runs before the
+# raise, at the user's weight, where each ms of CPU waited 3-50 ms on the saturated host.
 
 AUTOGROUP_ENABLED = "/proc/sys/kernel/sched_autogroup_enabled"
 AUTO_NICE = -5
@@ -141,6 +139,9 @@ def _fork(nice: int, done: str) -> int | None:
     forwards signals to it (job control: Ctrl-Z stops both, ``fg`` continues both), waits
     and returns its status (128 + N for a signal)."""
     global MOVED, SHARE
+    import contextlib  # before the fork, at the old weight: small, and site loads them
+    import signal
+
     sys.stdout.flush()
     sys.stderr.flush()
     r, w = os.pipe()
@@ -165,11 +166,11 @@ def _fork(nice: int, done: str) -> int | None:
     with os.fdopen(r, "rb") as pipe:
         said = pipe.read()
 
-    def forward(sig: int, _frame: Any) -> None:
+    def forward(sig: int, _frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
 
-    def stop(_sig: int, _frame: Any) -> None:
+    def stop(_sig: int, _frame: object) -> None:
         # the child leads an orphaned process group, where the kernel drops SIGTSTP
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)
@@ -194,25 +195,36 @@ def _fork(nice: int, done: str) -> int | None:
     return code if code >= 0 else 128 - code
 
 
-def setting_value(text: str) -> int | str:
-    """``--session-nice``: ``auto``, ``off`` or a nice value from -20 to 19."""
+def parse_setting(text: str) -> int | str:
+    """``--session-nice``'s value: ``auto``, ``off`` or a nice value from -20 to 19; a
+    ValueError with the parser's message otherwise."""
     if text in ("auto", "off"):
         return text
-    from probe.commands import nice_value  # the parser's own check of the value
+    try:
+        v = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r}: give auto, off or a nice value") from None
+    if not -20 <= v <= 19:
+        raise ValueError(f"{text!r}: give a nice value from -20 to 19")
+    return v
+
+
+def setting_value(text: str) -> int | str:
+    """:func:`parse_setting` as an argparse ``type``."""
+    import argparse  # loaded by then: this runs in the parser
 
     try:
-        int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give auto, off or a nice value") from None
-    return nice_value(text)
+        return parse_setting(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def early(argv: Sequence[str]) -> int | None:
+def early(argv: list[str]) -> int | None:
     """``probe attach ...``: take the share ``--session-nice`` asks for (default ``auto``)
-    before anything else is imported. Returns the exit status in a parent that forked and
-    waited, None where the command goes on (here or in the child, or a command line this
-    does not apply to: a value argparse will refuse, or ``--help``, is left to it). Raises
-    UsageError like :func:`raise_share`."""
+    before anything else is imported (:mod:`probe.entry`). Returns the exit status in a
+    parent that forked and waited, None where the command goes on (here or in the child,
+    or a command line this does not apply to: a value the parser will refuse, or
+    ``--help``, is left to it). Raises UsageError like :func:`raise_share`."""
     if not argv or argv[0] != "attach":
         return None
     value = "auto"
@@ -226,7 +238,7 @@ def early(argv: Sequence[str]) -> int | None:
     if "-h" in argv or "--help" in argv:
         return None
     try:
-        setting = setting_value(value)
-    except argparse.ArgumentTypeError:
+        setting = parse_setting(value)
+    except ValueError:
         return None
     return raise_share(setting)  # a UsageError goes to main's one-line error

@@ -254,3 +254,25 @@ def test_called_from_a_program_that_leads_its_group_it_never_forks_under_it() ->
         "terminal), so only a fork could give it a session of its own; run probe attach as a "
         "command"
     ]
+
+
+@needs_autogroups
+def test_the_command_takes_its_share_before_the_parser_is_imported() -> None:
+    prog = (
+        "import sys\nfrom probe import entry, session\n"
+        "raise_share = session.raise_share\n"
+        "def spy(*a, **k):\n"
+        "    seen = [m for m in ('probe.cli', 'argparse', 'probe.commands') if m in sys.modules]\n"
+        "    r = raise_share(*a, **k)\n"
+        "    print('before', seen, open('/proc/self/autogroup').read().split()[2], flush=True)\n"
+        "    return r\n"
+        "session.raise_share = spy\n"
+        "sys.argv = ['probe', 'attach', '--url', 'http://127.0.0.1:1', '--session-nice', '3']\n"
+        "sys.exit(entry.main())\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", prog], capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert p.stdout.splitlines()[0] == "before [] 3", p.stdout + p.stderr
+    assert p.returncode == 2 and "no process of this user listens on port 1" in p.stderr

@@ -94,17 +94,6 @@ def positive_float(text: str) -> float:
     return v
 
 
-def nice_value(text: str) -> int:
-    """A nice value, -20 to 19 (``--session-nice``)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not -20 <= v <= 19:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a nice value from -20 to 19")
-    return v
-
-
 def positive_int(text: str) -> int:
     """An integer from 1 to 2**20 (``--reps``, ``--sample``)."""
     try:

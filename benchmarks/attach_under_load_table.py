@@ -1,0 +1,69 @@
+"""The table of docs/reliability.md from ``attach_under_load.py`` results (issue 14).
+
+    python benchmarks/attach_under_load_table.py RESULT.json [RESULT.json ...]
+
+One row per setting (the attach's session, ``--session-nice``, nice and autogroup nice, the
+tree) and duration: the walls in run order, how many within D + 2 s, the start and finish
+ranges, the server's completions per second while attached, the hooks' lateness at the
+deadline and the recorded spans.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+
+def setting(run: dict[str, Any]) -> str:
+    pl = run.get("placement", {})
+    sn = run.get("session_nice")
+    parts = [
+        f"session {pl.get('session', '?')}",
+        f"--session-nice {sn}" if sn is not None else "no flag",
+        f"group nice {pl.get('autogroup_nice')}",
+        f"nice {pl.get('nice')}",
+    ]
+    if run.get("tree"):
+        parts.append(f"tree {run['tree']}")
+    return ", ".join(parts)
+
+
+def span(values: list[float], digits: int = 2) -> str:
+    return f"{min(values):.{digits}f}-{max(values):.{digits}f}" if values else "-"
+
+
+def table(runs: list[dict[str, Any]]) -> list[str]:
+    rows: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        rows[(setting(r), float(r["duration_s"]))].append(r)
+    out = [
+        "| setting (as measured) | D | walls s | ≤ D + 2 | start s | finish s | req/s | "
+        "hooks off late ms | span s |",
+        "|---|---:|---|---:|---|---|---|---|---|",
+    ]
+    for (name, d), rs in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        ok = [r for r in rs if r.get("rc") == 0 and "startup_s" in r]
+        walls = " / ".join(f"{r['wall_s']:.2f}" for r in rs)
+        within = sum(1 for r in ok if r["wall_s"] <= d + 2)
+        late = [v * 1000 for r in ok for v in r.get("hooks_off_late_s", {}).values()]
+        out.append(
+            f"| {name} | {d:g} | {walls} | {within} of {len(rs)} | "
+            f"{span([r['startup_s'] for r in ok])} | {span([r['finish_s'] for r in ok])} | "
+            f"{span([r['requests_per_s_attached'] for r in ok], 1)} | "
+            f"{span(late, 0)} | {span([r['recorded_span_s'] for r in ok])} |"
+        )
+    return out
+
+
+def main() -> None:
+    runs: list[dict[str, Any]] = []
+    for p in sys.argv[1:]:
+        runs += json.loads(Path(p).read_text())["runs"]
+    print("\n".join(table(runs)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""The ``probe`` command's entry point (``python -m probe`` too).
+
+``probe attach`` takes its CPU share here (:func:`probe.session.early`), before the parser
+and the commands are imported, so only the interpreter's own start runs at the user's
+weight; everything else is :func:`probe.cli.main`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    if argv[:1] == ["attach"]:
+        from probe import session
+        from probe.errors import UsageError
+
+        try:
+            moved = session.early(argv)
+        except UsageError as exc:
+            from probe.cli import EXIT_USAGE, _fail
+
+            return _fail(str(exc), EXIT_USAGE)
+        if moved is not None:  # the parent of a fork: the attach ran in the child
+            return moved
+    from probe.cli import main as cli_main
+
+    return cli_main()
