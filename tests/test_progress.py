@@ -15,7 +15,6 @@ import argparse
 import os
 import pty
 import re
-import select
 import sqlite3
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from terminal import read_terminal
 
 from probe.progress import Display, counted, display_for, wanted
 from probe.recording import Recording, default_recording
@@ -500,21 +500,10 @@ def _on_a_terminal(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[int
         env=full_env,
     )
     os.close(slave)
-    seen = bytearray()
-    while True:
-        ready, _, _ = select.select([master], [], [], 60)
-        if not ready:
-            break
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: every writer of the terminal closed it
-            break
-        if not chunk:
-            break
-        seen += chunk
+    seen = read_terminal(master, idle=60)
     os.close(master)
     stdout = proc.stdout.read() if proc.stdout else b""
-    return proc.wait(timeout=60), stdout, bytes(seen)
+    return proc.wait(timeout=60), stdout, seen
 
 
 @pytest.mark.parametrize(
