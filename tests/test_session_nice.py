@@ -276,3 +276,37 @@ def test_the_command_takes_its_share_before_the_parser_is_imported() -> None:
     )  # fmt: skip
     assert p.stdout.splitlines()[0] == "before [] 3", p.stdout + p.stderr
     assert p.returncode == 2 and "no process of this user listens on port 1" in p.stderr
+
+
+@needs_autogroups
+@pytest.mark.skipif(not may_raise(), reason="CAP_SYS_NICE")
+def test_auto_goes_on_as_started_where_the_nice_cannot_be_written() -> None:
+    """A read-only ``/proc``, say: ``auto`` never stops an attach (the meta says why); an
+    explicit value is the user's, so the same failure is a one-line error."""
+    prog = (
+        "import errno, os, sys\nfrom probe import session\nfrom probe.errors import UsageError\n"
+        "def ro(nice, group):\n"
+        "    raise OSError(errno.EROFS, os.strerror(errno.EROFS))\n"
+        "session._set = ro\n"
+        "setting = session.parse_setting(sys.argv[1])\n"
+        "try:\n"
+        "    print(session.raise_share(setting), session.MOVED, session.SHARE)\n"
+        "except UsageError as exc:\n"
+        "    print('error', exc)\n"
+    )
+    for how in ("child", "job"):
+        out = {}
+        for setting in ("auto", "-5"):
+            p = subprocess.run(
+                [sys.executable, "-c", prog, setting], capture_output=True, text=True, cwd=ROOT,
+                timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                process_group=0 if how == "job" else None,
+            )  # fmt: skip
+            out[setting] = p.stdout.strip().splitlines()
+        # in the job's case the child goes on (and prints), the parent returns its status
+        moved = "True a session of its own, " if how == "job" else "False "
+        assert out["auto"][0] == f"None {moved}as started (nice -5: Read-only file system)", (
+            how, out,
+        )  # fmt: skip
+        refused = "error --session-nice -5: Read-only file system"
+        assert out["-5"][-1].startswith(refused), (how, out)
