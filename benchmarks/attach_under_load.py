@@ -4,7 +4,7 @@
         [--clients 6] [--durations 3 30] [--repeat 2] [--attach-session own shared]
         [--session-busy N] [--attach-cpus all 1] [--attach-nice 0 -5] [--clients-here]
         [--profile DIR] [--trace]
-        [--baseline DIR]
+        [--baseline DIR] [--probe PATH]
 
 (``PYTHONPATH``: the ``probe`` console script of an editable install imports the tree it
 was installed from; this makes it, and the server's plugin, the checkout's.)
@@ -174,6 +174,7 @@ def attach(
     nice: int = 0,
     group_nice: int | None = None,
     session_nice: str | None = None,
+    probe: str | None = None,
 ) -> dict[str, object]:
     """One ``probe attach --duration d``, timed in parts (see the module docstring), and
         the server's completions per second while the hooks were on. ``session``: ``own`` (a
@@ -186,7 +187,7 @@ def attach(
     ``auto``). Started here in a session of its own, the attach leads it and sets its
     group's nice itself; in this process's session it calls ``setsid`` itself (no terminal,
     no process group of its own): either way no fork, so ``--trace`` follows the attach."""
-    cmd = [PROBE, "attach", "--url", srv.url, "--duration", f"{d:g}", "--no-live"]
+    cmd = [probe or PROBE, "attach", "--url", srv.url, "--duration", f"{d:g}", "--no-live"]
     cmd += ["--record", str(rec)]
     if session_nice is not None:
         cmd += ["--session-nice", str(session_nice)]
@@ -200,6 +201,9 @@ def attach(
         cmd = ["sh", "-c", f'echo {group_nice} > /proc/self/autogroup && exec "$@"', "sh", *cmd]
     row: dict[str, object] = {"duration_s": d, "load1": round(os.getloadavg()[0], 2)}
     env = srv.env
+    if probe is not None:  # another install's command, with its own modules
+        env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+        row["probe"] = probe
     if tree is not None:
         env = dict(env, PYTHONPATH=str(tree))
         row["tree"] = str(tree)
@@ -353,6 +357,11 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="where the attach's time went")
     ap.add_argument("--baseline", type=Path, help="also attach with this checkout's probe")
     ap.add_argument(
+        "--probe",
+        help="the probe command to attach with, e.g. a wheel install's (its own modules: "
+        "without this run's PYTHONPATH)",
+    )
+    ap.add_argument(
         "--attach-session",
         nargs="+",
         choices=["own", "shared"],
@@ -459,8 +468,9 @@ def main() -> None:
                     )
                     before = rate(load, 5.0)
                     row = attach(
-                        srv, d, rec, prof, load.served, a.trace, tree, session, cpus, nice, g, sn
-                    )
+                        srv, d, rec, prof, load.served, a.trace, tree, session, cpus, nice, g, sn,
+                        a.probe,
+                    )  # fmt: skip
                     row["session_nice"] = sn
                     row["requests_per_s_before"] = round(before, 1)
                     out["runs"].append(row)  # type: ignore[attr-defined]

@@ -28,6 +28,8 @@ def setting(run: dict[str, Any]) -> str:
     ]
     if run.get("tree"):
         parts.append(f"tree {run['tree']}")
+    if run.get("probe"):
+        parts.append(f"probe {run['probe']}")
     return ", ".join(parts)
 
 

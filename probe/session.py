@@ -158,11 +158,15 @@ def _fork(nice: int, done: str, strict: bool = True) -> int | None:
     import contextlib  # before the fork, at the old weight: small, and site loads them
     import signal
 
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCONT, signal.SIGWINCH)
     sys.stdout.flush()
     sys.stderr.flush()
     r, w = os.pipe()
+    # held until the parent's handlers are in, so none comes between the fork and them
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {*forwarded, signal.SIGTSTP})
     pid = os.fork()
     if pid == 0:  # the child: the attach itself
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(r)
         with contextlib.suppress(OSError, AttributeError):  # gone with the parent
             import ctypes
@@ -183,8 +187,6 @@ def _fork(nice: int, done: str, strict: bool = True) -> int | None:
         MOVED = True
         return None
     os.close(w)
-    with os.fdopen(r, "rb") as pipe:
-        said = pipe.read()
 
     def forward(sig: int, _frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -198,11 +200,17 @@ def _fork(nice: int, done: str, strict: bool = True) -> int | None:
         os.kill(os.getpid(), signal.SIGTSTP)  # stops here until SIGCONT
         signal.signal(signal.SIGTSTP, stop)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCONT, signal.SIGWINCH):
-        if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+    # SIGINT and SIGTERM always, as the attach handles them itself whatever it inherited
+    # (a shell without job control starts background commands with SIGINT ignored); the
+    # others unless ignored at the start (nohup's SIGHUP stays ignored)
+    for sig in forwarded:
+        if sig in (signal.SIGINT, signal.SIGTERM) or signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, forward)
     if signal.getsignal(signal.SIGTSTP) is not signal.SIG_IGN:
         signal.signal(signal.SIGTSTP, stop)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    with os.fdopen(r, "rb") as pipe:
+        said = pipe.read()
     while True:
         try:
             _, status = os.waitpid(pid, 0)

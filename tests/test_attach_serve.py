@@ -328,6 +328,9 @@ def _in_a_terminal(
 
     pid, fd = pty.fork()
     if pid == 0:  # pragma: no cover - the child execs
+        # as an interactive terminal has it: a runner's background job inherits SIGINT
+        # ignored, and a shell cannot trap what it was started with ignored
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execve("/bin/sh", ["sh", "-c", f"trap 'echo sh-int' INT; {cmd}; echo rc=$?"], server.env)
     attachers: dict[int, dict[str, Any]] = {}
 
@@ -349,7 +352,11 @@ def _in_a_terminal(
         out = read_terminal(fd, total=120, on_chunk=on_chunk)
     finally:
         with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+            if os.waitpid(pid, os.WNOHANG) == (0, 0):  # still on after the deadline
+                time.sleep(2)
+                if os.waitpid(pid, os.WNOHANG) == (0, 0):
+                    os.killpg(pid, signal.SIGKILL)  # sh and the parent; the child detaches
+                    os.waitpid(pid, 0)
         os.close(fd)
     return out.decode(errors="replace"), attachers
 

@@ -41,6 +41,7 @@ if rc is None:  # where the attach would run
     light = "probe.recording" not in sys.modules  # moved before the heavy imports
     group = open("/proc/self/autogroup").read().split() or ["root", "nice", "-"]
     signal.signal(signal.SIGWINCH, lambda *a: open(sys.argv[2] + ".winch", "w").close())
+    signal.signal(signal.SIGINT, lambda *a: os._exit(9))  # as the attach handles it
     with open(sys.argv[2] + ".tmp", "w") as f:
         print(light, started, os.getpid(), os.getsid(0), group[0], group[2],
               os.getpriority(os.PRIO_PROCESS, 0), session.SHARE.replace(" ", "_"), file=f)
@@ -310,3 +311,23 @@ def test_auto_goes_on_as_started_where_the_nice_cannot_be_written() -> None:
         )  # fmt: skip
         refused = "error --session-nice -5: Read-only file system"
         assert out["-5"][-1].startswith(refused), (how, out)
+
+
+@needs_autogroups
+@pytest.mark.skipif(not may_raise(), reason="CAP_SYS_NICE")
+def test_a_ctrl_c_reaches_the_attach_even_where_sigint_was_ignored_at_the_start(
+    tmp_path: Path,
+) -> None:
+    """A shell without job control starts background commands with SIGINT ignored; the
+    attach handles SIGINT itself anyway, so the parent of the fork forwards it."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", CHILD, "0", str(tmp_path / "child"), "sleep"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, process_group=0,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    _wait_for(lambda: (tmp_path / "child").exists(), "the child did not start")
+    assert _started(tmp_path)["pid"] != str(p.pid)  # forked
+    p.send_signal(signal.SIGINT)
+    out, _err = p.communicate(timeout=30)
+    assert p.returncode == 9 and "parent rc 9" in out
