@@ -1,4 +1,5 @@
-"""The ``probe`` command line: the entry point; each command lives in ``probe/commands/``.
+"""The ``probe`` command line (started by :mod:`probe.entry`); each command lives in
+``probe/commands/``.
 
     probe record --out run.probe.db -- python my_llm_script.py
     probe report run.probe.db            # no file: the bundled H200 recording
@@ -109,15 +110,6 @@ def _add_command_modules(sub: Any, argv: Sequence[str] | None = None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     entry = argv is None  # the process's own command line (console script, python -m)
     argv = sys.argv[1:] if argv is None else list(argv)
-    if entry:  # attach --session-nice: into a session of its own before the imports below
-        from probe import session
-
-        try:
-            moved = session.early(argv)
-        except UsageError as exc:
-            return _fail(str(exc), EXIT_USAGE)
-        if moved is not None:
-            return moved
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
@@ -183,5 +175,7 @@ def _quiet_stdout() -> None:
         os.close(devnull)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the command's own entry: attach's CPU share first (probe.entry)
+    from probe.entry import main as entry_main
+
+    sys.exit(entry_main())

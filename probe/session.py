@@ -23,8 +23,8 @@ signals and returning the child's status.
 
 :func:`early` runs first thing in the ``probe`` command (:mod:`probe.entry`), before the
 parser and the commands' modules are imported, so the interpreter's start is the only work
-done at the old weight; ``probe attach``'s own handler calls :func:`raise_share` for an
-explicit value when :func:`early` did not run (``probe.cli.main`` called from a program).
+done at the old weight (``probe.cli.main`` itself does not: called from a program, only an
+explicit value is taken, by ``probe attach``'s handler, and never with a fork).
 """
 
 from __future__ import annotations

@@ -344,7 +344,7 @@ def sample_every_arg(args: argparse.Namespace) -> int:
 
 def cmd_attach(args: argparse.Namespace) -> int:
     nice = getattr(args, "session_nice", None)
-    if isinstance(nice, int) and not sharing.MOVED:  # an explicit N, where early() did not run
+    if isinstance(nice, int):  # an explicit N (a no-op where probe.entry took it already)
         sharing.raise_share(nice, fork=False)  # called from a program: never fork under it
     rc = run_session(args, title="probe attach", live_default=not args.no_live)
     # the recording, rings and sockets are closed by now; an exporter may still have
