@@ -48,3 +48,31 @@ def test_attached_dispatch_is_recorded_and_detached_is_not(
     v1_dispatcher.dispatch(6, uniform_decode=True)
     records, _ = kit.drain(ring)
     assert [type(r) for r in records] == [Dispatch]
+
+
+def test_a_re_attach_reuses_the_first_calibration(
+    ring: RingWriter, kit: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The calibration holds the engine's GIL for milliseconds: the first attach of a process
+    takes it, every later one on the same hot path reuses it (marked so)."""
+    from probe import calibrate
+    from probe.runtime import RT
+
+    monkeypatch.setattr(calibrate, "_TAKEN", {})
+    runs: list[int] = []
+    real = calibrate.calibrate
+
+    def counted(rt: Any, *a: Any, **kw: Any) -> dict[str, Any]:
+        runs.append(1)
+        return real(rt, *a, **kw)
+
+    monkeypatch.setattr(calibrate, "calibrate", counted)
+    hooks.attach(ring, families=["dispatch"], gpu_timing=False)
+    first = dict(RT.static["calibration"])
+    hooks.detach()
+    hooks.attach(ring, families=["dispatch"], gpu_timing=False)
+    second = dict(RT.static["calibration"])
+    hooks.detach()
+    assert len(runs) == 1
+    assert "reused" not in first and first["span_ns"] > 0
+    assert second == {**first, "reused": True}
