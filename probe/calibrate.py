@@ -70,19 +70,26 @@ class _Dispatcher:
         return self.result
 
 
-_TAKEN: dict[str, dict[str, Any]] = {}
+_TAKEN: dict[tuple[str, bool], dict[str, Any]] = {}
 
 
 def once(rt: Any) -> dict[str, Any]:
     """:func:`calibrate` the first time for the active hot path in this process, then a copy
-    of that result marked ``"reused": true`` (a failed calibration is tried again)."""
-    from probe import accel
+    of that result marked ``"reused": true`` (a failed calibration is tried again).
 
-    taken = _TAKEN.get(accel.active())
+    A calibration taken before vLLM was imported is not reused once it is: the dispatch
+    hook compares vLLM's own FULL member, so without vLLM it times the Python record (about
+    ten times the compiled one), which is what an engine that enables the probe before
+    importing vLLM (``PROBE_ENABLE=1`` and ``probe.plugin.register()`` first) gets first."""
+    from probe import accel
+    from probe.hooks import dispatch
+
+    key = (accel.active(), dispatch._mode_members()[0] is not None)
+    taken = _TAKEN.get(key)
     if taken is not None:
         return {**taken, "reused": True}
     cal = calibrate(rt)
-    _TAKEN[str(cal["hot_path"])] = cal
+    _TAKEN[key] = cal
     return dict(cal)
 
 

@@ -76,3 +76,28 @@ def test_a_re_attach_reuses_the_first_calibration(
     assert len(runs) == 1
     assert "reused" not in first and first["span_ns"] > 0
     assert second == {**first, "reused": True}
+
+
+def test_a_calibration_taken_before_vllm_is_not_reused_after(
+    ring: RingWriter, kit: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without vLLM imported the dispatch hook has no FULL member to compare and the
+    calibration times its Python record: that figure must not stand for the compiled one
+    once vLLM is there."""
+    from probe import calibrate
+    from probe.hooks import dispatch
+    from probe.runtime import RT
+
+    monkeypatch.setattr(calibrate, "_TAKEN", {})
+    members = dispatch._mode_members
+    monkeypatch.setattr(dispatch, "_mode_members", lambda: (None, None))
+    hooks.attach(ring, families=["dispatch"], gpu_timing=False)
+    before = dict(RT.static["calibration"])
+    hooks.detach()
+    monkeypatch.setattr(dispatch, "_mode_members", members)
+    hooks.attach(ring, families=["dispatch"], gpu_timing=False)
+    after = dict(RT.static["calibration"])
+    hooks.detach()
+    assert "reused" not in before and "reused" not in after
+    if after["hot_path"] == "compiled":  # the Python record is the slower one
+        assert before["hook_ns"] > after["hook_ns"]
