@@ -6,6 +6,8 @@
 - :func:`placement` sums the samples of a window: the CPUs the thread was seen on, how
   often it moved, its CPU time and its wait;
 - :func:`siblings` reads the machine's SMT siblings (the logical CPUs of one physical core);
+- :func:`steal` reads each CPU's steal time (``/proc/stat``): in a virtual machine, the time
+  the host ran something else while this vCPU had work;
 - :func:`pin_main_thread` puts the calling thread alone on one CPU and the process's other
   threads off that CPU's core.
 
@@ -140,6 +142,33 @@ def siblings(root: str | Path = "/sys/devices/system/cpu") -> dict[int, list[int
         except (OSError, ValueError):
             out[cpu] = [cpu]
     return out
+
+
+def steal(path: str | Path = "/proc/stat") -> dict[int, float]:
+    """Each CPU's cumulative steal time in seconds (the 8th value of its ``cpuN`` line in
+    ``/proc/stat``, in clock ticks); {} where the file cannot be read. A CPU whose line has
+    no steal column (a kernel before 2.6.11) counts 0."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[int, float] = {}
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or not name[3:].isdigit():
+            continue
+        vals = rest.split()
+        try:
+            out[int(name[3:])] = int(vals[7]) / tick if len(vals) > 7 else 0.0
+        except ValueError:
+            continue
+    return out
+
+
+def steal_between(a: dict[int, float], b: dict[int, float], cpus: list[int]) -> float:
+    """The steal time ``cpus`` took between two :func:`steal` reads, in seconds."""
+    return round(sum(b.get(c, 0.0) - a.get(c, 0.0) for c in cpus), 3)
 
 
 def pin_main_thread(cpu: int, sib: dict[int, list[int]] | None = None) -> dict[str, object]:

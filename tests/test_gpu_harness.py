@@ -386,3 +386,33 @@ def test_overhead_keeps_each_repetitions_window_and_main_thread_moves() -> None:
     assert att["windows"] == [[10, 15], [40, 45]]  # rep 0 runs attached first, rep 1 second
     assert att["main_thread_migrations"] == [1, 4]
     assert res["modes"]["absent"]["main_thread_migrations"] == [2, 3]
+
+
+def test_steal_reads_each_cpus_steal_ticks_and_sums_them_between_two_reads(tmp_path) -> None:
+    tick = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    stat.write_text(
+        "cpu  10 0 10 100 0 0 0 30 0 0\n"
+        f"cpu0 5 0 5 50 0 0 0 {tick} 0 0\n"
+        f"cpu1 5 0 5 50 0 0 0 {2 * tick} 0 0\n"
+        "cpu2 5 0 5 50\n"  # an old kernel: no steal column
+        "intr 12345\n"
+    )
+    a = _proc.steal(stat)
+    assert a == {0: 1.0, 1: 2.0, 2: 0.0}
+    stat.write_text(f"cpu0 5 0 5 50 0 0 0 {3 * tick} 0 0\ncpu1 5 0 5 50 0 0 0 {2 * tick} 0 0\n")
+    b = _proc.steal(stat)
+    assert _proc.steal_between(a, b, [0]) == 2.0
+    assert _proc.steal_between(a, b, [0, 1]) == 2.0
+    assert _proc.steal_between(a, b, []) == 0.0
+    assert _proc.steal(tmp_path / "missing") == {}
+    assert set(_proc.steal()) <= set(range(os.cpu_count() or 1))  # this machine's own
+
+
+def test_regimes_prints_the_main_threads_times_where_the_harness_recorded_them() -> None:
+    line = regimes._times({"wall_s": 2.0, "cpu_s": 1.9, "runq_s": 0.01, "steal_s": 0.25})
+    assert line == "  cpu 0.95 of wall, runq 0.010 s, steal 0.250 s"
+    assert regimes._times({"wall_s": 2.0, "cpu_s": 1.0, "runq_s": None, "steal_s": None}) == (
+        "  cpu 0.50 of wall, runq 0.000 s, steal -"
+    )
+    assert regimes._times({}) == ""

@@ -646,18 +646,23 @@ class Engine:
         """Send one command and wait for its result; ``pause_reader``: the reader process
         stopped (SIGSTOP) meanwhile, so its CPU cannot compete with the engine (the ring
         holds the records until it resumes)."""
-        from benchmarks._proc import Tracer, placement
+        from benchmarks._proc import Tracer, placement, steal, steal_between
 
         assert self.proc.stdin is not None
         if pause_reader:
             self.reader.send_signal(signal.SIGSTOP)
-        # where the engine's main thread (vLLM's step loop, in-process) ran meanwhile
+        # where the engine's main thread (vLLM's step loop, in-process) ran meanwhile, and
+        # what the host took from those CPUs (a virtual machine's steal time)
         tracer = Tracer(self.proc.pid, every=0.01)
+        stolen = steal()
         try:
             self.proc.stdin.write(json.dumps({"op": op, **cmd}) + "\n")
             self.proc.stdin.flush()
             res = self.expect("result")
-            res["main_thread"] = placement(tracer.stop())
+            row = placement(tracer.stop())
+            seen = [int(c) for c in row.get("cpus", {})]  # type: ignore[union-attr]
+            row["steal_s"] = steal_between(stolen, steal(), seen)
+            res["main_thread"] = row
             return res
         finally:
             tracer.stop()
@@ -768,6 +773,14 @@ def run_overhead(
                 # the engine's main thread per repetition: how often it changed CPU
                 "main_thread_migrations": [
                     (x.get("main_thread") or {}).get("migrations") for x in rs
+                ],
+                # and its wall, CPU, run-queue wait and the steal time of its CPUs (s)
+                "main_thread_times": [
+                    {
+                        k: (x.get("main_thread") or {}).get(k)
+                        for k in ("wall_s", "cpu_s", "runq_s", "steal_s")
+                    }
+                    for x in rs
                 ],
             }
             for m, rs in res.items()

@@ -12,7 +12,10 @@ those over 4x the repetition's median, left out); over all repetitions, the wind
 in 0.25 ms bins. One speed shows as one narrow bin group, two as two groups apart and
 repetitions whose window medians jump between them (the H200 runs of 2026-12-01: about 2.4
 and 3.8 ms). With ``--results``, the engine main thread's CPU migrations per repetition
-(``benchmarks._proc``) go beside each.
+(``benchmarks._proc``) go beside each, and where the harness recorded them its CPU time as a
+share of the repetition's wall time, its run-queue wait and the steal time of its CPUs (a
+thread that runs all the time while its steps slow down, with no steal, points below what
+the guest can see).
 """
 
 from __future__ import annotations
@@ -74,6 +77,17 @@ def analyse(reps: list[list[int]], window: int = 32) -> dict[str, Any]:
     return {"window": window, "reps": out, "window_median_bins_ms": dict(sorted(bins.items()))}
 
 
+def _times(t: dict[str, float | None]) -> str:
+    """`` cpu 0.97 of wall, runq 0.010 s, steal 0.000 s`` from a repetition's main-thread
+    times (older results have none)."""
+    wall, cpu = t.get("wall_s"), t.get("cpu_s")
+    if not wall or cpu is None:
+        return ""
+    return f"  cpu {cpu / wall:.2f} of wall, runq {t.get('runq_s') or 0:.3f} s, " + (
+        f"steal {t['steal_s']:.3f} s" if t.get("steal_s") is not None else "steal -"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("recording", type=Path)
@@ -81,12 +95,13 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=32)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    windows = migrations = None
+    windows = migrations = times = None
     if a.results:
         for e in json.loads(a.results.read_text()).get("experiments", []):
             att = ((e.get("result") or {}).get("modes") or {}).get("attached")
             if att:
                 windows, migrations = att.get("windows"), att.get("main_thread_migrations")
+                times = att.get("main_thread_times")
     res = analyse(split(steps(a.recording), windows), a.window)
     for r in res["reps"]:
         mig = (
@@ -94,6 +109,9 @@ def main() -> None:
             if migrations and r["rep"] < len(migrations)
             else ""
         )
+        if times and r["rep"] < len(times):
+            mig += _times(times[r["rep"]])
+            r["main_thread"] = times[r["rep"]]
         print(f"rep {r['rep']:2d}: {r['steps']} steps, median {r['median_us']:.0f} us, "
               f"per {a.window}: {r['window_medians_us']} (max/min {r['spread']}){mig}")  # fmt: skip
     print(
