@@ -1,8 +1,8 @@
 """The ``probe`` command's entry point (``python -m probe`` too).
 
-``probe attach`` takes its CPU share here (:func:`probe.session.early`), before the parser
-and the commands are imported, so only the interpreter's own start runs at the user's
-weight; everything else is :func:`probe.cli.main`.
+``probe attach`` and ``probe top`` take their CPU share here (:func:`probe.session.early`),
+before the parser and the commands are imported, so only the interpreter's own start runs
+at the user's weight; everything else is :func:`probe.cli.main`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 def main() -> int:
     argv = sys.argv[1:]
-    if argv[:1] == ["attach"]:
+    if argv[:1] in (["attach"], ["top"]):  # probe.session.COMMANDS, not imported for others
         from probe import session
         from probe.errors import UsageError
 

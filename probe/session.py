@@ -24,7 +24,8 @@ signals and returning the child's status.
 :func:`early` runs first thing in the ``probe`` command (:mod:`probe.entry`), before the
 parser and the commands' modules are imported, so the interpreter's start is the only work
 done at the old weight (``probe.cli.main`` itself does not: called from a program, only an
-explicit value is taken, by ``probe attach``'s handler, and never with a fork).
+explicit value is taken, by the command's handler, and never with a fork). ``probe top``,
+the other live reader, takes its share the same way.
 """
 
 from __future__ import annotations
@@ -94,13 +95,17 @@ def _refused(nice: int, why: str) -> UsageError:
 
 
 def raise_share(
-    setting: int | str = "auto", enabled_path: str = AUTOGROUP_ENABLED, fork: bool = True
+    setting: int | str = "auto",
+    enabled_path: str = AUTOGROUP_ENABLED,
+    fork: bool = True,
+    command: str = "attach",
 ) -> int | None:
-    """Give the attach the CPU share ``setting`` asks for (``auto``, ``off`` or a nice value;
-    see the module's text). Returns None where the attach goes on in this process, the
-    child's exit status in a parent that forked and waited. Raises UsageError for an
-    explicit value that is not permitted (nothing is started then), and where a fork is
-    needed but not allowed (``fork=False``: ``probe.cli.main`` called from a program)."""
+    """Give the attach (or ``probe top``: ``command``) the CPU share ``setting`` asks for
+    (``auto``, ``off`` or a nice value; see the module's text). Returns None where the
+    command goes on in this process, the child's exit status in a parent that forked and
+    waited. Raises UsageError for an explicit value that is not permitted (nothing is
+    started then), and where a fork is needed but not allowed (``fork=False``:
+    ``probe.cli.main`` called from a program)."""
     global MOVED, SHARE
     if setting == "off" or MOVED:
         return None
@@ -136,7 +141,8 @@ def raise_share(
     if not fork:
         raise UsageError(
             f"--session-nice {nice}: this process leads its process group (or has a terminal), "
-            "so only a fork could give it a session of its own; run probe attach as a command"
+            f"so only a fork could give it a session of its own; run probe {command} as a "
+            "command"
         )
     return _fork(nice, done, strict)
 
@@ -247,13 +253,18 @@ def setting_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+COMMANDS = ("attach", "top")
+"""The readers that take a share: both drain the engines' rings live while attached."""
+
+
 def early(argv: list[str]) -> int | None:
-    """``probe attach ...``: take the share ``--session-nice`` asks for (default ``auto``)
+    """``probe attach ...`` (or ``probe top ...``): take the share ``--session-nice`` asks for
+    (default ``auto``)
     before anything else is imported (:mod:`probe.entry`). Returns the exit status in a
     parent that forked and waited, None where the command goes on (here or in the child,
     or a command line this does not apply to: a value the parser will refuse, or
     ``--help``, is left to it). Raises UsageError like :func:`raise_share`."""
-    if not argv or argv[0] != "attach":
+    if not argv or argv[0] not in COMMANDS:
         return None
     value = "auto"
     for i, a in enumerate(argv):
@@ -269,4 +280,4 @@ def early(argv: list[str]) -> int | None:
         setting = parse_setting(value)
     except ValueError:
         return None
-    return raise_share(setting)  # a UsageError goes to main's one-line error
+    return raise_share(setting, command=argv[0])  # a UsageError: main's one-line error

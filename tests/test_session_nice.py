@@ -199,9 +199,10 @@ def test_a_raise_without_the_right_is_one_line_and_starts_nothing() -> None:
     ]
 
 
-def test_a_nice_out_of_range_is_refused_before_anything() -> None:
+@pytest.mark.parametrize("command", ["attach", "top"])
+def test_a_nice_out_of_range_is_refused_before_anything(command: str) -> None:
     p = subprocess.run(
-        [sys.executable, "-m", "probe", "attach", "--url", "http://127.0.0.1:1",
+        [sys.executable, "-m", "probe", command, "--url", "http://127.0.0.1:1",
          "--session-nice", "-21"],
         capture_output=True, text=True, cwd=ROOT, timeout=60,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -218,6 +219,8 @@ def test_early_leaves_other_command_lines_to_the_parser() -> None:
         [], ["report"], ["attach", "--session-nice", "x"], ["attach", "--session-nice", "-21"],
         ["attach", "--session-nice", "-5", "--help"], ["record", "--session-nice", "-5"],
         ["attach", "--session-nice", "off", "--", "--session-nice", "-5"],
+        ["top", "--session-nice", "x"], ["top", "--session-nice", "-5", "--help"],
+        ["top", "--session-nice", "off"], ["ps", "--session-nice", "-5"],
     ):  # fmt: skip
         assert early(argv) is None, argv  # nothing done: this process is pytest's
     assert os.getpriority(os.PRIO_PROCESS, 0) == nice0 and os.getsid(0) == sid0
@@ -239,10 +242,11 @@ def test_the_command_line_attach_reports_in_the_child_and_returns_its_status() -
 
 
 @needs_autogroups
-def test_called_from_a_program_that_leads_its_group_it_never_forks_under_it() -> None:
+@pytest.mark.parametrize("command", ["attach", "top"])
+def test_called_from_a_program_that_leads_its_group_it_never_forks_under_it(command: str) -> None:
     prog = (
         "import os, sys\nfrom probe import cli\n"
-        "rc = cli.main(['attach', '--url', 'http://127.0.0.1:1', '--session-nice', '0'])\n"
+        f"rc = cli.main(['{command}', '--url', 'http://127.0.0.1:1', '--session-nice', '0'])\n"
         "print('host', os.getpid(), rc)\n"
     )
     p = subprocess.run(
@@ -252,13 +256,14 @@ def test_called_from_a_program_that_leads_its_group_it_never_forks_under_it() ->
     assert p.returncode == 0 and p.stdout.count("host") == 1 and p.stdout.split()[2] == "2"
     assert p.stderr.strip().splitlines() == [
         "probe: error: --session-nice 0: this process leads its process group (or has a "
-        "terminal), so only a fork could give it a session of its own; run probe attach as a "
-        "command"
+        f"terminal), so only a fork could give it a session of its own; run probe {command} as "
+        "a command"
     ]
 
 
 @needs_autogroups
-def test_the_command_takes_its_share_before_the_parser_is_imported() -> None:
+@pytest.mark.parametrize("command", ["attach", "top"])
+def test_the_command_takes_its_share_before_the_parser_is_imported(command: str) -> None:
     prog = (
         "import sys\nfrom probe import entry, session\n"
         "raise_share = session.raise_share\n"
@@ -268,7 +273,7 @@ def test_the_command_takes_its_share_before_the_parser_is_imported() -> None:
         "    print('before', seen, open('/proc/self/autogroup').read().split()[2], flush=True)\n"
         "    return r\n"
         "session.raise_share = spy\n"
-        "sys.argv = ['probe', 'attach', '--url', 'http://127.0.0.1:1', '--session-nice', '3']\n"
+        f"sys.argv = ['probe', '{command}', '--url', 'http://127.0.0.1:1', '--session-nice', '3']\n"
         "sys.exit(entry.main())\n"
     )
     p = subprocess.run(

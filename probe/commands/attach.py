@@ -342,10 +342,16 @@ def sample_every_arg(args: argparse.Namespace) -> int:
     return int(n)
 
 
-def cmd_attach(args: argparse.Namespace) -> int:
+def take_share(args: argparse.Namespace, command: str) -> None:
+    """An explicit ``--session-nice N`` where ``probe.cli.main`` was called from a program
+    (a no-op where :mod:`probe.entry` took the share already); never a fork under it."""
     nice = getattr(args, "session_nice", None)
-    if isinstance(nice, int):  # an explicit N (a no-op where probe.entry took it already)
-        sharing.raise_share(nice, fork=False)  # called from a program: never fork under it
+    if isinstance(nice, int):
+        sharing.raise_share(nice, fork=False, command=command)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    take_share(args, "attach")
     rc = run_session(args, title="probe attach", live_default=not args.no_live)
     # the recording, rings and sockets are closed by now; an exporter may still have
     # work for the interpreter's exit (its threads, atexit), so only without one
@@ -374,13 +380,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--record", metavar="FILE", help="also write a recording")
     p.add_argument("--force", action="store_true", help="overwrite --record")
     p.add_argument("--no-live", action="store_true", help="no live view (a summary at the end)")
+    add_share_arg(p)
+    p.set_defaults(func=cmd_attach)
+
+
+def add_share_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--session-nice",
         type=sharing.setting_value,
         metavar="N|auto|off",
-        help="the attach's CPU share: a session of its own whose autogroup's nice (and its "
-        "own) is N, so that on a host a saturated server keeps busy it keeps its duration; "
-        f"auto (the default): {sharing.AUTO_NICE} where permitted (CAP_SYS_NICE or root), "
-        "else as started; off: as started (docs/reliability.md)",
+        help="this reader's CPU share: a session of its own whose autogroup's nice (and its "
+        "own) is N, so that on a host a saturated server keeps busy it keeps up and keeps its "
+        f"duration; auto (the default): {sharing.AUTO_NICE} where permitted (CAP_SYS_NICE or "
+        "root), else as started; off: as started (docs/reliability.md)",
     )
-    p.set_defaults(func=cmd_attach)
