@@ -11,19 +11,17 @@ import sys
 
 
 def main() -> int:
-    argv = sys.argv[1:]
-    if argv[:1] in (["attach"], ["top"]):  # probe.session.COMMANDS, not imported for others
-        from probe import session
-        from probe.errors import UsageError
+    from probe import session  # os, sys and probe.errors only
+    from probe.errors import UsageError
 
-        try:
-            moved = session.early(argv)
-        except UsageError as exc:
-            from probe.cli import EXIT_USAGE, _fail
+    try:
+        moved = session.early(sys.argv[1:])  # nothing for a command not in session.COMMANDS
+    except UsageError as exc:
+        from probe.cli import EXIT_USAGE, _fail
 
-            return _fail(str(exc), EXIT_USAGE)
-        if moved is not None:  # the parent of a fork: the attach ran in the child
-            return moved
+        return _fail(str(exc), EXIT_USAGE)
+    if moved is not None:  # the parent of a fork: the command ran in the child
+        return moved
     from probe.cli import main as cli_main
 
     return cli_main()

@@ -259,11 +259,11 @@ COMMANDS = ("attach", "top")
 
 def early(argv: list[str]) -> int | None:
     """``probe attach ...`` (or ``probe top ...``): take the share ``--session-nice`` asks for
-    (default ``auto``)
-    before anything else is imported (:mod:`probe.entry`). Returns the exit status in a
-    parent that forked and waited, None where the command goes on (here or in the child,
-    or a command line this does not apply to: a value the parser will refuse, or
-    ``--help``, is left to it). Raises UsageError like :func:`raise_share`."""
+    (default ``auto``) before anything else is imported (:mod:`probe.entry`). Returns the
+    exit status in a parent that forked and waited, None where the command goes on (here or
+    in the child, or a command line this does not apply to: another command, a value the
+    parser will refuse, or ``--help``, is left to it). Raises UsageError like
+    :func:`raise_share`."""
     if not argv or argv[0] not in COMMANDS:
         return None
     value = "auto"

@@ -342,16 +342,16 @@ def sample_every_arg(args: argparse.Namespace) -> int:
     return int(n)
 
 
-def take_share(args: argparse.Namespace, command: str) -> None:
+def take_share(args: argparse.Namespace) -> None:
     """An explicit ``--session-nice N`` where ``probe.cli.main`` was called from a program
     (a no-op where :mod:`probe.entry` took the share already); never a fork under it."""
     nice = getattr(args, "session_nice", None)
     if isinstance(nice, int):
-        sharing.raise_share(nice, fork=False, command=command)
+        sharing.raise_share(nice, fork=False, command=args.cmd)
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    take_share(args, "attach")
+    take_share(args)
     rc = run_session(args, title="probe attach", live_default=not args.no_live)
     # the recording, rings and sockets are closed by now; an exporter may still have
     # work for the interpreter's exit (its threads, atexit), so only without one

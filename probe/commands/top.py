@@ -15,7 +15,7 @@ from typing import Any
 def cmd_top(args: argparse.Namespace) -> int:
     from probe.commands.attach import run_session, take_share
 
-    take_share(args, "top")
+    take_share(args)
     args.record = None
     args.no_live = False
     return run_session(args, title="probe top", live_default=True)
