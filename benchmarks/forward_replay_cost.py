@@ -7,9 +7,10 @@ real hook factories of probe.hooks.step and probe.hooks.replay, on each hot path
 (probe.accel): ``compiled`` and ``python``. The shapes timed, each a whole call from the
 caller's side (hook + a no-op original), minus the same call unwrapped:
 
-- ``mrv2 FULL step``: ``ModelCudaGraphManager.run_fullgraph`` (the forward launch) calling
-  ``CudaGraphManager.run_fullgraph`` inside it (the replay counted into the launch), in a
-  step; plus the drafter's ``run_fullgraph`` (its own REPLAY record);
+- ``mrv2 FULL step``: ``ModelCudaGraphManager.run_fullgraph`` (vLLM's own, unhooked)
+  calling ``CudaGraphManager.run_fullgraph`` inside it, in a step: that hooked replay is
+  the forward launch, with itself counted into it; plus the drafter's ``run_fullgraph``
+  (its own REPLAY record);
 - ``v1 FULL step``: ``GPUModelRunner._model_forward`` around a ``CUDAGraphWrapper``
   whose forward context says FULL and whose entry holds a graph;
 - ``mrv2 PIECEWISE``: a forward launch (``step.forward``, standing in for MRV2's
@@ -151,8 +152,6 @@ def cases(ring: Path) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
                     CudaGraphManager)  # fmt: skip
     inst.install_on(t("replay.mrv2.run_pw_graph", "run_pw_graph", replay.run_pw_graph),
                     CudaGraphManager)  # fmt: skip
-    inst.install_on(t("phase.mrv2.forward_full", "run_fullgraph", step.forward),
-                    ModelCudaGraphManager)  # fmt: skip
     inst.install_on(t("phase.mrv2.forward_pw", "run_pw", step.forward), ModelCudaGraphManager)
     inst.install_on(t("replay.wrapper", "__call__", replay.wrapper_call(False)), CUDAGraphWrapper)
     inst.install_on(t("phase.v1.forward_launch", "_model_forward", step.forward), GPUModelRunner)

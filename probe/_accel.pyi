@@ -69,7 +69,12 @@ class Span:
     orig: Callable[..., Any]
     phase: int
     def __init__(
-        self, orig: Callable[..., Any], core: Core, phase: int, drafter: bool = False
+        self,
+        orig: Callable[..., Any],
+        core: Core,
+        phase: int,
+        drafter: bool = False,
+        flags: int = 0,
     ) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -106,5 +111,6 @@ class Replay:
         core: Core,
         which: int,
         fcm: Any = None,
+        fwd_record: Callable[..., Any] | None = None,
     ) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...

@@ -48,6 +48,8 @@ typedef struct {
     WrapObject w;   /* orig, impl (the Python hook's record: what C does not stage), core */
     PyObject *hook; /* the whole Python hook: the calls C does not take */
     PyObject *fcm;  /* Replay which=2: the module vllm.forward_context */
+    PyObject *fwd_record; /* Replay which=0: the forward launch's record (hooks.step.
+                             forward_record), for the launch C cannot stage; or None */
     /* which=2, per call of every piece: the last mode seen and its value (an enum member's
        value never changes; ``.value`` is a Python property), the last batch descriptor
        and its hash (a frozen dataclass: a Python __hash__). Strong references. */
@@ -78,22 +80,49 @@ static inline int outside_flags(CoreObject *c) {
     return (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
 }
 
-/* record(*fmt values) with vLLM's exception (if any) kept as it was; its own faults are
-   the Python hook's (hook.fail), never raised here. */
-static void fwd_record_slow(FwdObject *self, const char *fmt, ...) {
+/* fn(*fmt values) with vLLM's exception (if any) kept as it was; its own faults are the
+   Python hook's (hook.fail), never raised here. */
+static void call_slow(PyObject *fn, const char *fmt, va_list va) {
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
-    va_list va;
-    va_start(va, fmt);
     PyObject *a = Py_VaBuildValue(fmt, va);
-    va_end(va);
     if (a != NULL) {
-        PyObject *r = PyObject_Call(self->w.impl, a, NULL);
+        PyObject *r = PyObject_Call(fn, a, NULL);
         Py_XDECREF(r);
         Py_DECREF(a);
     }
     PyErr_Clear();
     PyErr_Restore(et, ev, tb);
+}
+
+/* the hook's own record (w.impl) */
+static void fwd_record_slow(FwdObject *self, const char *fmt, ...) {
+    va_list va;
+    va_start(va, fmt);
+    call_slow(self->w.impl, fmt, va);
+    va_end(va);
+}
+
+/* the forward launch's record (Replay which=0: ``fwd_record``) */
+static void launch_record_slow(FwdObject *self, const char *fmt, ...) {
+    va_list va;
+    va_start(va, fmt);
+    call_slow(self->fwd_record, fmt, va);
+    va_end(va);
+}
+
+/* The open launch's FORWARD record (the range checks are the packer's: outside them the
+   Python record writes it, which counts the fault) */
+static inline int stage_forward(CoreObject *c, RingObject *r, int f, int64_t t0, int64_t t1) {
+    long long m = c->fwd.mode, full = c->fwd.full, caps = c->fwd.captures;
+    if (r == NULL || m < 0 || m > 255 || full < INT32_MIN || full > INT32_MAX ||
+        caps < INT32_MIN || caps > INT32_MAX)
+        return -1;
+    ring_stage_wire(r, KIND_FORWARD, (int)m, 0, f, c->step, t0, t1,
+                    (int64_t)(((uint64_t)full << 32) | (uint32_t)c->fwd.pieces),
+                    (int64_t)(((uint64_t)caps << 32) | (uint32_t)c->fwd.passes), c->fwd.tokens,
+                    c->fwd.t0, c->fwd.t1);
+    return 0;
 }
 
 /* ---- Forward ------------------------------------------------------------------------ */
@@ -126,14 +155,7 @@ static PyObject *forward_call(FwdObject *self, PyObject *const *args, size_t nar
     RingObject *r = direct_ring(c);
     int f = outside_flags(c);
     if (opened) {
-        long long m = c->fwd.mode, full = c->fwd.full, caps = c->fwd.captures;
-        if (r != NULL && m >= 0 && m <= 255 && full >= INT32_MIN && full <= INT32_MAX &&
-            caps >= INT32_MIN && caps <= INT32_MAX)
-            ring_stage_wire(r, KIND_FORWARD, (int)m, 0, f, c->step, t0, t1,
-                            (int64_t)(((uint64_t)full << 32) | (uint32_t)c->fwd.pieces),
-                            (int64_t)(((uint64_t)caps << 32) | (uint32_t)c->fwd.passes),
-                            c->fwd.tokens, c->fwd.t0, c->fwd.t1);
-        else /* the packer's range error, counted by the Python record */
+        if (stage_forward(c, r, f, t0, t1) < 0) /* counted by the Python record */
             fwd_record_slow(self, "(LLii)", (long long)t0, (long long)t1, opened, outer);
     } else if (!outer) {
         if (r != NULL)
@@ -151,10 +173,70 @@ static inline int mrv2_drafter(CoreObject *c, PyObject *me) {
     return c->drafter > 0 || strcmp(_PyType_Name(Py_TYPE(me)), "ModelCudaGraphManager") != 0;
 }
 
+/* desc.num_tokens of run_fullgraph(self, desc) into *n: 0, or -1 with the error cleared */
+static int replay_tokens(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                         long long *n) {
+    PyObject *desc = nargs > 1 ? args[1] : kwarg(args, nargs, kwnames, S_desc);
+    if (desc == NULL) return -1;
+    PyObject *nt = PyObject_GetAttr(desc, S_num_tokens);
+    if (nt == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    int ok = PyLong_Check(nt);
+    *n = ok ? PyLong_AsLongLong(nt) : 0;
+    Py_DECREF(nt);
+    if (!ok || (*n == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
+}
+
+/* The target's run_fullgraph in a step with no forward open: the FULL forward launch
+   itself (ModelCudaGraphManager.run_fullgraph is this call and a slice of the hidden
+   states), as forward_call's opened case with its own replay counted into the scope. */
+static PyObject *replay_launch(FwdObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    CoreObject *c = self->w.core;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    int timed = c->gpu_timing && (c->timer_every <= 0 || c->step % c->timer_every == 0);
+    PyObject *tick = timed ? timer_tick_of(c) : NULL;
+    if (direct_ring(c) == NULL || (timed && tick == NULL) || self->fwd_record == Py_None) {
+        Py_XDECREF(tick);
+        return PyObject_Vectorcall(self->hook, args, nargsf, kwnames);
+    }
+    if (tick != NULL) {
+        Py_INCREF(tick); /* one reference for each point */
+        timer_tick(tick, TICK_FORWARD_START);
+    }
+    memset(&c->fwd, 0, sizeof(c->fwd));
+    c->fwd.open = 1;
+    int64_t t0 = boottime();
+    PyObject *res = PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
+    int64_t t1 = boottime();
+    if (res != NULL) {
+        long long n;
+        if (replay_tokens(args, nargs, kwnames, &n) == 0)
+            scope_count(c, MODE_FULL, 1, n, t0, t1);
+        else /* the Python record, in the open scope: it faults like the Python hook */
+            res = dispatch_record_slow(&self->w, res, t0, t1, args, nargs, kwnames);
+    }
+    c->fwd.open = 0;
+    if (tick != NULL) timer_tick(tick, TICK_FORWARD_END);
+    int f = outside_flags(c);
+    if (stage_forward(c, direct_ring(c), f, t0, t1) < 0)
+        launch_record_slow(self, "(LLii)", (long long)t0, (long long)t1, 1, 0);
+    return res;
+}
+
 static PyObject *replay_mrv2(FwdObject *self, PyObject *const *args, size_t nargsf,
                              PyObject *kwnames) {
     CoreObject *c = self->w.core;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (self->w.which == 0 && nargs >= 1 && c->in_step > 0 && !c->fwd.open &&
+        !mrv2_drafter(c, args[0]))
+        return replay_launch(self, args, nargsf, kwnames);
     int64_t t0 = boottime();
     PyObject *res = PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
     int64_t t1 = boottime();
@@ -165,14 +247,8 @@ static PyObject *replay_mrv2(FwdObject *self, PyObject *const *args, size_t narg
     int drafter = mrv2_drafter(c, me);
     int f = FLAG_MRV2 | (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (drafter ? FLAG_DRAFTER : 0);
     if (self->w.which == 0) { /* run_fullgraph(self, desc) */
-        PyObject *desc = nargs > 1 ? args[1] : kwarg(args, nargs, kwnames, S_desc);
-        if (desc == NULL) goto slow;
-        PyObject *nt = PyObject_GetAttr(desc, S_num_tokens);
-        if (nt == NULL) goto slow_clear;
-        int ok = PyLong_Check(nt);
-        long long n = ok ? PyLong_AsLongLong(nt) : 0;
-        Py_DECREF(nt);
-        if (!ok || (n == -1 && PyErr_Occurred())) goto slow_clear;
+        long long n;
+        if (replay_tokens(args, nargs, kwnames, &n) < 0) goto slow;
         if (c->fwd.open && !drafter)
             scope_count(c, MODE_FULL, 1, n, t0, t1);
         else
@@ -338,7 +414,7 @@ static PyObject *replay_call(FwdObject *self, PyObject *const *args, size_t narg
 static PyObject *fwd_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
     FwdObject *self = (FwdObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
-    PyObject *orig, *impl, *record, *core, *fcm = Py_None;
+    PyObject *orig, *impl, *record, *core, *fcm = Py_None, *fwd_rec = Py_None;
     int which = 0;
     if (type == &ForwardType) {
         static char *kwlist[] = {"orig", "impl", "record", "core", NULL};
@@ -347,10 +423,15 @@ static PyObject *fwd_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
             goto fail;
         self->w.vectorcall = (vectorcallfunc)forward_call;
     } else {
-        static char *kwlist[] = {"orig", "impl", "record", "core", "which", "fcm", NULL};
-        if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO!i|O", kwlist, &orig, &impl, &record,
-                                         &CoreType, &core, &which, &fcm))
+        static char *kwlist[] = {"orig", "impl", "record", "core", "which", "fcm", "fwd_record",
+                                 NULL};
+        if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO!i|OO", kwlist, &orig, &impl, &record,
+                                         &CoreType, &core, &which, &fcm, &fwd_rec))
             goto fail;
+        if (fwd_rec != Py_None && !PyCallable_Check(fwd_rec)) {
+            PyErr_SetString(PyExc_TypeError, "fwd_record must be callable or None");
+            goto fail;
+        }
         if (which < 0 || which > 2 || (which == 2 && fcm == Py_None)) {
             PyErr_SetString(PyExc_ValueError,
                             "which is 0 (run_fullgraph), 1 (run_pw_graph) or 2 (a wrapper, "
@@ -369,6 +450,8 @@ static PyObject *fwd_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->hook = impl;
     Py_INCREF(fcm);
     self->fcm = fcm;
+    Py_INCREF(fwd_rec);
+    self->fwd_record = fwd_rec;
     return (PyObject *)self;
 fail:
     Py_DECREF(self);
@@ -380,6 +463,7 @@ static int fwd_traverse(FwdObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->last_desc);
     Py_VISIT(self->hook);
     Py_VISIT(self->fcm);
+    Py_VISIT(self->fwd_record);
     return wrap_traverse(&self->w, visit, arg);
 }
 
@@ -388,6 +472,7 @@ static int fwd_clear(FwdObject *self) {
     Py_CLEAR(self->last_desc);
     Py_CLEAR(self->hook);
     Py_CLEAR(self->fcm);
+    Py_CLEAR(self->fwd_record);
     return wrap_clear(&self->w);
 }
 
@@ -419,6 +504,7 @@ static void fwd_dealloc(FwdObject *self) {
 static PyTypeObject ForwardType = FWD_TYPE(
     Forward, "Forward(orig, impl, record, core): the forward launch and its scope in C.");
 static PyTypeObject ReplayType = FWD_TYPE(
-    Replay, "Replay(orig, impl, record, core, which, fcm=None): a graph replay hook in C.");
+    Replay, "Replay(orig, impl, record, core, which, fcm=None, fwd_record=None): a graph "
+            "replay hook in C (which=0 with fwd_record: the target's FULL launch too).");
 
 #endif /* PROBE_ACCEL_FWD_H */

@@ -17,6 +17,7 @@ typedef struct {
     CoreObject *core;
     int phase;     /* Span */
     int drafter;   /* Span: marks the drafter scope */
+    int flags;     /* Span: set on each span it writes (Flag.FROM_DISPATCH) */
     int sampling;  /* Gate: call the hook while sampling even when off */
     PyObject *full; /* Dispatch: vLLM's CUDAGraphMode.FULL */
     int which;      /* Step: 0 execute_model, 1 sample_tokens; Dispatch: 0 V1, 1 MRV2 */
@@ -62,7 +63,7 @@ static PyObject *span_call(WrapObject *self, PyObject *const *args, size_t nargs
     int64_t t1 = boottime();
     if (self->drafter) c->drafter--;
     RingObject *r = c->ring;
-    int f = (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
+    int f = self->flags | (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
     if (r != NULL)
         ring_stage_span(r, self->phase, f, c->step, t0, t1);
     else
@@ -82,15 +83,20 @@ static PyObject *wrap_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
     WrapObject *self = (WrapObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
     PyObject *orig, *core, *impl = NULL;
-    int a = 0, b = 0;
+    int a = 0, b = 0, fl = 0;
     if (type == &SpanType) {
-        static char *kwlist[] = {"orig", "core", "phase", "drafter", NULL};
-        if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!i|p", kwlist, &orig, &CoreType, &core,
-                                         &a, &b))
+        static char *kwlist[] = {"orig", "core", "phase", "drafter", "flags", NULL};
+        if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!i|pi", kwlist, &orig, &CoreType, &core,
+                                         &a, &b, &fl))
             goto fail;
+        if (fl < 0 || fl > 255) {
+            PyErr_SetString(PyExc_ValueError, "flags is a byte (0-255)");
+            goto fail;
+        }
         self->vectorcall = (vectorcallfunc)span_call;
         self->phase = a;
         self->drafter = b;
+        self->flags = fl;
     } else {
         static char *kwlist[] = {"orig", "impl", "core", "sampling", NULL};
         if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO!|p", kwlist, &orig, &impl, &CoreType,
@@ -189,7 +195,7 @@ static PyMethodDef wrap_methods[] = {{"__reduce__", wrap_reduce, METH_NOARGS, NU
     }
 
 static PyTypeObject SpanType =
-    WRAP_TYPE(Span, wrap_make, "Span(orig, core, phase, drafter=False): a compiled phase-span hook.");
+    WRAP_TYPE(Span, wrap_make, "Span(orig, core, phase, drafter=False, flags=0): a compiled phase-span hook.");
 static PyTypeObject GateType =
     WRAP_TYPE(Gate, wrap_make, "Gate(orig, impl, core, sampling=False): the dormant path in C.");
 

@@ -205,12 +205,15 @@ def can_bind(rt: Any, hot: Any) -> bool:
     return _C is not None and isinstance(rt, _C.Core) and isinstance(hot, _C.Ring)
 
 
-def span_hook(orig: Callable[..., Any], rt: Any, phase: int, drafter: bool) -> Any | None:
-    """A compiled phase-span wrapper around ``orig``, or None (use the Python one)."""
+def span_hook(
+    orig: Callable[..., Any], rt: Any, phase: int, drafter: bool, flags: int = 0
+) -> Any | None:
+    """A compiled phase-span wrapper around ``orig`` (``flags`` set on each span), or None
+    (use the Python one)."""
     c = _compiled()
     if c is None or not isinstance(rt, c.Core):
         return None
-    return c.Span(orig, rt, phase, drafter)
+    return c.Span(orig, rt, phase, drafter, flags)
 
 
 def gate(
@@ -317,16 +320,18 @@ def replay_hook(
     rt: Any,
     which: int,
     fcm: Any = None,
+    fwd_record: Callable[..., Any] | None = None,
 ) -> Any | None:
     """A graph replay hook (``hooks.replay``) in C: which=0 MRV2 ``run_fullgraph``, 1
     ``run_pw_graph`` (both hand ``record(result, t0, t1, *args, **kwargs)`` what C cannot
     read), 2 ``CUDAGraphWrapper.__call__`` (``fcm``: vllm.forward_context; ``impl`` takes
     the calls whose forward context C cannot read, ``record(t0, t1, mode, captured,
-    desc)`` the rest it cannot stage). None on the Python path."""
+    desc)`` the rest it cannot stage). which=0 with ``fwd_record`` (``hooks.step.
+    forward_record``) is also the target's FULL forward launch. None on the Python path."""
     c = _compiled()
     if c is None or not isinstance(rt, c.Core):
         return None
-    return c.Replay(orig, impl, record, rt, which, fcm)
+    return c.Replay(orig, impl, record, rt, which, fcm, fwd_record)
 
 
 def _check_wire_layout() -> None:

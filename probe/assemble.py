@@ -38,6 +38,7 @@ __all__ = ["PHASE_COLUMNS", "Step", "StepAssembler", "fill_builds"]
 # the flag bits as plain ints: ``int & IntFlag`` runs enum code, per record
 _SPAN, _OUTSIDE_STEP, _DRAFTER = int(Flag.SPAN), int(Flag.OUTSIDE_STEP), int(Flag.DRAFTER)
 _UNIFORM, _MRV2 = int(Flag.UNIFORM), int(Flag.MRV2)
+_FROM_DISPATCH = int(Flag.FROM_DISPATCH)
 _PHASE_NAMES = tuple((p, p.name.lower()) for p in PHASE_COLUMNS)
 
 
@@ -76,6 +77,28 @@ def _expand(recs: Iterable[Decoded]) -> Iterable[Decoded]:
         if isinstance(r, Dispatch) and r.flags & _SPAN:
             yield Span(r.step, Phase.DISPATCH, r.t0, r.t1, r.flags & ~_SPAN)
         yield r
+
+
+def _from_dispatch(recs: list[Decoded]) -> list[Decoded]:
+    """A span marked ``Flag.FROM_DISPATCH`` begins where the step's dispatch phase ended:
+    the end of the last target dispatch span that ended before the span began (MRV2: the
+    runner's ``prepare_inputs`` runs between the two, unhooked). Without one (a step cut by
+    the hooks going on) the span keeps its own start."""
+    if not any(isinstance(r, Span) and r.flags & _FROM_DISPATCH for r in recs):
+        return recs
+    ends = [
+        r.t1
+        for r in recs
+        if isinstance(r, Span) and r.phase == Phase.DISPATCH and not r.flags & _DRAFTER
+    ]
+    out: list[Decoded] = []
+    for r in recs:
+        if isinstance(r, Span) and r.flags & _FROM_DISPATCH:
+            start = max((e for e in ends if e <= r.t0), default=None)
+            if start is not None:
+                r = replace(r, t0=start)
+        out.append(r)
+    return out
 
 
 def fill_builds(builds: Iterable[Build], dispatches: Iterable[Dispatch]) -> list[Build]:
@@ -162,7 +185,7 @@ class StepAssembler:
         return [step]
 
     def _close(self, o: _Open) -> Step:
-        o.records = list(_expand(o.records))
+        o.records = _from_dispatch(list(_expand(o.records)))
         spans = [r for r in o.records if isinstance(r, Span)]
         dispatches = [r for r in o.records if isinstance(r, Dispatch)]
         replays = [r for r in o.records if isinstance(r, Replay)]

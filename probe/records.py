@@ -151,6 +151,9 @@ class Flag(enum.IntFlag):
     BREAKABLE = 16  # breakable CUDA graph wrapper
     LAST = 32  # last chunk of a STRING/BLOB
     SPAN = 64  # a DISPATCH record whose t0..t1 is also the step's dispatch phase
+    # a SPAN that begins where the step's dispatch phase ended: MRV2's prepare_inputs phase,
+    # written by the runner's prepare_attn hook alone (the reader extends it back)
+    FROM_DISPATCH = 128
 
 
 # -- the declaration machinery ------------------------------------------------------------

@@ -132,6 +132,33 @@ def test_nested_spans_not_double_counted() -> None:
     assert s.phases["forward_launch"] == 40
 
 
+def test_a_span_from_dispatch_begins_where_the_dispatch_phase_ended() -> None:
+    """MRV2's prepare_inputs phase is written by the runner's prepare_attn hook alone,
+    marked FROM_DISPATCH: it runs from the end of the step's (target) dispatch phase."""
+    frm, sp, mrv2, dr = (int(Flag.FROM_DISPATCH), int(Flag.SPAN), int(Flag.MRV2),
+                         int(Flag.DRAFTER))  # fmt: skip
+
+    def phase_disp(t0: int, t1: int, flags: int) -> bytes:
+        return encode(RecordKind.DISPATCH, Mode.FULL, Reason.HIT, flags | sp, 1, t0, t1,
+                      6, 8, 3, 4, pack_pair(2, 2))  # fmt: skip
+
+    prep = span(1, Phase.PREPARE_INPUTS, 1030, 1050, mrv2 | frm)
+    base = [span(1, Phase.EXECUTE, 1000, 1100, mrv2, v0=6), phase_disp(1005, 1012, mrv2), prep]
+    [s], _ = assemble(base)
+    assert s.phases["prepare_inputs"] == 1050 - 1012 and s.phases["dispatch"] == 7
+    [p] = [x for x in s.spans if x.phase == Phase.PREPARE_INPUTS]
+    assert (p.t0, p.t1, p.flags & frm) == (1012, 1050, frm)  # the stored span says so too
+    # the drafter's dispatch after it, or one that ends after the span began, is not it
+    late = [*base, phase_disp(1060, 1070, mrv2 | dr)]
+    assert assemble(late)[0][0].phases["prepare_inputs"] == 38
+    # no dispatch phase in the step (cut by the hooks going on): the span's own start
+    [s], _ = assemble([base[0], prep])
+    assert s.phases["prepare_inputs"] == 20
+    # without the flag a span is its own: as recordings before it were written
+    [s], _ = assemble([*base[:2], span(1, Phase.PREPARE_INPUTS, 1030, 1050, mrv2)])
+    assert s.phases["prepare_inputs"] == 20
+
+
 def test_cpu_launch_overhead() -> None:
     [s], _ = assemble(forward_step(1, 1000, Mode.FULL, replay(1, Mode.FULL)))
     assert s.cpu_launch_overhead_ns == 1060 - 1000

@@ -17,7 +17,7 @@ import pytest
 from probe import hooks
 from probe.hooks import dispatch as dispatch_hooks
 from probe.hooks._base import Target
-from probe.records import Dispatch, Mode, Reason, Reorder
+from probe.records import Dispatch, Flag, Mode, Phase, Reason, Reorder, Span
 from probe.ring import RingWriter
 from probe.runtime import RT
 
@@ -140,6 +140,31 @@ def test_mrv2_sort_observed(ring: RingWriter, kit: Any) -> None:
     assert got == ["b", "c", "a"]
     [rec] = [r for r in kit.drain(ring)[0] if isinstance(r, Reorder)]
     assert (rec.changed, rec.num_reqs, rec.num_decodes, rec.moved) == (True, 3, 2, 3)
+
+
+def test_mrv2_prepare_attn_span_says_it_starts_at_the_dispatch(ring: RingWriter, kit: Any) -> None:
+    """The one MRV2 prepare_inputs hook (the runner's prepare_inputs is not hooked): its
+    span is marked FROM_DISPATCH on both hot paths, for the reader to extend it back."""
+    from probe.hooks._base import Installer
+
+    class GPUModelRunner:
+        def prepare_attn(self, batch: Any) -> Any:
+            return ("tables", batch)
+
+    inst = Installer()
+    assert inst.install_on(_by_id("phase.mrv2.prepare_attn"), GPUModelRunner)
+    try:
+        RT.attach(ring)
+        RT.enabled, RT.in_step, RT.step = True, 1, 3
+        assert GPUModelRunner().prepare_attn(5) == ("tables", 5)
+        RT.in_step, RT.enabled = 0, False
+        RT.detach()
+    finally:
+        inst.uninstall()
+    [rec] = kit.drain(ring)[0]
+    assert isinstance(rec, Span) and rec.phase == Phase.PREPARE_INPUTS and rec.step == 3
+    assert rec.flags == int(Flag.FROM_DISPATCH) and rec.t0 <= rec.t1
+    assert "phase.mrv2.prepare_inputs" not in {t.hook_id for t in ALL_TARGETS}
 
 
 def test_resolve_observed(ring: RingWriter) -> None:

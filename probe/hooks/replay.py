@@ -10,8 +10,8 @@ Supports vLLM 0.26 to 0.33.
   FULL wrapper on PIECEWISE steps and say nothing new.
 - ``BreakableCUDAGraphWrapper.__call__`` (0.33's default for DeepSeek-V3.2; opt-in in 0.26).
 - ``CudaGraphManager.run_fullgraph`` (MRV2 FULL: bypasses the wrappers entirely) and
-  ``run_pw_graph``; ``ModelCudaGraphManager.run_fullgraph`` is also the MRV2 FULL forward
-  launch span.
+  ``run_pw_graph``; the target's ``run_fullgraph`` (``ModelCudaGraphManager``'s, through
+  ``super()``) is also the MRV2 FULL forward launch span.
 
 Inside a target forward launch (:func:`probe.hooks.step.scope_replay`) a replay is not a
 record of its own: it is counted into that launch's FORWARD record. On the compiled path
@@ -116,6 +116,12 @@ def _drafter(manager: Any) -> bool:
 
 
 def run_fullgraph(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    """``CudaGraphManager.run_fullgraph``: every MRV2 FULL replay, and the target's FULL
+    forward launch itself. ``ModelCudaGraphManager.run_fullgraph`` calls it through
+    ``super()`` and only slices the hidden states after it, so a target replay in a step
+    with no forward open is the launch (:func:`probe.hooks.step.launch`: the device
+    events, one FORWARD record counting this replay): one hooked call, not two."""
+
     def record(result: Any, t0: int, t1: int, self: Any, desc: Any, *a: Any, **kw: Any) -> None:
         try:
             drafter = _drafter(self)
@@ -127,9 +133,21 @@ def run_fullgraph(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         except Exception as exc:
             hook.fail(exc)
 
-    wrapper = timed(orig, record)
+    fwd_record = step.forward_record(hook)
+    clock = _clock
 
-    compiled = accel.replay_hook(orig, wrapper, record, RT, 0)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not RT.enabled:
+            return orig(self, *args, **kwargs)
+        if RT.in_step and not RT.fwd_open and not _drafter(self):
+            return step.launch(orig, fwd_record, (self, *args), kwargs, record)
+        t0 = clock(BOOTTIME)
+        result = orig(self, *args, **kwargs)
+        t1 = clock(BOOTTIME)
+        record(result, t0, t1, self, *args, **kwargs)
+        return result
+
+    compiled = accel.replay_hook(orig, wrapper, record, RT, 0, None, fwd_record)
     return compiled if compiled is not None else wrapper
 
 
@@ -184,14 +202,6 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target(
         "replay.mrv2.run_pw_graph", CG, "CudaGraphManager", "run_pw_graph", run_pw_graph, gate="on"
-    ),
-    Target(
-        "phase.mrv2.forward_full",
-        CG,
-        "ModelCudaGraphManager",
-        "run_fullgraph",
-        step.forward,
-        gate="on",
     ),
 )
 

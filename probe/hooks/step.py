@@ -43,12 +43,16 @@ V1 = "vllm.v1.worker.gpu_model_runner"
 MRV2 = "vllm.v1.worker.gpu.model_runner"
 
 
-def span(phase: Phase, *, drafter: bool = False) -> Callable[[Callable[..., Any], Hook], Any]:
-    """Factory for a plain phase span; ``drafter=True`` also marks the drafter scope."""
+def span(
+    phase: Phase, *, drafter: bool = False, flags: int = 0
+) -> Callable[[Callable[..., Any], Hook], Any]:
+    """Factory for a plain phase span; ``drafter=True`` also marks the drafter scope;
+    ``flags`` are set on every span it writes (``Flag.FROM_DISPATCH``)."""
     ph = int(phase)
+    extra = int(flags)
 
     def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
-        compiled = accel.span_hook(orig, RT, ph, drafter)
+        compiled = accel.span_hook(orig, RT, ph, drafter, extra)
         if compiled is not None:
             return compiled  # type: ignore[no-any-return]
 
@@ -65,7 +69,7 @@ def span(phase: Phase, *, drafter: bool = False) -> Callable[[Callable[..., Any]
                 if drafter:
                     RT.drafter -= 1
                 try:
-                    f = 0 if RT.in_step else _OUTSIDE
+                    f = extra if RT.in_step else extra | _OUTSIDE
                     if RT.drafter:
                         f |= _DRAFTER
                     RT.put.span(RT.step, ph, t0, t1, f, 0, 0)
@@ -345,17 +349,11 @@ def _before_sampled_step(orig: Callable[..., Any], runner: Any, args: Any, kwarg
     return result
 
 
-def forward(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
-    """The forward launch (V1 ``_model_forward``, MRV2 ``ModelCudaGraphManager.
-    run_fullgraph``): the device events and one FORWARD record holding the launch span and
-    the replays inside it. Outside a step or inside the drafter it is a plain SPAN (and
-    the replays write their own records); a forward inside an open one (nested) writes
-    nothing, its replays count into the outer one. On the compiled path the whole call is
-    in C (:func:`probe.accel.forward_hook`), the GPU timer's steps too (its ticks)."""
+def forward_record(hook: Hook) -> Callable[..., None]:
+    """The forward launch's record after the call, ``record(t0, t1, opened, outer,
+    timer=None)`` (the compiled hooks hand off here what they cannot stage themselves)."""
 
     def record(t0: int, t1: int, opened: int, outer: int, timer: GpuTimer | None = None) -> None:
-        """The record after the call (the compiled hook hands off here what it cannot
-        stage itself)."""
         try:
             if timer is not None:
                 timer.tick(TICK_FORWARD_END)
@@ -369,24 +367,55 @@ def forward(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         except Exception as exc:
             hook.fail(exc)
 
+    return record
+
+
+def launch(
+    orig: Callable[..., Any],
+    record: Callable[..., None],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    replayed: Callable[..., None] | None = None,
+) -> Any:
+    """``orig(*args, **kwargs)`` as the forward launch (the probe is on): the device
+    events and the scope, then ``record`` (:func:`forward_record`). ``replayed(result, t0,
+    t1, *args, **kwargs)``, after a call that returned, is the launch's own replay, counted
+    into the open scope (MRV2's target ``run_fullgraph``: the launch and its replay are one
+    call)."""
+    outer = RT.fwd_open
+    opened = 1 if RT.in_step and not RT.drafter and not outer else 0
+    timer = _timer() if opened else None
+    if timer is not None:
+        timer.tick(TICK_FORWARD_START)
+    if opened:
+        _open_scope()
+    t0 = _clock(BOOTTIME)
+    try:
+        result = orig(*args, **kwargs)
+        if replayed is not None:
+            replayed(result, t0, _clock(BOOTTIME), *args, **kwargs)
+        return result
+    finally:
+        t1 = _clock(BOOTTIME)
+        if opened:
+            RT.fwd_open = 0
+        record(t0, t1, opened, outer, timer)
+
+
+def forward(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    """The forward launch (V1 ``_model_forward``; MRV2's target FULL forward is
+    :func:`probe.hooks.replay.run_fullgraph`): the device events and one FORWARD record
+    holding the launch span and the replays inside it. Outside a step or inside the
+    drafter it is a plain SPAN (and the replays write their own records); a forward inside
+    an open one (nested) writes nothing, its replays count into the outer one. On the
+    compiled path the whole call is in C (:func:`probe.accel.forward_hook`), the GPU
+    timer's steps too (its ticks)."""
+    record = forward_record(hook)
+
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not RT.enabled:
             return orig(*args, **kwargs)
-        outer = RT.fwd_open
-        opened = 1 if RT.in_step and not RT.drafter and not outer else 0
-        timer = _timer() if opened else None
-        if timer is not None:
-            timer.tick(TICK_FORWARD_START)
-        if opened:
-            _open_scope()
-        t0 = _clock(BOOTTIME)
-        try:
-            return orig(*args, **kwargs)
-        finally:
-            t1 = _clock(BOOTTIME)
-            if opened:
-                RT.fwd_open = 0
-            record(t0, t1, opened, outer, timer)
+        return launch(orig, record, args, kwargs)
 
     compiled = accel.forward_hook(orig, wrapper, record, RT)
     return compiled if compiled is not None else wrapper
@@ -510,19 +539,15 @@ TARGETS: tuple[Target, ...] = (
         sample_tokens("mrv2"),
         gate="sampling",
     ),
-    Target(
-        "phase.mrv2.prepare_inputs",
-        MRV2,
-        "GPUModelRunner",
-        "prepare_inputs",
-        span(Phase.PREPARE_INPUTS),
-    ),
+    # MRV2's prepare_inputs phase is the runner's prepare_inputs and prepare_attn, which
+    # follow the dispatch phase at once: one hook on the second, and the reader starts
+    # the phase where the dispatch ended (Flag.FROM_DISPATCH, probe.assemble)
     Target(
         "phase.mrv2.prepare_attn",
         MRV2,
         "GPUModelRunner",
         "prepare_attn",
-        span(Phase.PREPARE_INPUTS),
+        span(Phase.PREPARE_INPUTS, flags=Flag.FROM_DISPATCH),
     ),
     Target(
         "phase.mrv2.forward_context", MRV2, "", "set_forward_context", forward_context, gate="on"

@@ -168,3 +168,51 @@ def test_mrv2_dispatch_record_matches_real_call(
     assert (rec.mode.value, rec.reason) == (desc.cg_mode.value, expected)
     assert (rec.num_tokens, rec.padded_tokens, rec.num_reqs) == (sum(q), desc.num_tokens, len(q))
     assert rec.flags & Flag.MRV2
+
+
+def test_mrv2_target_forward_is_one_hooked_call(
+    mrv2_managers: Callable[[str], tuple[Any, Resolved]],
+    wring: RingWriter,
+    kit: Any,
+    hot_path: str,
+) -> None:
+    """The real ModelCudaGraphManager.run_fullgraph stays vLLM's own: its replay through
+    ``super()`` is the hooked call, and in a step it is the FULL forward launch (one
+    FORWARD record counting the replay); the same manager in the drafter's scope, or
+    outside a step, is a plain replay."""
+    import torch
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager, ModelCudaGraphManager
+
+    from probe.records import Forward, Replay
+
+    m, _ = mrv2_managers("fap_ub_k1")
+    desc, _ = _mrv2_dispatch(m, (2, 2, 2), False, 0)
+    assert desc.cg_mode == CUDAGraphMode.FULL
+    replays: list[Any] = []
+    m.graphs[desc] = type("Graph", (), {"replay": lambda self: replays.append(desc)})()
+    m.hidden_states = torch.zeros(desc.num_tokens + 2, 4)  # capture() would allocate it
+    own = vars(ModelCudaGraphManager)["run_fullgraph"]
+    try:
+        hooks.install(["replay"], lazy=False)
+        assert vars(ModelCudaGraphManager)["run_fullgraph"] is own
+        assert vars(CudaGraphManager)["run_fullgraph"] is not own
+        hooks.enable(wring, gpu_timing=False)
+        RT.in_step, RT.step = 1, 5
+        out = m.run_fullgraph(desc)
+        RT.drafter = 1
+        m.run_fullgraph(desc)
+        RT.drafter, RT.in_step = 0, 0
+        m.run_fullgraph(desc)
+        hooks.disable()
+    finally:
+        RT.in_step = RT.drafter = 0
+        del m.graphs[desc]
+        m.hidden_states = None
+    assert tuple(out.shape) == (desc.num_tokens, 4) and len(replays) == 3
+    recs = [r for r in kit.drain(wring)[0] if isinstance(r, Forward | Replay)]
+    assert [type(r).__name__ for r in recs] == ["Forward", "Replay", "Replay"]
+    fwd = recs[0]
+    assert (fwd.step, fwd.mode, fwd.full_replays, fwd.num_tokens) == (5, 2, 1, desc.num_tokens)
+    assert fwd.t0 <= fwd.replay_t0 <= fwd.replay_t1 <= fwd.t1
+    assert recs[1].flags & Flag.DRAFTER and recs[2].flags & Flag.OUTSIDE_STEP
