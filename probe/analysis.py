@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from probe.calibrate import cost_per_step_ns
-from probe.records import BuildTag, Mode, Phase, Reason, ReplayKind
+from probe.records import BuildTag, Flag, Mode, Phase, Reason, ReplayKind
 from probe.step import PHASES, GpuSample, Step
 
 __all__ = [
@@ -226,14 +226,17 @@ def warmup_summary(
 # -- the probe's own cost --------------------------------------------------------------------
 
 _BRACKET = (Phase.EXECUTE, Phase.SAMPLE_TOKENS)
+_DRAFTER_FLAG = int(Flag.DRAFTER)
 
 
-def hooked_calls(s: Step) -> tuple[int, int]:
+def hooked_calls(s: Step, launch_is_replay: bool = False) -> tuple[int, int]:
     """(plain span calls, Python-bodied hook calls) the probe made in this step, from its
     records: phase spans other than the step bracket and the forward launch are span
     calls; the step bracket (execute_model, sample_tokens), the forward launch, each
     replay or piecewise pass inside it, each dispatch, build and reorder are hook calls
-    (a dispatch that also carries its phase span counts as both)."""
+    (a dispatch that also carries its phase span counts as both). ``launch_is_replay``
+    (:func:`calibration_of`): an MRV2 FULL launch and the target replay counted in it are
+    one call, as the hooks since ``3792259`` make them."""
     spans = sum(1 for sp in s.spans if sp.phase not in (*_BRACKET, Phase.FORWARD_LAUNCH))
     hooks = (
         sum(1 for sp in s.spans if sp.phase in (*_BRACKET, Phase.FORWARD_LAUNCH))
@@ -242,12 +245,20 @@ def hooked_calls(s: Step) -> tuple[int, int]:
         + len(s.builds)
         + len(s.reorders)
     )
+    if launch_is_replay and s.runner == "mrv2" and s.mode == Mode.FULL and s.replayed:
+        launches = any(
+            sp.phase == Phase.FORWARD_LAUNCH and not sp.flags & _DRAFTER_FLAG for sp in s.spans
+        )
+        hooks -= 1 if launches else 0
     return spans, hooks
 
 
 def calibration_of(snapshot: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The calibration a snapshot carries (``snapshot["probe"]["calibration"]``), or None
-    when it has none (recorded before calibration, or calibration failed)."""
+    when it has none (recorded before calibration, or calibration failed). With it,
+    ``launch_is_replay``: whether the hooks that wrote the recording made MRV2's FULL
+    launch one call (``replay.mrv2.run_fullgraph`` installed without the earlier
+    ``phase.mrv2.forward_full``), for :func:`hooked_calls`."""
     cal = ((snapshot or {}).get("probe") or {}).get("calibration")
     if not isinstance(cal, Mapping):
         return None
@@ -255,7 +266,16 @@ def calibration_of(snapshot: Mapping[str, Any] | None) -> dict[str, Any] | None:
         ok = all(float(cal[k]) >= 0 for k in ("span_ns", "hook_ns"))
     except (KeyError, TypeError, ValueError):
         return None
-    return dict(cal) if ok else None
+    if not ok:
+        return None
+    hooks = (snapshot or {}).get("hooks")
+    installed = hooks.get("installed") if isinstance(hooks, Mapping) else None
+    ids = {h for h in installed if isinstance(h, str)} if isinstance(installed, list) else set()
+    out = dict(cal)
+    out["launch_is_replay"] = "replay.mrv2.run_fullgraph" in ids and (
+        "phase.mrv2.forward_full" not in ids
+    )
+    return out
 
 
 def probe_cost(
@@ -271,7 +291,7 @@ def probe_cost(
     spans = hooks = 0
     launch = [s.cpu_launch_overhead_ns for s, _ in cal_steps if s.cpu_launch_overhead_ns]
     for s, c in cal_steps:
-        n_span, n_hook = hooked_calls(s)
+        n_span, n_hook = hooked_calls(s, bool(c.get("launch_is_replay")))
         spans += n_span
         hooks += n_hook
         cost += cost_per_step_ns(dict(c), n_span, n_hook)
@@ -294,7 +314,7 @@ def probe_cost(
 
 IN_ENGINE_NOTE = (
     "a lower bound: in a real engine the hooks cost more than around a no-op"
-    " (one H200, MRV2 k=1: 18 µs of each step's launch window, docs/evidence.md)"
+    " (one H200, MRV2 k=1: 14 µs of each step's launch window, docs/evidence.md)"
 )
 """What the calibration leaves out, as measured end to end (benchmarks/gpu/crossover.py)."""
 

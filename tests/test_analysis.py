@@ -268,6 +268,36 @@ def test_hooked_calls_count_spans_and_hooks_from_the_steps_records() -> None:
     assert analysis.hooked_calls(s) == (3, 10)
 
 
+def test_an_mrv2_full_launch_that_is_its_replay_counts_once() -> None:
+    """Since the MRV2 target's FULL launch is the hooked replay itself, the launch span
+    and the replay counted in it are one call; recordings whose hooks made them two
+    (``phase.mrv2.forward_full`` installed) keep counting two."""
+    spans = (
+        SpanRec(6, Phase.EXECUTE, 0, 10),
+        SpanRec(6, Phase.FORWARD_LAUNCH, 3, 6),
+        SpanRec(6, Phase.SAMPLE_TOKENS, 6, 9),
+    )
+    target = ReplayRec(6, Mode.FULL, ReplayKind.REPLAY, 0, 3, 6, 8)
+    drafter = ReplayRec(6, Mode.FULL, ReplayKind.REPLAY, int(Flag.DRAFTER), 7, 8, 2)
+    s = Step(**{**mk(6, Mode.FULL, 8).__dict__, "runner": "mrv2", "spans": spans,
+                "replays": (target, drafter)})  # fmt: skip
+    assert analysis.hooked_calls(s) == (0, 5)
+    assert analysis.hooked_calls(s, launch_is_replay=True) == (0, 4)
+    v1 = Step(**{**s.__dict__, "runner": "v1"})  # V1's wrapper is a call of its own
+    assert analysis.hooked_calls(v1, launch_is_replay=True) == (0, 5)
+
+    cal = {"span_ns": 100.0, "hook_ns": 200.0}
+    new = ["replay.mrv2.run_fullgraph", "phase.mrv2.prepare_attn"]
+    for installed, want in ((new, True), ([*new, "phase.mrv2.forward_full"], False),
+                            (None, False), ([{"not": "a name"}], False)):  # fmt: skip
+        snap = {"probe": {"calibration": cal}, "hooks": {"installed": installed}}
+        got = analysis.calibration_of(snap)
+        assert got is not None and got["launch_is_replay"] is want
+        per_step = analysis.probe_cost([s], {1: got})
+        assert per_step is not None
+        assert per_step["hook_calls_per_step"] == (4 if want else 5)
+
+
 def _calibrated_copy(tmp_path: Path, cal: dict[str, Any] | None) -> Path:
     dst = tmp_path / "calibrated.probe.db"
     shutil.copyfile(default_recording(), dst)
