@@ -101,3 +101,18 @@ def test_the_python_core_has_the_compiled_cores_fields() -> None:
     RT.step, RT.sample_every = 41, 9
     RT.reset()
     assert {n: int(getattr(RT, n)) for n in accel.HOT_FIELDS} == accel.HOT_FIELDS
+
+
+@pytest.mark.skipif(not accel.COMPILED, reason=f"compiled path not built: {accel.WHY_NOT}")
+def test_a_compiled_span_takes_its_flags_as_a_byte() -> None:
+    """The flags a Span sets on each record (Flag.FROM_DISPATCH) are one wire byte."""
+    from probe.records import Flag
+    from probe.runtime import RT
+
+    c = accel._compiled()
+    assert c is not None and isinstance(RT, c.Core)
+    span = c.Span(len, RT, 5, False, int(Flag.FROM_DISPATCH))
+    assert span("abc") == 3  # dormant: vLLM's original, nothing else
+    for bad in (-1, 256):
+        with pytest.raises(ValueError, match="flags is a byte"):
+            c.Span(len, RT, 5, False, bad)
