@@ -1,6 +1,6 @@
 """Added cost per hooked call, probe enabled and disabled, on a real vLLM function.
 
-    python benchmarks/hook_overhead.py [--n 20000] [--json PATH]
+    python benchmarks/hook_overhead.py [--n 200] [--rounds 1500] [--json PATH]
 
 Runs every case on both hot paths (probe.accel): ``compiled`` (the C extension) and
 ``python`` (the pure-Python wrappers, packers and ring writer, with the extension's hot
@@ -10,9 +10,14 @@ extension at all: ``python-noext``). One table.
 The target is the real ``CudagraphDispatcher.dispatch`` of the installed vLLM (a FULL
 hit, the steady-state case) and a phase span on the real ``GPUModelRunner._may_reorder_
 batch`` path's cheapest kind of wrapper (a span around a plain function). For each:
-the original, the installed hook with the probe disabled (bypass), and enabled (one
-record into a real shared-memory ring drained by nobody, so it never fills: capacity is
-reset between rounds). Reported: median ns per call over rounds, and the added cost.
+the original (vLLM's function put back, called through the same attribute), the installed
+hook with the probe disabled (bypass), and enabled (one record per call into a real
+shared-memory ring, drained between segments so it never fills). Each round times ``--n``
+back-to-back calls in each of the three states, in an order rotated from round to round:
+segments of a millisecond or so, so that the machine's drift (the real dispatch varied
+5.6-10.1 µs a call from run to run here with 40,000-call segments) lands on all three
+alike. Reported: the medians over ``--rounds`` rounds of ns per call and of the per-round
+added cost, with a bootstrap 95% interval of the latter.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from _timing import per_call
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--n", type=int, default=20000)
+    ap.add_argument("--n", type=int, default=200, help="dispatch calls per segment (spans: 20x)")
+    ap.add_argument("--rounds", type=int, default=1500)
     ap.add_argument("--json")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -42,14 +48,14 @@ def main() -> None:
     results: dict[str, Any] = {}
     for path in paths:
         with accel.use(path):
-            for k, v in run_cases(a.n).items():
+            for k, v in run_cases(a.n, a.rounds).items():
                 results[f"{k} [{path}]"] = v
     if a.child:
         print(json.dumps(results))
         return
     env = dict(os.environ, PROBE_ACCEL="0")
     out = subprocess.run(
-        [sys.executable, __file__, "--n", str(a.n), "--child"],
+        [sys.executable, __file__, "--n", str(a.n), "--rounds", str(a.rounds), "--child"],
         env=env,
         capture_output=True,
         text=True,
@@ -57,17 +63,23 @@ def main() -> None:
     ).stdout
     for k, v in json.loads(out.strip().splitlines()[-1]).items():
         results[k.replace("[python]", "[python-noext]")] = v
-    print(f"{'target':60} {'orig':>6} {'off':>6} {'on':>6} {'+off':>6} {'+on':>6}  (ns/call)")
+    print(
+        f"{'target':56} {'orig':>6} {'off':>6} {'on':>6} {'+off [95%]':>18} {'+on [95%]':>18}"
+        "  (ns/call)"
+    )
     for k, v in results.items():
+        lo0, hi0 = v["added_disabled_ci95"]
+        lo1, hi1 = v["added_enabled_ci95"]
         print(
-            f"{k:60} {v['original_ns']:6.0f} {v['disabled_ns']:6.0f} {v['enabled_ns']:6.0f} "
-            f"{v['added_disabled_ns']:6.0f} {v['added_enabled_ns']:6.0f}"
+            f"{k:56} {v['original_ns']:6.0f} {v['disabled_ns']:6.0f} {v['enabled_ns']:6.0f} "
+            f"{v['added_disabled_ns']:6.0f} [{lo0:4.0f},{hi0:5.0f}] "
+            f"{v['added_enabled_ns']:6.0f} [{lo1:4.0f},{hi1:5.0f}]"
         )
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
 
 
-def run_cases(n: int, rounds: int = 21) -> dict[str, Any]:
+def run_cases(n: int, rounds: int) -> dict[str, Any]:
     from vllm.config import CompilationMode, CUDAGraphMode, VllmConfig
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
@@ -75,7 +87,7 @@ def run_cases(n: int, rounds: int = 21) -> dict[str, Any]:
     from probe.hooks import step
     from probe.hooks._base import Installer, Target
     from probe.records import Phase
-    from probe.ring import RingWriter
+    from probe.ring import RingReader, RingWriter
     from probe.runtime import RT
 
     vc = VllmConfig()
@@ -99,53 +111,99 @@ def run_cases(n: int, rounds: int = 21) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="probe-bench-", dir="/dev/shm"))
     writer = RingWriter.create(tmp / "ring-bench.shm", 1 << 22)
 
-    def measure(label: str, call: Any, orig_call: Any, install: Any, uninstall: Any) -> None:
-        """Interleaved rounds (original, dormant hook, enabled hook) so that drift of the
-        machine moves all three alike; the medians of the per-round differences."""
+    reader = RingReader.open(writer.path)
+
+    def segment(state: str, call: Any, install: Any, uninstall: Any, calls: int) -> float:
+        """ns per call of ``calls`` back-to-back calls of the same call shape in one state,
+        after a tenth as many untimed: ``orig`` (vLLM's own function in place), ``off``
+        (the hook installed, the probe disabled) or ``on`` (enabled, in a step); the ring
+        drained afterwards."""
+        if state == "orig":
+            per_call(call, calls // 10 + 1, rounds=1)
+            return per_call(call, calls, rounds=1)
         install()
-        rows = []
-        for _ in range(rounds):
-            base = per_call(orig_call, n, rounds=1)
-            RT.enabled = False
-            off = per_call(call, n, rounds=1)
+        if state == "on":
             hooks.enable(writer, gpu_timing=False)
             RT.in_step = 1
-            on = per_call(call, n, rounds=1)
-            hooks.disable()
+        else:
+            RT.enabled = False
+        per_call(call, calls // 10 + 1, rounds=1)
+        ns = per_call(call, calls, rounds=1)
+        if state == "on":
             RT.in_step = 0
-            rows.append((base, off, on))
+            hooks.disable()
         uninstall()
+        if hooks.INSTALLER.hooks:  # enable() installs the always-on family
+            hooks.uninstall()
+        for _ in reader.read():
+            pass
+        return ns
+
+    def measure(label: str, call: Any, install: Any, uninstall: Any, calls: int) -> None:
+        """``rounds`` rounds of three short segments (original, dormant hook, enabled hook),
+        the order rotated from round to round, so that drift of the machine and the
+        position in a round move all three alike; the medians of the per-round
+        differences, with a bootstrap 95% interval. The original is called through the
+        same attribute as the hook (``call``), with vLLM's function put back."""
+        order = ("orig", "off", "on")
+        rows = []
+        for i in range(rounds):
+            got = {}
+            for k in range(3):
+                state = order[(i + k) % 3]
+                got[state] = segment(state, call, install, uninstall, calls)
+            rows.append((got["orig"], got["off"], got["on"]))
         med = statistics.median
+        off = [r[1] - r[0] for r in rows]
+        on = [r[2] - r[0] for r in rows]
         results[label] = {
             "original_ns": med(r[0] for r in rows),
             "disabled_ns": med(r[1] for r in rows),
             "enabled_ns": med(r[2] for r in rows),
-            "added_disabled_ns": med(r[1] - r[0] for r in rows),
-            "added_enabled_ns": med(r[2] - r[0] for r in rows),
+            "added_disabled_ns": med(off),
+            "added_enabled_ns": med(on),
+            "added_disabled_ci95": _ci95(off),
+            "added_enabled_ci95": _ci95(on),
             "rounds": rounds,
-            "calls_per_round": n,
+            "calls_per_segment": calls,
         }
+
+    def install_dispatch() -> None:
+        hooks.install(["dispatch"], lazy=False)
+        assert vars(CudagraphDispatcher)["dispatch"] is not orig_dispatch
 
     measure(
         "CudagraphDispatcher.dispatch (FULL hit)",
         lambda: d.dispatch(6, uniform_decode=True),
-        lambda: orig_dispatch(d, 6, uniform_decode=True),
-        lambda: hooks.install(["dispatch"], lazy=False),
+        install_dispatch,
         hooks.uninstall,
+        n,
     )
     inst = Installer()
     t = Target("bench.span", __name__, "", "noop", step.span(Phase.REORDER))
     measure(
         "phase span around a trivial method",
         lambda: obj.noop(1),
-        lambda: orig_noop(obj, 1),
         lambda: inst.install_on(t, Plain),
         inst.uninstall,
+        n * 20,  # a segment of about the dispatch's length
     )
+    assert vars(CudagraphDispatcher)["dispatch"] is orig_dispatch
+    assert vars(Plain)["noop"] is orig_noop
     if hooks.INSTALLER.hooks:  # enable() installed the always-on family
         hooks.uninstall()
+    reader.close()
     writer.close()
     return results
+
+
+def _ci95(xs: list[float], draws: int = 2000) -> list[float]:
+    """Bootstrap 95% interval of the median of ``xs``."""
+    import random
+
+    rng = random.Random(7)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(draws))
+    return [meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]]
 
 
 if __name__ == "__main__":
