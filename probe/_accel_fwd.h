@@ -81,11 +81,15 @@ static inline int outside_flags(CoreObject *c) {
 }
 
 /* fn(*fmt values) with vLLM's exception (if any) kept as it was; its own faults are the
-   Python hook's (hook.fail), never raised here. */
-static void call_slow(PyObject *fn, const char *fmt, va_list va) {
+   Python hook's (hook.fail), never raised here. ``fn``: the hook's own record (w.impl), or
+   the forward launch's (Replay which=0: ``fwd_record``). */
+static void record_slow(PyObject *fn, const char *fmt, ...) {
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
+    va_list va;
+    va_start(va, fmt);
     PyObject *a = Py_VaBuildValue(fmt, va);
+    va_end(va);
     if (a != NULL) {
         PyObject *r = PyObject_Call(fn, a, NULL);
         Py_XDECREF(r);
@@ -93,22 +97,6 @@ static void call_slow(PyObject *fn, const char *fmt, va_list va) {
     }
     PyErr_Clear();
     PyErr_Restore(et, ev, tb);
-}
-
-/* the hook's own record (w.impl) */
-static void fwd_record_slow(FwdObject *self, const char *fmt, ...) {
-    va_list va;
-    va_start(va, fmt);
-    call_slow(self->w.impl, fmt, va);
-    va_end(va);
-}
-
-/* the forward launch's record (Replay which=0: ``fwd_record``) */
-static void launch_record_slow(FwdObject *self, const char *fmt, ...) {
-    va_list va;
-    va_start(va, fmt);
-    call_slow(self->fwd_record, fmt, va);
-    va_end(va);
 }
 
 /* The open launch's FORWARD record (the range checks are the packer's: outside them the
@@ -156,12 +144,12 @@ static PyObject *forward_call(FwdObject *self, PyObject *const *args, size_t nar
     int f = outside_flags(c);
     if (opened) {
         if (stage_forward(c, r, f, t0, t1) < 0) /* counted by the Python record */
-            fwd_record_slow(self, "(LLii)", (long long)t0, (long long)t1, opened, outer);
+            record_slow(self->w.impl, "(LLii)", (long long)t0, (long long)t1, opened, outer);
     } else if (!outer) {
         if (r != NULL)
             ring_stage_span(r, PHASE_FORWARD, f, c->step, t0, t1);
         else
-            fwd_record_slow(self, "(LLii)", (long long)t0, (long long)t1, opened, outer);
+            record_slow(self->w.impl, "(LLii)", (long long)t0, (long long)t1, opened, outer);
     }
     return res;
 }
@@ -226,7 +214,7 @@ static PyObject *replay_launch(FwdObject *self, PyObject *const *args, size_t na
     if (tick != NULL) timer_tick(tick, TICK_FORWARD_END);
     int f = outside_flags(c);
     if (stage_forward(c, direct_ring(c), f, t0, t1) < 0)
-        launch_record_slow(self, "(LLii)", (long long)t0, (long long)t1, 1, 0);
+        record_slow(self->fwd_record, "(LLii)", (long long)t0, (long long)t1, 1, 0);
     return res;
 }
 
@@ -378,7 +366,7 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
         ring_stage_wire(r, KIND_REPLAY, (int)mv, captured ? RK_REPLAY : RK_CAPTURE, f, c->step,
                         t0, t1, n, 0, 0, 0, 0);
     } else {
-        fwd_record_slow(self, "(LLLOO)", (long long)t0, (long long)t1, mv,
+        record_slow(self->w.impl, "(LLLOO)", (long long)t0, (long long)t1, mv,
                         captured ? Py_True : Py_False, desc);
     }
     Py_DECREF(desc);
