@@ -571,7 +571,12 @@ def late_targets(runner: Any) -> list[tuple[Target, Any]]:
             )
         )
     drafter = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
-    if drafter is not None and hasattr(type(drafter), "propose"):
+    # V1 calls drafter.propose only inside propose_draft_token_ids: when that carries
+    # phase.v1.draft (the same DRAFT span, the same drafter scope), a second span nested
+    # in it adds a hooked call per step and nothing the reader sees (phases are unions)
+    v1_draft = getattr(type(runner), "propose_draft_token_ids", None)
+    covered = getattr(v1_draft, "__probe_hook__", None) == "phase.v1.draft"
+    if drafter is not None and hasattr(type(drafter), "propose") and not covered:
         out.append(
             (
                 Target(

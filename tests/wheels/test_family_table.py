@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from probe import hooks
-from probe.hooks import builders
+from probe.hooks import builders, step
 from probe.hooks._base import Installer
 
 pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
@@ -109,3 +109,24 @@ def test_a_builder_base_that_does_not_resolve_is_reported_by_name(
     hooks._first_step(_runner())
     assert ("builders.late", report.missing[n][1]) == report.missing[n]
     assert "NoSuchBuilder" in report.missing[n][1]
+
+
+def test_v1s_drafter_span_is_one_hooked_call() -> None:
+    """V1 calls ``drafter.propose`` only inside ``propose_draft_token_ids``: with that
+    hooked (``phase.v1.draft``), the drafter's own ``propose`` stays vLLM's; without it
+    (excluded, or failed to install) the drafter's span is the DRAFT phase."""
+    from vllm.v1.spec_decode.eagle import EagleProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    runner = object.__new__(GPUModelRunner)
+    runner.drafter = object.__new__(EagleProposer)
+    target = next(t for t in step.TARGETS if t.hook_id == "phase.v1.draft")
+    inst = Installer()
+    assert inst.install_on(target, GPUModelRunner)
+    try:
+        ids = {t.hook_id for t, _o in step.FAMILY.late_targets(runner)}
+        assert "phase.draft.propose" not in ids
+    finally:
+        inst.uninstall()
+    ids = {t.hook_id for t, _o in step.FAMILY.late_targets(runner)}
+    assert "phase.draft.propose" in ids
