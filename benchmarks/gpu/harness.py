@@ -741,6 +741,27 @@ def run_ab(a: Engine, b: Engine, reps: int, deadline: float = float("inf")) -> d
     }
 
 
+def williams_order(modes: list[str], i: int) -> list[str]:
+    """Repetition ``i``'s order of ``modes``: a Williams square (0, 1, n-1, 2, n-2, ...
+    shifted by ``i``), so that over n repetitions (2n for odd n) each mode follows every
+    other equally often. A plain rotation keeps one neighbour for good (with four modes,
+    attached always ran right after the profiler), so a mode's after-effects land on one
+    mode."""
+    n = len(modes)
+    first = [0]
+    lo, hi = 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    row = [(k + i) % n for k in first]
+    if n % 2 and (i // n) % 2:
+        row.reverse()
+    return [modes[k] for k in row]
+
+
 def run_overhead(
     eng: Engine,
     reps: int,
@@ -755,8 +776,7 @@ def run_overhead(
         if out_of_time(deadline, started, i):
             log(f"overhead: stopping after {i} repetitions (deadline)")
             break
-        rot = modes[i % len(modes) :] + modes[: i % len(modes)]
-        for m in rot:
+        for m in williams_order(modes, i):
             r = eng.run(rep=i, probe=m, seed=200 + i)
             res[m].append(r)
             log(f"overhead rep {i} {m}: {r['tok_s']:.0f} tok/s sha {r['tokens_sha']}")
