@@ -416,3 +416,21 @@ def test_regimes_prints_the_main_threads_times_where_the_harness_recorded_them()
         "  cpu 0.50 of wall, runq 0.000 s, steal -"
     )
     assert regimes._times({}) == ""
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_overhead_order_puts_each_mode_after_every_other_equally_often(n: int) -> None:
+    """A mode's after-effects (the profiler's teardown) must not land on one mode: over a
+    full square each ordered pair of neighbours inside a repetition occurs equally often,
+    and each repetition runs every mode once."""
+    import itertools
+    from collections import Counter
+
+    modes = [f"m{k}" for k in range(n)]
+    reps = n if n % 2 == 0 else 2 * n
+    pairs: Counter[tuple[str, str]] = Counter()
+    for i in range(reps):
+        order = harness.williams_order(modes, i)
+        assert sorted(order) == modes
+        pairs.update(itertools.pairwise(order))
+    assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1, pairs
