@@ -22,6 +22,22 @@ HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "engine" / "run_llm.py"
 
 pytestmark = pytest.mark.engine
+PROBE = Path(sys.executable).with_name("probe")
+ENV = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
+
+
+def _record(rec: Path, out: Path, *script_args: str, opts: tuple[str, ...] = ()) -> None:
+    """``probe record [opts] --out REC -- python run_llm.py --out OUT [script_args]``,
+    which must exit 0."""
+    cmd = [str(PROBE), "record", *opts, "--out", str(rec), "--", sys.executable, str(SCRIPT)]
+    run = subprocess.run(
+        [*cmd, "--out", str(out), *script_args],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -29,32 +45,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if not vllm_cpu_installed():
         pytest.skip("vllm-cpu is not installed (scripts/test installs it)")
     d = tmp_path_factory.mktemp("e2e")
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
-    probe = Path(sys.executable).with_name("probe")
     rec = d / "run.probe.db"
-    on = subprocess.run(
-        [
-            str(probe),
-            "record",
-            "--out",
-            str(rec),
-            "--",
-            sys.executable,
-            str(SCRIPT),
-            "--out",
-            str(d / "on.json"),
-            "--rounds",
-            "2",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert on.returncode == 0, on.stderr[-3000:]
+    _record(rec, d / "on.json", "--rounds", "2")
     off = subprocess.run(
         [sys.executable, str(SCRIPT), "--out", str(d / "off.json"), "--rounds", "2"],
-        env=dict(env, VLLM_PLUGINS=""),
+        env=dict(ENV, VLLM_PLUGINS=""),
         capture_output=True,
         text=True,
         timeout=600,
@@ -92,9 +87,8 @@ def test_recording_has_real_steps_from_the_worker(runs: dict[str, Path]) -> None
 
 
 def test_report_shows_the_steps(runs: dict[str, Path]) -> None:
-    probe = Path(sys.executable).with_name("probe")
     out = subprocess.run(
-        [str(probe), "report", str(runs["rec"]), "--json"],
+        [str(PROBE), "report", str(runs["rec"]), "--json"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -105,7 +99,7 @@ def test_report_shows_the_steps(runs: dict[str, Path]) -> None:
     assert rep["miss_reasons"][0]["reason"] == "graphs_disabled"
     assert any("CUDA graphs are off" in v for v in rep["verdict"])
     text = subprocess.run(
-        [str(probe), "report", str(runs["rec"]), "--width", "100"],
+        [str(PROBE), "report", str(runs["rec"]), "--width", "100"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -120,18 +114,8 @@ def test_sampled_recording_has_one_whole_step_in_n(runs: dict[str, Path], tmp_pa
     says the recording is sampled."""
     from probe.recording import Recording
 
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
-    probe = Path(sys.executable).with_name("probe")
     rec = tmp_path / "sampled.probe.db"
-    cmd = [str(probe), "record", "--sample", "4", "--out", str(rec), "--"]
-    run = subprocess.run(
-        [*cmd, sys.executable, str(SCRIPT), "--out", str(tmp_path / "s.json"), "--rounds", "2"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    _record(rec, tmp_path / "s.json", "--rounds", "2", opts=("--sample", "4"))
     assert json.loads((tmp_path / "s.json").read_text()) == json.loads(runs["off"].read_text())
 
     every = [s for s in Recording.open(runs["rec"]).iter_steps() if s.forward]
@@ -142,14 +126,14 @@ def test_sampled_recording_has_one_whole_step_in_n(runs: dict[str, Path], tmp_pa
     assert all(s.phases["prepare_inputs"] and s.phases["sample"] and s.host_ns > 0 for s in sampled)
     assert all(s.builds for s in sampled)
     text = subprocess.run(
-        [str(probe), "report", str(rec), "--width", "120"],
+        [str(PROBE), "report", str(rec), "--width", "120"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert text.returncode == 0 and "1 engine step in 4 recorded" in text.stdout
     bad = subprocess.run(
-        [*cmd[:2], "--sample", "0", "--out", str(tmp_path / "x.db"), "--", "true"],
+        [str(PROBE), "record", "--sample", "0", "--out", str(tmp_path / "x.db"), "--", "true"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -196,13 +180,8 @@ def test_v1_drafter_is_one_draft_span_on_a_real_engine(tmp_path: Path) -> None:
         pytest.skip("vllm-cpu is not installed (scripts/test installs it)")
     from probe.recording import Recording
 
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
-    probe = Path(sys.executable).with_name("probe")
     rec_path = tmp_path / "ngram.probe.db"
-    cmd = [str(probe), "record", "--out", str(rec_path), "--", sys.executable, str(SCRIPT)]
-    cmd += ["--out", str(tmp_path / "on.json"), "--ngram", "2", "--max-tokens", "16"]
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    _record(rec_path, tmp_path / "on.json", "--ngram", "2", "--max-tokens", "16")
     rec = Recording.open(rec_path)
     snaps = [p["snapshot"] for p in rec.processes() if p["snapshot"]]
     assert snaps, "no worker snapshot"

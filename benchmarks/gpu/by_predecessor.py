@@ -20,14 +20,12 @@ def splits(results: dict[str, Any]) -> dict[str, dict[str | None, list[float]]]:
     res = exp["result"]["modes"]
     starts = sorted((w[0], m, i) for m in res for i, w in enumerate(res[m]["windows"]))
     pred = {(m, i): (starts[k - 1][1] if k else None) for k, (_t, m, i) in enumerate(starts)}
-    tok = {m: res[m]["tok_s"]["values"] for m in res}
-    n = min(len(v) for v in tok.values())
     out: dict[str, dict[str | None, list[float]]] = {}
     for m in res:
         if m == "absent":
             continue
-        for i in range(n):
-            out.setdefault(m, {}).setdefault(pred[(m, i)], []).append(tok[m][i] / tok["absent"][i])
+        for i, ratio in enumerate(res[m]["paired_ratio_to_absent"]):
+            out.setdefault(m, {}).setdefault(pred[(m, i)], []).append(ratio)
     return out
 
 
