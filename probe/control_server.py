@@ -260,6 +260,7 @@ class ControlServer:
         alive: Callable[[int], bool] = pid_alive,
         stat: Callable[[int], tuple[str, int] | None] = pid_stat,
         live_silence_s: float = LIVE_READER_SILENCE_S,
+        watchdog_thread: bool = True,
     ) -> None:
         from probe.ring import check_ring_dir
 
@@ -275,6 +276,9 @@ class ControlServer:
         self.alive = alive
         self.stat = stat
         self.live_silence_ns = int(live_silence_s * 1e9)
+        # False: no thread of its own; the caller drives watchdog() (an injected clock's
+        # tests, where a real-time thread would race the hand-driven calls)
+        self.watchdog_thread = watchdog_thread
         self.attached_by: int | None = None
         self.reader_start: int | None = None  # the reader's start time (a reused pid differs)
         self.enabled_at_ns = 0
@@ -311,10 +315,11 @@ class ControlServer:
             target=self._serve, name=f"probe-control-{self.pid}", daemon=True
         )
         self._thread.start()
-        self._watchdog_thread = threading.Thread(
-            target=self._watch, name=f"probe-watchdog-{self.pid}", daemon=True
-        )
-        self._watchdog_thread.start()
+        if self.watchdog_thread:
+            self._watchdog_thread = threading.Thread(
+                target=self._watch, name=f"probe-watchdog-{self.pid}", daemon=True
+            )
+            self._watchdog_thread.start()
 
     def close(self) -> None:
         """Stop serving, disable the probe if we enabled it, remove the socket file."""

@@ -236,6 +236,7 @@ def test_watchdog_disables_when_a_stopped_readers_heartbeat_stops(
         run_dir,
         environ={},
         clock_ns=clock,
+        watchdog_thread=False,
         heartbeat_timeout_s=5.0,
         stat=lambda pid: ("T", start[1]),  # the reader is stopped (SIGSTOP, Ctrl-Z)
     )
@@ -271,6 +272,7 @@ def test_a_running_reader_waiting_for_a_cpu_keeps_the_hooks_on(
         run_dir,
         environ={},
         clock_ns=clock,
+        watchdog_thread=False,
         heartbeat_timeout_s=5.0,
         live_silence_s=60.0,
         alive=lambda pid: pid not in gone,
@@ -308,7 +310,9 @@ def test_a_reader_whose_pid_was_taken_over_is_gone(run_dir: Path, clean_probe: N
     me = control.pid_stat(os.getpid())
     assert me is not None
     stats = {"now": me}
-    srv = ControlServer(run_dir, environ={}, clock_ns=clock, stat=lambda pid: stats["now"])
+    srv = ControlServer(
+        run_dir, environ={}, clock_ns=clock, stat=lambda pid: stats["now"], watchdog_thread=False
+    )
     srv.open()
     try:
         request(srv.path, "enable")
@@ -346,7 +350,7 @@ def test_the_deadline_turns_the_hooks_off_however_fresh_the_heartbeat(
     from probe.runtime import RT
 
     clock = Clock()
-    srv = ControlServer(run_dir, environ={}, clock_ns=clock)
+    srv = ControlServer(run_dir, environ={}, clock_ns=clock, watchdog_thread=False)
     srv.open()
     try:
         ring = run_dir / request(srv.path, "enable", duration_s=3)["ring"]
@@ -403,7 +407,7 @@ def test_the_watchdog_thread_wakes_at_the_deadline_not_an_interval_later(
 
 def test_a_stale_reader_is_taken_over(run_dir: Path, clean_probe: None) -> None:
     clock = Clock()
-    srv = ControlServer(run_dir, environ={}, clock_ns=clock)
+    srv = ControlServer(run_dir, environ={}, clock_ns=clock, watchdog_thread=False)
     srv.open()
     try:
         srv.attached_by = 1  # as if pid 1 (alive, never ours) had attached long ago
