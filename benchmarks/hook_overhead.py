@@ -8,7 +8,8 @@ state object), and once more in a child process with ``PROBE_ACCEL=0`` (the inst
 extension at all: ``python-noext``). One table.
 
 The target is the real ``CudagraphDispatcher.dispatch`` of the installed vLLM (a FULL
-hit, the steady-state case) and a phase span on the real ``GPUModelRunner._may_reorder_
+hit, the steady-state case; and a miss as V1's eager MTP drafter makes one every step,
+``valid_modes={NONE}``) and a phase span on the real ``GPUModelRunner._may_reorder_
 batch`` path's cheapest kind of wrapper (a span around a plain function). For each:
 the original (vLLM's function put back, called through the same attribute), the installed
 hook with the probe disabled (bypass), and enabled (one record per call into a real
@@ -178,6 +179,14 @@ def run_cases(n: int, rounds: int) -> dict[str, Any]:
     measure(
         "CudagraphDispatcher.dispatch (FULL hit)",
         lambda: d.dispatch(6, uniform_decode=True),
+        install_dispatch,
+        hooks.uninstall,
+        n,
+    )
+    none = {CUDAGraphMode.NONE}
+    measure(
+        "CudagraphDispatcher.dispatch (miss: the eager drafter's)",
+        lambda: d.dispatch(64, valid_modes=set(none)),
         install_dispatch,
         hooks.uninstall,
         n,

@@ -195,6 +195,9 @@ PyMODINIT_FUNC PyInit__accel(void) {
     INTERN(S_dummy_run, "dummy_run");
     INTERN(S_is_profile, "is_profile");
     INTERN(S_timer_tick, "timer_tick");
+    INTERN(S_graph_ctx, "graph_ctx");
+    INTERN(S_keys_init, "keys_initialized");
+    INTERN(S_cudagraph_mode, "cudagraph_mode");
     INTERN(S_cam, "common_attn_metadata");
     INTERN(S_nat, "num_actual_tokens");
     INTERN(S_rbt, "reorder_batch_threshold");

@@ -27,6 +27,9 @@ typedef struct {
     PyObject *packer;        /* Build: the bound ring's BUILD packer (strong, a cache) */
     PyObject *last_type;     /* Build: the builder class last interned (strong) */
     long long last_ident;    /* Build: its string id */
+    PyObject *miss_key;      /* Dispatch V1: the inputs of the last miss the Python record
+                                handed back (miss_store), or NULL */
+    int miss_m, miss_reason; /* ... and its mode and reason */
 } WrapObject;
 
 static PyTypeObject SpanType;
@@ -129,6 +132,7 @@ static int wrap_traverse(WrapObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->full);
     Py_VISIT(self->packer);
     Py_VISIT(self->last_type);
+    Py_VISIT(self->miss_key);
     return 0;
 }
 
@@ -140,6 +144,7 @@ static int wrap_clear(WrapObject *self) {
     Py_CLEAR(self->full);
     Py_CLEAR(self->packer);
     Py_CLEAR(self->last_type);
+    Py_CLEAR(self->miss_key);
     return 0;
 }
 
@@ -217,7 +222,7 @@ static PyTypeObject GateType =
 
 static PyObject *S_total, *S_num_sched, *S_on_first_step, *S_num_reqs, *S_num_tokens,
     *S_cg_mode, *S_uniform_decode, *S_udql, *S_dql, *S_uniform_token_count, *S_max_query_len,
-    *S_dummy_run, *S_is_profile, *S_timer_tick;
+    *S_dummy_run, *S_is_profile, *S_timer_tick, *S_graph_ctx, *S_keys_init, *S_cudagraph_mode;
 
 
 
@@ -375,10 +380,133 @@ static long long obj_ll(PyObject *v, int *bad) { /* None/NULL -> 0, truthiness a
     return x;
 }
 
+/* ---- V1 misses: the last one's reason, kept while the same inputs repeat ----------------- */
+/* A miss reason is a function of the call's arguments, the dispatcher's state (its
+   keys_initialized and cudagraph_mode) and RT.graph_ctx (probe.hooks.dispatch._ReasonMemo,
+   whose memo the Python record consults). When the record hands back (mode, reason) for a
+   miss its memo holds, these inputs are kept here: the next call with the same ones (the
+   eager drafter's every step, a PIECEWISE engine's steady state) is recorded in C. Kept:
+   a weak reference to the dispatcher (a freed one's address never matches), the context,
+   the mode member and the descriptor returned, the two state attributes, the keyword
+   names and every argument after self (sets as frozensets, compared by equality). */
+#define MISS_FIXED 7 /* ref, ctx, mode, desc, keys_initialized, cudagraph_mode, kwnames */
+
+static PyObject *attr_or_none(PyObject *o, PyObject *name) { /* new reference; never NULL
+                                                                 unless out of memory */
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        Py_INCREF(Py_None);
+        v = Py_None;
+    }
+    return v;
+}
+
+static int weak_is(PyObject *ref, PyObject *obj) { /* the referent of ``ref`` is ``obj`` */
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *o = NULL;
+    if (PyWeakref_GetRef(ref, &o) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_XDECREF(o);
+    return o == obj;
+#else
+    return PyWeakref_GetObject(ref) == obj;
+#endif
+}
+
+static int same(PyObject *a, PyObject *b) { /* 1 equal, 0 not, -1 error */
+    if (a == b) return 1;
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+static int miss_match(WrapObject *self, PyObject *me, PyObject *mode, PyObject *desc,
+                      PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *key = self->miss_key;
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    Py_ssize_t n = nargs - 1 + nk;
+    if (key == NULL || PyTuple_GET_SIZE(key) != MISS_FIXED + n) return 0;
+    if (!weak_is(PyTuple_GET_ITEM(key, 0), me) || PyTuple_GET_ITEM(key, 2) != mode) return 0;
+    PyObject *kn = kwnames ? kwnames : Py_None;
+    int ok = same(PyTuple_GET_ITEM(key, 6), kn);
+    if (ok <= 0) return ok;
+    ok = same(PyTuple_GET_ITEM(key, 3), desc);
+    if (ok <= 0) return ok;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ok = same(PyTuple_GET_ITEM(key, MISS_FIXED + i), args[1 + i]);
+        if (ok <= 0) return ok;
+    }
+    PyObject *st[3] = {PyObject_GetAttr((PyObject *)self->core, S_graph_ctx),
+                       attr_or_none(me, S_keys_init), attr_or_none(me, S_cudagraph_mode)};
+    if (st[0] == NULL) PyErr_Clear();
+    ok = st[0] != NULL && st[1] != NULL && st[2] != NULL;
+    static const int at[3] = {1, 4, 5}; /* ctx, keys_initialized, cudagraph_mode */
+    for (int i = 0; ok && i < 3; i++) ok = PyTuple_GET_ITEM(key, at[i]) == st[i];
+    for (int i = 0; i < 3; i++) Py_XDECREF(st[i]);
+    return ok;
+}
+
+static void miss_store(WrapObject *self, PyObject *me, PyObject *mode, PyObject *desc,
+                       PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                       PyObject *learned) {
+    /* learned: the record's answer, (mode, reason) or None; anything else is ignored */
+    long long m, reason;
+    if (learned == NULL || !PyTuple_CheckExact(learned) || PyTuple_GET_SIZE(learned) != 2)
+        return;
+    m = PyLong_AsLongLong(PyTuple_GET_ITEM(learned, 0));
+    reason = PyLong_AsLongLong(PyTuple_GET_ITEM(learned, 1));
+    if (PyErr_Occurred() || m < 0 || m > 255 || reason < 0 || reason > 255) {
+        PyErr_Clear();
+        return;
+    }
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    Py_ssize_t n = nargs - 1 + nk;
+    PyObject *key = PyTuple_New(MISS_FIXED + n);
+    PyObject *ref = key ? PyWeakref_NewRef(me, NULL) : NULL;
+    if (ref == NULL) { /* not weakly referenceable: no memo for it */
+        Py_XDECREF(key);
+        PyErr_Clear();
+        return;
+    }
+    PyObject *ctx = PyObject_GetAttr((PyObject *)self->core, S_graph_ctx);
+    if (ctx == NULL) {
+        PyErr_Clear();
+        Py_DECREF(ref);
+        Py_DECREF(key);
+        return;
+    }
+    PyTuple_SET_ITEM(key, 0, ref);
+    PyTuple_SET_ITEM(key, 1, ctx);
+    Py_INCREF(mode);
+    PyTuple_SET_ITEM(key, 2, mode);
+    Py_INCREF(desc);
+    PyTuple_SET_ITEM(key, 3, desc);
+    PyTuple_SET_ITEM(key, 4, attr_or_none(me, S_keys_init));
+    PyTuple_SET_ITEM(key, 5, attr_or_none(me, S_cudagraph_mode));
+    PyObject *kn = kwnames ? kwnames : Py_None;
+    Py_INCREF(kn);
+    PyTuple_SET_ITEM(key, 6, kn);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = args[1 + i];
+        PyObject *v = PyAnySet_CheckExact(a) ? PyFrozenSet_New(a) : (Py_INCREF(a), a);
+        if (v == NULL) {
+            PyErr_Clear();
+            Py_DECREF(key); /* the items set so far go with it; the rest are NULL */
+            return;
+        }
+        PyTuple_SET_ITEM(key, MISS_FIXED + i, v);
+    }
+    Py_XSETREF(self->miss_key, key);
+    self->miss_m = (int)m;
+    self->miss_reason = (int)reason;
+}
+
 static PyObject *dispatch_record_slow(WrapObject *self, PyObject *res, int64_t t0, int64_t t1,
                                       PyObject *const *args, Py_ssize_t nargs,
                                       PyObject *kwnames) {
-    /* record(result, t0, t1, *args, **kwargs): the Python hook's own recording */
+    /* record(result, t0, t1, *args, **kwargs): the Python hook's own recording; a V1
+       miss's (mode, reason) it hands back is kept (miss_store) */
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
     Py_XDECREF(et);
@@ -397,6 +525,10 @@ static PyObject *dispatch_record_slow(WrapObject *self, PyObject *res, int64_t t
         buf[2] = a1;
         for (Py_ssize_t i = 0; i < nargs + nk; i++) buf[3 + i] = args[i];
         PyObject *r = PyObject_Vectorcall(self->impl, buf, (size_t)(3 + nargs), kwnames);
+        if (r != NULL && r != Py_None && self->which == 0 && nargs >= 1 && PyTuple_Check(res) &&
+            PyTuple_GET_SIZE(res) >= 2 && PyTuple_GET_ITEM(res, 0) != self->full)
+            miss_store(self, args[0], PyTuple_GET_ITEM(res, 0), PyTuple_GET_ITEM(res, 1), args,
+                       nargs, kwnames, r);
         Py_XDECREF(r);
     }
     Py_XDECREF(a0);
@@ -421,12 +553,19 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
     PyObject *desc, *mode;
     int bad = 0;
     long long num_tokens, num_reqs = 0, max_q = 0, uq;
+    int m = 2, reason = REASON_HIT;
     int f = (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
     if (self->which == 0) { /* V1: (mode, BatchDescriptor) */
         if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) < 2) goto slow;
         mode = PyTuple_GET_ITEM(res, 0);
         desc = PyTuple_GET_ITEM(res, 1);
-        if (mode != self->full) goto slow;
+        if (mode != self->full) { /* a miss: in C when its inputs are the kept ones */
+            int hit = miss_match(self, me, mode, desc, args, nargs, kwnames);
+            if (hit < 0) goto slow_clear;
+            if (hit == 0) goto slow;
+            m = self->miss_m;
+            reason = self->miss_reason;
+        }
         PyObject *nt = nargs > 1 ? args[1] : kwarg(args, nargs, kwnames, S_num_tokens);
         if (nt == NULL) goto slow;
         num_tokens = obj_ll(nt, &bad);
@@ -468,8 +607,8 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
     if (bad || PyErr_Occurred()) goto slow_clear;
     if (max_q < 0 || max_q > INT32_MAX || uq < 0 || uq > UINT32_MAX) goto slow;
     if (c->phase_open) { /* the phase writes it with its span; the last re-dispatch wins */
-        c->dec_mode = 2;
-        c->dec_reason = REASON_HIT;
+        c->dec_mode = m;
+        c->dec_reason = reason;
         c->dec_flags = f;
         c->dec_num_tokens = num_tokens;
         c->dec_padded_tokens = padded;
@@ -479,7 +618,7 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
         c->dec_uq = uq;
         c->decided = 1;
     } else {
-        ring_stage_wire(r, KIND_DISPATCH, 2, REASON_HIT, f, c->step, t0, t1, num_tokens, padded,
+        ring_stage_wire(r, KIND_DISPATCH, m, reason, f, c->step, t0, t1, num_tokens, padded,
                         num_reqs, padded_reqs, (int64_t)((uint64_t)max_q << 32) | (uint32_t)uq);
     }
     return res;

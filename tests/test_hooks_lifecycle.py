@@ -278,3 +278,109 @@ def test_vllm_exception_passes_through_dispatch(v1_dispatcher: Any, ring: RingWr
         v1_dispatcher.dispatch(num_tokens=Tokens(6), uniform_decode=True)
     assert info.value is err
     assert RT.faults == {}
+
+
+def _v1_miss_sequence(d: Any, ring: RingWriter, kit: Any) -> list[tuple[int, ...]]:
+    """A run of V1 dispatches that miss, with the inputs of the miss reason changed one at
+    a time: the arguments, the dispatcher's state, the graph context. Returns the decoded
+    DISPATCH records without their timestamps."""
+    from vllm.config import CUDAGraphMode
+
+    none = CUDAGraphMode.NONE
+    hooks.install(["dispatch"], lazy=False)
+    hooks.enable(ring, gpu_timing=False)
+    ctx0 = RT.graph_ctx
+    try:
+        for _ in range(3):  # the eager drafter's call, step after step
+            d.dispatch(64, valid_modes={none})
+        d.dispatch(num_tokens=64, valid_modes={none})  # the same inputs, as keywords
+        d.dispatch(40, uniform_decode=True)  # another miss: batch too big
+        d.dispatch(64, valid_modes={none})
+        d.dispatch(6, uniform_decode=True)  # a FULL hit in between
+        d.dispatch(64, valid_modes={none})
+        d.keys_initialized = False  # the dispatcher's state changes the reason
+        d.dispatch(64, valid_modes={none})
+        d.dispatch(64, valid_modes={none})
+        d.keys_initialized = True
+        d.dispatch(64, valid_modes={none})
+        RT.graph_ctx = object()  # a new snapshot: reasons are computed afresh
+        d.dispatch(64, valid_modes={none})
+        d.dispatch(6, uniform_decode=True, invalid_modes={CUDAGraphMode.FULL})  # cascade
+        d.dispatch(6, uniform_decode=True, invalid_modes={CUDAGraphMode.FULL})
+    finally:
+        d.keys_initialized = True
+        RT.graph_ctx = ctx0
+        hooks.disable()
+        hooks.uninstall()
+    return [
+        (r.mode, r.reason, r.flags, r.num_tokens, r.padded_tokens, r.num_reqs, r.padded_reqs)
+        for r in kit.drain(ring)[0]
+        if isinstance(r, Dispatch)
+    ]
+
+
+def test_v1_misses_record_the_same_on_both_hot_paths(
+    v1_dispatcher: Any, tmp_path: Any, kit: Any
+) -> None:
+    """The compiled hook keeps the last miss's reason for the same inputs (the eager
+    drafter's dispatch, every step); what it records is what the Python record writes,
+    whatever changed in between."""
+    from probe import accel
+
+    got = {}
+    for path in ["python", "compiled"] if accel.COMPILED else ["python"]:
+        with accel.use(path):
+            w = RingWriter.create(tmp_path / f"ring-{path}", capacity=4096)
+            got[path] = _v1_miss_sequence(v1_dispatcher, w, kit)
+            w.close()
+    recs = got["python"]
+    assert len(recs) == 14
+    assert [r[1] for r in recs[:4]] == [Reason.FORCED_EAGER] * 4 and recs[4][
+        1
+    ] == Reason.BATCH_TOO_BIG
+    assert recs[8][1] != Reason.FORCED_EAGER and recs[8] == recs[9]  # keys not initialized
+    assert recs[10] == recs[0] and recs[11] == recs[0]
+    assert recs[12][:2] == (Mode.NONE, Reason.CASCADE_ATTENTION) and recs[13] == recs[12]
+    if "compiled" in got:
+        assert got["compiled"] == recs
+
+
+def test_a_repeated_v1_miss_is_recorded_in_c(
+    v1_dispatcher: Any, ring: RingWriter, kit: Any
+) -> None:
+    """Only the first of a run of identical misses reaches the Python record; a change of
+    any input (an argument, the dispatcher) sends the next one there again."""
+    from vllm.config import CUDAGraphMode
+
+    from probe import accel
+
+    if accel.active() != "compiled":
+        pytest.skip("the compiled path's own behaviour")
+    calls: list[int] = []
+    hooks.install(["dispatch"], lazy=False)
+    wrapper = vars(type(v1_dispatcher))["dispatch"]
+    record = wrapper.impl
+
+    def counted(*a: Any, **k: Any) -> Any:
+        calls.append(a[3])
+        return record(*a, **k)
+
+    c = accel._compiled()
+    assert c is not None
+    spy = c.Dispatch(wrapper.orig, counted, RT, CUDAGraphMode.FULL, 0)
+    hooks.enable(ring, gpu_timing=False)
+    none = {CUDAGraphMode.NONE}
+    for _ in range(4):
+        spy(v1_dispatcher, 64, valid_modes=set(none))
+    assert len(calls) == 1
+    spy(v1_dispatcher, 65, valid_modes=set(none))
+    spy(v1_dispatcher, 65, valid_modes=set(none))
+    assert len(calls) == 2
+    other = type(v1_dispatcher).__new__(type(v1_dispatcher))
+    other.__dict__.update(v1_dispatcher.__dict__)
+    spy(other, 65, valid_modes=set(none))
+    assert len(calls) == 3
+    recs = [r for r in kit.drain(ring)[0] if isinstance(r, Dispatch)]
+    assert [(r.num_tokens, r.reason) for r in recs] == [(64, Reason.FORCED_EAGER)] * 4 + [
+        (65, Reason.FORCED_EAGER)
+    ] * 3

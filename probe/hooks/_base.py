@@ -252,7 +252,7 @@ def _mark(wrapper: Any, original: Any, hook_id: str) -> None:
         wrapper.__probe_hook__ = hook_id
 
 
-def timed(orig: Callable[..., Any], record: Callable[..., None]) -> Callable[..., Any]:
+def timed(orig: Callable[..., Any], record: Callable[..., Any]) -> Callable[..., Any]:
     """The pure-Python twin of a compiled hook that hands its result to ``record(result,
     t0, t1, *args, **kwargs)`` (dispatch, replay, reorder): bypass when off, CLOCK_BOOTTIME
     first and last thing around the original, the original's result and exceptions

@@ -103,20 +103,27 @@ class _ReasonMemo:
         return cache
 
     def get(self, owner: Any, ctx: Any, key: Any, compute: Callable[[], Any]) -> int:
+        return self.lookup(owner, ctx, key, compute)[0]
+
+    def lookup(
+        self, owner: Any, ctx: Any, key: Any, compute: Callable[[], Any]
+    ) -> tuple[int, bool]:
+        """The reason, and whether it is held by the memo (so that the same inputs under
+        the same ``ctx`` give the same reason: the compiled dispatch keeps the last one)."""
         cache = self._memo(owner, ctx)
         if cache is None:
-            return int(compute())
+            return int(compute()), False
         try:
-            return cache[key]
+            return cache[key], True
         except KeyError:
             pass
         except TypeError:  # an unhashable argument: no memo for this call
-            return int(compute())
+            return int(compute()), False
         reason = int(compute())
         if len(cache) >= self.limit:
             cache.clear()
         cache[key] = reason
-        return reason
+        return reason, True
 
 
 def _frozen(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -266,7 +273,12 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     hit = _HIT
     memo = _ReasonMemo()
 
-    def record(result: Any, t0: int, t1: int, self: Any, *args: Any, **kwargs: Any) -> None:
+    def record(
+        result: Any, t0: int, t1: int, self: Any, *args: Any, **kwargs: Any
+    ) -> tuple[int, int] | None:
+        """Write the decision; returns ``(mode, reason)`` of a miss whose reason the memo
+        holds (the compiled hook then records the same inputs itself, in C), else None."""
+        learned = None
         try:
             mode, desc = result[0], result[1]
             m = 2 if mode is full else 1 if mode is piecewise else int(mode.value)
@@ -283,7 +295,7 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                     desc,
                     _frozen(args, kwargs),
                 )
-                reason = memo.get(
+                reason, held = memo.lookup(
                     self,
                     ctx,
                     key,
@@ -291,6 +303,8 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                         self, mode, desc, ctx=ctx, **_bind(sig, (self, *args), kwargs)
                     ),
                 )
+                if held:
+                    learned = (m, reason)
             f = (0 if RT.in_step else _OUTSIDE) | (_DRAFTER if RT.drafter else 0)
             if uniform:
                 f |= _UNIFORM
@@ -307,12 +321,16 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 RT.phase_max_q,
                 self.uniform_decode_query_len,
             )
+            return learned
         except Exception as exc:
             hook.fail(exc)
+            return None
 
     dispatch = timed(orig, record)
 
-    # a FULL hit (the steady state) is recorded in C; everything else by ``record``
+    # a FULL hit (the steady state) is recorded in C, and so is a miss whose inputs match
+    # the last one ``record`` handed back (the eager drafter's every step, a PIECEWISE
+    # engine's); everything else by ``record``
     compiled = accel.dispatch_hook(orig, record, RT, full, 0)
     return compiled if compiled is not None else dispatch
 
