@@ -16,7 +16,11 @@ median of the per-block-pair differences with a bootstrap 95% interval:
   overhead window);
 - **perturbation**: the probe's own recorded CPU launch overhead in the on blocks minus the
   plain timer's in the facing off blocks (what the probe's headline number is off by),
-  with ``--recording``.
+  with ``--recording``;
+- **throughput**: the on block's tokens per second over the facing off block's (the
+  median of the per-pair ratios, :func:`pair_throughput`), and ``throughput_steady``
+  without each block's first step. With ``"off": "absent"`` the off blocks run detached
+  (no wrapper in place) and each on block attaches afresh, as ``probe attach`` does.
 """
 
 from __future__ import annotations
@@ -50,6 +54,33 @@ def pair_costs(rows: Iterable[Sequence[int]], block: int, full_only: bool = True
             continue
         d = statistics.median(v) - statistics.median(w)
         out.append(d if on_of[(g, b)] else -d)
+    return out
+
+
+def pair_throughput(
+    rows: Iterable[Sequence[int]], block: int, skip_first: bool = False
+) -> list[float]:
+    """Throughput of the on block over that of its facing off block, per block pair (as
+    :func:`pair_costs` pairs them): total wall of the off block / total wall of the on
+    block. The two blocks do the same work (the same steps of identically shaped greedy
+    workloads, whose tokens the harness checks identical), so this is tokens per second
+    on / off. ``skip_first``: leave out each block's first step (where an attach's one-off
+    work lands: late targets, the static snapshot)."""
+    by: dict[tuple[int, int], list[int]] = {}
+    on_of: dict[tuple[int, int], int] = {}
+    for g, b, on, v in rows:
+        by.setdefault((g, b), []).append(v)
+        on_of[(g, b)] = on
+    out: list[float] = []
+    k = 1 if skip_first else 0
+    for (g, b), v in sorted(by.items()):
+        if g % 2 or b < FIRST_BLOCK:
+            continue
+        w = by.get((g + 1, b))
+        if w is None or len(v) != block or len(w) != block:
+            continue
+        on_ns, off_ns = (sum(v[k:]), sum(w[k:])) if on_of[(g, b)] else (sum(w[k:]), sum(v[k:]))
+        out.append(off_ns / on_ns)
     return out
 
 
@@ -113,6 +144,15 @@ def summarize(res: dict[str, Any], recording: Path | None = None) -> list[dict[s
                 "step_median_us": (r["median_off_ns"] or 0) / 1e3,
             }
             parts = {"step": pair_costs(r["step_rows"], block)}
+            row["_ratios"] = {
+                "throughput": pair_throughput(r["step_rows"], block),
+                "throughput_steady": pair_throughput(r["step_rows"], block, skip_first=True),
+            }
+            sw = r.get("switches") or []
+            row["switch_us"] = {
+                "attach": _med([ns for on, _i, ns in sw if on]),
+                "detach": _med([ns for on, _i, ns in sw if not on]),
+            }
             bare = r.get("bare_rows")
             if bare:
                 parts["launch"] = pair_costs(
@@ -128,8 +168,9 @@ def summarize(res: dict[str, Any], recording: Path | None = None) -> list[dict[s
                 "null" if r["families"] == ["none"] else "wrap_only"
                 if reshape.get("wrap_only") else "all" if not reshape.get("exclude")
                 else "all but " + ",".join(reshape["exclude"])
-            )  # fmt: skip
+            ) + (" off=absent" if r.get("off") == "absent" else "")  # fmt: skip
             _fill(row, parts)
+            _fill_ratios(row, row["_ratios"])
             row["_parts"] = parts
             out.append(row)
     return out
@@ -148,6 +189,20 @@ def _fill(row: dict[str, Any], parts: dict[str, list[int]]) -> None:
         row["perturbation"]["share"] = m / row["launch_off_median_us"] if m else None
 
 
+def _med(xs: list[int]) -> float | None:
+    return statistics.median(xs) / 1e3 if xs else None
+
+
+def _fill_ratios(row: dict[str, Any], ratios: dict[str, list[float]]) -> None:
+    for k, xs in ratios.items():
+        c = ci95(xs)
+        row[k] = {
+            "pairs": len(xs),
+            "median_ratio": statistics.median(xs) if xs else None,
+            "ci95": list(c) if c else None,
+        }
+
+
 def pooled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (scenario, variant, hot path, GPU timing): the block pairs of every run
     of it pooled (their medians and intervals recomputed over all pairs)."""
@@ -158,9 +213,12 @@ def pooled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for (scen, variant, hot, gpu), rs in groups.items():
         parts: dict[str, list[int]] = {}
+        ratios: dict[str, list[float]] = {}
         for r in rs:
             for k, xs in r["_parts"].items():
                 parts.setdefault(k, []).extend(xs)
+            for k, ys in r.get("_ratios", {}).items():
+                ratios.setdefault(k, []).extend(ys)
         offs = [r["launch_off_median_us"] for r in rs if r.get("launch_off_median_us")]
         row: dict[str, Any] = {
             "scenario": scen, "variant": variant, "families": rs[0]["families"],
@@ -170,6 +228,8 @@ def pooled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "launch_off_median_us": statistics.median(offs) if offs else None,
         }  # fmt: skip
         _fill(row, {k: xs for k, xs in parts.items() if k in ("step", "launch", "perturbation")})
+        _fill_ratios(row, ratios)
+        row["_ratios"] = ratios
         out.append(row)
     return out
 
@@ -201,6 +261,11 @@ def main() -> None:
             if k in r and r[k]["median_us"] is not None:
                 lo_hi = r[k]["ci95_us"] or [float("nan")] * 2
                 parts.append(f"{k} {r[k]['median_us']:+.1f} [{lo_hi[0]:+.1f}, {lo_hi[1]:+.1f}] us")
+        for k in ("throughput", "throughput_steady"):
+            t = r.get(k) or {}
+            if t.get("median_ratio") is not None:
+                lo_hi = t["ci95"] or [float("nan")] * 2
+                parts.append(f"{k} {t['median_ratio']:.4f} [{lo_hi[0]:.4f}, {lo_hi[1]:.4f}]")
         runs = f" runs={r['runs']}" if "runs" in r else ""
         print(
             f"{r['scenario']} {r.get('variant', r['families'])!s:12s} {r['hot_path']} "
@@ -210,6 +275,7 @@ def main() -> None:
     if a.json:
         for r in rows:
             r.pop("_parts", None)
+            r.pop("_ratios", None)
         a.json.write_text(json.dumps(rows, indent=1) + "\n")
 
 

@@ -249,6 +249,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     from probe.runtime import RT
 
     families = cmd.get("families")
+    gpu_timing = cmd.get("gpu_timing", True)
     hooks.uninstall()
     st = None
     if cmd.get("selftime"):  # time the probe's own code, hook by hook (selftime.py)
@@ -273,7 +274,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     else:
         with accel.use(hot) if accel is not None else contextlib.nullcontext():
             hooks.install(families, lazy=False)
-        hooks.enable(writer, gpu_timing=cmd.get("gpu_timing", True))
+        hooks.enable(writer, gpu_timing=gpu_timing)
     if st is not None:
         st.time_ring(cmd.get("ring_stand_in"))
     # "crossover": blocks counted from each workload's start, and the on/off order flipped
@@ -282,6 +283,15 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     # the position in a workload cancel, which a fixed on/off parity over the whole run
     # does not do (a control with no per-step hooks read +160/+335 us that way).
     crossover = cmd.get("design") == "crossover"
+    # "off": "absent" (crossover only): the off blocks run with the probe detached as
+    # `probe attach` leaves a process (hooks.detach: every wrapper gone but the always-on
+    # resolve hook), the on blocks attached afresh (hooks.attach: install, enable, late
+    # targets and snapshot at their first step); the switch itself is timed apart
+    absent_off = crossover and cmd.get("off") == "absent" and not cmd.get("null")
+    if absent_off and cmd.get("bare_timer"):
+        raise ValueError("off=absent re-installs the hooks per block: no bare timer under it")
+    attached = {"now": True}
+    switches: list[tuple[int, int, int]] = []  # (on, step index, ns) per attach/detach
     block = int(cmd.get("block", 16))
     state = {"i": 0, "g": 0, "g0": 0}
     cur = {"g": 0, "b": 0, "on": 0}
@@ -306,6 +316,14 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             cur["g"], cur["b"], cur["on"] = g, b, int(on)
             if st is not None and i == 2 * block:
                 st.reset()
+            if absent_off and on != attached["now"]:
+                s0 = time.perf_counter_ns()
+                if on:
+                    hooks.attach(writer, families=families, gpu_timing=gpu_timing)
+                else:
+                    hooks.detach()
+                switches.append((int(on), i, time.perf_counter_ns() - s0))
+                attached["now"] = on
             RT.sampling, RT.sample_every = on and every > 1, every
             RT.enabled = on
             t0 = time.perf_counter_ns()
@@ -336,6 +354,9 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     finally:
         del eng.step  # back to the class's method
         RT.enabled = RT.sampling = False
+        if absent_off and not attached["now"]:  # as the other designs leave it: installed
+            hooks.attach(writer, families=families, gpu_timing=gpu_timing)
+            RT.enabled = False
         if unbare is not None:
             unbare()
         if st is not None:
@@ -348,6 +369,8 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         xd = pair_costs(xrows, block)
         return {
             "design": "crossover",
+            "off": "absent" if absent_off else "dormant",
+            "switches": switches if absent_off else None,
             "families": families or "all",
             "hot_path": hot,
             "window_boottime": [b0, b1],
@@ -841,7 +864,7 @@ EXPERIMENT_KEYS = {
 VARIANT_KEYS = {
     "design", "block", "bare_timer", "generates", "null", "gpu_timing", "exclude",
     "wrap_only", "pause_reader", "families", "hot_path", "prefill_steps", "sample_every",
-    "selftime", "ring_stand_in", "return_tokens", "out_len", "requests",
+    "selftime", "ring_stand_in", "return_tokens", "out_len", "requests", "off",
 }  # fmt: skip
 MODES = {"attached", "detached", "absent", "profiler", "groundtruth", "attached_paused"}
 
