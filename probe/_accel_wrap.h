@@ -525,7 +525,8 @@ static PyObject *dispatch_record_slow(WrapObject *self, PyObject *res, int64_t t
         buf[2] = a1;
         for (Py_ssize_t i = 0; i < nargs + nk; i++) buf[3 + i] = args[i];
         PyObject *r = PyObject_Vectorcall(self->impl, buf, (size_t)(3 + nargs), kwnames);
-        if (r != NULL && r != Py_None && self->which == 0 && nargs >= 1 && PyTuple_Check(res) &&
+        if (r != NULL && r != Py_None && Py_TYPE(self) == &DispatchType && self->which == 0 &&
+            nargs >= 1 && PyTuple_Check(res) &&
             PyTuple_GET_SIZE(res) >= 2 && PyTuple_GET_ITEM(res, 0) != self->full)
             miss_store(self, args[0], PyTuple_GET_ITEM(res, 0), PyTuple_GET_ITEM(res, 1), args,
                        nargs, kwnames, r);
