@@ -434,3 +434,35 @@ def test_overhead_order_puts_each_mode_after_every_other_equally_often(n: int) -
         assert sorted(order) == modes
         pairs.update(itertools.pairwise(order))
     assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1, pairs
+
+
+def test_crossover_throughput_is_the_block_pairs_wall_ratio() -> None:
+    """``crossover.py``'s throughput: per block pair (the on block of workload 2j facing
+    the off block at the same place of workload 2j+1, and the reverse), the off block's
+    total wall over the on block's; ``throughput_steady`` leaves each block's first step
+    out, where an attach's one-off work lands."""
+    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
+    crossover = _load("crossover")
+    rng = random.Random(3)
+    block, rows = 16, []
+    for g in range(8):
+        for i in range(block * 6):
+            b = i // block
+            on = (b + g) % 2 == 0
+            ns = 3_000_000 * (1 + 0.002 * g) + rng.gauss(0, 20_000)  # a slow drift
+            if on:
+                ns *= 1.01  # the probe: 1% per step
+                if i % block == 0:
+                    ns += 1_500_000  # the attach's first step
+            rows.append((g, b, int(on), int(ns)))
+    ratios = crossover.pair_throughput(rows, block)
+    steady = crossover.pair_throughput(rows, block, skip_first=True)
+    assert len(ratios) == len(steady) == 4 * 5  # 4 workload pairs x blocks 1-5
+    med = sorted(steady)[len(steady) // 2]
+    assert abs(med - 1 / 1.01) < 0.004
+    assert max(ratios) < min(steady)  # the first step's one-off cost is in the plain ratio
+    # the per-step costs read the same block pairs
+    assert crossover.pair_costs(rows, block) == [
+        statistics.median(on) - statistics.median(off)
+        for on, off in crossover.block_pairs(rows, block)
+    ]

@@ -30,58 +30,52 @@ import json
 import random
 import sqlite3
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 FIRST_BLOCK = 1  # block 0 of a workload holds its prefill steps
 
 
-def pair_costs(rows: Iterable[Sequence[int]], block: int, full_only: bool = True) -> list[float]:
+def block_pairs(
+    rows: Iterable[Sequence[int]], block: int, full_only: bool = True
+) -> Iterator[tuple[list[int], list[int]]]:
     """``rows``: (workload, block, on, value). For each block ``b`` >= 1 of each workload
-    pair (2j, 2j+1): median(value of the on block) - median(value of the off block)."""
+    pair (2j, 2j+1), the values of its on block and of its off block, in step order."""
     by: dict[tuple[int, int], list[int]] = {}
     on_of: dict[tuple[int, int], int] = {}
     for g, b, on, v in rows:
         by.setdefault((g, b), []).append(v)
         on_of[(g, b)] = on
-    out: list[float] = []
     for (g, b), v in sorted(by.items()):
         if g % 2 or b < FIRST_BLOCK:
             continue
         w = by.get((g + 1, b))
         if w is None or (full_only and (len(v) != block or len(w) != block)):
             continue
-        d = statistics.median(v) - statistics.median(w)
-        out.append(d if on_of[(g, b)] else -d)
-    return out
+        yield (v, w) if on_of[(g, b)] else (w, v)
+
+
+def pair_costs(rows: Iterable[Sequence[int]], block: int, full_only: bool = True) -> list[float]:
+    """Per block pair (:func:`block_pairs`): median(value of the on block) - median(value
+    of the off block)."""
+    return [
+        statistics.median(on) - statistics.median(off)
+        for on, off in block_pairs(rows, block, full_only)
+    ]
 
 
 def pair_throughput(
     rows: Iterable[Sequence[int]], block: int, skip_first: bool = False
 ) -> list[float]:
-    """Throughput of the on block over that of its facing off block, per block pair (as
-    :func:`pair_costs` pairs them): total wall of the off block / total wall of the on
-    block. The two blocks do the same work (the same steps of identically shaped greedy
-    workloads, whose tokens the harness checks identical), so this is tokens per second
-    on / off. ``skip_first``: leave out each block's first step (where an attach's one-off
-    work lands: late targets, the static snapshot)."""
-    by: dict[tuple[int, int], list[int]] = {}
-    on_of: dict[tuple[int, int], int] = {}
-    for g, b, on, v in rows:
-        by.setdefault((g, b), []).append(v)
-        on_of[(g, b)] = on
-    out: list[float] = []
+    """Throughput of the on block over that of its facing off block, per block pair
+    (:func:`block_pairs`, whole blocks only): total wall of the off block / total wall of
+    the on block. The two blocks do the same work (the same steps of identically shaped
+    greedy workloads), so this is tokens per second on / off. ``skip_first``: leave out
+    each block's first step (where an attach's one-off work lands: late targets, the
+    static snapshot)."""
     k = 1 if skip_first else 0
-    for (g, b), v in sorted(by.items()):
-        if g % 2 or b < FIRST_BLOCK:
-            continue
-        w = by.get((g + 1, b))
-        if w is None or len(v) != block or len(w) != block:
-            continue
-        on_ns, off_ns = (sum(v[k:]), sum(w[k:])) if on_of[(g, b)] else (sum(w[k:]), sum(v[k:]))
-        out.append(off_ns / on_ns)
-    return out
+    return [sum(off[k:]) / sum(on[k:]) for on, off in block_pairs(rows, block)]
 
 
 def ci95(xs: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float] | None:
