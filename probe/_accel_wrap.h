@@ -416,6 +416,15 @@ static int weak_is(PyObject *ref, PyObject *obj) { /* the referent of ``ref`` is
 #endif
 }
 
+/* An argument the memo may keep: its equality is the builtin one (no Python code, no
+   device): int, bool, float, str, None, and sets of such (vLLM's mode sets) */
+static int plain_arg(PyObject *a) {
+    if (a == Py_None || PyLong_CheckExact(a) || PyBool_Check(a) || PyFloat_CheckExact(a) ||
+        PyUnicode_CheckExact(a))
+        return 1;
+    return PyAnySet_CheckExact(a);
+}
+
 static int same(PyObject *a, PyObject *b) { /* 1 equal, 0 not, -1 error */
     if (a == b) return 1;
     return PyObject_RichCompareBool(a, b, Py_EQ);
@@ -489,6 +498,10 @@ static void miss_store(WrapObject *self, PyObject *me, PyObject *mode, PyObject 
     PyTuple_SET_ITEM(key, 6, kn);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = args[1 + i];
+        if (!plain_arg(a)) { /* compared by equality later: never a tensor's (a sync) */
+            Py_DECREF(key);
+            return;
+        }
         PyObject *v = PyAnySet_CheckExact(a) ? PyFrozenSet_New(a) : (Py_INCREF(a), a);
         if (v == NULL) {
             PyErr_Clear();

@@ -380,7 +380,14 @@ def test_a_repeated_v1_miss_is_recorded_in_c(
     other.__dict__.update(v1_dispatcher.__dict__)
     spy(other, 65, valid_modes=set(none))
     assert len(calls) == 3
+
+    class Tokens(int):  # an argument whose equality is not the builtin one (a tensor's is
+        pass  # a device sync): never kept, each call goes to the record
+
+    spy(v1_dispatcher, Tokens(66), valid_modes=set(none))
+    spy(v1_dispatcher, Tokens(66), valid_modes=set(none))
+    assert len(calls) == 5
     recs = [r for r in kit.drain(ring)[0] if isinstance(r, Dispatch)]
     assert [(r.num_tokens, r.reason) for r in recs] == [(64, Reason.FORCED_EAGER)] * 4 + [
         (65, Reason.FORCED_EAGER)
-    ] * 3
+    ] * 3 + [(66, Reason.FORCED_EAGER)] * 2
