@@ -12,7 +12,9 @@ caller's side (hook + a no-op original), minus the same call unwrapped:
   the forward launch, with itself counted into it; plus the drafter's ``run_fullgraph``
   (its own REPLAY record);
 - ``v1 FULL step``: ``GPUModelRunner._model_forward`` around a ``CUDAGraphWrapper``
-  whose forward context says FULL and whose entry holds a graph;
+  whose forward context says FULL and whose entry holds a graph; and the same with
+  ``_model_forward`` unhooked, the wrapper's hook being the launch (what
+  ``probe.hooks.step.late_targets`` installs when the model is such a wrapper);
 - ``mrv2 PIECEWISE``: a forward launch (``step.forward``, standing in for MRV2's
   ``set_forward_context`` body) around ``run_pw_graph`` and 4 piecewise
   ``CUDAGraphWrapper`` pieces.
@@ -171,6 +173,15 @@ def cases(ring: Path) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     RT.in_step, RT.enabled = 1, True
     m, s = ModelCudaGraphManager(), SpeculatorCudaGraphManager()
     v1 = GPUModelRunner(CUDAGraphWrapper(full))
+
+    class LaunchRunner:  # _model_forward left unhooked: the model's FULL wrapper launches
+        def __init__(self, model: Any) -> None:
+            self.model = model
+
+        def _model_forward(self, x: Any) -> Any:
+            return self.model(x)
+
+    v1w = LaunchRunner(CUDAGraphWrapper(full))
     pwr = Pieces()
     ctx_full = types.SimpleNamespace(cudagraph_runtime_mode=full, batch_descriptor=bd)
     ctx_pw = types.SimpleNamespace(cudagraph_runtime_mode=pw, batch_descriptor=bd)
@@ -230,6 +241,10 @@ def cases(ring: Path) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
         fcm._forward_context = ctx_full
         pv1._model_forward(64)
 
+    def v1_launch() -> None:
+        fcm._forward_context = ctx_full
+        v1w._model_forward(64)
+
     def mrv2_pw() -> None:
         fcm._forward_context = ctx_pw
         m.run_pw(pwr, 64)
@@ -241,6 +256,7 @@ def cases(ring: Path) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     return {
         "mrv2 FULL step (fwd+replay+drafter)": (mrv2_full, mrv2_full_plain),
         "v1 FULL step (fwd+wrapper)": (v1_full, v1_full_plain),
+        "v1 FULL step (the wrapper launches)": (v1_launch, v1_full_plain),
         "mrv2 PIECEWISE (fwd+pw+4 pieces)": (mrv2_pw, mrv2_pw_plain),
     }
 

@@ -112,5 +112,6 @@ class Replay:
         which: int,
         fcm: Any = None,
         fwd_record: Callable[..., Any] | None = None,
+        full: Any = None,
     ) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...

@@ -277,6 +277,52 @@ static inline int get_or_clear(PyObject *o, PyObject *name, PyObject **out) {
     return 0;
 }
 
+/* V1's target FULL wrapper as the forward launch (replay_wrapper decided it): as
+   forward_call's opened case, with the wrapper's own replay (mv >= 0; -1: a pass-through,
+   whose pieces count themselves) counted into the scope. Steals ``desc`` (NULL when the
+   call passes through). */
+static PyObject *wrapper_launch(FwdObject *self, PyObject *const *args, size_t nargsf,
+                                PyObject *kwnames, long long mv, int captured, PyObject *desc) {
+    CoreObject *c = self->w.core;
+    int timed = c->gpu_timing && (c->timer_every <= 0 || c->step % c->timer_every == 0);
+    PyObject *tick = timed ? timer_tick_of(c) : NULL;
+    if (timed && tick == NULL) {
+        Py_XDECREF(desc);
+        return PyObject_Vectorcall(self->hook, args, nargsf, kwnames);
+    }
+    if (tick != NULL) {
+        Py_INCREF(tick); /* one reference for each point */
+        timer_tick(tick, TICK_FORWARD_START);
+    }
+    memset(&c->fwd, 0, sizeof(c->fwd));
+    c->fwd.open = 1;
+    int64_t t0 = boottime();
+    PyObject *res = PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
+    int64_t t1 = boottime();
+    if (res != NULL && mv >= 0) {
+        long long n = 0;
+        PyObject *nt = PyObject_GetAttr(desc, S_num_tokens);
+        int ok = nt != NULL && PyLong_Check(nt);
+        if (ok) {
+            n = PyLong_AsLongLong(nt);
+            ok = !(n == -1 && PyErr_Occurred());
+        }
+        Py_XDECREF(nt);
+        PyErr_Clear();
+        if (ok && mv <= 255)
+            scope_count(c, mv, captured, n, t0, t1);
+        else /* the Python record, in the open scope: it counts (or faults) as the hook would */
+            record_slow(self->w.impl, "(LLLOO)", (long long)t0, (long long)t1, mv,
+                        captured ? Py_True : Py_False, desc);
+    }
+    c->fwd.open = 0;
+    if (tick != NULL) timer_tick(tick, TICK_FORWARD_END);
+    if (stage_forward(c, direct_ring(c), outside_flags(c), t0, t1) < 0)
+        record_slow(self->fwd_record, "(LLii)", (long long)t0, (long long)t1, 1, 0);
+    Py_XDECREF(desc);
+    return res;
+}
+
 /* CUDAGraphWrapper.__call__ (V1 FULL around the model; PIECEWISE pieces in either runner) */
 static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t nargsf,
                                 PyObject *kwnames) {
@@ -284,6 +330,7 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *ctx = NULL, *mode = NULL, *want = NULL, *val = NULL, *desc = NULL, *ents = NULL,
              *cg = NULL;
+    int captured = 0;
     if (nargs < 1 || direct_ring(c) == NULL || get_or_clear(self->fcm, S_fctx, &ctx) < 0) goto impl;
     if (ctx == Py_None) goto orig;
     PyObject *me = args[0];
@@ -300,11 +347,20 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
         Py_XSETREF(self->last_mode, mode);
         self->last_mv = mv;
     }
-    if (mv == 0) goto orig;
-    if (want != Py_None) {
+    /* V1's target FULL wrapper (around the whole model) in a step with no forward open:
+       the forward launch itself (``_model_forward`` is left unhooked then), its own replay
+       counted into it; a pass-through (a PIECEWISE or eager step) is the launch too */
+    int launch = self->fwd_record != Py_None && self->w.full != NULL && want == self->w.full &&
+                 c->in_step > 0 && c->drafter <= 0 && !c->fwd.open;
+    int replays = mv != 0;
+    if (replays && want != Py_None) {
         int ne = PyObject_RichCompareBool(mode, want, Py_NE);
         if (ne < 0) goto impl_clear;
-        if (ne) goto orig;
+        if (ne) replays = 0;
+    }
+    if (!replays) {
+        if (launch) goto launch;
+        goto orig;
     }
     if (get_or_clear(ctx, S_bdesc, &desc) < 0 || get_or_clear(me, S_entries, &ents) < 0 ||
         !PyDict_CheckExact(ents))
@@ -322,7 +378,6 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
     PyObject *entry = PyDict_GetItemWithError(ents, desc);
 #endif
     if (entry == NULL && PyErr_Occurred()) goto impl_clear;
-    int captured = 0;
     if (entry != NULL && entry != Py_None) {
         Py_INCREF(entry); /* the original may replace it */
         int bad = get_or_clear(entry, S_cudagraph, &cg);
@@ -330,6 +385,7 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
         if (bad < 0) goto impl;
         captured = cg != Py_None;
     }
+    if (launch) goto launch;
     Py_CLEAR(ctx);
     Py_CLEAR(mode);
     Py_CLEAR(want);
@@ -371,6 +427,14 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
     }
     Py_DECREF(desc);
     return res;
+launch:
+    Py_CLEAR(ctx);
+    Py_CLEAR(mode);
+    Py_CLEAR(want);
+    Py_CLEAR(val);
+    Py_CLEAR(ents);
+    Py_CLEAR(cg);
+    return wrapper_launch(self, args, nargsf, kwnames, replays ? mv : -1, captured, desc);
 impl_clear:
     PyErr_Clear();
 impl:
@@ -402,7 +466,7 @@ static PyObject *replay_call(FwdObject *self, PyObject *const *args, size_t narg
 static PyObject *fwd_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
     FwdObject *self = (FwdObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
-    PyObject *orig, *impl, *record, *core, *fcm = Py_None, *fwd_rec = Py_None;
+    PyObject *orig, *impl, *record, *core, *fcm = Py_None, *fwd_rec = Py_None, *full = Py_None;
     int which = 0;
     if (type == &ForwardType) {
         static char *kwlist[] = {"orig", "impl", "record", "core", NULL};
@@ -412,9 +476,9 @@ static PyObject *fwd_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
         self->w.vectorcall = (vectorcallfunc)forward_call;
     } else {
         static char *kwlist[] = {"orig", "impl", "record", "core", "which", "fcm", "fwd_record",
-                                 NULL};
-        if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO!i|OO", kwlist, &orig, &impl, &record,
-                                         &CoreType, &core, &which, &fcm, &fwd_rec))
+                                 "full", NULL};
+        if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO!i|OOO", kwlist, &orig, &impl, &record,
+                                         &CoreType, &core, &which, &fcm, &fwd_rec, &full))
             goto fail;
         if (fwd_rec != Py_None && !PyCallable_Check(fwd_rec)) {
             PyErr_SetString(PyExc_TypeError, "fwd_record must be callable or None");
@@ -440,6 +504,11 @@ static PyObject *fwd_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->fcm = fcm;
     Py_INCREF(fwd_rec);
     self->fwd_record = fwd_rec;
+    if (which == 2 && full != Py_None) { /* vLLM's CUDAGraphMode.FULL: a wrapper of that mode
+                                            may be the forward launch (with fwd_record) */
+        Py_INCREF(full);
+        self->w.full = full;
+    }
     return (PyObject *)self;
 fail:
     Py_DECREF(self);
@@ -492,7 +561,8 @@ static void fwd_dealloc(FwdObject *self) {
 static PyTypeObject ForwardType = FWD_TYPE(
     Forward, "Forward(orig, impl, record, core): the forward launch and its scope in C.");
 static PyTypeObject ReplayType = FWD_TYPE(
-    Replay, "Replay(orig, impl, record, core, which, fcm=None, fwd_record=None): a graph "
-            "replay hook in C (which=0 with fwd_record: the target's FULL launch too).");
+    Replay, "Replay(orig, impl, record, core, which, fcm=None, fwd_record=None, full=None): a "
+            "graph replay hook in C (which=0 with fwd_record: the target's FULL launch too; "
+            "which=2 with fwd_record and full: V1's FULL wrapper is the launch where none is open).");
 
 #endif /* PROBE_ACCEL_FWD_H */

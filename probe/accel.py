@@ -321,17 +321,20 @@ def replay_hook(
     which: int,
     fcm: Any = None,
     fwd_record: Callable[..., Any] | None = None,
+    full: Any = None,
 ) -> Any | None:
     """A graph replay hook (``hooks.replay``) in C: which=0 MRV2 ``run_fullgraph``, 1
     ``run_pw_graph`` (both hand ``record(result, t0, t1, *args, **kwargs)`` what C cannot
     read), 2 ``CUDAGraphWrapper.__call__`` (``fcm``: vllm.forward_context; ``impl`` takes
     the calls whose forward context C cannot read, ``record(t0, t1, mode, captured,
     desc)`` the rest it cannot stage). which=0 with ``fwd_record`` (``hooks.step.
-    forward_record``) is also the target's FULL forward launch. None on the Python path."""
+    forward_record``) is also the target's FULL forward launch; which=2 with ``fwd_record``
+    and ``full`` (vLLM's ``CUDAGraphMode.FULL``): a wrapper of that mode called in a step
+    with no forward open is V1's forward launch. None on the Python path."""
     c = _compiled()
     if c is None or not isinstance(rt, c.Core):
         return None
-    return c.Replay(orig, impl, record, rt, which, fcm, fwd_record)
+    return c.Replay(orig, impl, record, rt, which, fcm, fwd_record, full)
 
 
 def _check_wire_layout() -> None:

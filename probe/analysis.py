@@ -229,14 +229,18 @@ _BRACKET = (Phase.EXECUTE, Phase.SAMPLE_TOKENS)
 _DRAFTER_FLAG = int(Flag.DRAFTER)
 
 
-def hooked_calls(s: Step, launch_is_replay: bool = False) -> tuple[int, int]:
+def hooked_calls(
+    s: Step, launch_is_replay: bool = False, v1_launch_is_replay: bool = False
+) -> tuple[int, int]:
     """(plain span calls, Python-bodied hook calls) the probe made in this step, from its
     records: phase spans other than the step bracket and the forward launch are span
     calls; the step bracket (execute_model, sample_tokens), the forward launch, each
     replay or piecewise pass inside it, each dispatch, build and reorder are hook calls
     (a dispatch that also carries its phase span counts as both). ``launch_is_replay``
     (:func:`calibration_of`): an MRV2 FULL launch and the target replay counted in it are
-    one call, as the hooks since ``3792259`` make them."""
+    one call, as the hooks since ``3792259`` make them; ``v1_launch_is_replay`` the same
+    for V1, whose model's FULL wrapper is the launch when ``_model_forward`` is left
+    unhooked."""
     spans = sum(1 for sp in s.spans if sp.phase not in (*_BRACKET, Phase.FORWARD_LAUNCH))
     hooks = (
         sum(1 for sp in s.spans if sp.phase in (*_BRACKET, Phase.FORWARD_LAUNCH))
@@ -245,7 +249,8 @@ def hooked_calls(s: Step, launch_is_replay: bool = False) -> tuple[int, int]:
         + len(s.builds)
         + len(s.reorders)
     )
-    if launch_is_replay and s.runner == "mrv2" and s.mode == Mode.FULL and s.replayed:
+    merged = launch_is_replay if s.runner == "mrv2" else v1_launch_is_replay
+    if merged and s.mode == Mode.FULL and s.replayed:
         launches = any(
             sp.phase == Phase.FORWARD_LAUNCH and not sp.flags & _DRAFTER_FLAG for sp in s.spans
         )
@@ -258,7 +263,9 @@ def calibration_of(snapshot: Mapping[str, Any] | None) -> dict[str, Any] | None:
     when it has none (recorded before calibration, or calibration failed). With it,
     ``launch_is_replay``: whether the hooks that wrote the recording made MRV2's FULL
     launch one call (``replay.mrv2.run_fullgraph`` installed without the earlier
-    ``phase.mrv2.forward_full``), for :func:`hooked_calls`."""
+    ``phase.mrv2.forward_full``), and ``v1_launch_is_replay`` V1's (``replay.wrapper``
+    installed, V1's step hooks too, ``phase.v1.forward_launch`` not), for
+    :func:`hooked_calls`."""
     cal = ((snapshot or {}).get("probe") or {}).get("calibration")
     if not isinstance(cal, Mapping):
         return None
@@ -274,6 +281,11 @@ def calibration_of(snapshot: Mapping[str, Any] | None) -> dict[str, Any] | None:
     out = dict(cal)
     out["launch_is_replay"] = "replay.mrv2.run_fullgraph" in ids and (
         "phase.mrv2.forward_full" not in ids
+    )
+    out["v1_launch_is_replay"] = (
+        "replay.wrapper" in ids
+        and "step.v1.execute_model" in ids
+        and "phase.v1.forward_launch" not in ids
     )
     return out
 
@@ -291,7 +303,9 @@ def probe_cost(
     spans = hooks = 0
     launch = [s.cpu_launch_overhead_ns for s, _ in cal_steps if s.cpu_launch_overhead_ns]
     for s, c in cal_steps:
-        n_span, n_hook = hooked_calls(s, bool(c.get("launch_is_replay")))
+        n_span, n_hook = hooked_calls(
+            s, bool(c.get("launch_is_replay")), bool(c.get("v1_launch_is_replay"))
+        )
         spans += n_span
         hooks += n_hook
         cost += cost_per_step_ns(dict(c), n_span, n_hook)

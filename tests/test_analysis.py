@@ -285,6 +285,20 @@ def test_an_mrv2_full_launch_that_is_its_replay_counts_once() -> None:
     assert analysis.hooked_calls(s, launch_is_replay=True) == (0, 4)
     v1 = Step(**{**s.__dict__, "runner": "v1"})  # V1's wrapper is a call of its own
     assert analysis.hooked_calls(v1, launch_is_replay=True) == (0, 5)
+    # ... unless the hooks made V1's FULL wrapper the launch (_model_forward unhooked)
+    assert analysis.hooked_calls(v1, v1_launch_is_replay=True) == (0, 4)
+    assert analysis.hooked_calls(s, v1_launch_is_replay=True) == (0, 5)
+    v1_new = ["step.v1.execute_model", "replay.wrapper", "dispatch.v1.dispatcher"]
+    for installed, want in ((v1_new, True), ([*v1_new, "phase.v1.forward_launch"], False),
+                            (["replay.wrapper"], False)):  # fmt: skip
+        got = analysis.calibration_of(
+            {"probe": {"calibration": {"span_ns": 1.0, "hook_ns": 2.0}},
+             "hooks": {"installed": installed}}
+        )  # fmt: skip
+        assert got is not None and got["v1_launch_is_replay"] is want
+        assert got["launch_is_replay"] is False
+        per_step = analysis.probe_cost([v1], {1: got})
+        assert per_step is not None and per_step["hook_calls_per_step"] == (4 if want else 5)
 
     cal = {"span_ns": 100.0, "hook_ns": 200.0}
     new = ["replay.mrv2.run_fullgraph", "phase.mrv2.prepare_attn"]

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import pytest
 
 from probe import accel
-from probe.hooks import step
+from probe.hooks import replay, step
 from probe.hooks._base import Installer, Target
 from probe.records import GpuTiming, Span
 from probe.ring import RingWriter
@@ -75,6 +75,34 @@ TARGETS = (
     Target("phase.v1.forward_launch", __name__, "", "_model_forward", step.forward, gate="on"),
     Target("step.v1.sample_tokens", __name__, "", "sample_tokens", step.sample_tokens("v1")),
 )
+WRAPPER = Target("replay.wrapper", __name__, "", "__call__", replay.wrapper_call(False), gate="on")
+
+
+def _launch_runner() -> tuple[type, type]:
+    """V1 with the model in a FULL wrapper of vLLM's FULL mode: the wrapper's hooked
+    ``__call__`` is the forward launch, ``_model_forward`` stays unhooked."""
+    from vllm.config import CUDAGraphMode
+
+    class CUDAGraphWrapper:
+        runtime_mode = CUDAGraphMode.FULL
+
+        def __init__(self) -> None:
+            self.concrete_cudagraph_entries = {8: types.SimpleNamespace(cudagraph=object())}
+
+        def __call__(self, x: int) -> Any:
+            return ("hidden", x)
+
+    class GPUModelRunner:
+        def execute_model(self, scheduler_output: Any) -> Any:
+            return self._model_forward(scheduler_output.total_num_scheduled_tokens)
+
+        def _model_forward(self, x: int) -> Any:
+            return CUDAGraphWrapper()(x)
+
+        def sample_tokens(self, grammar: Any = None) -> Any:
+            return "tokens"
+
+    return GPUModelRunner, CUDAGraphWrapper
 
 
 @pytest.fixture(autouse=True)
@@ -87,7 +115,9 @@ def _clean() -> Iterator[None]:
     RT.reset()
 
 
-def _run(path: str, tmp: Path, steps: int, every: int, monkeypatch: Any) -> dict[str, Any]:
+def _run(
+    path: str, tmp: Path, steps: int, every: int, monkeypatch: Any, launch: bool = False
+) -> dict[str, Any]:
     FakeEvent.log = []
     FakeEvent.clock = itertools.count(1)
     python_calls = [0]
@@ -104,10 +134,19 @@ def _run(path: str, tmp: Path, steps: int, every: int, monkeypatch: Any) -> dict
     monkeypatch.setattr(step, "_timer", counted(real_timer))
     monkeypatch.setattr(step, "_sampled_timer", counted(real_sampled))
     runner_cls = _runner()
+    targets = [(t, runner_cls) for t in TARGETS]
+    if launch:
+        runner_cls, wrapper_cls = _launch_runner()
+        targets = [(TARGETS[0], runner_cls), (TARGETS[2], runner_cls), (WRAPPER, wrapper_cls)]
+        fcm = pytest.importorskip("vllm.forward_context")
+        from vllm.config import CUDAGraphMode
+
+        ctx = types.SimpleNamespace(cudagraph_runtime_mode=CUDAGraphMode.FULL, batch_descriptor=8)
+        monkeypatch.setattr(fcm, "_forward_context", ctx)
     inst = Installer()
     with accel.use(path):
-        for t in TARGETS:
-            assert inst.install_on(t, runner_cls)
+        for t, owner in targets:
+            assert inst.install_on(t, owner)
         writer = RingWriter.create(tmp / f"ring-{path}", 512)
     try:
         RT.reset()
@@ -124,7 +163,7 @@ def _run(path: str, tmp: Path, steps: int, every: int, monkeypatch: Any) -> dict
             outs.append(runner.sample_tokens())
         state = {"gpu_timing": RT.gpu_timing, "faults": dict(RT.faults)}
         RT.detach()
-        kinds = {type(vars(runner_cls)[t.name]).__name__ for t in TARGETS}
+        kinds = {type(vars(o)[t.name]).__name__ for t, o in targets}
         left = sorted(inst.installed_ids())
         recs = drain(writer)[0]
     finally:
@@ -143,11 +182,12 @@ def _run(path: str, tmp: Path, steps: int, every: int, monkeypatch: Any) -> dict
     }
 
 
+@pytest.mark.parametrize("launch", [False, True], ids=["model_forward", "full_wrapper"])
 @pytest.mark.parametrize("path", PATHS)
 def test_the_timer_records_its_events_at_the_points_of_its_steps(
-    path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    path: str, launch: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    r = _run(path, tmp_path, steps=9, every=4, monkeypatch=monkeypatch)
+    r = _run(path, tmp_path, steps=9, every=4, monkeypatch=monkeypatch, launch=launch)
     # steps 4 and 8 are timed: the end of the step before (outside it), the step's start
     # (before the step is entered), the forward's start and end (outside the open forward
     # scope, inside the step) and the step's end (after sample_tokens returned)
@@ -166,12 +206,14 @@ def test_the_timer_records_its_events_at_the_points_of_its_steps(
 
 
 @pytest.mark.skipif(not accel.COMPILED, reason=f"compiled path not built: {accel.WHY_NOT}")
+@pytest.mark.parametrize("launch", [False, True], ids=["model_forward", "full_wrapper"])
 def test_the_compiled_hooks_tick_the_timer_and_stay_compiled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    launch: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    py = _run("python", tmp_path, steps=17, every=4, monkeypatch=monkeypatch)
-    c = _run("compiled", tmp_path, steps=17, every=4, monkeypatch=monkeypatch)
-    assert c["kinds"] == {"Step", "Forward"} and py["kinds"] == {"function"}
+    py = _run("python", tmp_path, steps=17, every=4, monkeypatch=monkeypatch, launch=launch)
+    c = _run("compiled", tmp_path, steps=17, every=4, monkeypatch=monkeypatch, launch=launch)
+    assert c["kinds"] == {"Step", "Replay" if launch else "Forward"}
+    assert py["kinds"] == {"function"}
     for k in ("log", "gpu", "spans", "outs", "faults"):
         assert c[k] == py[k], k
     assert len(c["gpu"]) == 4

@@ -391,3 +391,35 @@ def test_a_repeated_v1_miss_is_recorded_in_c(
     assert [(r.num_tokens, r.reason) for r in recs] == [(64, Reason.FORCED_EAGER)] * 4 + [
         (65, Reason.FORCED_EAGER)
     ] * 3 + [(66, Reason.FORCED_EAGER)] * 2
+
+
+def test_v1_model_forward_is_hooked_only_where_the_full_wrapper_is_not_the_launch() -> None:
+    """V1's forward launch is one hooked call: the model's FULL ``CUDAGraphWrapper`` when
+    its ``__call__`` carries the replay hook (the launch and its replay in one record),
+    else ``_model_forward`` (eager, PIECEWISE-only, another wrapper, replay left out)."""
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from probe.hooks import step
+
+    runner = object.__new__(GPUModelRunner)
+    wrapper = object.__new__(CUDAGraphWrapper)
+    wrapper.runtime_mode = CUDAGraphMode.FULL
+    runner.model = wrapper
+
+    def late() -> list[str]:
+        return [t.hook_id for t, _ in step.late_targets(runner)]
+
+    assert "phase.v1.forward_launch" in late()  # the wrapper is vLLM's own
+    hooks.install(["replay"], lazy=False)
+    assert "phase.v1.forward_launch" not in late()
+    wrapper.runtime_mode = CUDAGraphMode.PIECEWISE
+    assert "phase.v1.forward_launch" in late()
+    wrapper.runtime_mode = CUDAGraphMode.FULL
+    runner.model = object()  # an eager model, or UBatchWrapper
+    assert "phase.v1.forward_launch" in late()
+    hooks.uninstall()
+    runner.model = wrapper
+    assert "phase.v1.forward_launch" in late()
+    assert step.late_targets(object.__new__(type("Other", (), {}))) == []

@@ -58,12 +58,13 @@ def _world() -> types.SimpleNamespace:
         pass
 
     class CUDAGraphWrapper:
-        def __init__(self, mode: Any, entries: Any = None) -> None:
+        def __init__(self, mode: Any, entries: Any = None, runnable: Any = None) -> None:
             self.runtime_mode = mode
             self.concrete_cudagraph_entries = {} if entries is None else entries
+            self.runnable = runnable
 
         def __call__(self, x: Any) -> Any:
-            return ("ran", x)
+            return ("ran", x) if self.runnable is None else self.runnable(x)
 
     class GPUModelRunner:
         def __init__(self, model: Callable[..., Any]) -> None:
@@ -221,6 +222,83 @@ def v1_exception(w: Any) -> Any:
     return RT.fwd_open
 
 
+def v1_pass_through_exception(w: Any) -> Any:  # vLLM's error, raised once, no fault
+    calls: list[Any] = []
+
+    def model(x: Any) -> Any:
+        calls.append(x)
+        raise VllmError("forward failed")
+
+    fcm._forward_context = _ctx(PIECEWISE, 4)
+    with pytest.raises(VllmError, match="forward failed"):
+        w.CUDAGraphWrapper(FULL, {}, model)(1)
+    return len(calls)
+
+
+# V1 with the model in a FULL wrapper of vLLM's own FULL mode: _model_forward is left
+# unhooked (step.late_targets) and the wrapper's call is the forward launch
+
+
+def _cgm() -> Any:
+    from vllm.config import CUDAGraphMode
+
+    return CUDAGraphMode
+
+
+def v1_launch_full(w: Any) -> Any:
+    cgm, desc = _cgm(), fcm.BatchDescriptor(num_tokens=16)
+    fcm._forward_context = _ctx(cgm.FULL, desc)
+    return w.CUDAGraphWrapper(cgm.FULL, {desc: _graph()})(5)
+
+
+def v1_launch_piecewise(w: Any) -> Any:  # the FULL wrapper passes through to the pieces
+    cgm, desc = _cgm(), fcm.BatchDescriptor(num_tokens=24)
+    fcm._forward_context = _ctx(cgm.PIECEWISE, desc)
+    pieces = _pieces(w, cgm.PIECEWISE, 3, {desc: _graph()})
+    return w.CUDAGraphWrapper(cgm.FULL, {}, pieces)(6)
+
+
+def v1_launch_eager(w: Any) -> Any:
+    cgm = _cgm()
+    fcm._forward_context = _ctx(cgm.NONE, fcm.BatchDescriptor(num_tokens=300))
+    return w.CUDAGraphWrapper(cgm.FULL, {}, _pieces(w, cgm.PIECEWISE, 2, {}))(7)
+
+
+def v1_launch_capture(w: Any) -> Any:
+    cgm, desc = _cgm(), fcm.BatchDescriptor(num_tokens=8)
+    fcm._forward_context = _ctx(cgm.FULL, desc)
+    return w.CUDAGraphWrapper(cgm.FULL, {desc: types.SimpleNamespace(cudagraph=None)})(1)
+
+
+def v1_launch_not_in_the_drafter(w: Any) -> Any:
+    cgm, desc = _cgm(), fcm.BatchDescriptor(num_tokens=4)
+    fcm._forward_context = _ctx(cgm.FULL, desc)
+    out = [w.CUDAGraphWrapper(cgm.FULL, {desc: _graph()})(1)]  # the target's launch
+    RT.drafter = 1
+    out.append(w.CUDAGraphWrapper(cgm.FULL, {desc: _graph()})(2))  # the drafter's replay
+    RT.drafter, RT.in_step = 0, 0
+    out.append(w.CUDAGraphWrapper(cgm.FULL, {desc: _graph()})(3))  # outside a step
+    return out
+
+
+def v1_launch_inside_model_forward(w: Any) -> Any:  # _model_forward hooked: it opens the scope
+    cgm, desc = _cgm(), fcm.BatchDescriptor(num_tokens=16)
+    fcm._forward_context = _ctx(cgm.FULL, desc)
+    return w.GPUModelRunner(w.CUDAGraphWrapper(cgm.FULL, {desc: _graph()}))._model_forward(5)
+
+
+def v1_launch_exception(w: Any) -> Any:
+    cgm = _cgm()
+
+    def model(x: Any) -> Any:
+        raise VllmError("forward failed")
+
+    fcm._forward_context = _ctx(cgm.PIECEWISE, fcm.BatchDescriptor(num_tokens=4))
+    with pytest.raises(VllmError, match="forward failed"):
+        w.CUDAGraphWrapper(cgm.FULL, {}, model)(1)
+    return RT.fwd_open
+
+
 def fault_no_num_tokens(w: Any) -> Any:
     return [
         w.ModelCudaGraphManager().run_fullgraph(types.SimpleNamespace()),
@@ -271,6 +349,14 @@ SHAPES: dict[str, Callable[[Any], Any]] = {
         v1_pass_through,
         v1_drafter,
         v1_exception,
+        v1_pass_through_exception,
+        v1_launch_full,
+        v1_launch_piecewise,
+        v1_launch_eager,
+        v1_launch_capture,
+        v1_launch_not_in_the_drafter,
+        v1_launch_inside_model_forward,
+        v1_launch_exception,
         fault_no_num_tokens,
         fault_num_tokens_none,
         fault_unhashable_descriptor,
@@ -422,6 +508,33 @@ def test_python_hooks_record_each_shape(shape: str, tmp_path: Path) -> None:
         assert {f["flags"] for f in fields} == {drafter}
     elif shape == "v1_exception":
         assert kinds == ["Forward"] and fields[0]["full_replays"] == 1 and out == "0"
+    elif shape == "v1_pass_through_exception":
+        assert kinds == [] and out == "1" and faults == {}
+    elif shape in ("v1_launch_full", "v1_launch_inside_model_forward"):
+        # one FORWARD either way: the launch and its replay (in one call, or two)
+        assert kinds == ["Forward"] and fields[0]["flags"] == 0
+        f = fields[0]
+        assert (f["mode"], f["full_replays"], f["pieces"], f["num_tokens"]) == (Mode.FULL, 1, 0, 16)
+        assert f["replay_t0"] and "('ran', 5)" in out
+    elif shape == "v1_launch_piecewise":
+        assert kinds == ["Forward"]
+        f = fields[0]
+        assert (f["mode"], f["full_replays"], f["pieces"], f["num_tokens"]) == (
+            Mode.PIECEWISE,
+            0,
+            3,
+            24,
+        )
+    elif shape == "v1_launch_eager":
+        assert kinds == ["Forward"] and fields[0]["mode"] == Mode.NONE
+        assert (fields[0]["pieces"], fields[0]["replay_t0"]) == (0, False)
+    elif shape == "v1_launch_capture":
+        assert kinds == ["Forward"] and (fields[0]["captures"], fields[0]["full_replays"]) == (1, 0)
+    elif shape == "v1_launch_not_in_the_drafter":
+        assert kinds == ["Forward", "Replay", "Replay"]
+        assert [f["flags"] for f in fields] == [0, drafter, outside]
+    elif shape == "v1_launch_exception":  # the launch is written, the scope closed
+        assert kinds == ["Forward"] and out == "0" and fields[0]["pieces"] == 0
     else:  # the faults: counted once, the hook removed, vLLM's result unchanged
         assert kinds.count("Fault") == 1 and len(faults) == 1
         (hid,) = faults

@@ -7,7 +7,11 @@ Supports vLLM 0.26 to 0.33.
   wrapper's and whose entry holds a graph is a replay; an entry without a graph is a
   capture, which outside a capture window is an anomaly the report shows loudly.
   Pass-throughs (mode mismatch) are not recorded: they are the common case for the outer
-  FULL wrapper on PIECEWISE steps and say nothing new.
+  FULL wrapper on PIECEWISE steps and say nothing new. V1's FULL wrapper around the whole
+  model is also the target's forward launch (its FORWARD record, its own replay or the
+  pieces of a pass-through counted in it) when called in a step with no forward open:
+  ``_model_forward`` is then left unhooked (:func:`probe.hooks.step.late_targets`), so a
+  V1 forward is one hooked call, as MRV2's is.
 - ``BreakableCUDAGraphWrapper.__call__`` (0.33's default for DeepSeek-V3.2; opt-in in 0.26).
 - ``CudaGraphManager.run_fullgraph`` (MRV2 FULL: bypasses the wrappers entirely) and
   ``run_pw_graph``; the target's ``run_fullgraph`` (``ModelCudaGraphManager``'s, through
@@ -49,11 +53,37 @@ def _forward_context_module() -> Any:
     return fc
 
 
+def _full_mode() -> Any:
+    """vLLM's ``CUDAGraphMode.FULL`` (a wrapper of that mode around V1's model is the
+    forward launch), or None where it cannot be had."""
+    try:
+        from vllm.config import CUDAGraphMode
+
+        return CUDAGraphMode.FULL
+    except Exception:
+        return None
+
+
+def launches(model: Any) -> bool:
+    """Whether ``model`` (V1's ``runner.model``) is a FULL ``CUDAGraphWrapper`` whose
+    ``__call__`` is this family's hook: then that hook is the target's forward launch (a
+    step's model call with no forward open) and ``_model_forward`` needs none of its own."""
+    call = next((vars(k)["__call__"] for k in type(model).__mro__ if "__call__" in vars(k)), None)
+    full = _full_mode()
+    return (
+        getattr(call, "__probe_hook__", None) == "replay.wrapper"
+        and full is not None
+        and getattr(model, "runtime_mode", None) is full
+    )
+
+
 def wrapper_call(breakable: bool) -> Callable[[Callable[..., Any], Hook], Any]:
     extra = _BREAKABLE if breakable else 0
 
     def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         fcm = _forward_context_module()
+        full = None if breakable else _full_mode()
+        fwd_record = step.forward_record(hook)
 
         def record(t0: int, t1: int, mode: int, captured: bool, desc: Any) -> None:
             """After a replay or capture (the compiled hook hands off here what it cannot
@@ -74,29 +104,52 @@ def wrapper_call(breakable: bool) -> Callable[[Callable[..., Any], Hook], Any]:
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
             if not RT.enabled:
                 return orig(self, *args, **kwargs)
+            # decided inside the try, vLLM's call made outside it (its exceptions are its
+            # own, and it runs once)
+            plain, launch, passes, captured, value, desc = True, False, True, False, 0, None
             try:
                 ctx = fcm._forward_context
-                if ctx is None:
-                    return orig(self, *args, **kwargs)
-                mode = ctx.cudagraph_runtime_mode
-                want = self.runtime_mode
-                value = mode.value
-                if value == 0 or (want is not None and mode != want):
-                    return orig(self, *args, **kwargs)
-                desc = ctx.batch_descriptor
-                if breakable:
-                    entries = self.entries
-                    key = desc if self.key_fn is None else None
-                    entry = entries.get(key) if key is not None else None
-                    captured = entry is not None and entry.capture is not None
-                    if key is None:  # keyed by a function of the inputs: assume replay
-                        captured = bool(entries)
-                else:
-                    entry = self.concrete_cudagraph_entries.get(desc)
-                    captured = entry is not None and entry.cudagraph is not None
+                if ctx is not None:
+                    mode = ctx.cudagraph_runtime_mode
+                    want = self.runtime_mode
+                    value = mode.value
+                    # V1's FULL wrapper around the whole model, in a step with no forward
+                    # open, is the forward launch (step.late_targets leaves _model_forward
+                    # unhooked then); a pass-through's pieces count themselves into it
+                    launch = bool(
+                        full is not None
+                        and want is full
+                        and RT.in_step
+                        and not RT.drafter
+                        and not RT.fwd_open
+                    )
+                    passes = value == 0 or (want is not None and mode != want)
+                    plain = passes and not launch
+                    if not passes:
+                        desc = ctx.batch_descriptor
+                        if breakable:
+                            entries = self.entries
+                            key = desc if self.key_fn is None else None
+                            entry = entries.get(key) if key is not None else None
+                            captured = entry is not None and entry.capture is not None
+                            if key is None:  # keyed by a function of the inputs: assume replay
+                                captured = bool(entries)
+                        else:
+                            entry = self.concrete_cudagraph_entries.get(desc)
+                            captured = entry is not None and entry.cudagraph is not None
             except Exception as exc:
                 hook.fail(exc)
                 return orig(self, *args, **kwargs)
+            if plain:
+                return orig(self, *args, **kwargs)
+            if launch:
+
+                def replayed(_res: Any, t0: int, t1: int, *_a: Any, **_k: Any) -> None:
+                    record(t0, t1, value, captured, desc)  # into the scope the launch opened
+
+                return step.launch(
+                    orig, fwd_record, (self, *args), kwargs, None if passes else replayed
+                )
             t0 = _clock(BOOTTIME)
             result = orig(self, *args, **kwargs)
             t1 = _clock(BOOTTIME)
@@ -105,7 +158,7 @@ def wrapper_call(breakable: bool) -> Callable[[Callable[..., Any], Hook], Any]:
 
         if breakable:
             return __call__
-        compiled = accel.replay_hook(orig, __call__, record, RT, 2, fcm)
+        compiled = accel.replay_hook(orig, __call__, record, RT, 2, fcm, fwd_record, full)
         return compiled if compiled is not None else __call__
 
     return factory

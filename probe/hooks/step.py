@@ -19,6 +19,7 @@ forward launch is one FORWARD record that also carries the graph replays seen in
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -403,8 +404,9 @@ def launch(
 
 
 def forward(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
-    """The forward launch (V1 ``_model_forward``; MRV2's target FULL forward is
-    :func:`probe.hooks.replay.run_fullgraph`): the device events and one FORWARD record
+    """The forward launch (V1 ``_model_forward`` where the model is not a FULL
+    ``CUDAGraphWrapper``, whose hooked call is the launch otherwise; MRV2's target FULL
+    forward is :func:`probe.hooks.replay.run_fullgraph`): the device events and one FORWARD record
     holding the launch span and the replays inside it. Outside a step or inside the
     drafter it is a plain SPAN (and the replays write their own records); a forward inside
     an open one (nested) writes nothing, its replays count into the outer one. On the
@@ -513,7 +515,6 @@ TARGETS: tuple[Target, ...] = (
         "_build_attention_metadata",
         span(Phase.METADATA_BUILD),
     ),
-    Target("phase.v1.forward_launch", V1, "GPUModelRunner", "_model_forward", forward, gate="on"),
     Target("phase.v1.sample", V1, "GPUModelRunner", "_sample", span(Phase.SAMPLE)),
     Target(
         "phase.v1.draft",
@@ -556,9 +557,29 @@ TARGETS: tuple[Target, ...] = (
 )
 
 
+V1_FORWARD = Target(
+    "phase.v1.forward_launch", V1, "GPUModelRunner", "_model_forward", forward, gate="on"
+)
+"""V1's forward launch, where the model is not a FULL ``CUDAGraphWrapper`` whose hooked
+``__call__`` is the launch (:func:`probe.hooks.replay.launches`): eager and PIECEWISE-only
+engines, micro-batching, breakable graphs, or the replay family left out."""
+
+
 def late_targets(runner: Any) -> list[tuple[Target, Any]]:
-    """Targets that exist only on live objects: the model's logits, the drafter, MRV2 attn."""
+    """Targets that exist only on live objects: the model's logits, the drafter, MRV2 attn,
+    and V1's ``_model_forward`` where its model's FULL wrapper is not the launch."""
+    from probe.hooks import replay
+
     out: list[tuple[Target, Any]] = []
+    v1 = sys.modules.get(V1)
+    v1_runner = getattr(v1, "GPUModelRunner", None)
+    v1_model = getattr(runner, "model", None)
+    if (
+        isinstance(v1_runner, type)
+        and isinstance(runner, v1_runner)
+        and not replay.launches(v1_model)
+    ):
+        out.append((V1_FORWARD, v1_runner))
     try:
         model = runner.get_model()
     except Exception:

@@ -216,3 +216,33 @@ def test_mrv2_target_forward_is_one_hooked_call(
     assert (fwd.step, fwd.mode, fwd.full_replays, fwd.num_tokens) == (5, 2, 1, desc.num_tokens)
     assert fwd.t0 <= fwd.replay_t0 <= fwd.replay_t1 <= fwd.t1
     assert recs[1].flags & Flag.DRAFTER and recs[2].flags & Flag.OUTSIDE_STEP
+
+
+def test_v1_forward_launch_in_the_real_classes(kit: Any, vllm_version: str) -> None:
+    """V1's launch against the tree's own classes: with the replay family installed, a
+    runner whose model is a real FULL ``CUDAGraphWrapper`` needs no ``_model_forward``
+    hook; any other model gets it (the late target resolves on the real runner and is
+    restored by identity)."""
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from probe.hooks import step
+
+    original = vars(GPUModelRunner)["_model_forward"]
+    runner = object.__new__(GPUModelRunner)
+    wrapper = object.__new__(CUDAGraphWrapper)
+    wrapper.runtime_mode = CUDAGraphMode.FULL
+    runner.model = wrapper
+    hooks.install(["replay"], lazy=False)
+    try:
+        assert "phase.v1.forward_launch" not in [t.hook_id for t, _ in step.late_targets(runner)]
+        runner.model = object()
+        late = {t.hook_id: (t, o) for t, o in step.late_targets(runner)}
+        target, owner = late["phase.v1.forward_launch"]
+        assert owner is GPUModelRunner
+        assert hooks.INSTALLER.install_on(target, owner)
+        assert vars(GPUModelRunner)["_model_forward"] is not original
+    finally:
+        hooks.uninstall()
+    assert vars(GPUModelRunner)["_model_forward"] is original
