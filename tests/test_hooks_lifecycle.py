@@ -414,6 +414,9 @@ def test_v1_model_forward_is_hooked_only_where_the_full_wrapper_is_not_the_launc
     assert "phase.v1.forward_launch" in late()  # the wrapper is vLLM's own
     hooks.install(["replay"], lazy=False)
     assert "phase.v1.forward_launch" not in late()
+    RT.tee = 1  # live roctx/NVTX markers: the launch keeps its hook for their range
+    assert "phase.v1.forward_launch" in late()
+    RT.tee = 0
     wrapper.runtime_mode = CUDAGraphMode.PIECEWISE
     assert "phase.v1.forward_launch" in late()
     wrapper.runtime_mode = CUDAGraphMode.FULL

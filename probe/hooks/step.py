@@ -562,7 +562,8 @@ V1_FORWARD = Target(
 )
 """V1's forward launch, where the model is not a FULL ``CUDAGraphWrapper`` whose hooked
 ``__call__`` is the launch (:func:`probe.hooks.replay.launches`): eager and PIECEWISE-only
-engines, micro-batching, breakable graphs, or the replay family left out."""
+engines, micro-batching, breakable graphs, or the replay family left out; and while live
+markers are on, for their ``forward_launch`` range."""
 
 
 def late_targets(runner: Any) -> list[tuple[Target, Any]]:
@@ -573,12 +574,10 @@ def late_targets(runner: Any) -> list[tuple[Target, Any]]:
     out: list[tuple[Target, Any]] = []
     v1 = sys.modules.get(V1)
     v1_runner = getattr(v1, "GPUModelRunner", None)
-    v1_model = getattr(runner, "model", None)
-    if (
-        isinstance(v1_runner, type)
-        and isinstance(runner, v1_runner)
-        and not replay.launches(v1_model)
-    ):
+    # with live markers on (RT.tee: PROBE_ROCTX/PROBE_NVTX) the launch keeps its own hook,
+    # which carries the "forward_launch" range (probe.markers wraps step and phase hooks)
+    launches = replay.launches(getattr(runner, "model", None)) and not RT.tee
+    if isinstance(v1_runner, type) and isinstance(runner, v1_runner) and not launches:
         out.append((V1_FORWARD, v1_runner))
     try:
         model = runner.get_model()
