@@ -181,6 +181,32 @@ static int replay_tokens(PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
     return 0;
 }
 
+/* A launch that is a replay hook's call (MRV2's target run_fullgraph, V1's FULL wrapper):
+   the GPU timer's FORWARD_START on its steps and the scope opened, as forward_call's opened
+   case. *tick: the timer's, for launch_end (NULL on an untimed step). -1 on a timed step
+   whose tick cannot be had: the caller hands the call to the whole Python hook. */
+static int launch_begin(CoreObject *c, PyObject **tick) {
+    int timed = c->gpu_timing && (c->timer_every <= 0 || c->step % c->timer_every == 0);
+    *tick = timed ? timer_tick_of(c) : NULL;
+    if (timed && *tick == NULL) return -1;
+    if (*tick != NULL) {
+        Py_INCREF(*tick); /* one reference for each point */
+        timer_tick(*tick, TICK_FORWARD_START);
+    }
+    memset(&c->fwd, 0, sizeof(c->fwd));
+    c->fwd.open = 1;
+    return 0;
+}
+
+/* The scope closed, FORWARD_END ticked, and the launch's FORWARD record staged (or handed
+   to the launch's Python record). */
+static void launch_end(FwdObject *self, CoreObject *c, PyObject *tick, int64_t t0, int64_t t1) {
+    c->fwd.open = 0;
+    if (tick != NULL) timer_tick(tick, TICK_FORWARD_END);
+    if (stage_forward(c, direct_ring(c), outside_flags(c), t0, t1) < 0)
+        record_slow(self->fwd_record, "(LLii)", (long long)t0, (long long)t1, 1, 0);
+}
+
 /* The target's run_fullgraph in a step with no forward open: the FULL forward launch
    itself (ModelCudaGraphManager.run_fullgraph is this call and a slice of the hidden
    states), as forward_call's opened case with its own replay counted into the scope. */
@@ -188,18 +214,9 @@ static PyObject *replay_launch(FwdObject *self, PyObject *const *args, size_t na
                                PyObject *kwnames) {
     CoreObject *c = self->w.core;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    int timed = c->gpu_timing && (c->timer_every <= 0 || c->step % c->timer_every == 0);
-    PyObject *tick = timed ? timer_tick_of(c) : NULL;
-    if (direct_ring(c) == NULL || (timed && tick == NULL) || self->fwd_record == Py_None) {
-        Py_XDECREF(tick);
+    PyObject *tick;
+    if (direct_ring(c) == NULL || self->fwd_record == Py_None || launch_begin(c, &tick) < 0)
         return PyObject_Vectorcall(self->hook, args, nargsf, kwnames);
-    }
-    if (tick != NULL) {
-        Py_INCREF(tick); /* one reference for each point */
-        timer_tick(tick, TICK_FORWARD_START);
-    }
-    memset(&c->fwd, 0, sizeof(c->fwd));
-    c->fwd.open = 1;
     int64_t t0 = boottime();
     PyObject *res = PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
     int64_t t1 = boottime();
@@ -210,11 +227,7 @@ static PyObject *replay_launch(FwdObject *self, PyObject *const *args, size_t na
         else /* the Python record, in the open scope: it faults like the Python hook */
             res = dispatch_record_slow(&self->w, res, t0, t1, args, nargs, kwnames);
     }
-    c->fwd.open = 0;
-    if (tick != NULL) timer_tick(tick, TICK_FORWARD_END);
-    int f = outside_flags(c);
-    if (stage_forward(c, direct_ring(c), f, t0, t1) < 0)
-        record_slow(self->fwd_record, "(LLii)", (long long)t0, (long long)t1, 1, 0);
+    launch_end(self, c, tick, t0, t1);
     return res;
 }
 
@@ -284,18 +297,11 @@ static inline int get_or_clear(PyObject *o, PyObject *name, PyObject **out) {
 static PyObject *wrapper_launch(FwdObject *self, PyObject *const *args, size_t nargsf,
                                 PyObject *kwnames, long long mv, int captured, PyObject *desc) {
     CoreObject *c = self->w.core;
-    int timed = c->gpu_timing && (c->timer_every <= 0 || c->step % c->timer_every == 0);
-    PyObject *tick = timed ? timer_tick_of(c) : NULL;
-    if (timed && tick == NULL) {
+    PyObject *tick;
+    if (launch_begin(c, &tick) < 0) {
         Py_XDECREF(desc);
         return PyObject_Vectorcall(self->hook, args, nargsf, kwnames);
     }
-    if (tick != NULL) {
-        Py_INCREF(tick); /* one reference for each point */
-        timer_tick(tick, TICK_FORWARD_START);
-    }
-    memset(&c->fwd, 0, sizeof(c->fwd));
-    c->fwd.open = 1;
     int64_t t0 = boottime();
     PyObject *res = PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
     int64_t t1 = boottime();
@@ -315,10 +321,7 @@ static PyObject *wrapper_launch(FwdObject *self, PyObject *const *args, size_t n
             record_slow(self->w.impl, "(LLLOO)", (long long)t0, (long long)t1, mv,
                         captured ? Py_True : Py_False, desc);
     }
-    c->fwd.open = 0;
-    if (tick != NULL) timer_tick(tick, TICK_FORWARD_END);
-    if (stage_forward(c, direct_ring(c), outside_flags(c), t0, t1) < 0)
-        record_slow(self->fwd_record, "(LLii)", (long long)t0, (long long)t1, 1, 0);
+    launch_end(self, c, tick, t0, t1);
     Py_XDECREF(desc);
     return res;
 }
