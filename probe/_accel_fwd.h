@@ -361,24 +361,22 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
         if (ne < 0) goto impl_clear;
         if (ne) replays = 0;
     }
-    if (!replays) {
-        if (launch) goto launch;
-        goto orig;
-    }
-    if (get_or_clear(ctx, S_bdesc, &desc) < 0 || get_or_clear(me, S_entries, &ents) < 0 ||
-        !PyDict_CheckExact(ents))
+    if (!replays && !launch) goto orig;
+    if (replays && (get_or_clear(ctx, S_bdesc, &desc) < 0 || get_or_clear(me, S_entries, &ents) < 0 ||
+        !PyDict_CheckExact(ents)))
         goto impl;
-    if (desc != self->last_desc) {
+    if (replays && desc != self->last_desc) {
         Py_hash_t h = PyObject_Hash(desc);
         if (h == -1) goto impl_clear;
         Py_INCREF(desc);
         Py_XSETREF(self->last_desc, desc);
         self->last_hash = h;
     }
+    PyObject *entry = NULL; /* borrowed */
 #if PY_VERSION_HEX < 0x030D0000
-    PyObject *entry = _PyDict_GetItem_KnownHash(ents, desc, self->last_hash); /* borrowed */
+    if (replays) entry = _PyDict_GetItem_KnownHash(ents, desc, self->last_hash);
 #else
-    PyObject *entry = PyDict_GetItemWithError(ents, desc);
+    if (replays) entry = PyDict_GetItemWithError(ents, desc);
 #endif
     if (entry == NULL && PyErr_Occurred()) goto impl_clear;
     if (entry != NULL && entry != Py_None) {
@@ -388,13 +386,14 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
         if (bad < 0) goto impl;
         captured = cg != Py_None;
     }
-    if (launch) goto launch;
     Py_CLEAR(ctx);
     Py_CLEAR(mode);
     Py_CLEAR(want);
     Py_CLEAR(val);
     Py_CLEAR(ents);
     Py_CLEAR(cg);
+    if (launch) /* steals desc */
+        return wrapper_launch(self, args, nargsf, kwnames, replays ? mv : -1, captured, desc);
     int64_t t0 = boottime();
     PyObject *res = PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
     int64_t t1 = boottime();
@@ -430,14 +429,6 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
     }
     Py_DECREF(desc);
     return res;
-launch:
-    Py_CLEAR(ctx);
-    Py_CLEAR(mode);
-    Py_CLEAR(want);
-    Py_CLEAR(val);
-    Py_CLEAR(ents);
-    Py_CLEAR(cg);
-    return wrapper_launch(self, args, nargsf, kwnames, replays ? mv : -1, captured, desc);
 impl_clear:
     PyErr_Clear();
 impl:
