@@ -362,8 +362,8 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
         if (ne) replays = 0;
     }
     if (!replays && !launch) goto orig;
-    if (replays && (get_or_clear(ctx, S_bdesc, &desc) < 0 || get_or_clear(me, S_entries, &ents) < 0 ||
-        !PyDict_CheckExact(ents)))
+    if (replays && (get_or_clear(ctx, S_bdesc, &desc) < 0 ||
+                    get_or_clear(me, S_entries, &ents) < 0 || !PyDict_CheckExact(ents)))
         goto impl;
     if (replays && desc != self->last_desc) {
         Py_hash_t h = PyObject_Hash(desc);
@@ -557,6 +557,7 @@ static PyTypeObject ForwardType = FWD_TYPE(
 static PyTypeObject ReplayType = FWD_TYPE(
     Replay, "Replay(orig, impl, record, core, which, fcm=None, fwd_record=None, full=None): a "
             "graph replay hook in C (which=0 with fwd_record: the target's FULL launch too; "
-            "which=2 with fwd_record and full: V1's FULL wrapper is the launch where none is open).");
+            "which=2 with fwd_record and full: V1's FULL wrapper is the launch where none "
+            "is open).");
 
 #endif /* PROBE_ACCEL_FWD_H */
