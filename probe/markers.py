@@ -10,7 +10,8 @@ enable of the probe in a process also
 - wraps the probe's step and phase hooks (``step.*``, ``phase.*``) in roctx
   ``rangePush``/``rangePop``, so ``rocprofv3 --marker-trace`` (or ``--sys-trace``) records
   ``step 12`` > ``prepare_inputs``, ``metadata_build``, ``forward_launch``... around the
-  kernels they launch, with rocprofv3's own timestamps;
+  kernels they launch, with rocprofv3's own timestamps (MRV2's FULL ``forward_launch`` is
+  its target replay hook's call, ranged only when it is the launch);
 - tees the probe's packers (``RT.put``) so that each graph dispatch, replay and reorder
   decision is also a roctx mark at the moment it is recorded: ``dispatch FULL hit step 12
   tokens 128/128``, ``replay FULL step 12``, ``reorder changed moved 3 step 12``.
@@ -236,6 +237,10 @@ ENV_VAR = "PROBE_ROCTX"
 _WRAPPED_FAMILIES = ("step.", "phase.")
 # hooks whose wrapper returns a context manager instead of doing the work inside the call
 _NOT_WRAPPED = frozenset({"phase.mrv2.forward_context"})
+# replay hooks whose call is the forward launch in one case: MRV2's target FULL launch is
+# the base run_fullgraph (ModelCudaGraphManager's replay through super()), in a step with
+# no forward open, outside the drafter (as probe.hooks.replay.run_fullgraph decides)
+_LAUNCH_RANGES = frozenset({"replay.mrv2.run_fullgraph"})
 
 _CURRENT: list[MarkersLive | None] = [None]
 
@@ -335,7 +340,8 @@ class MarkersLive:
         done = []
         for hook in list(installer.hooks.values()):
             hid = hook.hook_id
-            if not hid.startswith(_WRAPPED_FAMILIES) or hid in _NOT_WRAPPED:
+            wanted = hid.startswith(_WRAPPED_FAMILIES) or hid in _LAUNCH_RANGES
+            if not wanted or hid in _NOT_WRAPPED:
                 continue
             if getattr(hook.wrapper, "__probe_roctx__", False):
                 continue
@@ -350,13 +356,22 @@ class MarkersLive:
 
     def _range_wrapper(self, inner: Callable[..., Any], hook_id: str) -> Callable[..., Any]:
         rt = self.rt
-        name = _range_name(hook_id)
+        launch_only = hook_id in _LAUNCH_RANGES
+        name = "forward_launch" if launch_only else _range_name(hook_id)
         is_step = hook_id.startswith("step.") and hook_id.endswith(".execute_model")
 
         def roctx_range(*args: Any, **kwargs: Any) -> Any:
             live = _CURRENT[0]
             if live is None or rt.put is not live.put:
                 return inner(*args, **kwargs)
+            if launch_only and not (
+                rt.in_step
+                and not rt.drafter
+                and not rt.fwd_open
+                and args
+                and type(args[0]).__name__ == "ModelCudaGraphManager"
+            ):
+                return inner(*args, **kwargs)  # a replay of its own, not the launch
             try:
                 live.emitter.push(f"step {rt.step + 1}" if is_step else name)
             except Exception as exc:

@@ -241,3 +241,42 @@ def test_neither_variable_means_nothing_is_wrapped(probe: tuple[type, Installer,
     before = {h.hook_id: h.wrapper for h in inst.hooks.values()}
     assert roctx_live.start(RT, inst, {}) is None
     assert {h.hook_id: h.wrapper for h in inst.hooks.values()} == before
+
+
+def test_mrv2_full_launch_has_its_forward_launch_range(
+    probe: tuple[type, Installer, Writer],
+) -> None:
+    """MRV2's target FULL launch is the base ``run_fullgraph`` hook's call (the subclass's
+    replay through ``super()``): a ``forward_launch`` range there, and none around the
+    drafter's replays or a replay outside a step."""
+    from probe.hooks import replay as replay_hooks
+
+    _runner, inst, _ = probe
+
+    class CudaGraphManager:
+        def run_fullgraph(self, desc: Any) -> Any:
+            return ("replayed", desc)
+
+    class ModelCudaGraphManager(CudaGraphManager):
+        def run_fullgraph(self, desc: Any) -> Any:
+            return super().run_fullgraph(desc)
+
+    class SpeculatorCudaGraphManager(CudaGraphManager):
+        pass
+
+    t = Target("replay.mrv2.run_fullgraph", "", "", "run_fullgraph", replay_hooks.run_fullgraph)
+    assert inst.install_on(t, CudaGraphManager)
+    fake = FakeRoctx()
+    live = roctx_live.start(RT, inst, ON, importer=lambda name: fake)
+    assert live is not None and "replay.mrv2.run_fullgraph" in live.wrapped
+    desc = types.SimpleNamespace(num_tokens=64)
+    RT.in_step = 1
+    assert ModelCudaGraphManager().run_fullgraph(desc) == ("replayed", desc)
+    RT.drafter = 1
+    SpeculatorCudaGraphManager().run_fullgraph(desc)
+    ModelCudaGraphManager().run_fullgraph(desc)  # the drafter's own target-manager replay
+    RT.drafter, RT.in_step = 0, 0
+    ModelCudaGraphManager().run_fullgraph(desc)  # outside a step (a capture window, say)
+    pushes = [c for c in fake.calls if c[0] == "rangePush"]
+    assert pushes == [("rangePush", "forward_launch")]
+    assert fake.calls.count(("rangePop",)) == 1
