@@ -290,6 +290,27 @@ static inline int get_or_clear(PyObject *o, PyObject *name, PyObject **out) {
     return 0;
 }
 
+/* A batch descriptor's num_tokens into *n, as the Python record reads it
+   (``getattr(desc, "num_tokens", 0)``): 1, or 0 when C cannot (not an int, too big, an
+   error other than a missing attribute), with no error left set */
+static int desc_tokens(PyObject *desc, long long *n) {
+    *n = 0;
+    PyObject *nt = PyObject_GetAttr(desc, S_num_tokens);
+    if (nt == NULL) {
+        int missing = PyErr_ExceptionMatches(PyExc_AttributeError);
+        PyErr_Clear();
+        return missing;
+    }
+    int ok = PyLong_Check(nt);
+    *n = ok ? PyLong_AsLongLong(nt) : 0;
+    Py_DECREF(nt);
+    if (*n == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return ok;
+}
+
 /* V1's target FULL wrapper as the forward launch (replay_wrapper decided it): as
    forward_call's opened case, with the wrapper's own replay (mv >= 0; -1: a pass-through,
    whose pieces count themselves) counted into the scope. Steals ``desc`` (NULL when the
@@ -307,15 +328,7 @@ static PyObject *wrapper_launch(FwdObject *self, PyObject *const *args, size_t n
     int64_t t1 = boottime();
     if (res != NULL && mv >= 0) {
         long long n = 0;
-        PyObject *nt = PyObject_GetAttr(desc, S_num_tokens);
-        int ok = nt != NULL && PyLong_Check(nt);
-        if (ok) {
-            n = PyLong_AsLongLong(nt);
-            ok = !(n == -1 && PyErr_Occurred());
-        }
-        Py_XDECREF(nt);
-        PyErr_Clear();
-        if (ok && mv <= 255)
+        if (desc_tokens(desc, &n) && mv <= 255)
             scope_count(c, mv, captured, n, t0, t1);
         else /* the Python record, in the open scope: it counts (or faults) as the hook would */
             record_slow(self->w.impl, "(LLLOO)", (long long)t0, (long long)t1, mv,
@@ -402,20 +415,7 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
         return NULL;
     }
     long long n = 0;
-    PyObject *nt = PyObject_GetAttr(desc, S_num_tokens);
-    int ok = 1;
-    if (nt == NULL) {
-        ok = PyErr_ExceptionMatches(PyExc_AttributeError);
-        PyErr_Clear();
-    } else {
-        ok = PyLong_Check(nt);
-        n = ok ? PyLong_AsLongLong(nt) : 0;
-        if (n == -1 && PyErr_Occurred()) {
-            PyErr_Clear();
-            ok = 0;
-        }
-        Py_DECREF(nt);
-    }
+    int ok = desc_tokens(desc, &n);
     RingObject *r = direct_ring(c);
     if (ok && c->fwd.open && c->drafter <= 0) {
         scope_count(c, mv, captured, n, t0, t1);

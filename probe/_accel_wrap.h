@@ -471,6 +471,9 @@ static void miss_store(WrapObject *self, PyObject *me, PyObject *mode, PyObject 
     }
     Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     Py_ssize_t n = nargs - 1 + nk;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!plain_arg(args[1 + i])) return; /* compared by equality later: never a tensor's
+                                                (Python code, a device sync) */
     PyObject *key = PyTuple_New(MISS_FIXED + n);
     PyObject *ref = key ? PyWeakref_NewRef(me, NULL) : NULL;
     if (ref == NULL) { /* not weakly referenceable: no memo for it */
@@ -498,10 +501,6 @@ static void miss_store(WrapObject *self, PyObject *me, PyObject *mode, PyObject 
     PyTuple_SET_ITEM(key, 6, kn);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = args[1 + i];
-        if (!plain_arg(a)) { /* compared by equality later: never a tensor's (a sync) */
-            Py_DECREF(key);
-            return;
-        }
         PyObject *v = PyAnySet_CheckExact(a) ? PyFrozenSet_New(a) : (Py_INCREF(a), a);
         if (v == NULL) {
             PyErr_Clear();
@@ -515,11 +514,11 @@ static void miss_store(WrapObject *self, PyObject *me, PyObject *mode, PyObject 
     self->miss_reason = (int)reason;
 }
 
-static PyObject *dispatch_record_slow(WrapObject *self, PyObject *res, int64_t t0, int64_t t1,
-                                      PyObject *const *args, Py_ssize_t nargs,
-                                      PyObject *kwnames) {
-    /* record(result, t0, t1, *args, **kwargs): the Python hook's own recording; a V1
-       miss's (mode, reason) it hands back is kept (miss_store) */
+/* record(result, t0, t1, *args, **kwargs), the Python hook's own recording: what it
+   returned (a new reference), or NULL; no error left set (it counts its own faults) */
+static PyObject *record_result(WrapObject *self, PyObject *res, int64_t t0, int64_t t1,
+                               PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *r = NULL;
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
     Py_XDECREF(et);
@@ -529,7 +528,7 @@ static PyObject *dispatch_record_slow(WrapObject *self, PyObject *res, int64_t t
     PyObject **buf = PyMem_Malloc((size_t)(3 + nargs + nk) * sizeof(PyObject *));
     if (buf == NULL) {
         PyErr_Clear();
-        return res;
+        return NULL;
     }
     PyObject *a0 = PyLong_FromLongLong(t0), *a1 = PyLong_FromLongLong(t1);
     if (a0 && a1) {
@@ -537,18 +536,21 @@ static PyObject *dispatch_record_slow(WrapObject *self, PyObject *res, int64_t t
         buf[1] = a0;
         buf[2] = a1;
         for (Py_ssize_t i = 0; i < nargs + nk; i++) buf[3 + i] = args[i];
-        PyObject *r = PyObject_Vectorcall(self->impl, buf, (size_t)(3 + nargs), kwnames);
-        if (r != NULL && r != Py_None && Py_TYPE(self) == &DispatchType && self->which == 0 &&
-            nargs >= 1 && PyTuple_Check(res) &&
-            PyTuple_GET_SIZE(res) >= 2 && PyTuple_GET_ITEM(res, 0) != self->full)
-            miss_store(self, args[0], PyTuple_GET_ITEM(res, 0), PyTuple_GET_ITEM(res, 1), args,
-                       nargs, kwnames, r);
-        Py_XDECREF(r);
+        r = PyObject_Vectorcall(self->impl, buf, (size_t)(3 + nargs), kwnames);
     }
     Py_XDECREF(a0);
     Py_XDECREF(a1);
     PyMem_Free(buf);
-    PyErr_Clear(); /* the record function counts its own faults */
+    PyErr_Clear();
+    return r;
+}
+
+/* The Python hook's recording of a call C does not write (dispatch, replay); vLLM's
+   result back unchanged */
+static PyObject *dispatch_record_slow(WrapObject *self, PyObject *res, int64_t t0, int64_t t1,
+                                      PyObject *const *args, Py_ssize_t nargs,
+                                      PyObject *kwnames) {
+    Py_XDECREF(record_result(self, res, t0, t1, args, nargs, kwnames));
     return res;
 }
 
@@ -638,8 +640,16 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
     return res;
 slow_clear:
     PyErr_Clear();
-slow:
-    return dispatch_record_slow(self, res, t0, t1, args, nargs, kwnames);
+slow: {
+    /* the Python record; a V1 miss's (mode, reason) it hands back is kept (miss_store) */
+    PyObject *learned = record_result(self, res, t0, t1, args, nargs, kwnames);
+    if (learned != NULL && learned != Py_None && self->which == 0 && PyTuple_Check(res) &&
+        PyTuple_GET_SIZE(res) >= 2 && PyTuple_GET_ITEM(res, 0) != self->full)
+        miss_store(self, args[0], PyTuple_GET_ITEM(res, 0), PyTuple_GET_ITEM(res, 1), args,
+                   nargs, kwnames, learned);
+    Py_XDECREF(learned);
+    return res;
+}
 }
 
 /* Take the wrapped original, the Python hook it hands off to, and the Core (Step,
