@@ -25,12 +25,13 @@ C; what C cannot read or stage goes to the same Python ``record``.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
 
 from probe import accel
-from probe.hooks import step
+from probe.hooks import dispatch, step
 from probe.hooks._base import Family, Hook, Target, timed
 from probe.records import Flag, ReplayKind
 from probe.runtime import BOOTTIME, RT
@@ -53,23 +54,12 @@ def _forward_context_module() -> Any:
     return fc
 
 
-def _full_mode() -> Any:
-    """vLLM's ``CUDAGraphMode.FULL`` (a wrapper of that mode around V1's model is the
-    forward launch), or None where it cannot be had."""
-    try:
-        from vllm.config import CUDAGraphMode
-
-        return CUDAGraphMode.FULL
-    except Exception:
-        return None
-
-
 def launches(model: Any) -> bool:
     """Whether ``model`` (V1's ``runner.model``) is a FULL ``CUDAGraphWrapper`` whose
     ``__call__`` is this family's hook: then that hook is the target's forward launch (a
     step's model call with no forward open) and ``_model_forward`` needs none of its own."""
-    call = next((vars(k)["__call__"] for k in type(model).__mro__ if "__call__" in vars(k)), None)
-    full = _full_mode()
+    call = inspect.getattr_static(type(model), "__call__", None)
+    full = dispatch._mode_members()[0]
     return (
         getattr(call, "__probe_hook__", None) == "replay.wrapper"
         and full is not None
@@ -82,7 +72,7 @@ def wrapper_call(breakable: bool) -> Callable[[Callable[..., Any], Hook], Any]:
 
     def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
         fcm = _forward_context_module()
-        full = None if breakable else _full_mode()
+        full = None if breakable else dispatch._mode_members()[0]
         fwd_record = step.forward_record(hook)
 
         def record(t0: int, t1: int, mode: int, captured: bool, desc: Any) -> None:
