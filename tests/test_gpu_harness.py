@@ -466,3 +466,98 @@ def test_crossover_throughput_is_the_block_pairs_wall_ratio() -> None:
         statistics.median(on) - statistics.median(off)
         for on, off in crossover.block_pairs(rows, block)
     ]
+
+
+def test_crossover_steady_cost_and_cost_by_place_in_the_block() -> None:
+    """``step_steady`` leaves each block's first step out (an attach's one-off work), and
+    ``position_diffs``/``position_costs`` show where in the block a cost sits: here 1.5 ms
+    on the first step of each on block and 30 µs on every step."""
+    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
+    crossover = _load("crossover")
+    rng = random.Random(5)
+    block, rows = 8, []
+    for g in range(6):
+        for i in range(block * 5):
+            b = i // block
+            on = (b + g) % 2 == 0
+            ns = 3_000_000 + rng.gauss(0, 5_000)
+            if on:
+                ns += 30_000 + (1_500_000 if i % block == 0 else 0)
+            rows.append((g, b, int(on), int(ns)))
+    plain = statistics.median(crossover.pair_costs(rows, block))
+    steady = statistics.median(crossover.pair_costs(rows, block, skip_first=True))
+    assert abs(steady - 30_000) < 5_000 and abs(plain - 30_000) < 10_000
+    places = crossover.position_costs(crossover.position_diffs(rows, block))
+    assert len(places) == block
+    assert abs(places[0] - 1530.0) < 15 and all(abs(p - 30.0) < 8 for p in places[1:])
+
+
+class _Engine:
+    """An LLM whose generate() runs ``n`` engine steps and notes, per step, what the
+    probe's switches were (RT.enabled, whether the hooks were attached)."""
+
+    def __init__(self, n: int, seen: list, attached: list) -> None:
+        self.n, self.seen, self.attached = n, seen, attached
+        self.llm_engine = self
+
+    def step(self) -> None:
+        from probe.runtime import RT
+
+        self.seen.append((bool(RT.enabled), self.attached[0]))
+
+    def generate(self, work: object, sp: object, use_tqdm: bool = False) -> None:
+        for _ in range(self.n):
+            self.llm_engine.step()
+
+
+@pytest.mark.parametrize("variant", ["enabled_absent", "dormant_absent", "touch"])
+def test_crossover_switches_what_the_variant_names(variant: str, monkeypatch) -> None:
+    """``"off": "absent"`` detaches for the off blocks and attaches for the on blocks;
+    with ``"on": "dormant"`` the on blocks attach but never record (dormant hooks against
+    none); ``"touch"`` leaves the hooks installed and modifies every hooked class at each
+    switch, as an attach or detach does."""
+    from probe import hooks
+    from probe.runtime import RT
+
+    attached = [True]
+    calls: list[str] = []
+
+    def switch(name: str, now: bool) -> None:
+        calls.append(name)
+        attached[0] = now
+
+    monkeypatch.setattr(hooks, "attach", lambda *a, **k: switch("attach", True))
+    monkeypatch.setattr(hooks, "detach", lambda: switch("detach", False))
+    monkeypatch.setattr(hooks, "install", lambda *a, **k: None)
+    monkeypatch.setattr(hooks, "enable", lambda *a, **k: None)
+    monkeypatch.setattr(hooks, "uninstall", lambda: [])
+
+    class Owner:
+        pass
+
+    class Hook:
+        owner = Owner
+
+    monkeypatch.setattr(hooks.INSTALLER, "hooks", {"x": Hook()})
+    cmd: dict = {"design": "crossover", "block": 4, "generates": 2, "gpu_timing": False}
+    if variant != "touch":
+        cmd["off"] = "absent"
+    if variant == "dormant_absent":
+        cmd["on"] = "dormant"
+    if variant == "touch":
+        cmd["touch"] = True
+    seen: list = []
+    res = harness.stepwise(_Engine(16, seen, attached), cmd, lambda *a: [], lambda n: None,
+                           object())  # fmt: skip
+    RT.enabled = False
+    on_steps = [i % 16 // 4 % 2 == 0 if i < 16 else i % 16 // 4 % 2 == 1 for i in range(32)]
+    if variant == "touch":
+        assert calls == [] and [e for e, _a in seen] == on_steps
+        assert Owner.__dict__.get("_probe_touch") is not None  # the class was modified
+        assert res["off"] == "dormant" and res["touch"] is True
+    else:
+        assert [a for _e, a in seen] == on_steps  # attached exactly in the on blocks
+        want = [False] * 32 if variant == "dormant_absent" else on_steps
+        assert [e for e, _a in seen] == want
+        assert res["on"] == ("dormant" if variant == "dormant_absent" else "enabled")
+        assert calls[-1] == "attach"  # left attached (dormant), as the other designs

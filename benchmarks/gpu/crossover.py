@@ -56,13 +56,34 @@ def block_pairs(
         yield (v, w) if on_of[(g, b)] else (w, v)
 
 
-def pair_costs(rows: Iterable[Sequence[int]], block: int, full_only: bool = True) -> list[float]:
+def pair_costs(
+    rows: Iterable[Sequence[int]], block: int, full_only: bool = True, skip_first: bool = False
+) -> list[float]:
     """Per block pair (:func:`block_pairs`): median(value of the on block) - median(value
-    of the off block)."""
+    of the off block). ``skip_first``: without each block's first step (whole blocks only;
+    where an attach's one-off work lands, as in :func:`pair_throughput`)."""
+    k = 1 if skip_first else 0
     return [
-        statistics.median(on) - statistics.median(off)
-        for on, off in block_pairs(rows, block, full_only)
+        statistics.median(on[k:]) - statistics.median(off[k:])
+        for on, off in block_pairs(rows, block, full_only or skip_first)
     ]
+
+
+def position_diffs(rows: Iterable[Sequence[int]], block: int) -> list[list[int]]:
+    """On minus off by a step's place in its block (whole blocks only): element ``i``
+    holds, per block pair, step ``i`` of the on block - step ``i`` of the off block."""
+    at: list[list[int]] = [[] for _ in range(block)]
+    for on, off in block_pairs(rows, block):
+        for i, (a, b) in enumerate(zip(on, off, strict=True)):
+            at[i].append(a - b)
+    return at
+
+
+def position_costs(diffs: Sequence[Sequence[int]]) -> list[float]:
+    """The median of each place's differences (:func:`position_diffs`), in µs: whether a
+    cost sits in the first steps after a switch (an attach's one-off work, caches
+    refilled) or in every step."""
+    return [round(statistics.median(xs) / 1e3, 1) if xs else float("nan") for xs in diffs]
 
 
 def pair_throughput(
@@ -137,7 +158,11 @@ def summarize(res: dict[str, Any], recording: Path | None = None) -> list[dict[s
                 "steps": r["steps"],
                 "step_median_us": (r["median_off_ns"] or 0) / 1e3,
             }
-            parts = {"step": pair_costs(r["step_rows"], block)}
+            parts = {
+                "step": pair_costs(r["step_rows"], block),
+                "step_steady": pair_costs(r["step_rows"], block, skip_first=True),
+            }
+            row["_positions"] = position_diffs(r["step_rows"], block)
             row["_ratios"] = {
                 "throughput": pair_throughput(r["step_rows"], block),
                 "throughput_steady": pair_throughput(r["step_rows"], block, skip_first=True),
@@ -162,9 +187,13 @@ def summarize(res: dict[str, Any], recording: Path | None = None) -> list[dict[s
                 "null" if r["families"] == ["none"] else "wrap_only"
                 if reshape.get("wrap_only") else "all" if not reshape.get("exclude")
                 else "all but " + ",".join(reshape["exclude"])
-            ) + (" off=absent" if r.get("off") == "absent" else "")  # fmt: skip
+            ) + (" on=dormant" if r.get("on") == "dormant" else "") + (
+                " touch" if r.get("touch") else "") + (
+                " off=absent" if r.get("off") == "absent" else "") + (
+                f" block={block}" if block != 16 else "")  # fmt: skip
             _fill(row, parts)
             _fill_ratios(row, row["_ratios"])
+            row["by_position_us"] = position_costs(row["_positions"])
             row["_parts"] = parts
             out.append(row)
     return out
@@ -197,6 +226,9 @@ def _fill_ratios(row: dict[str, Any], ratios: dict[str, list[float]]) -> None:
         }
 
 
+_PARTS = ("step", "step_steady", "launch", "perturbation")
+
+
 def pooled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (scenario, variant, hot path, GPU timing): the block pairs of every run
     of it pooled (their medians and intervals recomputed over all pairs)."""
@@ -221,9 +253,14 @@ def pooled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "step_median_us": statistics.median(r["step_median_us"] for r in rs),
             "launch_off_median_us": statistics.median(offs) if offs else None,
         }  # fmt: skip
-        _fill(row, {k: xs for k, xs in parts.items() if k in ("step", "launch", "perturbation")})
+        _fill(row, {k: xs for k, xs in parts.items() if k in _PARTS})
         _fill_ratios(row, ratios)
         row["_ratios"] = ratios
+        places = [r["_positions"] for r in rs if r.get("_positions")]
+        if places and len(places) == len(rs) and len({len(p) for p in places}) == 1:
+            # one block length: the places line up across runs
+            at = [[x for p in places for x in p[i]] for i in range(len(places[0]))]
+            row["by_position_us"] = position_costs(at)
         out.append(row)
     return out
 
@@ -251,7 +288,7 @@ def main() -> None:
         rows = pooled(rows)
     for r in rows:
         parts = []
-        for k in ("step", "launch", "perturbation"):
+        for k in _PARTS:
             if k in r and r[k]["median_us"] is not None:
                 lo_hi = r[k]["ci95_us"] or [float("nan")] * 2
                 parts.append(f"{k} {r[k]['median_us']:+.1f} [{lo_hi[0]:+.1f}, {lo_hi[1]:+.1f}] us")
@@ -270,6 +307,7 @@ def main() -> None:
         for r in rows:
             r.pop("_parts", None)
             r.pop("_ratios", None)
+            r.pop("_positions", None)
         a.json.write_text(json.dumps(rows, indent=1) + "\n")
 
 

@@ -290,6 +290,15 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     absent_off = crossover and cmd.get("off") == "absent" and not cmd.get("null")
     if absent_off and cmd.get("bare_timer"):
         raise ValueError("off=absent re-installs the hooks per block: no bare timer under it")
+    # "on": "dormant" (with off=absent): the on blocks attach but leave RT.enabled off, so
+    # each pair is dormant hooks against no hooks (the bypass's cost inside the engine)
+    dormant_on = absent_off and cmd.get("on") == "dormant"
+    # "touch" (with the hooks left in place): at every on/off switch, set a dummy attribute
+    # on each class that holds a hook, as an attach or detach modifies those classes (and
+    # invalidates what the interpreter specialized on them), without changing the hooks
+    touch = crossover and not absent_off and bool(cmd.get("touch"))
+    if cmd.get("on") not in (None, "enabled") and not dormant_on:
+        raise ValueError('"on": "dormant" needs a crossover with "off": "absent"')
     attached = {"now": True}
     switches: list[tuple[int, int, int]] = []  # (on, step index, ns) per attach/detach
     block = int(cmd.get("block", 16))
@@ -316,6 +325,13 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             cur["g"], cur["b"], cur["on"] = g, b, int(on)
             if st is not None and i == 2 * block:
                 st.reset()
+            if touch and on != attached["now"]:
+                from probe.hooks import INSTALLER
+
+                for owner in {id(h.owner): h.owner for h in INSTALLER.hooks.values()}.values():
+                    if isinstance(owner, type):
+                        type.__setattr__(owner, "_probe_touch", i)
+                attached["now"] = on
             if absent_off and on != attached["now"]:
                 s0 = time.perf_counter_ns()
                 if on:
@@ -324,8 +340,8 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
                     hooks.detach()
                 switches.append((int(on), i, time.perf_counter_ns() - s0))
                 attached["now"] = on
-            RT.sampling, RT.sample_every = on and every > 1, every
-            RT.enabled = on
+            RT.sampling, RT.sample_every = on and every > 1 and not dormant_on, every
+            RT.enabled = on and not dormant_on
             t0 = time.perf_counter_ns()
             out = orig()
             xrows.append((g, b, int(on), time.perf_counter_ns() - t0))
@@ -370,6 +386,8 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         return {
             "design": "crossover",
             "off": "absent" if absent_off else "dormant",
+            "on": "dormant" if dormant_on else "enabled",
+            "touch": touch,
             "switches": switches if absent_off else None,
             "families": families or "all",
             "hot_path": hot,
@@ -864,7 +882,8 @@ EXPERIMENT_KEYS = {
 VARIANT_KEYS = {
     "design", "block", "bare_timer", "generates", "null", "gpu_timing", "exclude",
     "wrap_only", "pause_reader", "families", "hot_path", "prefill_steps", "sample_every",
-    "selftime", "ring_stand_in", "return_tokens", "out_len", "requests", "off",
+    "selftime", "ring_stand_in", "return_tokens", "out_len", "requests", "off", "on",
+    "touch",
 }  # fmt: skip
 MODES = {"attached", "detached", "absent", "profiler", "groundtruth", "attached_paused"}
 
