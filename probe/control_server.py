@@ -165,6 +165,12 @@ class ProbeHost:
 
         return sorted({h.family for h in hooks.INSTALLER.hooks.values()})
 
+    def parked_hooks(self) -> int:
+        """Hooks a detach left in place, dormant, to spare their classes' version tags."""
+        from probe import hooks
+
+        return len(hooks.PARKED)
+
     def known_families(self) -> list[str]:
         from probe import hooks
 
@@ -490,6 +496,7 @@ class ControlServer:
             "dropped": self.host.dropped(),
             "hook_faults": self.host.faults(),
             "hook_families": self.host.installed_families(),
+            "parked_hooks": self.host.parked_hooks(),
             "watchdog_trips": self.watchdog_trips,
             "snapshot_taken": bool(snap),
         }

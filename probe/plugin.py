@@ -6,7 +6,9 @@ worker), through the ``vllm.general_plugins`` entry point this package declares.
 1. applies the what-if graph-support override if ``PROBE_CG_SUPPORT_OVERRIDE`` is set
    (before vLLM resolves the graph mode);
 2. installs the always-on start-up hook (the graph-mode resolve); the per-step hooks are
-   installed only while a reader is attached, so a detached process pays nothing;
+   installed only while a reader is attached, so a detached process pays nothing (on
+   Python 3.13+, hooks a detach parked to spare their classes' version tags stay dormant:
+   ``probe.hooks.TAG_BUDGET``);
 3. with ``PROBE_ENABLE=1`` (``probe record``), creates this process's ring and enables;
 4. opens the control socket so ``probe attach`` can enable it later (``PROBE_CONTROL``).
 

@@ -37,6 +37,7 @@ def clean_probe() -> Iterator[None]:
     hooks.disable()
     hooks._deferred.clear()
     hooks._PostImport.disarm()
+    hooks.PARKED.clear()
     if hooks.INSTALLER.hooks:
         hooks.INSTALLER.uninstall()
     RT.reset()

@@ -425,6 +425,9 @@ class _Host:
     def installed_families(self) -> list[str]:
         return []
 
+    def parked_hooks(self) -> int:
+        return 0
+
     def known_families(self) -> list[str]:
         return ["step"]
 

@@ -24,6 +24,7 @@ never pays for it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import json
@@ -36,7 +37,7 @@ from typing import Any
 
 from probe import calibrate, markers
 from probe.hooks import builders, dispatch, reorder, replay, snapshot, step
-from probe.hooks._base import Family, Installer, InstallReport, Target
+from probe.hooks._base import Family, Hook, Installer, InstallReport, Target
 from probe.records import BlobType
 from probe.runtime import RT
 
@@ -98,6 +99,7 @@ def uninstall() -> list[str]:
         disable()
         _deferred.clear()
         _PostImport.disarm()
+        PARKED.clear()
         if not INSTALLER.hooks:
             log.warning("probe: uninstall with nothing installed; unchanged")
             return []
@@ -140,20 +142,81 @@ def attach(
     """Install the hooks and start writing to ``writer`` (``probe attach`` / ``record``).
 
     While detached only the ``static`` family is installed, so a detached process pays
-    nothing per hooked call: the wrappers are not there at all.
+    nothing per hooked call: the wrappers are not there at all. The exception, from
+    Python 3.13: hooks a detach parked to spare their classes' version tags
+    (:data:`TAG_BUDGET`) stay in place, dormant, and this attach finds them installed.
     """
     with _lock:
+        wanted = set(FAMILIES) if families is None else set(families)
+        for hook in list(INSTALLER.hooks.values()):  # parked hooks of a family not asked for
+            if (id(hook.owner), hook.target.name) in PARKED and hook.family not in wanted:
+                INSTALLER.remove(hook)
+        PARKED.clear()
         _install_missing(families)
         enable(writer, gpu_timing=gpu_timing, sample_every=sample_every)
 
 
+VERSION_TAG_CAP: int | None = 1000 if sys.version_info >= (3, 13) else None
+"""Type-version tags a class may ever use (CPython's MAX_VERSIONS_PER_CLASS, from 3.13;
+None where there is no cap). Every write of a class attribute clears the version tag of
+the class and its subclasses, and the next lookup spends a new one; a class past the cap
+is never cached or specialized on again, for the life of the process: its methods' own
+``self.x`` and ``self.f()`` run unspecialized (3.7x slower after about 500 install and
+uninstall cycles on 3.13.0, ``benchmarks/reattach_cost.py``). Each attach and detach
+writes the hooked methods of vLLM's runner, dispatcher and builder classes."""
+
+TAG_BUDGET = 250
+"""The most type-version tags the probe lets its own writes spend of any class's cap
+(a quarter): a detach that would pass it, counting the re-attach that follows, leaves
+that class's wrappers in place, dormant (:data:`PARKED`), instead of removing them."""
+
+PARKED: set[tuple[int, str]] = set()
+"""Installer keys of the hooks a detach left in place (dormant) to spare the classes'
+version tags; a later attach finds them installed, :func:`uninstall` removes them."""
+
+
+def _parks(owner: Any, n: int) -> bool:
+    """Whether removing ``n`` hooks from ``owner`` now and installing them again at the
+    next attach would let the probe's writes pass :data:`TAG_BUDGET` for ``owner`` or any
+    of its subclasses (each write to ``owner`` clears their tags too)."""
+    if VERSION_TAG_CAP is None or not isinstance(owner, type):
+        return False
+    seen: set[int] = set()
+    todo: list[type] = [owner]
+    worst = 0
+    while todo:
+        cls = todo.pop()
+        if id(cls) in seen:
+            continue
+        seen.add(id(cls))
+        worst = max(worst, INSTALLER.writes_felt_by(cls))
+        with contextlib.suppress(TypeError):  # a metaclass's own __subclasses__
+            todo.extend(type.__subclasses__(cls))
+    return worst + 2 * n > min(TAG_BUDGET, VERSION_TAG_CAP)
+
+
 def detach() -> Any:
-    """Stop writing and remove every hook but the always-on ones; returns the writer."""
+    """Stop writing and remove every hook but the always-on ones; returns the writer.
+    Where removing them would spend too many of a class's type-version tags
+    (:data:`VERSION_TAG_CAP`, :data:`TAG_BUDGET`), that class's hooks stay in place,
+    dormant (:data:`PARKED`): one compiled flag test per call instead of none."""
     with _lock:
         writer = disable()
+        by_owner: dict[int, list[Hook]] = {}
         for hook in list(INSTALLER.hooks.values()):
             if hook.family not in ALWAYS_ON:
-                INSTALLER.remove(hook)
+                by_owner.setdefault(id(hook.owner), []).append(hook)
+        for hs in by_owner.values():
+            if _parks(hs[0].owner, len(hs)):
+                log.info(
+                    "probe: leaving %d hook(s) on %s in place, dormant: removing them "
+                    "again would spend more than %d of its type-version tags",
+                    len(hs), getattr(hs[0].owner, "__qualname__", hs[0].owner), TAG_BUDGET,
+                )  # fmt: skip
+                PARKED.update((id(h.owner), h.target.name) for h in hs)
+                continue
+            for h in hs:
+                INSTALLER.remove(h)
         for mod in list(_deferred):
             _deferred[mod] = [t for t in _deferred[mod] if t.family_name in ALWAYS_ON]
             if not _deferred[mod]:
@@ -232,11 +295,14 @@ def enable(writer: Any, *, gpu_timing: bool | int = True, sample_every: int = 1)
 
     In a detached process (only the always-on hooks installed) this installs the rest
     first, like :func:`attach`. :func:`disable` leaves hooks dormant; :func:`detach`
-    removes them (zero cost while no reader is attached).
+    removes them (zero cost while no reader is attached; on Python 3.13+ a detach past
+    :data:`TAG_BUDGET` parks them dormant instead).
     """
     with _lock:
-        if not any(h.family not in ALWAYS_ON for h in INSTALLER.hooks.values()):
-            # a detached process (only the always-on hooks): bring the rest in first
+        if not any(f not in ALWAYS_ON for f in _families):
+            # a detached process (only the always-on hooks, and any a detach parked):
+            # bring the rest in first
+            PARKED.clear()
             _install_missing(None)
         RT.detach()
         try:  # the probe's own cost per call, on the path about to run (probe.calibrate)

@@ -161,6 +161,24 @@ class Installer:
 
     def __init__(self) -> None:
         self.hooks: dict[tuple[int, str], Hook] = {}
+        # (id, class) -> attribute writes this installer made on that class: each can
+        # spend one of its type-version tags (capped per class from CPython 3.13)
+        self.modified: dict[int, tuple[type, int]] = {}
+
+    def _wrote(self, owner: Any) -> None:
+        if isinstance(owner, type):
+            _cls, n = self.modified.get(id(owner), (owner, 0))
+            self.modified[id(owner)] = (owner, n + 1)
+
+    def writes_felt_by(self, cls: type) -> int:
+        """The attribute writes this installer made on ``cls`` or any class in its MRO:
+        each one cleared ``cls``'s version tag, so this bounds the tags it made ``cls``
+        spend."""
+        return sum(
+            entry[1]
+            for c in cls.__mro__
+            if (entry := self.modified.get(id(c))) is not None and entry[0] is c
+        )
 
     def install(self, targets: Iterable[Target]) -> InstallReport:
         report = InstallReport()
@@ -203,6 +221,7 @@ class Installer:
         hook.wrapper = wrapper
         _mark(hook.wrapper, func, target.hook_id)
         setattr(owner, target.name, hook.wrapper)
+        self._wrote(owner)
         self.hooks[key] = hook
         if report is not None:
             report.installed.append(target.hook_id)
@@ -225,6 +244,7 @@ class Installer:
             delattr(hook.owner, hook.target.name)
         else:
             setattr(hook.owner, hook.target.name, hook.original)
+        self._wrote(hook.owner)
 
     def uninstall(self) -> list[str]:
         """Remove every hook this installer placed; returns their ids. Idempotent."""
