@@ -510,15 +510,17 @@ class _Engine:
             self.llm_engine.step()
 
 
-@pytest.mark.parametrize("variant", ["enabled_absent", "dormant_absent", "touch"])
+@pytest.mark.parametrize("variant", ["enabled_absent", "dormant_absent", "touch", "reattach"])
 def test_crossover_switches_what_the_variant_names(variant: str, monkeypatch) -> None:
     """``"off": "absent"`` detaches for the off blocks and attaches for the on blocks;
     with ``"on": "dormant"`` the on blocks attach but never record (dormant hooks against
     none); ``"touch"`` leaves the hooks installed and modifies every hooked class at each
-    switch, as an attach or detach does."""
+    switch, as an attach or detach does; ``"off": "reattach"`` keeps them in place in the
+    off blocks and detaches and attaches afresh at the start of each on block."""
     from probe import hooks
     from probe.runtime import RT
 
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks/gpu"))  # the harness's own modules
     attached = [True]
     calls: list[str] = []
 
@@ -540,8 +542,10 @@ def test_crossover_switches_what_the_variant_names(variant: str, monkeypatch) ->
 
     monkeypatch.setattr(hooks.INSTALLER, "hooks", {"x": Hook()})
     cmd: dict = {"design": "crossover", "block": 4, "generates": 2, "gpu_timing": False}
-    if variant != "touch":
+    if variant in ("enabled_absent", "dormant_absent"):
         cmd["off"] = "absent"
+    if variant == "reattach":
+        cmd["off"] = "reattach"
     if variant == "dormant_absent":
         cmd["on"] = "dormant"
     if variant == "touch":
@@ -551,7 +555,11 @@ def test_crossover_switches_what_the_variant_names(variant: str, monkeypatch) ->
                            object())  # fmt: skip
     RT.enabled = False
     on_steps = [i % 16 // 4 % 2 == 0 if i < 16 else i % 16 // 4 % 2 == 1 for i in range(32)]
-    if variant == "touch":
+    if variant == "reattach":
+        assert all(a for _e, a in seen) and [e for e, _a in seen] == on_steps
+        assert calls == ["detach", "attach"] * 3  # blocks 2, 5 and 7 start on after off
+        assert res["off"] == "reattach" and len(res["switches"]) == 3
+    elif variant == "touch":
         assert calls == [] and [e for e, _a in seen] == on_steps
         assert Owner.__dict__.get("_probe_touch") is not None  # the class was modified
         assert res["off"] == "dormant" and res["touch"] is True

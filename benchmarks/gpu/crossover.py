@@ -189,7 +189,7 @@ def summarize(res: dict[str, Any], recording: Path | None = None) -> list[dict[s
                 else "all but " + ",".join(reshape["exclude"])
             ) + (" on=dormant" if r.get("on") == "dormant" else "") + (
                 " touch" if r.get("touch") else "") + (
-                " off=absent" if r.get("off") == "absent" else "") + (
+                f" off={r['off']}" if r.get("off") in ("absent", "reattach") else "") + (
                 f" block={block}" if block != 16 else "")  # fmt: skip
             _fill(row, parts)
             _fill_ratios(row, row["_ratios"])

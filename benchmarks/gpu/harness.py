@@ -297,6 +297,10 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     # on each class that holds a hook, as an attach or detach modifies those classes (and
     # invalidates what the interpreter specialized on them), without changing the hooks
     touch = crossover and not absent_off and bool(cmd.get("touch"))
+    # "off": "reattach": the off blocks keep the hooks in place, dormant, and each on block
+    # detaches and attaches afresh at its start (new wrappers, the classes written, late
+    # targets and snapshot again): an attach's effects without the off blocks' absence
+    reattach = crossover and cmd.get("off") == "reattach" and not cmd.get("null")
     if cmd.get("on") not in (None, "enabled") and not dormant_on:
         raise ValueError('"on": "dormant" needs a crossover with "off": "absent"')
     attached = {"now": True}
@@ -331,6 +335,13 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
                 for owner in {id(h.owner): h.owner for h in INSTALLER.hooks.values()}.values():
                     if isinstance(owner, type):
                         type.__setattr__(owner, "_probe_touch", i)
+                attached["now"] = on
+            if reattach and on and not attached["now"]:
+                s0 = time.perf_counter_ns()
+                hooks.detach()
+                hooks.attach(writer, families=families, gpu_timing=gpu_timing)
+                switches.append((1, i, time.perf_counter_ns() - s0))
+            if reattach:
                 attached["now"] = on
             if absent_off and on != attached["now"]:
                 s0 = time.perf_counter_ns()
@@ -385,10 +396,10 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         xd = pair_costs(xrows, block)
         return {
             "design": "crossover",
-            "off": "absent" if absent_off else "dormant",
+            "off": "absent" if absent_off else "reattach" if reattach else "dormant",
             "on": "dormant" if dormant_on else "enabled",
             "touch": touch,
-            "switches": switches if absent_off else None,
+            "switches": switches if absent_off or reattach else None,
             "families": families or "all",
             "hot_path": hot,
             "window_boottime": [b0, b1],
