@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -436,6 +437,18 @@ def test_overhead_order_puts_each_mode_after_every_other_equally_often(n: int) -
     assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1, pairs
 
 
+def _crossover_rows(block: int, workloads: int, blocks: int, step_ns: Any) -> list:
+    """Crossover step rows (workload, block, on, ns): on blocks where (block + workload)
+    is even, as the harness switches them; ``step_ns(workload, step, on)``."""
+    rows = []
+    for g in range(workloads):
+        for i in range(block * blocks):
+            b = i // block
+            on = (b + g) % 2 == 0
+            rows.append((g, b, int(on), int(step_ns(g, i, on))))
+    return rows
+
+
 def test_crossover_throughput_is_the_block_pairs_wall_ratio() -> None:
     """``crossover.py``'s throughput: per block pair (the on block of workload 2j facing
     the off block at the same place of workload 2j+1, and the reverse), the off block's
@@ -444,17 +457,17 @@ def test_crossover_throughput_is_the_block_pairs_wall_ratio() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
     crossover = _load("crossover")
     rng = random.Random(3)
-    block, rows = 16, []
-    for g in range(8):
-        for i in range(block * 6):
-            b = i // block
-            on = (b + g) % 2 == 0
-            ns = 3_000_000 * (1 + 0.002 * g) + rng.gauss(0, 20_000)  # a slow drift
-            if on:
-                ns *= 1.01  # the probe: 1% per step
-                if i % block == 0:
-                    ns += 1_500_000  # the attach's first step
-            rows.append((g, b, int(on), int(ns)))
+
+    def step_ns(g: int, i: int, on: bool) -> float:
+        ns = 3_000_000 * (1 + 0.002 * g) + rng.gauss(0, 20_000)  # a slow drift
+        if on:
+            ns *= 1.01  # the probe: 1% per step
+            if i % block == 0:
+                ns += 1_500_000  # the attach's first step
+        return ns
+
+    block = 16
+    rows = _crossover_rows(block, 8, 6, step_ns)
     ratios = crossover.pair_throughput(rows, block)
     steady = crossover.pair_throughput(rows, block, skip_first=True)
     assert len(ratios) == len(steady) == 4 * 5  # 4 workload pairs x blocks 1-5
@@ -475,15 +488,15 @@ def test_crossover_steady_cost_and_cost_by_place_in_the_block() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
     crossover = _load("crossover")
     rng = random.Random(5)
-    block, rows = 8, []
-    for g in range(6):
-        for i in range(block * 5):
-            b = i // block
-            on = (b + g) % 2 == 0
-            ns = 3_000_000 + rng.gauss(0, 5_000)
-            if on:
-                ns += 30_000 + (1_500_000 if i % block == 0 else 0)
-            rows.append((g, b, int(on), int(ns)))
+    block = 8
+    rows = _crossover_rows(
+        block,
+        6,
+        5,
+        lambda g, i, on: (
+            3_000_000 + rng.gauss(0, 5_000) + (30_000 + (1_500_000 if i % block == 0 else 0)) * on
+        ),
+    )
     plain = statistics.median(crossover.pair_costs(rows, block))
     steady = statistics.median(crossover.pair_costs(rows, block, skip_first=True))
     assert abs(steady - 30_000) < 5_000 and abs(plain - 30_000) < 10_000
