@@ -165,11 +165,8 @@ class ProbeHost:
 
         return sorted({h.family for h in hooks.INSTALLER.hooks.values()})
 
-    def parked_hooks(self) -> int:
-        """Hooks a detach left in place, dormant, to spare their classes' version tags."""
-        from probe import hooks
-
-        return len(hooks.PARKED)
+    def parked_hooks(self) -> int:  # left dormant by a detach (probe.hooks.PARKED)
+        return len(sys.modules["probe.hooks"].PARKED) if "probe.hooks" in sys.modules else 0
 
     def known_families(self) -> list[str]:
         from probe import hooks
@@ -578,10 +575,9 @@ class ControlServer:
     # -- watchdog -------------------------------------------------------------------------
 
     def _reader_stale(self) -> bool:
-        """The attached reader is gone, or silent too long for what it is doing: a
-        running (or sleeping) reader may wait ``live_silence_s`` for a CPU, a stopped one
-        or one whose state cannot be read (a pid from another namespace) gets
-        ``heartbeat_timeout_s``."""
+        """The attached reader is gone, or silent too long for what it is doing: a running
+        (or sleeping) reader may wait ``live_silence_s`` for a CPU, a stopped one or one
+        whose state cannot be read (another namespace's pid) ``heartbeat_timeout_s``."""
         pid = self.attached_by
         if pid is None:
             return False
