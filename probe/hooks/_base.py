@@ -161,24 +161,19 @@ class Installer:
 
     def __init__(self) -> None:
         self.hooks: dict[tuple[int, str], Hook] = {}
-        # (id, class) -> attribute writes this installer made on that class: each can
-        # spend one of its type-version tags (capped per class from CPython 3.13)
-        self.modified: dict[int, tuple[type, int]] = {}
+        # class -> attribute writes this installer made on it: each can spend one of its
+        # type-version tags (capped per class from CPython 3.13)
+        self.modified: dict[type, int] = {}
 
     def _wrote(self, owner: Any) -> None:
         if isinstance(owner, type):
-            _cls, n = self.modified.get(id(owner), (owner, 0))
-            self.modified[id(owner)] = (owner, n + 1)
+            self.modified[owner] = self.modified.get(owner, 0) + 1
 
     def writes_felt_by(self, cls: type) -> int:
         """The attribute writes this installer made on ``cls`` or any class in its MRO:
         each one cleared ``cls``'s version tag, so this bounds the tags it made ``cls``
         spend."""
-        return sum(
-            entry[1]
-            for c in cls.__mro__
-            if (entry := self.modified.get(id(c))) is not None and entry[0] is c
-        )
+        return sum(self.modified.get(c, 0) for c in cls.__mro__)
 
     def install(self, targets: Iterable[Target]) -> InstallReport:
         report = InstallReport()
