@@ -537,9 +537,16 @@ def test_crossover_switches_what_the_variant_names(variant: str, monkeypatch) ->
     attached = [True]
     calls: list[str] = []
 
+    parked: set = set()
+    monkeypatch.setattr(hooks, "PARKED", parked)
+
     def switch(name: str, now: bool) -> None:
         calls.append(name)
         attached[0] = now
+        if name == "detach" and variant == "dormant_absent":  # as a 3.13 detach past budget
+            parked.add((1, "m"))
+        elif name == "attach":
+            parked.clear()
 
     monkeypatch.setattr(hooks, "attach", lambda *a, **k: switch("attach", True))
     monkeypatch.setattr(hooks, "detach", lambda: switch("detach", False))
@@ -582,3 +589,4 @@ def test_crossover_switches_what_the_variant_names(variant: str, monkeypatch) ->
         assert [e for e, _a in seen] == want
         assert res["on"] == ("dormant" if variant == "dormant_absent" else "enabled")
         assert calls[-1] == "attach"  # left attached (dormant), as the other designs
+        assert res["parked_hooks"] == (1 if variant == "dormant_absent" else 0)

@@ -304,6 +304,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     if cmd.get("on") not in (None, "enabled") and not dormant_on:
         raise ValueError('"on": "dormant" needs a crossover with "off": "absent"')
     attached = {"now": True}
+    parked = [0]  # the most hooks a detach left in place (Python 3.13+, TAG_BUDGET)
     switches: list[tuple[int, int, int]] = []  # (on, step index, ns) per attach/detach
     block = int(cmd.get("block", 16))
     state = {"i": 0, "g": 0, "g0": 0}
@@ -339,6 +340,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             if reattach and on and not attached["now"]:
                 s0 = time.perf_counter_ns()
                 hooks.detach()
+                parked[0] = max(parked[0], len(getattr(hooks, "PARKED", ())))
                 hooks.attach(writer, families=families, gpu_timing=gpu_timing)
                 switches.append((1, i, time.perf_counter_ns() - s0))
             if reattach:
@@ -349,6 +351,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
                     hooks.attach(writer, families=families, gpu_timing=gpu_timing)
                 else:
                     hooks.detach()
+                    parked[0] = max(parked[0], len(getattr(hooks, "PARKED", ())))
                 switches.append((int(on), i, time.perf_counter_ns() - s0))
                 attached["now"] = on
             RT.sampling, RT.sample_every = on and every > 1 and not dormant_on, every
@@ -400,6 +403,8 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             "on": "dormant" if dormant_on else "enabled",
             "touch": touch,
             "switches": switches if absent_off or reattach else None,
+            # > 0: some off blocks meant to be absent had hooks dormant in place instead
+            "parked_hooks": parked[0],
             "families": families or "all",
             "hot_path": hot,
             "window_boottime": [b0, b1],
