@@ -590,3 +590,25 @@ def test_crossover_switches_what_the_variant_names(variant: str, monkeypatch) ->
         assert res["on"] == ("dormant" if variant == "dormant_absent" else "enabled")
         assert calls[-1] == "attach"  # left attached (dormant), as the other designs
         assert res["parked_hooks"] == (1 if variant == "dormant_absent" else 0)
+
+
+def test_crossover_balanced_cancels_a_difference_between_the_two_workloads() -> None:
+    """Workload 2j+1 of every pair 300 µs a step slower than 2j (V1 moves that much), a
+    cost of 40 µs: on blocks 1-11 six pairs have the on block in 2j+1 and five in 2j, so
+    the one median over all pairs reads the slow workload; ``balanced`` (the mean of the two
+    parities' medians) reads the cost."""
+    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
+    crossover = _load("crossover")
+    rng = random.Random(11)
+    block = 8
+    rows = _crossover_rows(
+        block,
+        8,
+        12,
+        lambda g, i, on: 3_000_000 + 300_000 * (g % 2) + 40_000 * on + rng.gauss(0, 3_000),
+    )
+    even, odd = crossover.parity_costs(rows, block)
+    assert (len(even), len(odd)) == (4 * 5, 4 * 6)
+    assert abs(statistics.median(crossover.pair_costs(rows, block)) - 340_000) < 10_000
+    est = crossover.balanced(even, odd)
+    assert est is not None and abs(est[0] - 40_000) < 3_000 and est[1] <= est[0] <= est[2]

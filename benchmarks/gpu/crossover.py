@@ -42,6 +42,15 @@ def block_pairs(
 ) -> Iterator[tuple[list[int], list[int]]]:
     """``rows``: (workload, block, on, value). For each block ``b`` >= 1 of each workload
     pair (2j, 2j+1), the values of its on block and of its off block, in step order."""
+    for _b, on, off in block_pairs_at(rows, block, full_only):
+        yield on, off
+
+
+def block_pairs_at(
+    rows: Iterable[Sequence[int]], block: int, full_only: bool = True
+) -> Iterator[tuple[int, list[int], list[int]]]:
+    """:func:`block_pairs` with each pair's block index ``b`` (even: the on block is in
+    workload 2j; odd: in 2j+1)."""
     by: dict[tuple[int, int], list[int]] = {}
     on_of: dict[tuple[int, int], int] = {}
     for g, b, on, v in rows:
@@ -53,7 +62,7 @@ def block_pairs(
         w = by.get((g + 1, b))
         if w is None or (full_only and (len(v) != block or len(w) != block)):
             continue
-        yield (v, w) if on_of[(g, b)] else (w, v)
+        yield (b, v, w) if on_of[(g, b)] else (b, w, v)
 
 
 def pair_costs(
@@ -97,6 +106,49 @@ def pair_throughput(
     static snapshot)."""
     k = 1 if skip_first else 0
     return [sum(off[k:]) / sum(on[k:]) for on, off in block_pairs(rows, block)]
+
+
+def parity_costs(rows: Iterable[Sequence[int]], block: int) -> tuple[list[float], list[float]]:
+    """:func:`pair_costs` split by where the on block ran: (pairs whose on block is in
+    workload 2j, pairs whose on block is in workload 2j+1). A difference between the two
+    workloads of a pair (V1's step moves by hundreds of µs between workloads) enters the
+    two with opposite signs."""
+    even: list[float] = []
+    odd: list[float] = []
+    for b, on, off in block_pairs_at(rows, block):
+        (odd if b % 2 else even).append(statistics.median(on) - statistics.median(off))
+    return even, odd
+
+
+def balanced(
+    even: list[float], odd: list[float], n: int = 2000, seed: int = 0
+) -> tuple[float, float, float] | None:
+    """The mean of the two parities' medians (:func:`parity_costs`), where the workloads'
+    own difference cancels, as a crossover estimate should; with a bootstrap 95% interval
+    (each parity resampled apart). :func:`pair_costs`'s one median over all pairs leans to
+    the parity with more pairs (blocks 1-11 of a workload: six odd, five even)."""
+    if len(even) < 3 or len(odd) < 3:
+        return None
+    rng = random.Random(seed)
+    est = (statistics.median(even) + statistics.median(odd)) / 2
+    boots = sorted(
+        (
+            statistics.median(rng.choices(even, k=len(even)))
+            + statistics.median(rng.choices(odd, k=len(odd)))
+        )
+        / 2
+        for _ in range(n)
+    )
+    return est, boots[int(0.025 * n)], boots[int(0.975 * n) - 1]
+
+
+def _balanced_row(even: list[float], odd: list[float]) -> dict[str, Any]:
+    b = balanced(even, odd)
+    return {
+        "pairs": [len(even), len(odd)],
+        "median_us": b[0] / 1e3 if b else None,
+        "ci95_us": [b[1] / 1e3, b[2] / 1e3] if b else None,
+    }
 
 
 def ci95(xs: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float] | None:
@@ -163,6 +215,7 @@ def summarize(res: dict[str, Any], recording: Path | None = None) -> list[dict[s
                 "step_steady": pair_costs(r["step_rows"], block, skip_first=True),
             }
             row["_positions"] = position_diffs(r["step_rows"], block)
+            row["_parity"] = parity_costs(r["step_rows"], block)
             row["_ratios"] = {
                 "throughput": pair_throughput(r["step_rows"], block),
                 "throughput_steady": pair_throughput(r["step_rows"], block, skip_first=True),
@@ -194,6 +247,7 @@ def summarize(res: dict[str, Any], recording: Path | None = None) -> list[dict[s
             _fill(row, parts)
             _fill_ratios(row, row["_ratios"])
             row["by_position_us"] = position_costs(row["_positions"])
+            row["step_balanced"] = _balanced_row(*row["_parity"])
             row["_parts"] = parts
             out.append(row)
     return out
@@ -256,6 +310,10 @@ def pooled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         _fill(row, {k: xs for k, xs in parts.items() if k in _PARTS})
         _fill_ratios(row, ratios)
         row["_ratios"] = ratios
+        if all("_parity" in r for r in rs):
+            row["step_balanced"] = _balanced_row(
+                [x for r in rs for x in r["_parity"][0]], [x for r in rs for x in r["_parity"][1]]
+            )
         places = [r["_positions"] for r in rs if r.get("_positions")]
         if places and len(places) == len(rs) and len({len(p) for p in places}) == 1:
             # one block length: the places line up across runs
@@ -288,7 +346,7 @@ def main() -> None:
         rows = pooled(rows)
     for r in rows:
         parts = []
-        for k in _PARTS:
+        for k in (*_PARTS, "step_balanced"):
             if k in r and r[k]["median_us"] is not None:
                 lo_hi = r[k]["ci95_us"] or [float("nan")] * 2
                 parts.append(f"{k} {r[k]['median_us']:+.1f} [{lo_hi[0]:+.1f}, {lo_hi[1]:+.1f}] us")
@@ -308,6 +366,7 @@ def main() -> None:
             r.pop("_parts", None)
             r.pop("_ratios", None)
             r.pop("_positions", None)
+            r.pop("_parity", None)
         a.json.write_text(json.dumps(rows, indent=1) + "\n")
 
 
