@@ -188,8 +188,7 @@ def test_reshape_leaves_out_and_plains_hooks_by_id() -> None:
 def test_crossover_pools_the_runs_of_a_variant() -> None:
     """``crossover.py --pool``: the block pairs of every run of one variant in one median
     and interval; other variants stay apart."""
-    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
-    crossover = _load("crossover")
+    crossover = _crossover()
 
     def row(variant: str, xs: list[int]) -> dict:
         return {"scenario": "s", "variant": variant, "families": "all", "hot_path": "compiled",
@@ -437,6 +436,12 @@ def test_overhead_order_puts_each_mode_after_every_other_equally_often(n: int) -
     assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1, pairs
 
 
+def _crossover() -> ModuleType:
+    """benchmarks/gpu/crossover.py (its own imports are its folder's modules)."""
+    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
+    return _load("crossover")
+
+
 def _crossover_rows(block: int, workloads: int, blocks: int, step_ns: Any) -> list:
     """Crossover step rows (workload, block, on, ns): on blocks where (block + workload)
     is even, as the harness switches them; ``step_ns(workload, step, on)``."""
@@ -454,8 +459,7 @@ def test_crossover_throughput_is_the_block_pairs_wall_ratio() -> None:
     the off block at the same place of workload 2j+1, and the reverse), the off block's
     total wall over the on block's; ``throughput_steady`` leaves each block's first step
     out, where an attach's one-off work lands."""
-    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
-    crossover = _load("crossover")
+    crossover = _crossover()
     rng = random.Random(3)
 
     def step_ns(g: int, i: int, on: bool) -> float:
@@ -485,8 +489,7 @@ def test_crossover_steady_cost_and_cost_by_place_in_the_block() -> None:
     """``step_steady`` leaves each block's first step out (an attach's one-off work), and
     ``position_diffs``/``position_costs`` show where in the block a cost sits: here 1.5 ms
     on the first step of each on block and 30 µs on every step."""
-    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
-    crossover = _load("crossover")
+    crossover = _crossover()
     rng = random.Random(5)
     block = 8
     rows = _crossover_rows(
@@ -597,8 +600,7 @@ def test_crossover_balanced_cancels_a_difference_between_the_two_workloads() -> 
     cost of 40 µs: on blocks 1-11 six pairs have the on block in 2j+1 and five in 2j, so
     the one median over all pairs reads the slow workload; ``balanced`` (the mean of the two
     parities' medians) reads the cost."""
-    sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
-    crossover = _load("crossover")
+    crossover = _crossover()
     rng = random.Random(11)
     block = 8
     rows = _crossover_rows(
