@@ -305,6 +305,11 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         raise ValueError('"on": "dormant" needs a crossover with "off": "absent"')
     attached = {"now": True}
     parked = [0]  # the most hooks a detach left in place (Python 3.13+, TAG_BUDGET)
+
+    def detach() -> None:
+        hooks.detach()
+        parked[0] = max(parked[0], len(getattr(hooks, "PARKED", ())))
+
     switches: list[tuple[int, int, int]] = []  # (on, step index, ns) per attach/detach
     block = int(cmd.get("block", 16))
     state = {"i": 0, "g": 0, "g0": 0}
@@ -339,8 +344,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
                 attached["now"] = on
             if reattach and on and not attached["now"]:
                 s0 = time.perf_counter_ns()
-                hooks.detach()
-                parked[0] = max(parked[0], len(getattr(hooks, "PARKED", ())))
+                detach()
                 hooks.attach(writer, families=families, gpu_timing=gpu_timing)
                 switches.append((1, i, time.perf_counter_ns() - s0))
             if reattach:
@@ -350,8 +354,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
                 if on:
                     hooks.attach(writer, families=families, gpu_timing=gpu_timing)
                 else:
-                    hooks.detach()
-                    parked[0] = max(parked[0], len(getattr(hooks, "PARKED", ())))
+                    detach()
                 switches.append((int(on), i, time.perf_counter_ns() - s0))
                 attached["now"] = on
             RT.sampling, RT.sample_every = on and every > 1 and not dormant_on, every
