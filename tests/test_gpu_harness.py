@@ -614,3 +614,72 @@ def test_crossover_balanced_cancels_a_difference_between_the_two_workloads() -> 
     assert abs(statistics.median(crossover.pair_costs(rows, block)) - 340_000) < 10_000
     est = crossover.balanced(even, odd)
     assert est is not None and abs(est[0] - 40_000) < 3_000 and est[1] <= est[0] <= est[2]
+
+
+def _crossover_run(rows: list, off: str | None = None, on: str | None = None) -> dict:
+    """One crossover run as the harness writes it (the fields ``summarize`` reads)."""
+    return {
+        "design": "crossover", "block": 16, "families": "all", "hot_path": "compiled",
+        "gpu_timing": 8, "steps": len(rows), "median_off_ns": 3_000_000,
+        "step_rows": rows, "off": off, "on": on, "switches": None, "bare_rows": None,
+    }  # fmt: skip
+
+
+def test_crossover_difference_between_two_variants(tmp_path: Path) -> None:
+    """``--diff A B``: variant A's per-step cost minus variant B's over their pooled block
+    pairs, with a bootstrap interval that holds the true difference (60 - 40 µs) and not
+    zero; two variants of the same cost give an interval around zero."""
+    crossover = _crossover()
+    rng = random.Random(5)
+
+    def rows(cost_ns: int) -> list:
+        return _crossover_rows(
+            16, 8, 12, lambda g, i, on: 3_000_000 + cost_ns * on + rng.gauss(0, 5_000)
+        )
+
+    res = {"experiments": [{"scenario": "s", "result": {"runs": [
+        _crossover_run(rows(60_000), off="absent"), _crossover_run(rows(40_000)),
+        _crossover_run(rows(60_000), off="absent"), _crossover_run(rows(40_000)),
+        _crossover_run(rows(40_000), off="absent", on="dormant"),
+    ]}}]}  # fmt: skip
+    pooled = crossover.pooled(crossover.summarize(res))
+    assert {r["variant"] for r in pooled} == {"all", "all off=absent", "all on=dormant off=absent"}
+    (d,) = crossover.differences(pooled, [("all off=absent", "all")])
+    assert d["pairs"] == [2 * 4 * 11, 2 * 4 * 11]
+    assert abs(d["median_us"] - 20) < 2 and d["ci95_us"][0] > 5 and d["ci95_us"][1] < 35
+    (same,) = crossover.differences(pooled, [("all on=dormant off=absent", "all")])
+    assert same["ci95_us"][0] < 0 < same["ci95_us"][1]
+    assert crossover.differences(pooled, [("all", "no such variant")]) == []
+
+    src = tmp_path / "r.json"
+    src.write_text(json.dumps(res))
+    out = tmp_path / "pooled.json"
+    cli = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/gpu/crossover.py"), "--pool", str(src),
+         "--diff", "all off=absent", "all", "--json", str(out)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "[all off=absent] - [all]: step_steady +" in cli.stdout
+    doc = json.loads(out.read_text())
+    assert len(doc["variants"]) == 3 and doc["differences"][0]["a"] == "all off=absent"
+
+
+def test_crossover_halves_separate_a_cost_that_fades_after_each_switch() -> None:
+    """``half_costs``: a cost of 40 µs a step plus 60 µs on the first ten steps after each
+    switch (a warm-up) reads about 100 µs in the first half of the blocks (steps 1-7) and
+    40 µs in the second (steps 8-15), where ``step_steady``'s median over steps 1-15 reads
+    the warm-up."""
+    crossover = _crossover()
+    rng = random.Random(8)
+    rows = _crossover_rows(
+        16,
+        8,
+        12,
+        lambda g, i, on: 3_000_000 + on * (40_000 + 60_000 * (i % 16 < 10)) + rng.gauss(0, 2_000),
+    )
+    early, late = crossover.half_costs(rows, 16)
+    assert len(early) == len(late) == 4 * 11
+    assert abs(statistics.median(early) - 100_000) < 3_000
+    assert abs(statistics.median(late) - 40_000) < 3_000
+    steady = statistics.median(crossover.pair_costs(rows, 16, skip_first=True))
+    assert abs(steady - 100_000) < 3_000

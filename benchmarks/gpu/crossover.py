@@ -21,6 +21,11 @@ median of the per-block-pair differences with a bootstrap 95% interval:
   median of the per-pair ratios, :func:`pair_throughput`), and ``throughput_steady``
   without each block's first step. With ``"off": "absent"`` the off blocks run detached
   (no wrapper in place) and each on block attaches afresh, as ``probe attach`` does.
+
+``--diff A B`` (repeatable) also prints variant A's ``step_steady`` minus variant B's, with
+a bootstrap interval (each side's block pairs resampled apart): what two designs of one
+run differ by, e.g. ``--diff "all off=absent" "all"``, attached against absent beyond
+enabled against dormant.
 """
 
 from __future__ import annotations
@@ -76,6 +81,21 @@ def pair_costs(
         statistics.median(on[k:]) - statistics.median(off[k:])
         for on, off in block_pairs(rows, block, full_only or skip_first)
     ]
+
+
+def half_costs(rows: Iterable[Sequence[int]], block: int) -> tuple[list[float], list[float]]:
+    """:func:`pair_costs` on each half of the blocks (whole blocks only): steps 1 to
+    block/2 - 1 (the first step, an attach's one-off work, left out) and block/2 to the
+    end. A cost that fades inside a block (a warm-up after a switch: caches, the
+    interpreter re-specializing on classes an attach or a detach wrote) reads higher in
+    the first half; what a long attachment pays per step is the second."""
+    h = block // 2
+    early: list[float] = []
+    late: list[float] = []
+    for on, off in block_pairs(rows, block):
+        early.append(statistics.median(on[1:h]) - statistics.median(off[1:h]))
+        late.append(statistics.median(on[h:]) - statistics.median(off[h:]))
+    return early, late
 
 
 def position_diffs(rows: Iterable[Sequence[int]], block: int) -> list[list[int]]:
@@ -151,6 +171,46 @@ def _balanced_row(even: list[float], odd: list[float]) -> dict[str, Any]:
     }
 
 
+def median_difference(
+    a: list[float], b: list[float], n: int = 2000, seed: int = 0
+) -> tuple[float, float, float] | None:
+    """median(a) - median(b) with a bootstrap 95% interval, each side resampled apart: two
+    variants of one run (or pool) against each other, e.g. the cost of attached against
+    absent minus that of enabled against dormant, so that what the two share cancels."""
+    if len(a) < 3 or len(b) < 3:
+        return None
+    rng = random.Random(seed)
+    est = statistics.median(a) - statistics.median(b)
+    boots = sorted(
+        statistics.median(rng.choices(a, k=len(a))) - statistics.median(rng.choices(b, k=len(b)))
+        for _ in range(n)
+    )
+    return est, boots[int(0.025 * n)], boots[int(0.975 * n) - 1]
+
+
+def differences(
+    rows: list[dict[str, Any]], pairs: Sequence[tuple[str, str]], part: str = "step_steady"
+) -> list[dict[str, Any]]:
+    """For each (A, B) of variant names: per scenario holding both, A's ``part`` minus
+    B's (:func:`median_difference` over their block pairs), in µs."""
+    out = []
+    for va, vb in pairs:
+        for scen in dict.fromkeys(r["scenario"] for r in rows):
+            xa = [x for r in rows if (r["scenario"], r["variant"]) == (scen, va)
+                  for x in r["_parts"].get(part, [])]  # fmt: skip
+            xb = [x for r in rows if (r["scenario"], r["variant"]) == (scen, vb)
+                  for x in r["_parts"].get(part, [])]  # fmt: skip
+            d = median_difference(xa, xb)
+            if d is None:
+                continue
+            out.append({
+                "scenario": scen, "a": va, "b": vb, "part": part,
+                "pairs": [len(xa), len(xb)],
+                "median_us": d[0] / 1e3, "ci95_us": [d[1] / 1e3, d[2] / 1e3],
+            })  # fmt: skip
+    return out
+
+
 def ci95(xs: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float] | None:
     """Bootstrap interval of the median (resampling block pairs)."""
     if len(xs) < 3:
@@ -210,9 +270,12 @@ def summarize(res: dict[str, Any], recording: Path | None = None) -> list[dict[s
                 "steps": r["steps"],
                 "step_median_us": (r["median_off_ns"] or 0) / 1e3,
             }
+            early, late = half_costs(r["step_rows"], block)
             parts = {
                 "step": pair_costs(r["step_rows"], block),
                 "step_steady": pair_costs(r["step_rows"], block, skip_first=True),
+                "step_early": early,
+                "step_late": late,
             }
             row["_positions"] = position_diffs(r["step_rows"], block)
             row["_parity"] = parity_costs(r["step_rows"], block)
@@ -280,7 +343,8 @@ def _fill_ratios(row: dict[str, Any], ratios: dict[str, list[float]]) -> None:
         }
 
 
-_PARTS = ("step", "step_steady", "launch", "perturbation")
+_PARTS = ("step", "step_steady", "launch", "perturbation", "step_early", "step_late")
+_HALVES = ("step_early", "step_late")  # printed with --halves
 
 
 def pooled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -310,6 +374,7 @@ def pooled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         _fill(row, {k: xs for k, xs in parts.items() if k in _PARTS})
         _fill_ratios(row, ratios)
         row["_ratios"] = ratios
+        row["_parts"] = parts
         if all("_parity" in r for r in rs):
             row["step_balanced"] = _balanced_row(
                 [x for r in rs for x in r["_parity"][0]], [x for r in rs for x in r["_parity"][1]]
@@ -331,6 +396,21 @@ def main() -> None:
     ap.add_argument("--recording", type=Path, help="the recording of a single RESULTS")
     ap.add_argument("--pool", action="store_true", help="pool the runs of each variant")
     ap.add_argument("--json", type=Path, help="write the summary here")
+    ap.add_argument(
+        "--diff",
+        nargs=2,
+        action="append",
+        metavar=("A", "B"),
+        default=[],
+        help="also print variant A's step_steady minus variant B's, with a bootstrap\n"
+        "interval (variant names as printed, e.g. 'all off=absent' 'all'); repeatable",
+    )
+    ap.add_argument(
+        "--halves",
+        action="store_true",
+        help="also print each block's two halves apart (step_early: steps 1 to block/2-1,\n"
+        "step_late: the rest): a cost that fades after each switch reads higher early",
+    )
     a = ap.parse_args()
     rows: list[dict[str, Any]] = []
     for arg in a.results:
@@ -344,9 +424,16 @@ def main() -> None:
         rows.extend(summarize(json.loads(raw), recording))
     if a.pool:
         rows = pooled(rows)
+    diffs = [
+        d
+        for part in ("step_steady", *(("step_late",) if a.halves else ()))
+        for d in differences(rows, [tuple(x) for x in a.diff], part)
+    ]
     for r in rows:
         parts = []
         for k in (*_PARTS, "step_balanced"):
+            if k in _HALVES and not a.halves:
+                continue
             if k in r and r[k]["median_us"] is not None:
                 lo_hi = r[k]["ci95_us"] or [float("nan")] * 2
                 parts.append(f"{k} {r[k]['median_us']:+.1f} [{lo_hi[0]:+.1f}, {lo_hi[1]:+.1f}] us")
@@ -361,13 +448,20 @@ def main() -> None:
             f"gpu_timing={r['gpu_timing']}{runs} steps={r['steps']} "
             f"step={r['step_median_us']:.0f}us: " + "; ".join(parts)
         )
+    for d in diffs:
+        lo, hi = d["ci95_us"]
+        print(
+            f"{d['scenario']} [{d['a']}] - [{d['b']}]: {d['part']} {d['median_us']:+.1f} "
+            f"[{lo:+.1f}, {hi:+.1f}] us (pairs {d['pairs'][0]}, {d['pairs'][1]})"
+        )
     if a.json:
         for r in rows:
             r.pop("_parts", None)
             r.pop("_ratios", None)
             r.pop("_positions", None)
             r.pop("_parity", None)
-        a.json.write_text(json.dumps(rows, indent=1) + "\n")
+        out: Any = {"variants": rows, "differences": diffs} if diffs else rows
+        a.json.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":
