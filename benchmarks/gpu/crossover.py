@@ -35,7 +35,7 @@ import json
 import random
 import sqlite3
 import statistics
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,16 +147,23 @@ def balanced(
     own difference cancels, as a crossover estimate should; with a bootstrap 95% interval
     (each parity resampled apart). :func:`pair_costs`'s one median over all pairs leans to
     the parity with more pairs (blocks 1-11 of a workload: six odd, five even)."""
-    if len(even) < 3 or len(odd) < 3:
+    return _two_medians(even, odd, lambda x, y: (x + y) / 2, n, seed)
+
+
+def _two_medians(
+    a: list[float], b: list[float], f: Callable[[float, float], float], n: int, seed: int
+) -> tuple[float, float, float] | None:
+    """``f(median(a), median(b))`` with a bootstrap 95% interval, each side resampled
+    apart; None below three values on either side."""
+    if len(a) < 3 or len(b) < 3:
         return None
     rng = random.Random(seed)
-    est = (statistics.median(even) + statistics.median(odd)) / 2
+    est = f(statistics.median(a), statistics.median(b))
     boots = sorted(
-        (
-            statistics.median(rng.choices(even, k=len(even)))
-            + statistics.median(rng.choices(odd, k=len(odd)))
+        f(
+            statistics.median(rng.choices(a, k=len(a))),
+            statistics.median(rng.choices(b, k=len(b))),
         )
-        / 2
         for _ in range(n)
     )
     return est, boots[int(0.025 * n)], boots[int(0.975 * n) - 1]
@@ -177,15 +184,7 @@ def median_difference(
     """median(a) - median(b) with a bootstrap 95% interval, each side resampled apart: two
     variants of one run (or pool) against each other, e.g. the cost of attached against
     absent minus that of enabled against dormant, so that what the two share cancels."""
-    if len(a) < 3 or len(b) < 3:
-        return None
-    rng = random.Random(seed)
-    est = statistics.median(a) - statistics.median(b)
-    boots = sorted(
-        statistics.median(rng.choices(a, k=len(a))) - statistics.median(rng.choices(b, k=len(b)))
-        for _ in range(n)
-    )
-    return est, boots[int(0.025 * n)], boots[int(0.975 * n) - 1]
+    return _two_medians(a, b, lambda x, y: x - y, n, seed)
 
 
 def differences(
@@ -193,13 +192,13 @@ def differences(
 ) -> list[dict[str, Any]]:
     """For each (A, B) of variant names: per scenario holding both, A's ``part`` minus
     B's (:func:`median_difference` over their block pairs), in µs."""
+    by: dict[tuple[str, str], list[float]] = {}  # (scenario, variant) -> block pairs
+    for r in rows:
+        by.setdefault((r["scenario"], r["variant"]), []).extend(r["_parts"].get(part, []))
     out = []
     for va, vb in pairs:
         for scen in dict.fromkeys(r["scenario"] for r in rows):
-            xa = [x for r in rows if (r["scenario"], r["variant"]) == (scen, va)
-                  for x in r["_parts"].get(part, [])]  # fmt: skip
-            xb = [x for r in rows if (r["scenario"], r["variant"]) == (scen, vb)
-                  for x in r["_parts"].get(part, [])]  # fmt: skip
+            xa, xb = by.get((scen, va), []), by.get((scen, vb), [])
             d = median_difference(xa, xb)
             if d is None:
                 continue
