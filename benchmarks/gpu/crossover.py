@@ -25,7 +25,9 @@ median of the per-block-pair differences with a bootstrap 95% interval:
 ``--diff A B`` (repeatable) also prints variant A's ``step_steady`` minus variant B's, with
 a bootstrap interval (each side's block pairs resampled apart): what two designs of one
 run differ by, e.g. ``--diff "all off=absent" "all"``, attached against absent beyond
-enabled against dormant.
+enabled against dormant. ``--halves`` also prints each block's first half (``step_early``,
+steps 1 to block/2 - 1) and second half (``step_late``) apart: a cost that fades after each
+switch (a warm-up) reads higher early, and a long attachment pays about ``step_late``.
 """
 
 from __future__ import annotations
