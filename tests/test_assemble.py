@@ -11,6 +11,8 @@ import pytest
 from probe.assemble import Step, StepAssembler
 from probe.recording import Recording, RecordingError, RecordingWriter
 from probe.records import (
+    Build,
+    BuildTag,
     Decoded,
     Flag,
     Mode,
@@ -20,6 +22,7 @@ from probe.records import (
     ReplayKind,
     decode,
     encode,
+    pack,
     pack_pair,
 )
 
@@ -157,6 +160,37 @@ def test_a_span_from_dispatch_begins_where_the_dispatch_phase_ended() -> None:
     # without the flag a span is its own: as recordings before it were written
     [s], _ = assemble([*base[:2], span(1, Phase.PREPARE_INPUTS, 1030, 1050, mrv2)])
     assert s.phases["prepare_inputs"] == 20
+
+
+def test_the_step_decision_is_the_dispatch_phases_not_a_later_target_dispatch() -> None:
+    """vLLM 0.33 MRV2 with ``kv_sharing_fast_prefill``: after the dispatch phase decided
+    the step (PIECEWISE, 100 tokens padded to 104), ``FastPrefillHelper.prepare`` asks the
+    target's manager about the logits count (7 tokens, NONE). The step's mode, reason and
+    padding, and the real token count of its builds, are the phase's; a step with no phase
+    record (an older recording, a runner without the phase hook) keeps the last one."""
+    sp, mrv2 = int(Flag.SPAN), int(Flag.MRV2)
+
+    def d(mode: Mode, reason: Reason, flags: int, t0: int, tokens: int, padded: int) -> bytes:
+        return encode(RecordKind.DISPATCH, mode, reason, flags, 1, t0, t0 + 5,
+                      tokens, padded, 3, 4, pack_pair(50, 2))  # fmt: skip
+
+    phase = d(Mode.PIECEWISE, Reason.NOT_UNIFORM, mrv2 | sp, 1005, 100, 104)
+    logits = d(Mode.NONE, Reason.BATCH_TOO_BIG, mrv2, 1020, 7, 7)
+    build = pack(Build(1, BuildTag.STEP, 1, mrv2, 1030, 1035, padded_tokens=104,
+                       real_tokens=-1, padded_reqs=4, real_reqs=-1, max_query_len=50,
+                       reorder_batch_threshold=-1, num_decodes=2, num_prefills=1,
+                       num_decode_tokens=2, num_prefill_tokens=-1))  # fmt: skip
+    head = span(1, Phase.EXECUTE, 1000, 1100, mrv2, v0=6)
+    tail = span(1, Phase.SAMPLE_TOKENS, 1110, 1130, mrv2)
+    [s], _ = assemble([head, phase, logits, build, tail])
+    assert (s.mode, s.reason, s.padded_tokens) == (Mode.PIECEWISE, Reason.NOT_UNIFORM, 104)
+    [b] = s.builds
+    assert (b.real_tokens, b.num_prefill_tokens) == (100, 98)
+    # no phase record: the last target dispatch, as before
+    plain = d(Mode.PIECEWISE, Reason.NOT_UNIFORM, mrv2, 1005, 100, 104)
+    [s], _ = assemble([head, plain, logits, build, tail])
+    assert (s.mode, s.padded_tokens) == (Mode.NONE, 7)
+    assert s.builds[0].real_tokens == 7
 
 
 def test_cpu_launch_overhead() -> None:

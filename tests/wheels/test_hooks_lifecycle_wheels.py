@@ -246,3 +246,49 @@ def test_v1_forward_launch_in_the_real_classes(kit: Any, vllm_version: str) -> N
     finally:
         hooks.uninstall()
     assert vars(GPUModelRunner)["_model_forward"] is original
+
+
+def test_mrv2_fast_prefill_dispatch_is_not_the_step_decision(
+    mrv2_managers: Callable[[str], tuple[Any, Resolved]],
+    wring: RingWriter,
+    kit: Any,
+    vllm_version: str,
+) -> None:
+    """0.33 MRV2 with ``kv_sharing_fast_prefill``: on a step with a prefill the runner's
+    dispatch phase decides the batch, then ``FastPrefillHelper.prepare`` asks the same
+    target manager about the logits count, after the phase. Both are recorded (the real
+    functions through the installed hooks); the assembled step's decision is the
+    phase's."""
+    try:
+        from vllm.v1.worker.gpu.attn_utils import FastPrefillHelper
+    except ImportError:
+        pytest.skip(f"vLLM {vllm_version} has no fast-prefill dispatch")
+    import numpy as np
+    import torch
+    from vllm.v1.worker.gpu import model_runner
+
+    from probe.assemble import StepAssembler
+
+    m, res = mrv2_managers("fap_ub_k1")
+    helper = FastPrefillHelper(m, 8192)
+    hooks.install(["dispatch"], lazy=False)
+    hooks.enable(wring, gpu_timing=False)
+    RT.graph_ctx = res.ctx
+    RT.step, RT.in_step = 7, 1
+    q = (2, 7, 40)  # a prefill: no uniform count, no FULL graph
+    desc, _sync = model_runner.dispatch_cg_and_sync_dp(m, len(q), sum(q), None, 1, 0)
+    logits = torch.tensor([1, 8, 48], dtype=torch.int32)
+    fast = helper.prepare(logits, len(q), np.array([0, 1, 2, 3]), True, desc)
+    RT.in_step = 0
+    hooks.disable()
+    assert fast is not None  # the helper did dispatch (the path under test ran)
+    recs = [r for r in kit.drain(wring)[0] if isinstance(r, Dispatch)]
+    assert [bool(r.flags & Flag.SPAN) for r in recs] == [True, False]
+    phase, extra = recs
+    assert (phase.num_tokens, phase.padded_tokens) == (sum(q), desc.num_tokens)
+    assert extra.num_tokens == len(logits)
+    asm = StepAssembler(pid=1)
+    steps = [s for r in recs for s in asm.feed(r)] + asm.flush()
+    [step] = [s for s in steps if s.step == 7]
+    assert (step.mode.value, step.padded_tokens) == (desc.cg_mode.value, desc.num_tokens)
+    assert step.reason == phase.reason
