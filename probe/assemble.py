@@ -105,9 +105,9 @@ def _decision(target: list[Dispatch]) -> Dispatch | None:
     """The step's graph decision among its target dispatches: the last one its dispatch
     phase wrote (``Flag.SPAN``: the runner's own dispatch, a DP re-dispatch inside the
     phase folded into it), else the last one. A target dispatch outside the phase asks a
-    different question: vLLM 0.33 MRV2's fast prefill (``kv_sharing_fast_prefill``,
-    ``FastPrefillHelper.prepare``) dispatches the logits count after the phase, on steps
-    with a prefill, to pad the KV-sharing layers' batch."""
+    different question: MRV2's fast prefill (vLLM 0.30 and later, ``kv_sharing_fast_
+    prefill``: ``FastPrefillHelper.prepare``) dispatches the logits count after the
+    phase, on steps with a prefill, to pad the KV-sharing layers' batch."""
     phase = [d for d in target if d.flags & _SPAN]
     return (phase or target)[-1] if target else None
 

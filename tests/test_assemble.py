@@ -163,7 +163,7 @@ def test_a_span_from_dispatch_begins_where_the_dispatch_phase_ended() -> None:
 
 
 def test_the_step_decision_is_the_dispatch_phases_not_a_later_target_dispatch() -> None:
-    """vLLM 0.33 MRV2 with ``kv_sharing_fast_prefill``: after the dispatch phase decided
+    """vLLM 0.30+ MRV2 with ``kv_sharing_fast_prefill``: after the dispatch phase decided
     the step (PIECEWISE, 100 tokens padded to 104), ``FastPrefillHelper.prepare`` asks the
     target's manager about the logits count (7 tokens, NONE). The step's mode, reason and
     padding, and the real token count of its builds, are the phase's; a step with no phase

@@ -254,7 +254,7 @@ def test_mrv2_fast_prefill_dispatch_is_not_the_step_decision(
     kit: Any,
     vllm_version: str,
 ) -> None:
-    """0.33 MRV2 with ``kv_sharing_fast_prefill``: on a step with a prefill the runner's
+    """MRV2 with ``kv_sharing_fast_prefill`` (0.30, 0.33): on a step with a prefill the runner's
     dispatch phase decides the batch, then ``FastPrefillHelper.prepare`` asks the same
     target manager about the logits count, after the phase. Both are recorded (the real
     functions through the installed hooks); the assembled step's decision is the
