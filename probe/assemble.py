@@ -101,15 +101,17 @@ def _from_dispatch(recs: list[Decoded]) -> list[Decoded]:
     return out
 
 
-def _decision(target: list[Dispatch]) -> Dispatch | None:
-    """The step's graph decision among its target dispatches: the last one its dispatch
-    phase wrote (``Flag.SPAN``: the runner's own dispatch, a DP re-dispatch inside the
-    phase folded into it), else the last one. A target dispatch outside the phase asks a
-    different question: MRV2's fast prefill (vLLM 0.30 and later, ``kv_sharing_fast_
-    prefill``: ``FastPrefillHelper.prepare``) dispatches the logits count after the
-    phase, on steps with a prefill, to pad the KV-sharing layers' batch."""
-    phase = [d for d in target if d.flags & _SPAN]
-    return (phase or target)[-1] if target else None
+def _deciding(dispatches: list[Dispatch]) -> list[Dispatch]:
+    """The dispatches that decide a step's graphs: the drafter's, and of the target's the
+    ones its dispatch phase wrote (``Flag.SPAN``: the runner's own dispatch, a DP
+    re-dispatch inside the phase folded into it) where the step has any, else all of
+    them. A target dispatch outside the phase asks a different question: MRV2's fast
+    prefill (vLLM 0.30 and later, ``kv_sharing_fast_prefill``: ``FastPrefillHelper.
+    prepare``) dispatches the logits count after the phase, on steps with a prefill, to
+    pad the KV-sharing layers' batch."""
+    if any(d.flags & _SPAN and not d.flags & _DRAFTER for d in dispatches):
+        return [d for d in dispatches if d.flags & (_SPAN | _DRAFTER)]
+    return dispatches
 
 
 def fill_builds(builds: Iterable[Build], dispatches: Iterable[Dispatch]) -> list[Build]:
@@ -118,16 +120,14 @@ def fill_builds(builds: Iterable[Build], dispatches: Iterable[Dispatch]) -> list
     Inside vLLM the build hook reads plain attributes only and writes -1 for the real
     (unpadded) token and request counts. Here ``real_tokens`` is the ``num_tokens`` of
     the last dispatch of the same model (target or drafter) that started before the
-    build (of the target's, the dispatch phase's where the step has one: :func:`_decision`),
-    which is what the build's ``query_start_loc_cpu[num_reqs]`` holds (checked against
-    the engine-side read on five real H200 recordings, 15,778 builds); with no
-    such dispatch (V1's drafter builds) it is the padded count. ``real_reqs`` is the
-    padded request count when nothing was padded, else 0; a ``num_prefill_tokens`` the
-    builder left out is the rest of the real tokens after the decode tokens.
+    build, of those that decide (:func:`_deciding`), which is what the build's
+    ``query_start_loc_cpu[num_reqs]`` holds (checked against the engine-side read on five
+    real H200 recordings, 15,778 builds); with no such dispatch (V1's drafter builds) it
+    is the padded count. ``real_reqs`` is the padded request count when nothing was
+    padded, else 0; a ``num_prefill_tokens`` the builder left out is the rest of the real
+    tokens after the decode tokens.
     """
-    ds = sorted(dispatches, key=lambda d: d.t0)
-    if any(d.flags & _SPAN and not d.flags & _DRAFTER for d in ds):  # see _decision
-        ds = [d for d in ds if d.flags & (_SPAN | _DRAFTER)]
+    ds = _deciding(sorted(dispatches, key=lambda d: d.t0))
     out: list[Build] = []
     for b in builds:
         if b.real_tokens >= 0 and b.real_reqs >= 0:
@@ -215,9 +215,9 @@ class StepAssembler:
         t1 = max((r.t1 for r in timed_recs), default=0)
         host = sum(s.dur_ns for s in bracket)
         ex_rec = execute[0] if execute else None
-        target = [d for d in dispatches if not d.flags & _DRAFTER]
+        target = [d for d in _deciding(dispatches) if not d.flags & _DRAFTER]
         drafts = [d for d in dispatches if d.flags & _DRAFTER]
-        d = _decision(target)
+        d = target[-1] if target else None
         tr = [r for r in replays if not r.flags & _DRAFTER and r.kind != ReplayKind.PASSTHROUGH]
         dr = [r for r in replays if r.flags & _DRAFTER and r.kind == ReplayKind.REPLAY]
         captures = sum(1 for r in replays if r.kind == ReplayKind.CAPTURE)
