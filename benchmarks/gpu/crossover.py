@@ -73,15 +73,22 @@ def block_pairs_at(
 
 
 def pair_costs(
-    rows: Iterable[Sequence[int]], block: int, full_only: bool = True, skip_first: bool = False
+    rows: Iterable[Sequence[int]],
+    block: int,
+    full_only: bool = True,
+    skip_first: bool = False,
+    steps: slice | None = None,
 ) -> list[float]:
     """Per block pair (:func:`block_pairs`): median(value of the on block) - median(value
     of the off block). ``skip_first``: without each block's first step (whole blocks only;
-    where an attach's one-off work lands, as in :func:`pair_throughput`)."""
-    k = 1 if skip_first else 0
+    where an attach's one-off work lands, as in :func:`pair_throughput`). ``steps``: those
+    places of each block only (whole blocks only)."""
+    if steps is None:
+        steps = slice(1 if skip_first else 0, None)
+    whole = full_only or skip_first or steps != slice(0, None)
     return [
-        statistics.median(on[k:]) - statistics.median(off[k:])
-        for on, off in block_pairs(rows, block, full_only or skip_first)
+        statistics.median(on[steps]) - statistics.median(off[steps])
+        for on, off in block_pairs(rows, block, whole)
     ]
 
 
@@ -92,12 +99,10 @@ def half_costs(rows: Iterable[Sequence[int]], block: int) -> tuple[list[float], 
     interpreter re-specializing on classes an attach or a detach wrote) reads higher in
     the first half; what a long attachment pays per step is the second."""
     h = block // 2
-    early: list[float] = []
-    late: list[float] = []
-    for on, off in block_pairs(rows, block):
-        early.append(statistics.median(on[1:h]) - statistics.median(off[1:h]))
-        late.append(statistics.median(on[h:]) - statistics.median(off[h:]))
-    return early, late
+    return (
+        pair_costs(rows, block, steps=slice(1, h)),
+        pair_costs(rows, block, steps=slice(h, None)),
+    )
 
 
 def position_diffs(rows: Iterable[Sequence[int]], block: int) -> list[list[int]]:
