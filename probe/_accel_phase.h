@@ -20,7 +20,14 @@
 /*   Phase(orig, record, impl, core, which, positions)                                 */
 /*     which 0: V1 ``_determine_batch_execution_and_padding`` (positions: num_reqs and    */
 /*              max_num_scheduled_tokens in args, self included; -1 absent)             */
-/*     which 1: MRV2 ``dispatch_cg_and_sync_dp``; record(t0, t1, *args, **kwargs)         */
+/*     which 1: MRV2 ``dispatch_cg_and_sync_dp`` in the runner, 2: in a speculator's      */
+/*              module (the drafter's decision, a DISPATCH record without Flag.SPAN, and   */
+/*              nothing when none was made); record(result, t0, t1, *args, **kwargs)       */
+/*              (result None when vLLM raised); positions: num_reqs, num_tokens,           */
+/*              uniform_token_count and max_query_len in args (the manager is args[0]);  */
+/*              full: vLLM's CUDAGraphMode.FULL. With no decision handed in by a hooked    */
+/*              manager (it is hooked only under DP > 1), a FULL hit is read from the      */
+/*              descriptor the call returns, a miss's reason by the Python record.         */
 /*                                                                                    */
 /* The phase hands its state to the dispatcher hooks through the Core's hot fields      */
 /* (phase_open, the V1 runner's num_reqs/max_q, the decision ``dec_*``), never a dict.   */
@@ -289,11 +296,11 @@ static inline void phase_reset(CoreObject *c) {
 
 /* End of the phase: its decision and span in one DISPATCH record, or a plain span.
    0 written; -1 the Python record must do it (the fields are left as they were). */
-static int phase_close(PhaseObject *self, CoreObject *c, int64_t t0, int64_t t1,
-                       PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+static int phase_close(PhaseObject *self, CoreObject *c, PyObject *res, int64_t t0,
+                       int64_t t1, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     RingObject *r = direct_ring(c);
     if (r == NULL) return -1;
-    int mrv2 = self->w.which == 1;
+    int mrv2 = self->w.which >= 1, draft = self->w.which == 2;
     if (mrv2) { /* need_eager skips the manager: the step runs eager (FORCED_EAGER) */
         PyObject *ne = kwarg(args, nargs, kwnames, S_need_eager);
         int t = ne == NULL ? 0 : PyObject_IsTrue(ne);
@@ -308,15 +315,34 @@ static int phase_close(PhaseObject *self, CoreObject *c, int64_t t0, int64_t t1,
                 return -1;
             c->dec_mode = 0;
             c->dec_reason = REASON_FORCED_EAGER;
-            c->dec_flags = FLAG_MRV2 | (c->drafter ? FLAG_DRAFTER : 0);
+            c->dec_flags = FLAG_MRV2 | (c->drafter || draft ? FLAG_DRAFTER : 0);
             c->dec_num_tokens = c->dec_padded_tokens = nt;
             c->dec_num_reqs = c->dec_padded_reqs = nr;
             c->dec_max_q = c->dec_uq = 0;
             c->decided = 1;
+        } else if (!t && !c->decided && res != NULL) { /* the manager's decision, returned */
+            if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) < 1 || nargs < 1) return -1;
+            PyObject *v[4];
+            PyObject *names[4] = {S_num_reqs, S_num_tokens, S_uniform_token_count,
+                                  S_max_query_len};
+            for (int i = 0; i < 4; i++) {
+                int p = self->w.pos[i];
+                v[i] = (p >= 0 && p < nargs) ? args[p] : kwarg(args, nargs, kwnames, names[i]);
+            }
+            Mrv2Hit h;
+            int k = mrv2_hit(self->w.full, args[0], PyTuple_GET_ITEM(res, 0), v, &h);
+            if (k != 0) { /* a miss (its reason), or a count only Python reads */
+                PyErr_Clear();
+                return -1;
+            }
+            int f = h.f | (c->in_step ? 0 : FLAG_OUTSIDE) |
+                    (c->drafter || draft ? FLAG_DRAFTER : 0);
+            core_decide(c, 2, REASON_HIT, f, h.num_tokens, h.padded, h.num_reqs, h.padded_reqs,
+                        h.max_q, h.uq);
         }
     }
     if (c->decided) {
-        long long fl = c->dec_flags | FLAG_SPAN;
+        long long fl = c->dec_flags | (draft ? 0 : FLAG_SPAN);
         if (c->dec_mode < 0 || c->dec_mode > 255 || c->dec_reason < 0 || c->dec_reason > 255 ||
             fl < 0 || fl > 255 || c->dec_max_q < INT32_MIN || c->dec_max_q > INT32_MAX)
             return -1; /* set by a Python record: its packer says what is wrong */
@@ -324,7 +350,7 @@ static int phase_close(PhaseObject *self, CoreObject *c, int64_t t0, int64_t t1,
                         t0, t1, c->dec_num_tokens, c->dec_padded_tokens, c->dec_num_reqs,
                         c->dec_padded_reqs,
                         (int64_t)((uint64_t)c->dec_max_q << 32) | (uint32_t)c->dec_uq);
-    } else {
+    } else if (!draft) {
         int f = (mrv2 ? FLAG_MRV2 : 0) | (c->in_step ? 0 : FLAG_OUTSIDE) |
                 (c->drafter ? FLAG_DRAFTER : 0);
         ring_stage_span(r, PHASE_DISPATCH, f, c->step, t0, t1);
@@ -354,8 +380,9 @@ static PyObject *phase_call(PhaseObject *self, PyObject *const *args, size_t nar
     int64_t t1 = boottime();
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb); /* the phase closes when vLLM raised, too */
-    if (phase_close(self, c, t0, t1, args, nargs, kwnames) < 0)
-        call_record(self->record, NULL, t0, t1, args, nargs, kwnames);
+    if (phase_close(self, c, res, t0, t1, args, nargs, kwnames) < 0)
+        call_record(self->record, w->which ? (res ? res : Py_None) : NULL, t0, t1, args, nargs,
+                    kwnames);
     PyErr_Restore(et, ev, tb);
     return res;
 }
@@ -367,20 +394,26 @@ static PyObject *phase_call(PhaseObject *self, PyObject *const *args, size_t nar
 static PyObject *phase_make(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PhaseObject *self = (PhaseObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
-    PyObject *orig, *record, *impl, *core, *pos = NULL;
+    PyObject *orig, *record, *impl, *core, *pos = NULL, *full = Py_None;
     int which = 0;
     self->w.pos[0] = self->w.pos[1] = self->w.pos[2] = self->w.pos[3] = -1;
-    static char *kwlist[] = {"orig", "record", "impl", "core", "which", "positions", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO!i|O", kwlist, &orig, &record, &impl,
-                                     &CoreType, &core, &which, &pos))
+    static char *kwlist[] = {"orig", "record", "impl", "core", "which", "positions", "full",
+                             NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO!i|OO", kwlist, &orig, &record, &impl,
+                                     &CoreType, &core, &which, &pos, &full))
         goto fail;
-    if (which != 0 && which != 1) {
-        PyErr_Format(PyExc_ValueError, "which must be 0 (V1) or 1 (MRV2), got %d", which);
+    int most = type == &ReorderType ? 1 : 2;
+    if (which < 0 || which > most) {
+        PyErr_Format(PyExc_ValueError, "which must be 0 (V1) to %d (MRV2), got %d", most, which);
         goto fail;
     }
     if (pos != NULL && pos != Py_None &&
-        !PyArg_ParseTuple(pos, "ii", &self->w.pos[0], &self->w.pos[1]))
+        !(which == 0 ? PyArg_ParseTuple(pos, "ii", &self->w.pos[0], &self->w.pos[1])
+                     : PyArg_ParseTuple(pos, "iiii", &self->w.pos[0], &self->w.pos[1],
+                                        &self->w.pos[2], &self->w.pos[3])))
         goto fail;
+    Py_INCREF(full);
+    self->w.full = full;
     if (!PyCallable_Check(record)) {
         PyErr_SetString(PyExc_TypeError, "record must be callable");
         goto fail;

@@ -514,6 +514,59 @@ static void miss_store(WrapObject *self, PyObject *me, PyObject *mode, PyObject 
     self->miss_reason = (int)reason;
 }
 
+/* The decision handed to the open dispatch phase (the Core's hot fields), which writes
+   it with its span; the last one made inside the phase wins. */
+static inline void core_decide(CoreObject *c, long long m, long long reason, long long f,
+                               long long num_tokens, long long padded, long long num_reqs,
+                               long long padded_reqs, long long max_q, long long uq) {
+    c->dec_mode = m;
+    c->dec_reason = reason;
+    c->dec_flags = f;
+    c->dec_num_tokens = num_tokens;
+    c->dec_padded_tokens = padded;
+    c->dec_num_reqs = num_reqs;
+    c->dec_padded_reqs = padded_reqs;
+    c->dec_max_q = max_q;
+    c->dec_uq = uq;
+    c->decided = 1;
+}
+
+/* An MRV2 graph manager's FULL hit (``CudaGraphManager.dispatch``): the decision fields
+   from the manager ``me``, the ``BatchExecutionDescriptor`` it returned and the dispatch's
+   inputs ``v`` (num_reqs, num_tokens, uniform_token_count, max_query_len; NULL when not
+   passed). Used by the manager's own hook and by the dispatch phase, which reads the
+   descriptor ``dispatch_cg_and_sync_dp`` returns (so that the manager needs no hook).
+   0: done; 1: not a hit, or a count only the Python record reads (the caller's
+   max_query_len); -1: an error is set. */
+typedef struct {
+    long long num_tokens, padded, num_reqs, padded_reqs, max_q, uq;
+    int f;
+} Mrv2Hit;
+
+static int mrv2_hit(PyObject *full, PyObject *me, PyObject *desc, PyObject *const *v,
+                    Mrv2Hit *h) {
+    PyObject *mode = PyObject_GetAttr(desc, S_cg_mode);
+    if (mode == NULL) return -1;
+    Py_DECREF(mode); /* the member lives as long as the enum */
+    if (mode != full) return 1;
+    int bad = 0;
+    h->num_reqs = obj_ll(v[0], &bad);
+    h->num_tokens = obj_ll(v[1], &bad);
+    long long utc = obj_ll(v[2], &bad), mq = obj_ll(v[3], &bad);
+    if (bad) return -1;
+    h->max_q = mq ? mq : utc;
+    if (h->max_q == 0) return 1; /* the Python record asks vLLM's caller for it */
+    h->uq = attr_ll(me, S_dql, &bad);
+    h->padded = attr_ll(desc, S_num_tokens, &bad);
+    h->padded_reqs = attr_ll(desc, S_num_reqs, &bad);
+    if (bad || PyErr_Occurred()) return -1;
+    if (h->max_q < 0 || h->max_q > INT32_MAX || h->uq < 0 || h->uq > UINT32_MAX) return 1;
+    h->f = FLAG_MRV2;
+    if (strcmp(_PyType_Name(Py_TYPE(me)), "ModelCudaGraphManager") != 0) h->f |= FLAG_DRAFTER;
+    if (v[2] != NULL && v[2] != Py_None && utc == h->uq) h->f |= FLAG_UNIFORM;
+    return 0;
+}
+
 /* record(result, t0, t1, *args, **kwargs), the Python hook's own recording: what it
    returned (a new reference), or NULL; no error left set (it counts its own faults) */
 static PyObject *record_result(WrapObject *self, PyObject *res, int64_t t0, int64_t t1,
@@ -568,7 +621,7 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
     PyObject *me = args[0];
     PyObject *desc, *mode;
     int bad = 0;
-    long long num_tokens, num_reqs = 0, max_q = 0, uq;
+    long long num_tokens, num_reqs = 0, max_q = 0, uq, padded, padded_reqs;
     int m = 2, reason = REASON_HIT;
     int f = (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
     if (self->which == 0) { /* V1: (mode, BatchDescriptor) */
@@ -594,12 +647,11 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
         num_reqs = c->phase_num_reqs; /* the runner's phase (0 outside one) */
         max_q = c->phase_max_q;
         uq = attr_ll(me, S_udql, &bad);
+        padded = attr_ll(desc, S_num_tokens, &bad);
+        padded_reqs = attr_ll(desc, S_num_reqs, &bad);
+        if (bad || PyErr_Occurred()) goto slow_clear;
+        if (max_q < 0 || max_q > INT32_MAX || uq < 0 || uq > UINT32_MAX) goto slow;
     } else { /* MRV2: BatchExecutionDescriptor */
-        desc = res;
-        mode = PyObject_GetAttr(desc, S_cg_mode);
-        if (mode == NULL) goto slow_clear;
-        Py_DECREF(mode); /* the member lives as long as the enum */
-        if (mode != self->full) goto slow;
         Py_ssize_t n = nargs - 1;
         PyObject *v[4];
         PyObject *names[4] = {S_num_reqs, S_num_tokens, S_uniform_token_count, S_max_query_len};
@@ -607,32 +659,20 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
             int p = self->pos[i];
             v[i] = (p >= 0 && p < n) ? args[1 + p] : kwarg(args, nargs, kwnames, names[i]);
         }
-        num_reqs = obj_ll(v[0], &bad);
-        num_tokens = obj_ll(v[1], &bad);
-        long long utc = obj_ll(v[2], &bad);
-        long long mq = obj_ll(v[3], &bad);
-        max_q = mq ? mq : utc;
-        if (max_q == 0) goto slow; /* the Python record asks vLLM's caller for it */
-        uq = attr_ll(me, S_dql, &bad);
-        f |= FLAG_MRV2;
-        if (strcmp(_PyType_Name(Py_TYPE(me)), "ModelCudaGraphManager") != 0) f |= FLAG_DRAFTER;
-        if (v[2] != NULL && v[2] != Py_None && utc == uq) f |= FLAG_UNIFORM;
+        Mrv2Hit h;
+        int k = mrv2_hit(self->full, me, res, v, &h);
+        if (k < 0) goto slow_clear;
+        if (k > 0) goto slow;
+        num_tokens = h.num_tokens;
+        padded = h.padded;
+        num_reqs = h.num_reqs;
+        padded_reqs = h.padded_reqs;
+        max_q = h.max_q;
+        uq = h.uq;
+        f |= h.f;
     }
-    long long padded = attr_ll(desc, S_num_tokens, &bad);
-    long long padded_reqs = attr_ll(desc, S_num_reqs, &bad);
-    if (bad || PyErr_Occurred()) goto slow_clear;
-    if (max_q < 0 || max_q > INT32_MAX || uq < 0 || uq > UINT32_MAX) goto slow;
     if (c->phase_open) { /* the phase writes it with its span; the last re-dispatch wins */
-        c->dec_mode = m;
-        c->dec_reason = reason;
-        c->dec_flags = f;
-        c->dec_num_tokens = num_tokens;
-        c->dec_padded_tokens = padded;
-        c->dec_num_reqs = num_reqs;
-        c->dec_padded_reqs = padded_reqs;
-        c->dec_max_q = max_q;
-        c->dec_uq = uq;
-        c->decided = 1;
+        core_decide(c, m, reason, f, num_tokens, padded, num_reqs, padded_reqs, max_q, uq);
     } else {
         ring_stage_wire(r, KIND_DISPATCH, m, reason, f, c->step, t0, t1, num_tokens, padded,
                         num_reqs, padded_reqs, (int64_t)((uint64_t)max_q << 32) | (uint32_t)uq);

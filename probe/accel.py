@@ -289,15 +289,19 @@ def phase_hook(
     impl: Callable[..., Any],
     rt: Any,
     which: int,
-    positions: tuple[int, int] | None = None,
+    positions: tuple[int, ...] | None = None,
+    full: Any = None,
 ) -> Any | None:
     """The runner's dispatch phase (which=0: V1 ``_determine_batch_execution_and_padding``,
-    1: MRV2 ``dispatch_cg_and_sync_dp``) in C, its close handed to the Python ``record(t0,
-    t1, *args, **kwargs)`` when it cannot write it. None on the Python path."""
+    1: MRV2 ``dispatch_cg_and_sync_dp`` in the runner, 2: in a speculator's module) in C,
+    its close handed to the Python ``record`` when it cannot write it: ``record(t0, t1,
+    *args, **kwargs)`` for V1, ``record(result, t0, t1, *args, **kwargs)`` for MRV2
+    (``full``: vLLM's ``CUDAGraphMode.FULL``, the hit it reads from the result). None on
+    the Python path."""
     c = _compiled()
     if c is None or not isinstance(rt, c.Core):
         return None
-    return c.Phase(orig, record, impl, rt, which, positions)
+    return c.Phase(orig, record, impl, rt, which, positions, full)
 
 
 def forward_hook(

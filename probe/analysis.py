@@ -227,10 +227,14 @@ def warmup_summary(
 
 _BRACKET = (Phase.EXECUTE, Phase.SAMPLE_TOKENS)
 _DRAFTER_FLAG = int(Flag.DRAFTER)
+_SPAN_FLAG = int(Flag.SPAN)
 
 
 def hooked_calls(
-    s: Step, launch_is_replay: bool = False, v1_launch_is_replay: bool = False
+    s: Step,
+    launch_is_replay: bool = False,
+    v1_launch_is_replay: bool = False,
+    dispatch_in_phase: bool = False,
 ) -> tuple[int, int]:
     """(plain span calls, Python-bodied hook calls) the probe made in this step, from its
     records: phase spans other than the step bracket and the forward launch are span
@@ -240,7 +244,9 @@ def hooked_calls(
     (:func:`calibration_of`): an MRV2 FULL launch and the target replay counted in it are
     one call, as the hooks since ``3792259`` make them; ``v1_launch_is_replay`` the same
     for V1, whose model's FULL wrapper is the launch when ``_model_forward`` is left
-    unhooked."""
+    unhooked. ``dispatch_in_phase``: MRV2's dispatch phase read the decision from what
+    ``dispatch_cg_and_sync_dp`` returned (the manager unhooked, DP 1), so a dispatch
+    carrying its phase span is one call, not two."""
     spans = sum(1 for sp in s.spans if sp.phase not in (*_BRACKET, Phase.FORWARD_LAUNCH))
     hooks = (
         sum(1 for sp in s.spans if sp.phase in (*_BRACKET, Phase.FORWARD_LAUNCH))
@@ -249,6 +255,8 @@ def hooked_calls(
         + len(s.builds)
         + len(s.reorders)
     )
+    if dispatch_in_phase and s.runner == "mrv2":
+        spans -= sum(1 for d in s.dispatches if d.flags & _SPAN_FLAG)
     merged = launch_is_replay if s.runner == "mrv2" else v1_launch_is_replay
     if merged and s.mode == Mode.FULL and s.replayed:
         launches = any(
@@ -265,7 +273,9 @@ def calibration_of(snapshot: Mapping[str, Any] | None) -> dict[str, Any] | None:
     launch one call (``replay.mrv2.run_fullgraph`` installed without the earlier
     ``phase.mrv2.forward_full``), and ``v1_launch_is_replay`` V1's (``replay.wrapper``
     installed, V1's step hooks too, ``phase.v1.forward_launch`` not), for
-    :func:`hooked_calls`."""
+    :func:`hooked_calls`; ``dispatch_in_phase`` whether MRV2's dispatch phase read the
+    decision itself (``dispatch.mrv2.sync_dp`` installed, ``dispatch.mrv2.manager``
+    not: DP 1 since the sixteenth session)."""
     cal = ((snapshot or {}).get("probe") or {}).get("calibration")
     if not isinstance(cal, Mapping):
         return None
@@ -282,6 +292,7 @@ def calibration_of(snapshot: Mapping[str, Any] | None) -> dict[str, Any] | None:
     out["launch_is_replay"] = "replay.mrv2.run_fullgraph" in ids and (
         "phase.mrv2.forward_full" not in ids
     )
+    out["dispatch_in_phase"] = "dispatch.mrv2.sync_dp" in ids and "dispatch.mrv2.manager" not in ids
     out["v1_launch_is_replay"] = (
         "replay.wrapper" in ids
         and "step.v1.execute_model" in ids
@@ -304,7 +315,10 @@ def probe_cost(
     launch = [s.cpu_launch_overhead_ns for s, _ in cal_steps if s.cpu_launch_overhead_ns]
     for s, c in cal_steps:
         n_span, n_hook = hooked_calls(
-            s, bool(c.get("launch_is_replay")), bool(c.get("v1_launch_is_replay"))
+            s,
+            bool(c.get("launch_is_replay")),
+            bool(c.get("v1_launch_is_replay")),
+            bool(c.get("dispatch_in_phase")),
         )
         spans += n_span
         hooks += n_hook

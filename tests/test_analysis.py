@@ -312,6 +312,32 @@ def test_an_mrv2_full_launch_that_is_its_replay_counts_once() -> None:
         assert per_step["hook_calls_per_step"] == (4 if want else 5)
 
 
+def test_an_mrv2_dispatch_read_by_its_phase_counts_once() -> None:
+    """Since MRV2's dispatch phase reads the decision from what it returns (the manager
+    unhooked at DP 1), a dispatch carrying its phase span is one hooked call; recordings
+    whose manager was hooked (``dispatch.mrv2.manager`` installed) keep counting two, and
+    the drafter's dispatch (no span) is one either way."""
+    spans = (SpanRec(7, Phase.EXECUTE, 0, 10), SpanRec(7, Phase.DISPATCH, 1, 2))
+    target = Dispatch(7, Mode.FULL, Reason.HIT, Flag.SPAN | Flag.MRV2, 1, 2, 8, 8, 4, 4, 2, 2)
+    draft = Dispatch(7, Mode.FULL, Reason.HIT, Flag.DRAFTER | Flag.MRV2, 5, 6, 4, 4, 4, 4, 1, 1)
+    s = Step(**{**mk(7, Mode.FULL, 8).__dict__, "runner": "mrv2", "spans": spans,
+                "dispatches": (target, draft)})  # fmt: skip
+    assert analysis.hooked_calls(s) == (1, 3)
+    assert analysis.hooked_calls(s, dispatch_in_phase=True) == (0, 3)
+    v1 = Step(**{**s.__dict__, "runner": "v1"})  # V1's dispatcher is always hooked
+    assert analysis.hooked_calls(v1, dispatch_in_phase=True) == (1, 3)
+    cal = {"span_ns": 100.0, "hook_ns": 200.0}
+    phase = ["dispatch.mrv2.sync_dp", "dispatch.mrv2.draft_sync_dp"]
+    for installed, want in ((phase, True), ([*phase, "dispatch.mrv2.manager"], False),
+                            (["dispatch.mrv2.manager"], False)):  # fmt: skip
+        snap = {"probe": {"calibration": cal}, "hooks": {"installed": installed}}
+        got = analysis.calibration_of(snap)
+        assert got is not None and got["dispatch_in_phase"] is want
+        per_step = analysis.probe_cost([s], {1: got})
+        assert per_step is not None
+        assert per_step["span_calls_per_step"] == (0 if want else 1)
+
+
 def _calibrated_copy(tmp_path: Path, cal: dict[str, Any] | None) -> Path:
     dst = tmp_path / "calibrated.probe.db"
     shutil.copyfile(default_recording(), dst)

@@ -122,7 +122,7 @@ def _run(owner_targets: list[tuple[Target, Any]], path: str, tmp: Path, case: di
     writer.close()
     RT.reset()
     if path == "compiled" and not faults:
-        assert wrappers == {"Dispatch", "Phase"}
+        assert wrappers == {type(t.factory(lambda: None, None)).__name__ for t, _ in owner_targets}
     _PYTHON_WRITES[0] = calls[0]
     return recs, faults
 
@@ -310,7 +310,13 @@ MRV2_IN_C = {
 }  # fmt: skip
 
 
-def _record_mrv2(name: str, path: str, tmp: Path) -> tuple[list[Any], dict[str, int]]:
+def _record_mrv2(
+    name: str, path: str, tmp: Path, hooked: str = "manager+phase"
+) -> tuple[list[Any], dict[str, int]]:
+    """``hooked``: ``"manager+phase"`` (DP > 1, the manager's ``dispatch`` hooked inside
+    the runner's phase), ``"phase"`` (DP 1: the runner's phase alone reads the decision
+    from what the call returns), ``"draft phase"`` (a speculator module's phase alone),
+    ``"manager"`` (the manager alone, as a speculator's was before its phase was hooked)."""
     case = MRV2[name]
     owner = types.ModuleType("fake_model_runner")
     owner.dispatch_cg_and_sync_dp = _sync_dp  # type: ignore[attr-defined]
@@ -330,27 +336,99 @@ def _record_mrv2(name: str, path: str, tmp: Path) -> tuple[list[Any], dict[str, 
             return m.dispatch(*args[:3], max_query_len=2)
         return owner.dispatch_cg_and_sync_dp(m, *args, **kw)  # type: ignore[attr-defined]
 
-    targets = [
-        (Target("dispatch.mrv2.manager", "", "", "dispatch", dispatch.mrv2_dispatch), Manager),
-        (Target("dispatch.mrv2.sync_dp", "", "", "dispatch_cg_and_sync_dp",
-                dispatch.mrv2_sync_dp), owner),
-    ]  # fmt: skip
+    manager = (Target("dispatch.mrv2.manager", "", "", "dispatch", dispatch.mrv2_dispatch),
+               Manager)  # fmt: skip
+    phase = (Target("dispatch.mrv2.sync_dp", "", "", "dispatch_cg_and_sync_dp",
+                    dispatch.mrv2_sync_dp), owner)  # fmt: skip
+    draft = (Target("dispatch.mrv2.draft_sync_dp", "", "", "dispatch_cg_and_sync_dp",
+                    dispatch.mrv2_draft_sync_dp), owner)  # fmt: skip
+    targets = {
+        "manager+phase": [manager, phase], "phase": [phase], "draft phase": [draft],
+        "manager": [manager],
+    }[hooked]  # fmt: skip
     max_query_len = 5  # what _caller_max_query_len finds when the dispatch has neither count
     assert max_query_len
     return _run(targets, path, tmp, case, call)
 
 
 @needs_c
+@pytest.mark.parametrize("hooked", ["manager+phase", "phase", "draft phase"])
 @pytest.mark.parametrize("name", sorted(MRV2))
-def test_compiled_mrv2_phase_writes_what_the_python_hooks_write(name: str, tmp_path: Path) -> None:
-    py, py_faults = _record_mrv2(name, "python", tmp_path)
-    c, c_faults = _record_mrv2(name, "compiled", tmp_path)
+def test_compiled_mrv2_phase_writes_what_the_python_hooks_write(
+    name: str, hooked: str, tmp_path: Path
+) -> None:
+    py, py_faults = _record_mrv2(name, "python", tmp_path, hooked)
+    c, c_faults = _record_mrv2(name, "compiled", tmp_path, hooked)
     assert _strip(c) == _strip(py)
     assert c_faults == py_faults
-    assert c_faults == ({"dispatch.mrv2.sync_dp": 1} if name.startswith("fault") else {})
-    assert len(py) == (0 if name.startswith("fault") else 2)
+    hook_id = "dispatch.mrv2.draft_sync_dp" if hooked == "draft phase" else "dispatch.mrv2.sync_dp"
+    assert c_faults == ({hook_id: 1} if name.startswith("fault") else {})
+    written = 0 if name.startswith("fault") else 2
+    if hooked == "draft phase" and (
+        name in ("bare manager", "vllm raises") or "outside a step" in name
+    ):
+        written = 0  # no hook on the manager; nothing returned; no decision outside a step
+    elif hooked == "phase" and name == "bare manager":
+        written = 0
+    assert len(py) == written
     if name in MRV2_IN_C:
         assert _PYTHON_WRITES[0] == 0
+
+
+MRV2_DP1 = sorted(set(MRV2) - {"re-dispatch (DP 2)", "bare manager", "vllm raises"})
+"""The cases a DP 1 engine has: no re-dispatch, no manager call outside the phase (and
+vLLM returning: when it raises, nothing was returned to read, and the phase is a plain
+span, ``test_mrv2_phase_values``)."""
+
+
+@pytest.mark.parametrize("name", MRV2_DP1)
+def test_mrv2_phase_alone_writes_what_the_hooked_manager_hands_it(
+    name: str, hot_path: str, tmp_path: Path
+) -> None:
+    """At DP 1 the manager is not hooked: the runner's phase reads the decision from the
+    descriptor ``dispatch_cg_and_sync_dp`` returns, with the call's own inputs, and writes
+    the same records (mode, reason, counts, flags, max_query_len) as when the hooked
+    manager handed its decision in; one hooked call instead of two."""
+    both, faults = _record_mrv2(name, hot_path, tmp_path, "manager+phase")
+    alone, alone_faults = _record_mrv2(name, hot_path, tmp_path, "phase")
+    assert _strip(alone) == _strip(both)
+    assert alone_faults == faults
+
+
+DRAFT_SAME = sorted(
+    n for n in MRV2_DP1 if "need_eager" not in n and not n.startswith("fault")
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", DRAFT_SAME)
+def test_mrv2_draft_phase_writes_what_the_speculators_hooked_manager_wrote(
+    name: str, hot_path: str, tmp_path: Path
+) -> None:
+    """A speculator's ``dispatch_cg_and_sync_dp`` hooked (its manager not) writes the
+    drafter's decision as the hooked manager wrote it with no phase around it: one
+    DISPATCH per call, flagged DRAFTER, no SPAN, its reason on a miss."""
+    before, _ = _record_mrv2(name, hot_path, tmp_path, "manager")
+    after, faults = _record_mrv2(name, hot_path, tmp_path, "draft phase")
+    assert faults == {}
+    assert len(after) == 2 and all(isinstance(r, Dispatch) for r in after)
+    assert all(r.flags & Flag.DRAFTER and not r.flags & Flag.SPAN for r in after)
+    expect = [
+        tuple(v | Flag.DRAFTER if k == "flags" else v for k, v in vars_of(r).items()
+              if k not in ("t0", "t1"))
+        for r in before
+    ]  # fmt: skip
+    assert _strip(after) == expect
+
+
+def test_mrv2_draft_phase_need_eager(hot_path: str, tmp_path: Path) -> None:
+    """The speculator's eager call (its profile run) skips the manager: inside a step it is
+    the drafter's FORCED_EAGER decision; outside one nothing is written."""
+    (r, _), _ = _record_mrv2("need_eager", hot_path, tmp_path, "draft phase")
+    assert (r.mode, r.reason, r.flags) == (
+        Mode.NONE, Reason.FORCED_EAGER, Flag.MRV2 | Flag.DRAFTER,
+    )  # fmt: skip
+    recs, _ = _record_mrv2("need_eager outside a step", hot_path, tmp_path, "draft phase")
+    assert recs == []
 
 
 def test_mrv2_phase_values(hot_path: str, tmp_path: Path) -> None:
@@ -374,6 +452,15 @@ def test_mrv2_phase_values(hot_path: str, tmp_path: Path) -> None:
     assert r.flags & Flag.DRAFTER
     (r, _), _ = _record_mrv2("bare manager", hot_path, tmp_path)
     assert not r.flags & Flag.SPAN
+    # the phase alone (DP 1): vLLM raised, nothing returned to read: a plain span
+    (r, _), _ = _record_mrv2("vllm raises", hot_path, tmp_path, "phase")
+    assert isinstance(r, Span) and (r.phase, r.flags) == (Phase.DISPATCH, Flag.MRV2)
+    # ... and the DP 2 case without its manager hooked: the returned (synced) descriptor
+    # with the call's own inputs
+    (r, _), _ = _record_mrv2("re-dispatch (DP 2)", hot_path, tmp_path, "phase")
+    assert (r.mode, r.num_tokens, r.padded_tokens, r.flags & Flag.SPAN) == (
+        Mode.FULL, 6, 8, Flag.SPAN,
+    )  # fmt: skip
 
 
 @needs_c

@@ -335,7 +335,7 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     return compiled if compiled is not None else dispatch
 
 
-def _caller_max_query_len(depth: int = 6) -> int:
+def _caller_max_query_len(depth: int = 6, above: int = 2) -> int:
     """The batch's longest query as MRV2's own caller computed it, for a dispatch that
     was given neither a uniform token count nor ``max_query_len``.
 
@@ -348,7 +348,7 @@ def _caller_max_query_len(depth: int = 6) -> int:
     ``max_query_len`` (``input_batch.num_scheduled_tokens.max()``). Read from the
     nearest caller frame that has one; 0 when none does. Only these batches pay for it.
     """
-    frame: Any = sys._getframe(2)  # above the dispatch wrapper
+    frame: Any = sys._getframe(above)  # above the hook's record (the frames between)
     for _ in range(depth):
         if frame is None:
             break
@@ -364,8 +364,77 @@ def _caller_max_query_len(depth: int = 6) -> int:
     return 0
 
 
+Decision = tuple[int, int, int, int, int, int, int, int, int]
+"""A decision's fields: mode, reason, flags, num_tokens, padded_tokens, num_reqs,
+padded_reqs, max_q, uq (as :func:`_put` writes them)."""
+
+
+class _Mrv2Decider:
+    """An MRV2 graph manager's decision as one DISPATCH's fields, from the manager, the
+    ``BatchExecutionDescriptor`` its ``dispatch`` returned and that call's inputs: shared
+    by the manager's own hook and the dispatch phase (which reads the descriptor
+    ``dispatch_cg_and_sync_dp`` returns). A FULL hit costs one comparison; only a miss
+    computes its reason, once per distinct input (:class:`_ReasonMemo`)."""
+
+    __slots__ = ("full", "memo", "piecewise")
+
+    def __init__(self) -> None:
+        self.full, self.piecewise = _mode_members()
+        self.memo = _ReasonMemo()
+
+    def __call__(
+        self,
+        manager: Any,
+        desc: Any,
+        num_reqs: Any,
+        num_tokens: Any,
+        utc: Any,
+        maxq: Any,
+        key: tuple[Any, ...],
+        inputs: Callable[[], dict[str, Any]],
+    ) -> Decision:
+        """``(mode, reason, flags, num_tokens, padded_tokens, num_reqs, padded_reqs,
+        max_q, uq)``. Only a miss reads ``key`` (the call's inputs, hashable) and, once
+        per distinct key, calls ``inputs()``: the keyword arguments ``mrv2_reason``
+        takes."""
+        cg_mode = desc.cg_mode
+        m = 2 if cg_mode is self.full else 1 if cg_mode is self.piecewise else int(cg_mode.value)
+        if m == 2:
+            reason = _HIT
+        else:
+            ctx = RT.graph_ctx
+            memo_key = (
+                getattr(manager, "_graphs_captured", None),
+                getattr(manager, "cudagraph_mode", None),
+                m,
+                desc.num_tokens,
+                desc.num_reqs,
+                key,
+            )
+            reason = self.memo.get(
+                manager,
+                ctx,
+                memo_key,
+                lambda: _reasons().mrv2_reason(manager, desc, ctx=ctx, **inputs()),
+            )
+        dql = manager.decode_query_len
+        # int(): the speculators pass numpy integers (``num_scheduled_tokens.max()``),
+        # and a numpy int32 shifted left by 32 is 0, not the packed pair.
+        max_q = int(maxq or utc or _caller_max_query_len(above=3))  # above its caller
+        f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
+        if RT.drafter or type(manager).__name__ != "ModelCudaGraphManager":
+            f |= _DRAFTER
+        if utc is not None and utc == dql:
+            f |= _UNIFORM
+        return (
+            m, reason, f, num_tokens, desc.num_tokens, num_reqs, desc.num_reqs or 0, max_q, dql,
+        )  # fmt: skip
+
+
 def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
-    """``CudaGraphManager.dispatch`` (MRV2): the target's and the speculator's managers.
+    """``CudaGraphManager.dispatch`` (MRV2), hooked only where the dispatch phase cannot
+    see the decision in what it returns: under DP > 1 (:func:`late_targets`), where the
+    synced re-dispatch's own inputs give its reason.
 
     The arguments are read by position (fixed at install from the signature, so both
     0.26's four parameters and 0.33's six work); only a miss binds them, once per
@@ -374,9 +443,7 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     i_reqs, i_tok, i_utc, i_maxq = _positions(
         sig, "num_reqs", "num_tokens", "uniform_token_count", "max_query_len"
     )
-    memo = _ReasonMemo()
-    hit = _HIT
-    full, piecewise = _mode_members()
+    decide = _Mrv2Decider()
 
     def record(desc: Any, t0: int, t1: int, self: Any, *args: Any, **kwargs: Any) -> None:
         try:
@@ -385,50 +452,11 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             num_tokens = args[i_tok] if 0 <= i_tok < n else kwargs.get("num_tokens", 0)
             utc = args[i_utc] if 0 <= i_utc < n else kwargs.get("uniform_token_count")
             maxq = args[i_maxq] if 0 <= i_maxq < n else kwargs.get("max_query_len")
-            cg_mode = desc.cg_mode
-            m = 2 if cg_mode is full else 1 if cg_mode is piecewise else int(cg_mode.value)
-            if m == 2:
-                reason = hit
-            else:
-                ctx = RT.graph_ctx
-                key = (
-                    getattr(self, "_graphs_captured", None),
-                    getattr(self, "cudagraph_mode", None),
-                    m,
-                    desc.num_tokens,
-                    desc.num_reqs,
-                    _frozen(args, kwargs),
-                )
-                reason = memo.get(
-                    self,
-                    ctx,
-                    key,
-                    lambda: _reasons().mrv2_reason(
-                        self, desc, ctx=ctx, **_bind(sig, (self, *args), kwargs)
-                    ),
-                )
-            dql = self.decode_query_len
-            # int(): the speculators pass numpy integers (``num_scheduled_tokens.max()``),
-            # and a numpy int32 shifted left by 32 is 0, not the packed pair.
-            max_q = int(maxq or utc or _caller_max_query_len())
-            f = _MRV2 | (0 if RT.in_step else _OUTSIDE)
-            if RT.drafter or type(self).__name__ != "ModelCudaGraphManager":
-                f |= _DRAFTER
-            if utc is not None and utc == dql:
-                f |= _UNIFORM
-            _decide(
-                m,
-                reason,
-                f,
-                t0,
-                t1,
-                num_tokens,
-                desc.num_tokens,
-                num_reqs,
-                desc.num_reqs or 0,
-                max_q,
-                dql,
-            )
+            m, reason, f, nt, pt, nr, pr, mq, uq = decide(
+                self, desc, num_reqs, num_tokens, utc, maxq, _frozen(args, kwargs),
+                lambda: _bind(sig, (self, *args), kwargs),
+            )  # fmt: skip
+            _decide(m, reason, f, t0, t1, nt, pt, nr, pr, mq, uq)
         except Exception as exc:
             hook.fail(exc)
 
@@ -436,23 +464,56 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
 
     # a FULL hit (the steady state) is recorded in C; everything else by ``record``
     positions = (i_reqs, i_tok, i_utc, i_maxq)
-    compiled = accel.dispatch_hook(orig, record, RT, full, 1, positions)
+    compiled = accel.dispatch_hook(orig, record, RT, decide.full, 1, positions)
     return compiled if compiled is not None else dispatch
 
 
-def mrv2_sync_dp(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
-    """``dispatch_cg_and_sync_dp``: DISPATCH span; records forced-eager steps itself."""
-    eager = int(Reason.FORCED_EAGER)
+def _mrv2_phase(orig: Callable[..., Any], hook: Hook, draft: bool) -> Callable[..., Any]:
+    """``dispatch_cg_and_sync_dp``: the step's graph decision and its span.
 
-    def close(t0: int, t1: int, /, *args: Any, **kwargs: Any) -> None:
+    The decision is the one a hooked manager handed in (under DP > 1: the last
+    re-dispatch), else the descriptor the call returns with the call's own inputs (the
+    manager is not hooked: one hooked call per decision, not two); ``need_eager`` (the
+    manager skipped) is FORCED_EAGER inside a step. The runner's phase (``draft`` False)
+    writes it as a DISPATCH with ``Flag.SPAN`` (a plain span when nothing was decided);
+    a speculator's (``draft``) as the drafter's own DISPATCH, nothing when nothing was."""
+    eager = int(Reason.FORCED_EAGER)
+    sig = inspect.signature(orig)
+    i_reqs, i_tok, i_utc, i_maxq = _positions(
+        sig, "num_reqs", "num_tokens", "uniform_token_count", "max_query_len"
+    )
+    decide = _Mrv2Decider()
+    extra = _MRV2 | (_DRAFTER if draft else 0)
+
+    def close(res: Any, t0: int, t1: int, /, *args: Any, **kwargs: Any) -> None:
         try:
             rt = RT
-            if kwargs.get("need_eager") and rt.in_step:
-                num_reqs = args[1] if len(args) > 1 else kwargs.get("num_reqs", 0)
-                num_tokens = args[2] if len(args) > 2 else kwargs.get("num_tokens", 0)
-                f = _MRV2 | (_DRAFTER if rt.drafter else 0)
-                _decide(0, eager, f, t0, t1, num_tokens, num_tokens, num_reqs, num_reqs, 0, 0)
-            _close_phase(t0, t1, _MRV2)
+            n = len(args)
+            num_reqs = args[i_reqs] if 0 <= i_reqs < n else kwargs.get("num_reqs", 0)
+            num_tokens = args[i_tok] if 0 <= i_tok < n else kwargs.get("num_tokens", 0)
+            if kwargs.get("need_eager"):
+                if rt.in_step:
+                    f = extra | (_DRAFTER if rt.drafter else 0)
+                    _decide(0, eager, f, t0, t1, num_tokens, num_tokens, num_reqs, num_reqs, 0, 0)
+            elif not rt.decided and isinstance(res, tuple) and res:
+                utc = args[i_utc] if 0 <= i_utc < n else kwargs.get("uniform_token_count")
+                maxq = args[i_maxq] if 0 <= i_maxq < n else kwargs.get("max_query_len")
+                loras = kwargs.get("num_active_loras", 0)
+                manager = args[0] if args else kwargs["cudagraph_manager"]
+                m, reason, f, nt, pt, nr, pr, mq, uq = decide(
+                    manager, res[0], num_reqs, num_tokens, utc, maxq,
+                    (num_reqs, num_tokens, utc, maxq, loras),
+                    lambda: {
+                        "num_reqs": num_reqs, "num_tokens": num_tokens,
+                        "uniform_token_count": utc, "max_query_len": maxq,
+                        "num_active_loras": loras,
+                    },
+                )  # fmt: skip
+                _decide(m, reason, f | (extra & _DRAFTER), t0, t1, nt, pt, nr, pr, mq, uq)
+            if draft:
+                _close_draft(t0, t1)
+            else:
+                _close_phase(t0, t1, _MRV2)
         except Exception as exc:
             _abandon_phase(hook, exc)
 
@@ -461,15 +522,45 @@ def mrv2_sync_dp(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             return orig(*args, **kwargs)
         RT.decided = 0
         RT.phase_open = 1
+        res = None
         t0 = _clock(BOOTTIME)
         try:
-            return orig(*args, **kwargs)
+            res = orig(*args, **kwargs)
+            return res
         finally:
             t1 = _clock(BOOTTIME)
-            close(t0, t1, *args, **kwargs)
+            close(res, t0, t1, *args, **kwargs)
 
-    compiled = accel.phase_hook(orig, close, wrapper, RT, 1)
+    positions = (i_reqs, i_tok, i_utc, i_maxq)
+    compiled = accel.phase_hook(orig, close, wrapper, RT, 2 if draft else 1, positions, decide.full)
     return compiled if compiled is not None else wrapper
+
+
+def _close_draft(t0: int, t1: int) -> None:
+    """End of a speculator's dispatch phase: its decision as the drafter's own DISPATCH
+    record (no span of the step's dispatch phase), nothing when none was made."""
+    rt = RT
+    decided = rt.decided
+    if decided:
+        decision = (
+            rt.dec_mode, rt.dec_reason, rt.dec_flags, rt.dec_num_tokens, rt.dec_padded_tokens,
+            rt.dec_num_reqs, rt.dec_padded_reqs, rt.dec_max_q, rt.dec_uq,
+        )  # fmt: skip
+    rt.phase_open = rt.decided = rt.phase_num_reqs = rt.phase_max_q = 0
+    if decided:
+        _put(decision, t0, t1)
+
+
+def mrv2_sync_dp(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    """The runner's ``dispatch_cg_and_sync_dp``: the step's decision with the DISPATCH
+    span (:func:`_mrv2_phase`)."""
+    return _mrv2_phase(orig, hook, draft=False)
+
+
+def mrv2_draft_sync_dp(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
+    """A speculator module's ``dispatch_cg_and_sync_dp``: the drafter's decision
+    (:func:`_mrv2_phase`)."""
+    return _mrv2_phase(orig, hook, draft=True)
 
 
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
@@ -493,14 +584,6 @@ TARGETS: tuple[Target, ...] = (
         gate="on",
     ),
     Target(
-        "dispatch.mrv2.manager",
-        "vllm.v1.worker.gpu.cudagraph_utils",
-        "CudaGraphManager",
-        "dispatch",
-        mrv2_dispatch,
-        gate="on",
-    ),
-    Target(
         "dispatch.mrv2.sync_dp",
         MRV2_RUNNER,
         "",
@@ -510,5 +593,41 @@ TARGETS: tuple[Target, ...] = (
     ),
 )
 
-FAMILY = Family("dispatch", "0.26-0.33", TARGETS)
+MRV2_MANAGERS = "vllm.v1.worker.gpu.cudagraph_utils"
+MANAGER = Target("dispatch.mrv2.manager", MRV2_MANAGERS, "CudaGraphManager", "dispatch",
+                 mrv2_dispatch, gate="on")  # fmt: skip
+DRAFT_SYNC_DP = Target("dispatch.mrv2.draft_sync_dp", "", "", "dispatch_cg_and_sync_dp",
+                       mrv2_draft_sync_dp, gate="on")  # fmt: skip
+
+
+def late_targets(runner: Any) -> list[tuple[Target, Any]]:
+    """MRV2's targets that depend on the live runner: the speculator's dispatch phase (in
+    each module of its class that calls ``dispatch_cg_and_sync_dp``: the drafter's
+    decision, one hooked call), and ``CudaGraphManager.dispatch`` only under DP > 1
+    (where a synced re-dispatch inside the phase has its own inputs and reason). At DP 1
+    the phase reads the manager's decision from what it returns, so a step's decision
+    costs one hooked call, not two."""
+    runner_mod = sys.modules.get(MRV2_RUNNER)
+    cls = getattr(runner_mod, "GPUModelRunner", None)
+    if not isinstance(cls, type) or not isinstance(runner, cls):
+        return []
+    out: list[tuple[Target, Any]] = []
+    if int(getattr(runner, "dp_size", 1) or 1) > 1:
+        manager = getattr(sys.modules.get(MRV2_MANAGERS), "CudaGraphManager", None)
+        if isinstance(manager, type):
+            out.append((MANAGER, manager))
+    drafter = getattr(runner, "speculator", None) or getattr(runner, "drafter", None)
+    seen: set[str] = set()
+    for klass in type(drafter).__mro__ if drafter is not None else ():
+        name = klass.__module__
+        mod = sys.modules.get(name)
+        if name in seen or mod is None or mod is runner_mod:
+            continue
+        seen.add(name)
+        if callable(vars(mod).get("dispatch_cg_and_sync_dp")):
+            out.append((DRAFT_SYNC_DP, mod))
+    return out
+
+
+FAMILY = Family("dispatch", "0.26-0.33", TARGETS, late_targets)
 TARGETS = FAMILY.targets  # each marked with its family

@@ -99,7 +99,12 @@ def test_v1_rebuilt_dispatchers_get_their_own_reasons(
 def test_mrv2_rebuilt_managers_get_their_own_reasons(
     vl: Vllm, single_rank_dist: None, wring: RingWriter, kit: Any
 ) -> None:
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+
+    from probe.hooks import dispatch
+
     hooks.install(["dispatch"], lazy=False)
+    assert hooks.INSTALLER.install_on(dispatch.MANAGER, CudaGraphManager)  # as under DP > 1
     hooks.enable(wring, gpu_timing=False)
     RT.graph_ctx = None
     expected: list[tuple[int, int]] = []

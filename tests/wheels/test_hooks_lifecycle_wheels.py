@@ -8,6 +8,7 @@ the reason ``probe.reasons`` derives for it.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from probe.records import Dispatch, Flag
 from probe.ring import RingWriter
 from probe.runtime import RT
 
-from .test_reasons import _mrv2_dispatch, _uniform_decode
+from .test_reasons import _mrv2_dispatch, _uniform_decode, _uniform_token_count
 from .vllm_env import Resolved
 
 pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
@@ -68,12 +69,137 @@ def test_lifecycle_restores_by_identity(target: Target, kit: Any, vllm_version: 
 
 
 def test_dispatch_targets_resolve(vllm_version: str) -> None:
-    """The dispatch family, MRV2 included, resolves fully in both trees."""
+    """The dispatch family, MRV2 included, resolves fully in every tree; the MRV2
+    manager's ``dispatch`` (hooked only under DP > 1, a late target) too."""
     report = hooks.install(["dispatch"], lazy=False)
-    assert {"dispatch.v1.dispatcher", "dispatch.mrv2.manager"} <= set(report.installed), (
+    assert {"dispatch.v1.dispatcher", "dispatch.mrv2.sync_dp"} <= set(report.installed), (
         report.missing
     )
+    assert "dispatch.mrv2.manager" not in report.installed
+    _hook_manager()
     hooks.uninstall()
+
+
+def _hook_manager() -> Any:
+    """The real ``CudaGraphManager.dispatch`` hooked, as the dispatch family's late targets
+    do under DP > 1 (:func:`probe.hooks.dispatch.late_targets`); returns vLLM's own."""
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+
+    from probe.hooks import dispatch
+
+    own = vars(CudaGraphManager)["dispatch"]
+    assert hooks.INSTALLER.install_on(dispatch.MANAGER, CudaGraphManager)
+    assert vars(CudaGraphManager)["dispatch"] is not own
+    return own
+
+
+def _speculator_classes() -> list[type]:
+    """The tree's MRV2 speculator classes whose module calls ``dispatch_cg_and_sync_dp``."""
+    import importlib
+    import inspect as _inspect
+
+    out = []
+    for kind in ("autoregressive", "target_dependent_ar", "multi_module_mtp", "dflash"):
+        try:
+            mod = importlib.import_module(f"vllm.v1.worker.gpu.spec_decode.{kind}.speculator")
+        except ImportError:
+            continue
+        if "dispatch_cg_and_sync_dp" not in vars(mod):
+            continue
+        out += [
+            c for _, c in _inspect.getmembers(mod, _inspect.isclass)
+            if c.__module__ == mod.__name__ and hasattr(c, "propose")
+        ]  # fmt: skip
+    return out
+
+
+def test_dispatch_late_targets_on_the_real_runner(vllm_version: str) -> None:
+    """On the tree's own MRV2 runner class: every speculator's module gets its phase
+    hook (the drafter's decision), the manager's ``dispatch`` only under DP > 1; each
+    installs and is restored by identity."""
+    import sys
+
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    from probe.hooks import dispatch
+
+    specs = _speculator_classes()
+    assert specs, "no MRV2 speculator class found"
+    runner = object.__new__(GPUModelRunner)
+
+    def dp(n: int) -> None:  # 0.33: a property over the (elastic) parallel config
+        if isinstance(getattr(GPUModelRunner, "dp_size", None), property):
+            runner.parallel_config = types.SimpleNamespace(data_parallel_size=n)
+        else:
+            runner.dp_size = n
+
+    dp(1)
+    # the engine's speculator is a subclass defined elsewhere (e.g. the model's MTP one):
+    # the hook goes on the module of its base that calls dispatch_cg_and_sync_dp
+    sub = type("ModelsOwnSpeculator", (specs[0],), {})
+    sub.__abstractmethods__ = frozenset()
+    runner.speculator = object.__new__(sub)
+    late = dispatch.late_targets(runner)
+    mod = sys.modules[specs[0].__module__]
+    assert [(t.hook_id, o) for t, o in late] == [("dispatch.mrv2.draft_sync_dp", mod)]
+    dp(2)
+    late = dispatch.late_targets(runner)
+    assert [t.hook_id for t, _ in late] == [
+        "dispatch.mrv2.manager", "dispatch.mrv2.draft_sync_dp",
+    ]  # fmt: skip
+    own = {id(o): vars(o)[t.name] for t, o in late}
+    hooks.install(["dispatch"], lazy=False)
+    try:
+        for t, o in late:
+            assert hooks.INSTALLER.install_on(t, o)
+            assert vars(o)[t.name] is not own[id(o)]
+    finally:
+        hooks.uninstall()
+    assert all(vars(o)[t.name] is own[id(o)] for t, o in late)
+    assert dispatch.late_targets(object()) == []  # not an MRV2 runner: nothing
+
+
+@pytest.mark.parametrize(("engine", "q", "prefill"), MRV2_SHAPES, ids=lambda v: str(v))
+def test_mrv2_phase_reads_the_real_managers_decision(
+    engine: str,
+    q: tuple[int, ...],
+    prefill: bool,
+    mrv2_managers: Callable[[str], tuple[Any, Resolved]],
+    wring: RingWriter,
+    kit: Any,
+) -> None:
+    """DP 1, the manager not hooked: the real ``dispatch_cg_and_sync_dp`` through the
+    runner module's hooked name writes one DISPATCH with the phase's span, whose mode,
+    reason and counts are the real manager's decision for those inputs."""
+    import inspect as _inspect
+
+    from vllm.v1.worker.gpu import model_runner
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+
+    m, res = mrv2_managers(engine)
+    own = vars(CudaGraphManager)["dispatch"]
+    hooks.install(["dispatch"], lazy=False)
+    assert vars(CudaGraphManager)["dispatch"] is own  # vLLM's own: not a hooked call
+    hooks.enable(wring, gpu_timing=False)
+    RT.graph_ctx = res.ctx
+    RT.step, RT.in_step = 4, 1
+    utc = _uniform_token_count(q, prefill)
+    extra = {}
+    if "max_query_len" in _inspect.signature(model_runner.dispatch_cg_and_sync_dp).parameters:
+        extra["max_query_len"] = None if prefill else max(q)
+    for _ in range(2):  # a repeated miss: from the reason memo
+        desc, _sync = model_runner.dispatch_cg_and_sync_dp(m, len(q), sum(q), utc, 1, 0, **extra)
+    RT.in_step = 0
+    hooks.disable()
+    kwargs = {"num_reqs": len(q), "num_tokens": sum(q), "uniform_token_count": utc, **extra}
+    expected = mrv2_reason(m, desc, ctx=res.ctx, **kwargs)
+    recs = [r for r in kit.drain(wring)[0] if isinstance(r, Dispatch)]
+    assert len(recs) == 2 and recs[0].reason == recs[1].reason
+    rec = recs[0]
+    assert rec.flags & (Flag.SPAN | Flag.MRV2) == Flag.SPAN | Flag.MRV2
+    assert (rec.mode.value, rec.reason) == (desc.cg_mode.value, expected)
+    assert (rec.num_tokens, rec.padded_tokens, rec.num_reqs) == (sum(q), desc.num_tokens, len(q))
+    assert bool(rec.flags & Flag.UNIFORM) == (utc == m.decode_query_len)
 
 
 @pytest.mark.parametrize(("engine", "q"), V1_SHAPES, ids=lambda v: str(v))
@@ -150,6 +276,7 @@ def test_mrv2_dispatch_record_matches_real_call(
 ) -> None:
     m, res = mrv2_managers(engine)
     hooks.install(["dispatch"], lazy=False)
+    _hook_manager()  # as under DP > 1
     hooks.enable(wring, gpu_timing=False)
     RT.graph_ctx = res.ctx
     desc, kwargs = _mrv2_dispatch(m, q, prefill, 0)
@@ -248,7 +375,9 @@ def test_v1_forward_launch_in_the_real_classes(kit: Any, vllm_version: str) -> N
     assert vars(GPUModelRunner)["_model_forward"] is original
 
 
+@pytest.mark.parametrize("manager_hooked", [False, True], ids=["dp1", "dp2 hooks"])
 def test_mrv2_fast_prefill_dispatch_is_not_the_step_decision(
+    manager_hooked: bool,
     mrv2_managers: Callable[[str], tuple[Any, Resolved]],
     wring: RingWriter,
     kit: Any,
@@ -256,9 +385,10 @@ def test_mrv2_fast_prefill_dispatch_is_not_the_step_decision(
 ) -> None:
     """MRV2 with ``kv_sharing_fast_prefill`` (0.30, 0.33): on a step with a prefill the runner's
     dispatch phase decides the batch, then ``FastPrefillHelper.prepare`` asks the same
-    target manager about the logits count, after the phase. Both are recorded (the real
-    functions through the installed hooks); the assembled step's decision is the
-    phase's."""
+    target manager about the logits count, after the phase. At DP 1 the manager is not
+    hooked and only the phase's decision is recorded; with the manager hooked (DP > 1)
+    both are (the real functions through the installed hooks). Either way the assembled
+    step's decision is the phase's."""
     try:
         from vllm.v1.worker.gpu.attn_utils import FastPrefillHelper
     except ImportError:
@@ -272,6 +402,8 @@ def test_mrv2_fast_prefill_dispatch_is_not_the_step_decision(
     m, res = mrv2_managers("fap_ub_k1")
     helper = FastPrefillHelper(m, 8192)
     hooks.install(["dispatch"], lazy=False)
+    if manager_hooked:
+        _hook_manager()
     hooks.enable(wring, gpu_timing=False)
     RT.graph_ctx = res.ctx
     RT.step, RT.in_step = 7, 1
@@ -283,10 +415,12 @@ def test_mrv2_fast_prefill_dispatch_is_not_the_step_decision(
     hooks.disable()
     assert fast is not None  # the helper did dispatch (the path under test ran)
     recs = [r for r in kit.drain(wring)[0] if isinstance(r, Dispatch)]
-    assert [bool(r.flags & Flag.SPAN) for r in recs] == [True, False]
-    phase, extra = recs
+    spans = [bool(r.flags & Flag.SPAN) for r in recs]
+    assert spans == ([True, False] if manager_hooked else [True])
+    phase = recs[0]
     assert (phase.num_tokens, phase.padded_tokens) == (sum(q), desc.num_tokens)
-    assert extra.num_tokens == len(logits)
+    if manager_hooked:
+        assert recs[1].num_tokens == len(logits)
     asm = StepAssembler(pid=1)
     steps = [s for r in recs for s in asm.feed(r)] + asm.flush()
     [step] = [s for s in steps if s.step == 7]
