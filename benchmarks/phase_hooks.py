@@ -2,7 +2,7 @@
 
     python benchmarks/phase_hooks.py [--n 2000] [--cold 300] [--reqs 64] [--json PATH]
 
-Four targets, each on both hot paths (probe.accel ``compiled`` and ``python``), enabled
+Four targets (five cases), each on both hot paths (probe.accel ``compiled`` and ``python``), enabled
 and inside a step, recording into a real shared-memory ring that never fills:
 
 - MRV2 ``sort_batch_req_ids`` (the installed vLLM's own function) over ``--reqs`` decode
@@ -10,7 +10,9 @@ and inside a step, recording into a real shared-memory ring that never fills:
 - V1 ``_may_reorder_batch`` on a stand-in runner whose original does nothing (vLLM's needs
   a model), ``--reqs`` requests, nothing moves;
 - the MRV2 dispatch phase: ``dispatch_cg_and_sync_dp`` (a stand-in with vLLM's shape)
-  around a stand-in ``ModelCudaGraphManager`` with a FULL hit, both hooks installed;
+  around a stand-in ``ModelCudaGraphManager`` with a FULL hit, both hooks installed (as
+  under DP > 1), and the phase hook alone (DP 1: it reads the decision from the result;
+  on a tree before that it writes a plain span);
 - the V1 dispatch phase: a stand-in ``_determine_batch_execution_and_padding`` around the
   installed vLLM's real ``CudagraphDispatcher`` with a FULL hit, both hooks installed.
 
@@ -155,6 +157,19 @@ def _cases(reqs: int) -> list[tuple[str, Any, Callable[[], Any], Callable[[], An
     out.append((
         "MRV2 dispatch phase (FULL hit)",
         install_mrv2,
+        lambda: mr.dispatch_cg_and_sync_dp(  # type: ignore[attr-defined]
+            mgr, reqs, n_tok, 2, 1, 0, max_query_len=2, need_eager=False, num_active_loras=0
+        ),
+        lambda: base_sync(mgr, reqs, n_tok, 2, 1, 0, max_query_len=2, need_eager=False),
+    ))  # fmt: skip
+
+    def install_mrv2_dp1(i: Any) -> None:
+        i.install_on(Target("dispatch.mrv2.sync_dp", "", "", "dispatch_cg_and_sync_dp",
+                            dispatch.mrv2_sync_dp), mr)  # fmt: skip
+
+    out.append((
+        "MRV2 dispatch phase alone (DP 1, FULL hit)",
+        install_mrv2_dp1,
         lambda: mr.dispatch_cg_and_sync_dp(  # type: ignore[attr-defined]
             mgr, reqs, n_tok, 2, 1, 0, max_query_len=2, need_eager=False, num_active_loras=0
         ),

@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from probe.calibrate import cost_per_step_ns
-from probe.records import BuildTag, Flag, Mode, Phase, Reason, ReplayKind
+from probe.cost import calibration_of, cost_line, hooked_calls, probe_cost
+from probe.records import BuildTag, Mode, Reason
 from probe.step import PHASES, GpuSample, Step
 
 __all__ = [
@@ -221,142 +221,6 @@ def warmup_summary(
             for s in rows[:listed]
         ],
     }
-
-
-# -- the probe's own cost --------------------------------------------------------------------
-
-_BRACKET = (Phase.EXECUTE, Phase.SAMPLE_TOKENS)
-_DRAFTER_FLAG = int(Flag.DRAFTER)
-_SPAN_FLAG = int(Flag.SPAN)
-
-
-def hooked_calls(
-    s: Step,
-    launch_is_replay: bool = False,
-    v1_launch_is_replay: bool = False,
-    dispatch_in_phase: bool = False,
-) -> tuple[int, int]:
-    """(plain span calls, Python-bodied hook calls) the probe made in this step, from its
-    records: phase spans other than the step bracket and the forward launch are span
-    calls; the step bracket (execute_model, sample_tokens), the forward launch, each
-    replay or piecewise pass inside it, each dispatch, build and reorder are hook calls
-    (a dispatch that also carries its phase span counts as both). ``launch_is_replay``
-    (:func:`calibration_of`): an MRV2 FULL launch and the target replay counted in it are
-    one call, as the hooks since ``3792259`` make them; ``v1_launch_is_replay`` the same
-    for V1, whose model's FULL wrapper is the launch when ``_model_forward`` is left
-    unhooked. ``dispatch_in_phase``: MRV2's dispatch phase read the decision from what
-    ``dispatch_cg_and_sync_dp`` returned (the manager unhooked, DP 1), so a dispatch
-    carrying its phase span is one call, not two."""
-    spans = sum(1 for sp in s.spans if sp.phase not in (*_BRACKET, Phase.FORWARD_LAUNCH))
-    hooks = (
-        sum(1 for sp in s.spans if sp.phase in (*_BRACKET, Phase.FORWARD_LAUNCH))
-        + sum(1 for r in s.replays if r.kind != ReplayKind.CAPTURE)
-        + len(s.dispatches)
-        + len(s.builds)
-        + len(s.reorders)
-    )
-    if dispatch_in_phase and s.runner == "mrv2":
-        spans -= sum(1 for d in s.dispatches if d.flags & _SPAN_FLAG)
-    merged = launch_is_replay if s.runner == "mrv2" else v1_launch_is_replay
-    if merged and s.mode == Mode.FULL and s.replayed:
-        launches = any(
-            sp.phase == Phase.FORWARD_LAUNCH and not sp.flags & _DRAFTER_FLAG for sp in s.spans
-        )
-        hooks -= 1 if launches else 0
-    return spans, hooks
-
-
-def calibration_of(snapshot: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The calibration a snapshot carries (``snapshot["probe"]["calibration"]``), or None
-    when it has none (recorded before calibration, or calibration failed). With it,
-    ``launch_is_replay``: whether the hooks that wrote the recording made MRV2's FULL
-    launch one call (``replay.mrv2.run_fullgraph`` installed without the earlier
-    ``phase.mrv2.forward_full``), and ``v1_launch_is_replay`` V1's (``replay.wrapper``
-    installed, V1's step hooks too, ``phase.v1.forward_launch`` not), for
-    :func:`hooked_calls`; ``dispatch_in_phase`` whether MRV2's dispatch phase read the
-    decision itself (``dispatch.mrv2.sync_dp`` installed, ``dispatch.mrv2.manager``
-    not: DP 1 since the sixteenth session)."""
-    cal = ((snapshot or {}).get("probe") or {}).get("calibration")
-    if not isinstance(cal, Mapping):
-        return None
-    try:
-        ok = all(float(cal[k]) >= 0 for k in ("span_ns", "hook_ns"))
-    except (KeyError, TypeError, ValueError):
-        return None
-    if not ok:
-        return None
-    hooks = (snapshot or {}).get("hooks")
-    installed = hooks.get("installed") if isinstance(hooks, Mapping) else None
-    ids = {h for h in installed if isinstance(h, str)} if isinstance(installed, list) else set()
-    out = dict(cal)
-    out["launch_is_replay"] = "replay.mrv2.run_fullgraph" in ids and (
-        "phase.mrv2.forward_full" not in ids
-    )
-    out["dispatch_in_phase"] = "dispatch.mrv2.sync_dp" in ids and "dispatch.mrv2.manager" not in ids
-    out["v1_launch_is_replay"] = (
-        "replay.wrapper" in ids
-        and "step.v1.execute_model" in ids
-        and "phase.v1.forward_launch" not in ids
-    )
-    return out
-
-
-def probe_cost(
-    steps: Iterable[Step], calibrations: Mapping[int, Mapping[str, Any] | None]
-) -> dict[str, Any] | None:
-    """The probe's cost per forward step by each rank's calibration (``pid ->``
-    :func:`calibration_of`), and its share of the CPU launch overhead of the same steps
-    (the sums' ratio). None when no step's rank has a calibration."""
-    cal_steps = [(s, c) for s in forward_steps(steps) if (c := calibrations.get(s.pid)) is not None]
-    if not cal_steps:
-        return None
-    cost = 0.0
-    spans = hooks = 0
-    launch = [s.cpu_launch_overhead_ns for s, _ in cal_steps if s.cpu_launch_overhead_ns]
-    for s, c in cal_steps:
-        n_span, n_hook = hooked_calls(
-            s,
-            bool(c.get("launch_is_replay")),
-            bool(c.get("v1_launch_is_replay")),
-            bool(c.get("dispatch_in_phase")),
-        )
-        spans += n_span
-        hooks += n_hook
-        cost += cost_per_step_ns(dict(c), n_span, n_hook)
-    n = len(cal_steps)
-    per_step = cost / n
-    mean_launch = sum(launch) / len(launch) if launch else None
-    cals = list({id(c): c for _, c in cal_steps}.values())
-    return {
-        "steps": n,
-        "span_calls_per_step": spans / n,
-        "hook_calls_per_step": hooks / n,
-        "span_ns": [float(c["span_ns"]) for c in cals],
-        "hook_ns": [float(c["hook_ns"]) for c in cals],
-        "hot_path": sorted({str(c.get("hot_path")) for c in cals}),
-        "per_step_ns": per_step,
-        "cpu_launch_overhead_mean_ns": mean_launch,
-        "share_of_cpu_launch_overhead": per_step / mean_launch if mean_launch else None,
-    }
-
-
-IN_ENGINE_NOTE = (
-    "a lower bound: in a real engine the hooks cost more than around a no-op"
-    " (one H200, MRV2 k=1: 14 µs of each step's launch window, docs/evidence.md)"
-)
-"""What the calibration leaves out, as measured end to end (benchmarks/gpu/crossover.py)."""
-
-
-def cost_line(cost: Mapping[str, Any] | None) -> str | None:
-    """ "probe cost ≥ X µs per step (Y% of CPU launch overhead; a lower bound ...)", or
-    None without a calibration. The calibration times each wrapper around a no-op; inside
-    vLLM's step the same hooks cost several times that (:data:`IN_ENGINE_NOTE`)."""
-    if not cost:
-        return None
-    line = f"probe cost ≥ {cost['per_step_ns'] / 1e3:.1f} µs per step"
-    share = cost.get("share_of_cpu_launch_overhead")
-    note = f"{share:.1%} of CPU launch overhead; " if share is not None else ""
-    return line + f" ({note}{IN_ENGINE_NOTE})"
 
 
 # -- the ratios, each defined once ------------------------------------------------------------

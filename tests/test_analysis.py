@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from probe import analysis
+from probe import analysis, cost
 from probe.live import LiveStats
 from probe.recording import Recording, default_recording
 from probe.records import Build, Dispatch, Flag, Mode, Phase, Reason, Reorder, ReplayKind
@@ -374,7 +374,7 @@ def test_report_prints_the_probe_cost_only_with_a_calibration(tmp_path: Path) ->
     assert c["share_of_cpu_launch_overhead"] == pytest.approx(share)
     line = (
         f"probe cost ≥ {want / 1e3:.1f} µs per step ({share:.1%} of CPU launch overhead; "
-        f"{analysis.IN_ENGINE_NOTE})"
+        f"{cost.IN_ENGINE_NOTE})"
     )
     assert line in rep["verdict"]
     assert "probe cost" in _text(rep)
