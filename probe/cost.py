@@ -14,7 +14,6 @@ from probe.step import Step
 
 _BRACKET = (Phase.EXECUTE, Phase.SAMPLE_TOKENS)
 _DRAFTER_FLAG = int(Flag.DRAFTER)
-_SPAN_FLAG = int(Flag.SPAN)
 
 
 def hooked_calls(
@@ -43,7 +42,16 @@ def hooked_calls(
         + len(s.reorders)
     )
     if dispatch_in_phase and s.runner == "mrv2":
-        spans -= sum(1 for d in s.dispatches if d.flags & _SPAN_FLAG)
+        # the target's decision and its phase span, one record (a recording keeps them
+        # apart, the same times): one call
+        phase = {
+            (sp.t0, sp.t1)
+            for sp in s.spans
+            if sp.phase == Phase.DISPATCH and not sp.flags & _DRAFTER_FLAG
+        }
+        spans -= sum(
+            1 for d in s.dispatches if not d.flags & _DRAFTER_FLAG and (d.t0, d.t1) in phase
+        )
     merged = launch_is_replay if s.runner == "mrv2" else v1_launch_is_replay
     if merged and s.mode == Mode.FULL and s.replayed:
         launches = any(

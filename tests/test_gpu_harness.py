@@ -664,6 +664,39 @@ def test_crossover_difference_between_two_variants(tmp_path: Path) -> None:
     assert len(doc["variants"]) == 3 and doc["differences"][0]["a"] == "all off=absent"
 
 
+def test_crossover_tags_compare_two_probe_trees(tmp_path: Path) -> None:
+    """``RESULTS@TAG``: the runs of two probe trees (a before/after in one session) pool
+    apart under their tags, and ``--diff 'new: all' 'old: all'`` prints the difference of
+    their costs (here 30 - 45 µs); untagged files keep their variant names."""
+    crossover = _crossover()
+    assert crossover.tagged("a/r.json.gz@new") == ("a/r.json.gz", "new")
+    assert crossover.tagged("a/r.json=a/r.probe.db@old") == ("a/r.json=a/r.probe.db", "old")
+    assert crossover.tagged("runs@2/r.json") == ("runs@2/r.json", "")
+    assert crossover.tagged("r.json") == ("r.json", "")
+    rng = random.Random(9)
+    files = []
+    for name, cost in (("n1", 30_000), ("o1", 45_000), ("n2", 30_000), ("o2", 45_000)):
+        rows = _crossover_rows(
+            16, 8, 12, lambda g, i, on, c=cost: 3_000_000 + c * on + rng.gauss(0, 4_000)
+        )
+        src = tmp_path / f"{name}.json"
+        src.write_text(json.dumps({"experiments": [{"scenario": "s", "result": {
+            "runs": [_crossover_run(rows)]}}]}))  # fmt: skip
+        files.append(f"{src}@{'new' if name[0] == 'n' else 'old'}")
+    out = tmp_path / "pooled.json"
+    cli = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/gpu/crossover.py"), "--pool", *files,
+         "--diff", "new: all", "old: all", "--json", str(out)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "[new: all] - [old: all]: step_steady -" in cli.stdout
+    doc = json.loads(out.read_text())
+    assert sorted(r["variant"] for r in doc["variants"]) == ["new: all", "old: all"]
+    assert all(r["runs"] == 2 for r in doc["variants"])
+    (d,) = doc["differences"]
+    assert abs(d["median_us"] + 15) < 3 and d["ci95_us"][1] < 0
+
+
 def test_crossover_halves_separate_a_cost_that_fades_after_each_switch() -> None:
     """``half_costs``: a cost of 40 µs a step plus 60 µs on the first ten steps after each
     switch (a warm-up) reads about 100 µs in the first half of the blocks (steps 1-7) and

@@ -25,9 +25,11 @@ median of the per-block-pair differences with a bootstrap 95% interval:
 ``--diff A B`` (repeatable) also prints variant A's ``step_steady`` minus variant B's, with
 a bootstrap interval (each side's block pairs resampled apart): what two designs of one
 run differ by, e.g. ``--diff "all off=absent" "all"``, attached against absent beyond
-enabled against dormant. ``--halves`` also prints each block's first half (``step_early``,
-steps 1 to block/2 - 1) and second half (``step_late``) apart: a cost that fades after each
-switch (a warm-up) reads higher early, and a long attachment pays about ``step_late``.
+enabled against dormant, or two probe trees (``RESULTS@TAG`` names a file's variants
+``TAG: variant``: ``--diff "new: all" "old: all"``). ``--halves`` also prints each
+block's first half (``step_early``, steps 1 to block/2 - 1) and second half
+(``step_late``) apart: a cost that fades after each switch (a warm-up) reads higher
+early, and a long attachment pays about ``step_late``.
 """
 
 from __future__ import annotations
@@ -394,10 +396,24 @@ def pooled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def tagged(arg: str) -> tuple[str, str]:
+    """``RESULTS[=RECORDING][@TAG]`` -> (the rest, TAG or ""): runs of two probe trees
+    (a before/after in one session) pooled apart under their tags and compared with
+    ``--diff``. A ``@`` inside a path (one followed by a ``/``) is not a tag."""
+    head, at, tag = arg.rpartition("@")
+    if not at or not tag or "/" in tag or not head:
+        return arg, ""
+    return head, tag
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument(
-        "results", nargs="+", help="RESULTS.json[.gz], or RESULTS=RECORDING.probe.db to pair each"
+        "results",
+        nargs="+",
+        help="RESULTS.json[.gz], or RESULTS=RECORDING.probe.db to pair each; a trailing\n"
+        "@TAG names its variants 'TAG: variant' (runs of two probe trees in one pool, for\n"
+        "--diff 'new: all' 'old: all')",
     )
     ap.add_argument("--recording", type=Path, help="the recording of a single RESULTS")
     ap.add_argument("--pool", action="store_true", help="pool the runs of each variant")
@@ -420,6 +436,7 @@ def main() -> None:
     a = ap.parse_args()
     rows: list[dict[str, Any]] = []
     for arg in a.results:
+        arg, tag = tagged(arg)
         path, _, rec = arg.partition("=")
         raw = Path(path).read_bytes()
         if path.endswith(".gz"):
@@ -427,7 +444,11 @@ def main() -> None:
 
             raw = gzip.decompress(raw)
         recording = Path(rec) if rec else a.recording
-        rows.extend(summarize(json.loads(raw), recording))
+        got = summarize(json.loads(raw), recording)
+        for r in got:
+            if tag:
+                r["variant"] = f"{tag}: {r['variant']}"
+        rows.extend(got)
     if a.pool:
         rows = pooled(rows)
     diffs = [
