@@ -147,34 +147,27 @@ def _cases(reqs: int) -> list[tuple[str, Any, Callable[[], Any], Callable[[], An
         """The phase with neither hook: vLLM's call into the unhooked manager."""
         return orig_mgr(m, num_reqs, num_tokens, utc, k["max_query_len"], num_active_loras=0), None
 
-    def install_mrv2(i: Any) -> None:
+    def sync_dp_hook(i: Any) -> None:
+        i.install_on(Target("dispatch.mrv2.sync_dp", "", "", "dispatch_cg_and_sync_dp",
+                            dispatch.mrv2_sync_dp), mr)  # fmt: skip
+
+    def install_mrv2(i: Any) -> None:  # the manager hooked too (DP > 1; before s16: always)
         i.install_on(Target("dispatch.mrv2.manager", "", "", "dispatch", dispatch.mrv2_dispatch),
                      ModelCudaGraphManager)  # fmt: skip
-        i.install_on(Target("dispatch.mrv2.sync_dp", "", "", "dispatch_cg_and_sync_dp",
-                            dispatch.mrv2_sync_dp), mr)  # fmt: skip
+        sync_dp_hook(i)
 
     n_tok = 2 * reqs
-    out.append((
-        "MRV2 dispatch phase (FULL hit)",
-        install_mrv2,
-        lambda: mr.dispatch_cg_and_sync_dp(  # type: ignore[attr-defined]
-            mgr, reqs, n_tok, 2, 1, 0, max_query_len=2, need_eager=False, num_active_loras=0
-        ),
-        lambda: base_sync(mgr, reqs, n_tok, 2, 1, 0, max_query_len=2, need_eager=False),
-    ))  # fmt: skip
-
-    def install_mrv2_dp1(i: Any) -> None:
-        i.install_on(Target("dispatch.mrv2.sync_dp", "", "", "dispatch_cg_and_sync_dp",
-                            dispatch.mrv2_sync_dp), mr)  # fmt: skip
-
-    out.append((
-        "MRV2 dispatch phase alone (DP 1, FULL hit)",
-        install_mrv2_dp1,
-        lambda: mr.dispatch_cg_and_sync_dp(  # type: ignore[attr-defined]
-            mgr, reqs, n_tok, 2, 1, 0, max_query_len=2, need_eager=False, num_active_loras=0
-        ),
-        lambda: base_sync(mgr, reqs, n_tok, 2, 1, 0, max_query_len=2, need_eager=False),
-    ))  # fmt: skip
+    cases = (("MRV2 dispatch phase (FULL hit)", install_mrv2),
+             ("MRV2 dispatch phase alone (DP 1, FULL hit)", sync_dp_hook))  # fmt: skip
+    for label, install in cases:
+        out.append((
+            label,
+            install,
+            lambda: mr.dispatch_cg_and_sync_dp(  # type: ignore[attr-defined]
+                mgr, reqs, n_tok, 2, 1, 0, max_query_len=2, need_eager=False, num_active_loras=0
+            ),
+            lambda: base_sync(mgr, reqs, n_tok, 2, 1, 0, max_query_len=2, need_eager=False),
+        ))  # fmt: skip
 
     vc = VllmConfig()
     cc = vc.compilation_config

@@ -300,16 +300,23 @@ def test_an_mrv2_full_launch_that_is_its_replay_counts_once() -> None:
         per_step = analysis.probe_cost([v1], {1: got})
         assert per_step is not None and per_step["hook_calls_per_step"] == (4 if want else 5)
 
-    cal = {"span_ns": 100.0, "hook_ns": 200.0}
     new = ["replay.mrv2.run_fullgraph", "phase.mrv2.prepare_attn"]
     for installed, want in ((new, True), ([*new, "phase.mrv2.forward_full"], False),
                             (None, False), ([{"not": "a name"}], False)):  # fmt: skip
-        snap = {"probe": {"calibration": cal}, "hooks": {"installed": installed}}
-        got = analysis.calibration_of(snap)
-        assert got is not None and got["launch_is_replay"] is want
-        per_step = analysis.probe_cost([s], {1: got})
-        assert per_step is not None
+        per_step = _cost_with_hooks(s, installed, "launch_is_replay", want)
         assert per_step["hook_calls_per_step"] == (4 if want else 5)
+
+
+def _cost_with_hooks(s: Step, installed: Any, key: str, want: bool) -> dict[str, Any]:
+    """``probe_cost`` of ``s`` under a calibration whose snapshot lists ``installed``,
+    after checking that the snapshot sets ``key`` to ``want``."""
+    snap = {"probe": {"calibration": {"span_ns": 100.0, "hook_ns": 200.0}},
+            "hooks": {"installed": installed}}  # fmt: skip
+    got = analysis.calibration_of(snap)
+    assert got is not None and got[key] is want
+    per_step = analysis.probe_cost([s], {1: got})
+    assert per_step is not None
+    return per_step
 
 
 def test_an_mrv2_dispatch_read_by_its_phase_counts_once() -> None:
@@ -327,15 +334,10 @@ def test_an_mrv2_dispatch_read_by_its_phase_counts_once() -> None:
     assert analysis.hooked_calls(s, dispatch_in_phase=True) == (0, 3)
     v1 = Step(**{**s.__dict__, "runner": "v1"})  # V1's dispatcher is always hooked
     assert analysis.hooked_calls(v1, dispatch_in_phase=True) == (1, 3)
-    cal = {"span_ns": 100.0, "hook_ns": 200.0}
     phase = ["dispatch.mrv2.sync_dp", "dispatch.mrv2.draft_sync_dp"]
     for installed, want in ((phase, True), ([*phase, "dispatch.mrv2.manager"], False),
                             (["dispatch.mrv2.manager"], False)):  # fmt: skip
-        snap = {"probe": {"calibration": cal}, "hooks": {"installed": installed}}
-        got = analysis.calibration_of(snap)
-        assert got is not None and got["dispatch_in_phase"] is want
-        per_step = analysis.probe_cost([s], {1: got})
-        assert per_step is not None
+        per_step = _cost_with_hooks(s, installed, "dispatch_in_phase", want)
         assert per_step["span_calls_per_step"] == (0 if want else 1)
 
 

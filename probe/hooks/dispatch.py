@@ -190,9 +190,11 @@ def v1_runner_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., An
     return compiled if compiled is not None else wrapper
 
 
-def _close_phase(t0: int, t1: int, extra: int) -> None:
+def _close_phase(t0: int, t1: int, extra: int, draft: bool = False) -> None:
     """End of the runner's dispatch phase: its decision and span in one DISPATCH record
-    (or a plain span when no decision was made inside it)."""
+    (or a plain span when no decision was made inside it). A speculator's phase
+    (``draft``) writes its decision as the drafter's own DISPATCH (no span of the step's
+    dispatch phase), and nothing when none was made."""
     rt = RT
     decided = rt.decided
     if decided:
@@ -201,11 +203,11 @@ def _close_phase(t0: int, t1: int, extra: int) -> None:
             rt.dec_num_reqs, rt.dec_padded_reqs, rt.dec_max_q, rt.dec_uq,
         )  # fmt: skip
     rt.phase_open = rt.decided = rt.phase_num_reqs = rt.phase_max_q = 0
-    if not decided:
+    if decided:
+        _put(decision, t0, t1, 0 if draft else _SPANF)
+    elif not draft:
         f = extra | (0 if rt.in_step else _OUTSIDE) | (_DRAFTER if rt.drafter else 0)
         rt.put.span(rt.step, _PHASE, t0, t1, f, 0, 0)
-        return
-    _put(decision, t0, t1, _SPANF)
 
 
 def _abandon_phase(hook: Hook, exc: BaseException) -> None:
@@ -510,10 +512,7 @@ def _mrv2_phase(orig: Callable[..., Any], hook: Hook, draft: bool) -> Callable[.
                     },
                 )  # fmt: skip
                 _decide(m, reason, f | (extra & _DRAFTER), t0, t1, nt, pt, nr, pr, mq, uq)
-            if draft:
-                _close_draft(t0, t1)
-            else:
-                _close_phase(t0, t1, _MRV2)
+            _close_phase(t0, t1, _MRV2, draft)
         except Exception as exc:
             _abandon_phase(hook, exc)
 
@@ -534,21 +533,6 @@ def _mrv2_phase(orig: Callable[..., Any], hook: Hook, draft: bool) -> Callable[.
     positions = (i_reqs, i_tok, i_utc, i_maxq)
     compiled = accel.phase_hook(orig, close, wrapper, RT, 2 if draft else 1, positions, decide.full)
     return compiled if compiled is not None else wrapper
-
-
-def _close_draft(t0: int, t1: int) -> None:
-    """End of a speculator's dispatch phase: its decision as the drafter's own DISPATCH
-    record (no span of the step's dispatch phase), nothing when none was made."""
-    rt = RT
-    decided = rt.decided
-    if decided:
-        decision = (
-            rt.dec_mode, rt.dec_reason, rt.dec_flags, rt.dec_num_tokens, rt.dec_padded_tokens,
-            rt.dec_num_reqs, rt.dec_padded_reqs, rt.dec_max_q, rt.dec_uq,
-        )  # fmt: skip
-    rt.phase_open = rt.decided = rt.phase_num_reqs = rt.phase_max_q = 0
-    if decided:
-        _put(decision, t0, t1)
 
 
 def mrv2_sync_dp(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
