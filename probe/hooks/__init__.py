@@ -5,7 +5,8 @@ objects, a ``late_targets(runner)`` function):
 
 ========== ============================================================================
 step       step bracket (execute_model + sample_tokens) and host phase spans
-dispatch   graph dispatch decision with its miss reason (V1 dispatcher, MRV2 manager)
+dispatch   graph dispatch decision with its miss reason (V1 dispatcher; MRV2 dispatch
+           phase, the speculator's (late) and, under DP > 1, the manager (late))
 replay     replay confirmation (CUDAGraphWrapper, breakable, MRV2 run_*graph; MRV2 FULL launch)
 builders   attention-metadata builds per builder class (late), host sync stalls
 reorder    batch reorder decisions (V1 _may_reorder_batch, MRV2 sort_batch_req_ids)
