@@ -8,7 +8,6 @@ the reason ``probe.reasons`` derives for it.
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from probe.ring import RingWriter
 from probe.runtime import RT
 
 from .test_reasons import _mrv2_dispatch, _uniform_decode, _uniform_token_count
-from .vllm_env import Resolved
+from .vllm_env import Resolved, mrv2_runner
 
 pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
 
@@ -119,31 +118,19 @@ def test_dispatch_late_targets_on_the_real_runner(vllm_version: str) -> None:
     installs and is restored by identity."""
     import sys
 
-    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
-
     from probe.hooks import dispatch
 
     specs = _speculator_classes()
     assert specs, "no MRV2 speculator class found"
-    runner = object.__new__(GPUModelRunner)
-
-    def dp(n: int) -> None:  # 0.33: a property over the (elastic) parallel config
-        if isinstance(getattr(GPUModelRunner, "dp_size", None), property):
-            runner.parallel_config = types.SimpleNamespace(data_parallel_size=n)
-        else:
-            runner.dp_size = n
-
-    dp(1)
     # the engine's speculator is a subclass defined elsewhere (e.g. the model's MTP one):
     # the hook goes on the module of its base that calls dispatch_cg_and_sync_dp
     sub = type("ModelsOwnSpeculator", (specs[0],), {})
     sub.__abstractmethods__ = frozenset()
-    runner.speculator = object.__new__(sub)
+    runner = mrv2_runner(object.__new__(sub), dp_size=1)
     late = dispatch.late_targets(runner)
     mod = sys.modules[specs[0].__module__]
     assert [(t.hook_id, o) for t, o in late] == [("dispatch.mrv2.draft_sync_dp", mod)]
-    dp(2)
-    late = dispatch.late_targets(runner)
+    late = dispatch.late_targets(mrv2_runner(runner.speculator, dp_size=2))
     assert [t.hook_id for t, _ in late] == [
         "dispatch.mrv2.manager", "dispatch.mrv2.draft_sync_dp",
     ]  # fmt: skip

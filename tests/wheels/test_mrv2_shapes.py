@@ -30,7 +30,15 @@ from probe.records import Dispatch, Flag
 from probe.ring import RingWriter
 from probe.runtime import RT
 
-from .vllm_env import ENGINES, Resolved, Vllm, make_manager, resolve, uniform_token_count
+from .vllm_env import (
+    ENGINES,
+    Resolved,
+    Vllm,
+    make_manager,
+    mrv2_runner,
+    resolve,
+    uniform_token_count,
+)
 
 pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
 
@@ -308,6 +316,12 @@ def test_drafter_prefill_dispatch_record_has_vllm_shape(
     )
     monkeypatch.setattr(mod, "prepare_prefill_inputs", lambda *a, **k: None)
     hooks.install(["dispatch"], lazy=False)
+    # the speculator's dispatch phase, as the first enabled step installs it (DP 1)
+    from probe.hooks import dispatch
+
+    late = dispatch.late_targets(mrv2_runner(spec))
+    assert [t.hook_id for t, _ in late] == ["dispatch.mrv2.draft_sync_dp"]
+    assert all(hooks.INSTALLER.install_on(t, o) for t, o in late)
     hooks.enable(wring, gpu_timing=False)
     RT.graph_ctx = res.ctx
     RT.in_step = 1

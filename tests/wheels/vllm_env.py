@@ -231,3 +231,19 @@ def uniform_token_count(num_reqs: int, num_tokens: int, max_q: int, prefill: boo
     last = list(inspect.signature(fn).parameters)[-1]
     flag = prefill if last == "has_prefill" else not prefill
     return fn(num_reqs, num_tokens, max_q, flag)  # type: ignore[no-any-return]
+
+
+def mrv2_runner(speculator: Any = None, dp_size: int = 1) -> Any:
+    """The tree's own MRV2 ``GPUModelRunner``, uninitialized, with what the dispatch
+    family's late targets read (:func:`probe.hooks.dispatch.late_targets`): its
+    speculator and DP size (0.33: a property over the parallel config, which elastic EP
+    rewrites)."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    runner = object.__new__(GPUModelRunner)
+    if isinstance(getattr(GPUModelRunner, "dp_size", None), property):
+        runner.parallel_config = SimpleNamespace(data_parallel_size=dp_size)
+    else:
+        runner.dp_size = dp_size
+    runner.speculator = speculator
+    return runner
