@@ -323,12 +323,7 @@ static int phase_close(PhaseObject *self, CoreObject *c, PyObject *res, int64_t 
         } else if (!t && !c->decided && res != NULL) { /* the manager's decision, returned */
             if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) < 1 || nargs < 1) return -1;
             PyObject *v[4];
-            PyObject *names[4] = {S_num_reqs, S_num_tokens, S_uniform_token_count,
-                                  S_max_query_len};
-            for (int i = 0; i < 4; i++) {
-                int p = self->w.pos[i];
-                v[i] = (p >= 0 && p < nargs) ? args[p] : kwarg(args, nargs, kwnames, names[i]);
-            }
+            mrv2_inputs(self->w.pos, args, nargs, args, nargs, kwnames, v);
             Mrv2Hit h;
             int k = mrv2_hit(self->w.full, args[0], PyTuple_GET_ITEM(res, 0), v, &h);
             if (k != 0) { /* a miss (its reason), or a count only Python reads */

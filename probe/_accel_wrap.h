@@ -543,6 +543,17 @@ typedef struct {
     int f;
 } Mrv2Hit;
 
+/* An MRV2 dispatch's inputs (num_reqs, num_tokens, uniform_token_count, max_query_len)
+   into v: each at its position ``pos[i]`` among the ``n`` positional arguments ``from``
+   (-1 absent), else by keyword, else NULL. */
+static void mrv2_inputs(const int *pos, PyObject *const *from, Py_ssize_t n,
+                        PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                        PyObject **v) {
+    PyObject *names[4] = {S_num_reqs, S_num_tokens, S_uniform_token_count, S_max_query_len};
+    for (int i = 0; i < 4; i++)
+        v[i] = (pos[i] >= 0 && pos[i] < n) ? from[pos[i]] : kwarg(args, nargs, kwnames, names[i]);
+}
+
 static int mrv2_hit(PyObject *full, PyObject *me, PyObject *desc, PyObject *const *v,
                     Mrv2Hit *h) {
     PyObject *mode = PyObject_GetAttr(desc, S_cg_mode);
@@ -652,13 +663,8 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
         if (bad || PyErr_Occurred()) goto slow_clear;
         if (max_q < 0 || max_q > INT32_MAX || uq < 0 || uq > UINT32_MAX) goto slow;
     } else { /* MRV2: BatchExecutionDescriptor */
-        Py_ssize_t n = nargs - 1;
-        PyObject *v[4];
-        PyObject *names[4] = {S_num_reqs, S_num_tokens, S_uniform_token_count, S_max_query_len};
-        for (int i = 0; i < 4; i++) {
-            int p = self->pos[i];
-            v[i] = (p >= 0 && p < n) ? args[1 + p] : kwarg(args, nargs, kwnames, names[i]);
-        }
+        PyObject *v[4]; /* positions after self */
+        mrv2_inputs(self->pos, args + 1, nargs - 1, args, nargs, kwnames, v);
         Mrv2Hit h;
         int k = mrv2_hit(self->full, me, res, v, &h);
         if (k < 0) goto slow_clear;

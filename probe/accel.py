@@ -244,7 +244,7 @@ def dispatch_hook(
     rt: Any,
     full: Any,
     which: int,
-    positions: tuple[int, int, int, int] | None = None,
+    positions: tuple[int, ...] | None = None,
 ) -> Any | None:
     """A dispatcher (which=0: V1 ``CudagraphDispatcher``, 1: MRV2 ``CudaGraphManager``)
     whose FULL hits are recorded in C; every other result goes to the Python ``record(

@@ -34,7 +34,7 @@ import inspect
 import sys
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import index
 from typing import Any
 
@@ -366,6 +366,21 @@ def _caller_max_query_len(depth: int = 6, above: int = 2) -> int:
     return 0
 
 
+_MRV2_INPUTS = ("num_reqs", "num_tokens", "uniform_token_count", "max_query_len")
+"""The inputs of an MRV2 dispatch the decision is read with (the manager's ``dispatch``
+and ``dispatch_cg_and_sync_dp`` name them alike)."""
+
+
+def _mrv2_inputs(at: Sequence[int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """:data:`_MRV2_INPUTS` of one call, each by its position in ``args`` (``at``, fixed
+    at install by :func:`_positions`; -1 absent) else by keyword, else 0, 0, None, None."""
+    n = len(args)
+    return [
+        args[i] if 0 <= i < n else kwargs.get(name, d)
+        for i, name, d in zip(at, _MRV2_INPUTS, (0, 0, None, None), strict=True)
+    ]
+
+
 Decision = tuple[int, int, int, int, int, int, int, int, int]
 """A decision's fields: mode, reason, flags, num_tokens, padded_tokens, num_reqs,
 padded_reqs, max_q, uq (as :func:`_put` writes them)."""
@@ -442,18 +457,12 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     0.26's four parameters and 0.33's six work); only a miss binds them, once per
     distinct input (:class:`_ReasonMemo`)."""
     sig = inspect.signature(orig)
-    i_reqs, i_tok, i_utc, i_maxq = _positions(
-        sig, "num_reqs", "num_tokens", "uniform_token_count", "max_query_len"
-    )
+    positions = _positions(sig, *_MRV2_INPUTS)
     decide = _Mrv2Decider()
 
     def record(desc: Any, t0: int, t1: int, self: Any, *args: Any, **kwargs: Any) -> None:
         try:
-            n = len(args)
-            num_reqs = args[i_reqs] if 0 <= i_reqs < n else kwargs.get("num_reqs", 0)
-            num_tokens = args[i_tok] if 0 <= i_tok < n else kwargs.get("num_tokens", 0)
-            utc = args[i_utc] if 0 <= i_utc < n else kwargs.get("uniform_token_count")
-            maxq = args[i_maxq] if 0 <= i_maxq < n else kwargs.get("max_query_len")
+            num_reqs, num_tokens, utc, maxq = _mrv2_inputs(positions, args, kwargs)
             m, reason, f, nt, pt, nr, pr, mq, uq = decide(
                 self, desc, num_reqs, num_tokens, utc, maxq, _frozen(args, kwargs),
                 lambda: _bind(sig, (self, *args), kwargs),
@@ -465,8 +474,7 @@ def mrv2_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
     dispatch = timed(orig, record)
 
     # a FULL hit (the steady state) is recorded in C; everything else by ``record``
-    positions = (i_reqs, i_tok, i_utc, i_maxq)
-    compiled = accel.dispatch_hook(orig, record, RT, decide.full, 1, positions)
+    compiled = accel.dispatch_hook(orig, record, RT, decide.full, 1, tuple(positions))
     return compiled if compiled is not None else dispatch
 
 
@@ -480,26 +488,19 @@ def _mrv2_phase(orig: Callable[..., Any], hook: Hook, draft: bool) -> Callable[.
     writes it as a DISPATCH with ``Flag.SPAN`` (a plain span when nothing was decided);
     a speculator's (``draft``) as the drafter's own DISPATCH, nothing when nothing was."""
     eager = int(Reason.FORCED_EAGER)
-    sig = inspect.signature(orig)
-    i_reqs, i_tok, i_utc, i_maxq = _positions(
-        sig, "num_reqs", "num_tokens", "uniform_token_count", "max_query_len"
-    )
+    positions = _positions(inspect.signature(orig), *_MRV2_INPUTS)
     decide = _Mrv2Decider()
     extra = _MRV2 | (_DRAFTER if draft else 0)
 
     def close(res: Any, t0: int, t1: int, /, *args: Any, **kwargs: Any) -> None:
         try:
             rt = RT
-            n = len(args)
-            num_reqs = args[i_reqs] if 0 <= i_reqs < n else kwargs.get("num_reqs", 0)
-            num_tokens = args[i_tok] if 0 <= i_tok < n else kwargs.get("num_tokens", 0)
+            num_reqs, num_tokens, utc, maxq = _mrv2_inputs(positions, args, kwargs)
             if kwargs.get("need_eager"):
                 if rt.in_step:
                     f = extra | (_DRAFTER if rt.drafter else 0)
                     _decide(0, eager, f, t0, t1, num_tokens, num_tokens, num_reqs, num_reqs, 0, 0)
             elif not rt.decided and isinstance(res, tuple) and res:
-                utc = args[i_utc] if 0 <= i_utc < n else kwargs.get("uniform_token_count")
-                maxq = args[i_maxq] if 0 <= i_maxq < n else kwargs.get("max_query_len")
                 loras = kwargs.get("num_active_loras", 0)
                 manager = args[0] if args else kwargs["cudagraph_manager"]
                 m, reason, f, nt, pt, nr, pr, mq, uq = decide(
@@ -530,8 +531,8 @@ def _mrv2_phase(orig: Callable[..., Any], hook: Hook, draft: bool) -> Callable[.
             t1 = _clock(BOOTTIME)
             close(res, t0, t1, *args, **kwargs)
 
-    positions = (i_reqs, i_tok, i_utc, i_maxq)
-    compiled = accel.phase_hook(orig, close, wrapper, RT, 2 if draft else 1, positions, decide.full)
+    which = 2 if draft else 1
+    compiled = accel.phase_hook(orig, close, wrapper, RT, which, tuple(positions), decide.full)
     return compiled if compiled is not None else wrapper
 
 
