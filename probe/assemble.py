@@ -80,10 +80,20 @@ def _expand(recs: Iterable[Decoded]) -> Iterable[Decoded]:
 
 
 def _from_dispatch(recs: list[Decoded]) -> list[Decoded]:
-    """A span marked ``Flag.FROM_DISPATCH`` begins where the step's dispatch phase ended:
-    the end of the last target dispatch span that ended before the span began (MRV2: the
-    runner's ``prepare_inputs`` runs between the two, unhooked). Without one (a step cut by
-    the hooks going on) the span keeps its own start."""
+    """MRV2's ``prepare_inputs`` phase begins where the step's dispatch phase ended: at the
+    end of the last target dispatch span that ended before the marked span began (the
+    runner's ``prepare_inputs`` runs between the two, unhooked). A span marked
+    ``Flag.FROM_DISPATCH``:
+
+    - of the ``prepare_inputs`` phase (the runner's ``prepare_attn`` hook) is extended back
+      to that start;
+    - of another phase (the model state's ``prepare_attn``, the metadata build, since the
+      seventeenth session) ends the phase where it begins: the reader adds the
+      ``prepare_inputs`` span from that start to the marked span's start, marked
+      ``FROM_DISPATCH`` as a recorded one extended back is (:func:`derived_prepare`).
+
+    Without such a dispatch (a step cut by the hooks going on) a ``prepare_inputs`` span
+    keeps its own start and none is added."""
     if not any(isinstance(r, Span) and r.flags & _FROM_DISPATCH for r in recs):
         return recs
     ends = [
@@ -93,12 +103,29 @@ def _from_dispatch(recs: list[Decoded]) -> list[Decoded]:
     ]
     out: list[Decoded] = []
     for r in recs:
-        if isinstance(r, Span) and r.flags & _FROM_DISPATCH:
+        if isinstance(r, Span) and r.flags & _FROM_DISPATCH and not r.flags & _DRAFTER:
             start = max((e for e in ends if e <= r.t0), default=None)
-            if start is not None:
+            if start is not None and r.phase == Phase.PREPARE_INPUTS:
                 r = replace(r, t0=start)
+            elif start is not None:
+                out.append(Span(r.step, Phase.PREPARE_INPUTS, start, r.t0, r.flags))
         out.append(r)
     return out
+
+
+def derived_prepare(spans: Iterable[Span]) -> set[tuple[int, int]]:
+    """The (t0, t1) of the ``prepare_inputs`` spans the reader added (:func:`_from_dispatch`)
+    among a step's spans: each ends where a ``FROM_DISPATCH`` span of another phase begins.
+    They are not calls the probe made (:func:`probe.cost.hooked_calls`)."""
+    spans = list(spans)
+    starts = {
+        sp.t0 for sp in spans if sp.flags & _FROM_DISPATCH and sp.phase != Phase.PREPARE_INPUTS
+    }
+    return {
+        (sp.t0, sp.t1)
+        for sp in spans
+        if sp.phase == Phase.PREPARE_INPUTS and sp.flags & _FROM_DISPATCH and sp.t1 in starts
+    }
 
 
 def _deciding(dispatches: list[Dispatch]) -> list[Dispatch]:

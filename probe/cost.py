@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from probe.assemble import derived_prepare
 from probe.calibrate import cost_per_step_ns
 from probe.records import Flag, Mode, Phase, ReplayKind
 from probe.step import Step
@@ -26,7 +27,9 @@ def hooked_calls(
     records: phase spans other than the step bracket and the forward launch are span
     calls; the step bracket (execute_model, sample_tokens), the forward launch, each
     replay or piecewise pass inside it, each dispatch, build and reorder are hook calls
-    (a dispatch that also carries its phase span counts as both). ``launch_is_replay``
+    (a dispatch that also carries its phase span counts as both); MRV2's ``prepare_inputs``
+    span that the reader derived from the metadata build's (:func:`probe.assemble.
+    derived_prepare`) is none. ``launch_is_replay``
     (:func:`calibration_of`): an MRV2 FULL launch and the target replay counted in it are
     one call, as the hooks since ``3792259`` make them; ``v1_launch_is_replay`` the same
     for V1, whose model's FULL wrapper is the launch when ``_model_forward`` is left
@@ -34,6 +37,7 @@ def hooked_calls(
     ``dispatch_cg_and_sync_dp`` returned (the manager unhooked, DP 1), so a dispatch
     carrying its phase span is one call, not two."""
     spans = sum(1 for sp in s.spans if sp.phase not in (*_BRACKET, Phase.FORWARD_LAUNCH))
+    spans -= len(derived_prepare(s.spans))  # added by the reader, not a call
     hooks = (
         sum(1 for sp in s.spans if sp.phase in (*_BRACKET, Phase.FORWARD_LAUNCH))
         + sum(1 for r in s.replays if r.kind != ReplayKind.CAPTURE)

@@ -151,8 +151,11 @@ class Flag(enum.IntFlag):
     BREAKABLE = 16  # breakable CUDA graph wrapper
     LAST = 32  # last chunk of a STRING/BLOB
     SPAN = 64  # a DISPATCH record whose t0..t1 is also the step's dispatch phase
-    # a SPAN that begins where the step's dispatch phase ended: MRV2's prepare_inputs phase,
-    # written by the runner's prepare_attn hook alone (the reader extends it back)
+    # MRV2's prepare_inputs phase begins where the step's dispatch phase ended. On a
+    # METADATA_BUILD span (the model state's prepare_attn): the phase ends where this span
+    # begins (the reader adds its span); on a PREPARE_INPUTS span (the runner's
+    # prepare_attn, where the state's is not called every step; every MRV2 recording
+    # before the seventeenth session): the phase ends with it (the reader extends it back)
     FROM_DISPATCH = 128
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from probe import analysis
 from probe.assemble import Step, StepAssembler
 from probe.recording import Recording, RecordingError, RecordingWriter
 from probe.records import (
@@ -160,6 +161,45 @@ def test_a_span_from_dispatch_begins_where_the_dispatch_phase_ended() -> None:
     # without the flag a span is its own: as recordings before it were written
     [s], _ = assemble([*base[:2], span(1, Phase.PREPARE_INPUTS, 1030, 1050, mrv2)])
     assert s.phases["prepare_inputs"] == 20
+
+
+def test_a_metadata_build_from_dispatch_ends_the_prepare_inputs_phase() -> None:
+    """Since the seventeenth session MRV2's prepare_inputs phase is told by the metadata
+    build's span (the model state's prepare_attn), marked FROM_DISPATCH: the reader adds
+    the prepare_inputs span from the end of the step's target dispatch phase to the
+    build's start, one span in the step like a recorded one, and no call of the probe."""
+    frm, sp, mrv2, dr = (int(Flag.FROM_DISPATCH), int(Flag.SPAN), int(Flag.MRV2),
+                         int(Flag.DRAFTER))  # fmt: skip
+
+    def phase_disp(t0: int, t1: int, flags: int) -> bytes:
+        return encode(RecordKind.DISPATCH, Mode.FULL, Reason.HIT, flags | sp, 1, t0, t1,
+                      6, 8, 3, 4, pack_pair(2, 2))  # fmt: skip
+
+    build = span(1, Phase.METADATA_BUILD, 1050, 1070, mrv2 | frm)
+    base = [span(1, Phase.EXECUTE, 1000, 1100, mrv2, v0=6), phase_disp(1005, 1012, mrv2), build]
+    [s], _ = assemble(base)
+    assert s.phases["prepare_inputs"] == 1050 - 1012 and s.phases["metadata_build"] == 20
+    [p] = [x for x in s.spans if x.phase == Phase.PREPARE_INPUTS]
+    assert (p.t0, p.t1, p.flags & frm) == (1012, 1050, frm)
+    # calls: the build's span and the dispatch phase's; the bracket and the dispatch
+    assert analysis.hooked_calls(s) == (2, 2)
+    assert analysis.hooked_calls(s, dispatch_in_phase=True) == (1, 2)
+    # the drafter's dispatch, or one ending after the build began, does not start it
+    [s], _ = assemble([*base, phase_disp(1060, 1075, mrv2 | dr)])
+    assert s.phases["prepare_inputs"] == 38
+    # no dispatch phase in the step (cut by the hooks going on): no prepare_inputs
+    [s], _ = assemble([base[0], build])
+    assert s.phases["prepare_inputs"] == 0 and s.phases["metadata_build"] == 20
+    # a drafter's build so marked does not end the target's phase; an unmarked build
+    # (recordings before) none at all
+    for flags in (mrv2 | frm | dr, mrv2):
+        [s], _ = assemble([*base[:2], span(1, Phase.METADATA_BUILD, 1050, 1070, flags)])
+        assert s.phases["prepare_inputs"] == 0
+    # with the runner's prepare_attn hooked too (micro-batching): the union, two calls
+    prep = span(1, Phase.PREPARE_INPUTS, 1030, 1040, mrv2 | frm)
+    [s], _ = assemble([*base, prep])
+    assert s.phases["prepare_inputs"] == 38
+    assert analysis.hooked_calls(s, dispatch_in_phase=True) == (2, 2)
 
 
 def test_the_step_decision_is_the_dispatch_phases_not_a_later_target_dispatch() -> None:

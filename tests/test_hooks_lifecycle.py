@@ -142,29 +142,78 @@ def test_mrv2_sort_observed(ring: RingWriter, kit: Any) -> None:
     assert (rec.changed, rec.num_reqs, rec.num_decodes, rec.moved) == (True, 3, 2, 3)
 
 
-def test_mrv2_prepare_attn_span_says_it_starts_at_the_dispatch(ring: RingWriter, kit: Any) -> None:
-    """The one MRV2 prepare_inputs hook (the runner's prepare_inputs is not hooked): its
-    span is marked FROM_DISPATCH on both hot paths, for the reader to extend it back."""
-    from probe.hooks._base import Installer
+@pytest.mark.parametrize("late_id", ["phase.mrv2.prepare_attn", "phase.mrv2.metadata_build"])
+def test_mrv2_prepare_inputs_end_says_it_starts_at_the_dispatch(
+    late_id: str, ring: RingWriter, kit: Any
+) -> None:
+    """MRV2's prepare_inputs phase is told by one hooked call, marked FROM_DISPATCH on both
+    hot paths: the model state's prepare_attn (a METADATA_BUILD span whose start ends the
+    phase) or, where that is not called every step, the runner's prepare_attn (a
+    PREPARE_INPUTS span the reader extends back)."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-    class GPUModelRunner:
+    from probe.hooks import step
+
+    class State:
+        def prepare_attn(self, batch: Any) -> Any:
+            return ("metadata", batch)
+
+    class Runner(GPUModelRunner):  # type: ignore[misc]
         def prepare_attn(self, batch: Any) -> Any:
             return ("tables", batch)
 
+    runner = object.__new__(Runner)
+    runner.model_state = None if late_id == "phase.mrv2.prepare_attn" else State()
+    [(target, owner)] = [(t, o) for t, o in step.late_targets(runner) if t.hook_id == late_id]
+    owner = Runner if owner is GPUModelRunner else owner  # not vLLM's class, in this test
+    from probe.hooks._base import Installer
+
     inst = Installer()
-    assert inst.install_on(_by_id("phase.mrv2.prepare_attn"), GPUModelRunner)
+    assert inst.install_on(target, owner)
     try:
         RT.attach(ring)
         RT.enabled, RT.in_step, RT.step = True, 1, 3
-        assert GPUModelRunner().prepare_attn(5) == ("tables", 5)
+        obj = runner if owner is Runner else runner.model_state
+        assert obj.prepare_attn(5)[1] == 5
         RT.in_step, RT.enabled = 0, False
         RT.detach()
     finally:
         inst.uninstall()
     [rec] = kit.drain(ring)[0]
-    assert isinstance(rec, Span) and rec.phase == Phase.PREPARE_INPUTS and rec.step == 3
+    phase = Phase.PREPARE_INPUTS if owner is Runner else Phase.METADATA_BUILD
+    assert isinstance(rec, Span) and rec.phase == phase and rec.step == 3
     assert rec.flags == int(Flag.FROM_DISPATCH) and rec.t0 <= rec.t1
     assert "phase.mrv2.prepare_inputs" not in {t.hook_id for t in ALL_TARGETS}
+
+
+def test_mrv2_runner_prepare_attn_is_hooked_only_where_the_state_does_not_mark_it() -> None:
+    """One hooked call tells MRV2's prepare_inputs phase: the model state's prepare_attn
+    where it runs on every step, else the runner's (no state method, or micro-batching,
+    whose ubatch runner builds the metadata itself); never on a V1 runner."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as Mrv2
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as V1
+
+    from probe.hooks import step
+
+    class State:
+        def prepare_attn(self) -> None: ...
+
+    def late(runner: Any) -> set[str]:
+        got = {t.hook_id for t, _ in step.late_targets(runner)}
+        return got & {"phase.mrv2.prepare_attn", "phase.mrv2.metadata_build"}
+
+    runner = object.__new__(Mrv2)
+    runner.model_state = State()
+    assert late(runner) == {"phase.mrv2.metadata_build"}
+    runner.ubatch_runner = object()
+    assert late(runner) == {"phase.mrv2.metadata_build", "phase.mrv2.prepare_attn"}
+    runner.ubatch_runner = None
+    runner.model_state = object()
+    assert late(runner) == {"phase.mrv2.prepare_attn"}
+    [owner] = [o for t, o in step.late_targets(runner) if t.hook_id == "phase.mrv2.prepare_attn"]
+    assert owner is Mrv2
+    v1 = object.__new__(V1)
+    assert late(v1) == set()
 
 
 def test_resolve_observed(ring: RingWriter) -> None:

@@ -540,22 +540,24 @@ TARGETS: tuple[Target, ...] = (
         sample_tokens("mrv2"),
         gate="sampling",
     ),
-    # MRV2's prepare_inputs phase is the runner's prepare_inputs and prepare_attn, which
-    # follow the dispatch phase at once: one hook on the second, and the reader starts
-    # the phase where the dispatch ended (Flag.FROM_DISPATCH, probe.assemble)
-    Target(
-        "phase.mrv2.prepare_attn",
-        MRV2,
-        "GPUModelRunner",
-        "prepare_attn",
-        span(Phase.PREPARE_INPUTS, flags=Flag.FROM_DISPATCH),
-    ),
     Target(
         "phase.mrv2.forward_context", MRV2, "", "set_forward_context", forward_context, gate="on"
     ),
     Target("phase.mrv2.sample", MRV2, "GPUModelRunner", "sample", span(Phase.SAMPLE)),
 )
 
+
+MRV2_PREPARE = Target(
+    "phase.mrv2.prepare_attn",
+    MRV2,
+    "GPUModelRunner",
+    "prepare_attn",
+    span(Phase.PREPARE_INPUTS, flags=Flag.FROM_DISPATCH),
+)
+"""MRV2's ``prepare_inputs`` phase where the model state's ``prepare_attn`` does not mark its
+end: the runner's ``prepare_inputs`` and ``prepare_attn`` follow the dispatch phase at once,
+so one hook on the second, and the reader starts the phase where the dispatch ended
+(``Flag.FROM_DISPATCH``, :mod:`probe.assemble`). A late target (:func:`late_targets`)."""
 
 V1_FORWARD = Target(
     "phase.v1.forward_launch", V1, "GPUModelRunner", "_model_forward", forward, gate="on"
@@ -610,8 +612,17 @@ def late_targets(runner: Any) -> list[tuple[Target, Any]]:
                 type(drafter),
             )
         )
+    # MRV2: the model state's prepare_attn is the metadata build, and its start is the end
+    # of the prepare_inputs phase that began where the dispatch phase ended (everything
+    # between the two is input preparation: the runner's prepare_inputs and prepare_attn,
+    # the state's preprocess, the slot mappings by layer). One span says both
+    # (Flag.FROM_DISPATCH on a METADATA_BUILD span; the reader derives the prepare_inputs
+    # span, probe.assemble), so the runner's prepare_attn is hooked only where the state's
+    # is not called on every step: a model state without it, or micro-batching (0.33's
+    # ubatch runner prepares its own metadata)
     model_state = getattr(runner, "model_state", None)
-    if model_state is not None and hasattr(type(model_state), "prepare_attn"):
+    state_builds = model_state is not None and hasattr(type(model_state), "prepare_attn")
+    if state_builds:
         out.append(
             (
                 Target(
@@ -619,12 +630,16 @@ def late_targets(runner: Any) -> list[tuple[Target, Any]]:
                     "",
                     "",
                     "prepare_attn",
-                    span(Phase.METADATA_BUILD),
+                    span(Phase.METADATA_BUILD, flags=Flag.FROM_DISPATCH),
                     inherit=True,
                 ),
                 type(model_state),
             )
         )
+    mrv2_runner = getattr(sys.modules.get(MRV2), "GPUModelRunner", None)
+    is_mrv2 = isinstance(mrv2_runner, type) and isinstance(runner, mrv2_runner)
+    if is_mrv2 and (not state_builds or getattr(runner, "ubatch_runner", None) is not None):
+        out.append((MRV2_PREPARE, mrv2_runner))
     return out
 
 

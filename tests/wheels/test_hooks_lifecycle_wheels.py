@@ -8,6 +8,8 @@ the reason ``probe.reasons`` derives for it.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -144,6 +146,56 @@ def test_dispatch_late_targets_on_the_real_runner(vllm_version: str) -> None:
         hooks.uninstall()
     assert all(vars(o)[t.name] is own[id(o)] for t, o in late)
     assert dispatch.late_targets(object()) == []  # not an MRV2 runner: nothing
+
+
+def test_mrv2_prepare_inputs_ends_where_the_real_state_builds(vllm_version: str) -> None:
+    """MRV2's prepare_inputs phase runs from the dispatch phase's end to the model
+    state's ``prepare_attn`` (one FROM_DISPATCH span on the metadata build): in every
+    tree the runner's ``execute_model`` calls the dispatch phase, then its own
+    ``prepare_attn``, then the state's; the state's classes all have it; on the real
+    runner the step family's late targets hook the state's, and the runner's only under
+    micro-batching (0.30+'s ubatch runner, whose steps skip the state's)."""
+    import inspect
+
+    from vllm.v1.worker.gpu import model_states
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    from probe.hooks import step
+
+    src = inspect.getsource(GPUModelRunner.execute_model)
+    at = [src.index(s) for s in ("dispatch_cg_and_sync_dp(", "self.prepare_attn(",
+                                 "self.model_state.prepare_attn(")]  # fmt: skip
+    assert at == sorted(at)
+    state_classes = [
+        c
+        for m in pkgutil.iter_modules(model_states.__path__)
+        for c in vars(importlib.import_module(f"{model_states.__name__}.{m.name}")).values()
+        if isinstance(c, type) and c.__module__.startswith(model_states.__name__)
+        and c.__name__.endswith("ModelState")
+    ]  # fmt: skip
+    assert DefaultModelState in state_classes
+    assert all(callable(getattr(c, "prepare_attn", None)) for c in state_classes)
+
+    runner = mrv2_runner()
+    runner.model_state = object.__new__(DefaultModelState)
+    late = {t.hook_id: (t, o) for t, o in step.late_targets(runner)}
+    assert "phase.mrv2.prepare_attn" not in late
+    target, owner = late["phase.mrv2.metadata_build"]
+    assert owner is DefaultModelState
+    hooks.install(["step"], lazy=False)
+    try:
+        assert hooks.INSTALLER.install_on(target, owner)
+        assert getattr(DefaultModelState.prepare_attn, "__probe_hook__", "") == target.hook_id
+    finally:
+        hooks.uninstall()
+    assert "prepare_attn" not in vars(DefaultModelState) or not hasattr(
+        vars(DefaultModelState)["prepare_attn"], "__probe_hook__"
+    )
+    has_ubatch = "ubatch_runner" in inspect.getsource(GPUModelRunner)
+    runner.ubatch_runner = object()
+    assert "phase.mrv2.prepare_attn" in {t.hook_id for t, _ in step.late_targets(runner)}
+    assert has_ubatch == (vllm_version >= "0.30"), vllm_version
 
 
 @pytest.mark.parametrize(("engine", "q", "prefill"), MRV2_SHAPES, ids=lambda v: str(v))
