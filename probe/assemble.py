@@ -115,17 +115,15 @@ def _from_dispatch(recs: list[Decoded]) -> list[Decoded]:
 
 def derived_prepare(spans: Iterable[Span]) -> set[tuple[int, int]]:
     """The (t0, t1) of the ``prepare_inputs`` spans the reader added (:func:`_from_dispatch`)
-    among a step's spans: each ends where a ``FROM_DISPATCH`` span of another phase begins.
-    They are not calls the probe made (:func:`probe.cost.hooked_calls`)."""
-    spans = list(spans)
-    starts = {
-        sp.t0 for sp in spans if sp.flags & _FROM_DISPATCH and sp.phase != Phase.PREPARE_INPUTS
-    }
-    return {
-        (sp.t0, sp.t1)
-        for sp in spans
-        if sp.phase == Phase.PREPARE_INPUTS and sp.flags & _FROM_DISPATCH and sp.t1 in starts
-    }
+    among a step's spans: each ends exactly where a target ``metadata_build`` span begins.
+    Told by the times, not the flag, so it holds for steps read back from a recording
+    (whose spans table keeps the drafter bit only), as ``probe.cost`` tells a dispatch
+    from its phase span; a recorded ``prepare_inputs`` span ends before the build begins
+    (the state's ``preprocess_state`` and the slot mappings run between). They are not
+    calls the probe made (:func:`probe.cost.hooked_calls`)."""
+    spans = [sp for sp in spans if not sp.flags & _DRAFTER]
+    starts = {sp.t0 for sp in spans if sp.phase == Phase.METADATA_BUILD}
+    return {(sp.t0, sp.t1) for sp in spans if sp.phase == Phase.PREPARE_INPUTS and sp.t1 in starts}
 
 
 def _deciding(dispatches: list[Dispatch]) -> list[Dispatch]:

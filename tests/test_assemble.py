@@ -163,7 +163,7 @@ def test_a_span_from_dispatch_begins_where_the_dispatch_phase_ended() -> None:
     assert s.phases["prepare_inputs"] == 20
 
 
-def test_a_metadata_build_from_dispatch_ends_the_prepare_inputs_phase() -> None:
+def test_a_metadata_build_from_dispatch_ends_the_prepare_inputs_phase(tmp_path: Path) -> None:
     """Since the seventeenth session MRV2's prepare_inputs phase is told by the metadata
     build's span (the model state's prepare_attn), marked FROM_DISPATCH: the reader adds
     the prepare_inputs span from the end of the step's target dispatch phase to the
@@ -184,6 +184,19 @@ def test_a_metadata_build_from_dispatch_ends_the_prepare_inputs_phase() -> None:
     # calls: the build's span and the dispatch phase's; the bracket and the dispatch
     assert analysis.hooked_calls(s) == (2, 2)
     assert analysis.hooked_calls(s, dispatch_in_phase=True) == (1, 2)
+    # the same read back from a recording, whose spans keep no flags but the drafter's
+    w = RecordingWriter(tmp_path / "mrv2.probe.db")
+    w.add_process(s.pid, None)
+    w.add_steps([s])
+    w.commit()
+    w.close()
+    rec = Recording.open(tmp_path / "mrv2.probe.db")
+    try:
+        [back] = rec.iter_steps()
+    finally:
+        rec.close()
+    assert back.phases["prepare_inputs"] == 38
+    assert analysis.hooked_calls(back, dispatch_in_phase=True) == (1, 2)
     # the drafter's dispatch, or one ending after the build began, does not start it
     [s], _ = assemble([*base, phase_disp(1060, 1075, mrv2 | dr)])
     assert s.phases["prepare_inputs"] == 38
