@@ -136,24 +136,24 @@ def test_nested_spans_not_double_counted() -> None:
     assert s.phases["forward_launch"] == 40
 
 
+def _phase_disp(t0: int, t1: int, flags: int) -> bytes:
+    """A dispatch phase's record (FULL hit, 6 tokens padded to 8): ``Flag.SPAN`` set."""
+    return encode(RecordKind.DISPATCH, Mode.FULL, Reason.HIT, flags | int(Flag.SPAN), 1, t0,
+                  t1, 6, 8, 3, 4, pack_pair(2, 2))  # fmt: skip
+
+
 def test_a_span_from_dispatch_begins_where_the_dispatch_phase_ended() -> None:
     """MRV2's prepare_inputs phase is written by the runner's prepare_attn hook alone,
     marked FROM_DISPATCH: it runs from the end of the step's (target) dispatch phase."""
-    frm, sp, mrv2, dr = (int(Flag.FROM_DISPATCH), int(Flag.SPAN), int(Flag.MRV2),
-                         int(Flag.DRAFTER))  # fmt: skip
-
-    def phase_disp(t0: int, t1: int, flags: int) -> bytes:
-        return encode(RecordKind.DISPATCH, Mode.FULL, Reason.HIT, flags | sp, 1, t0, t1,
-                      6, 8, 3, 4, pack_pair(2, 2))  # fmt: skip
-
+    frm, mrv2, dr = int(Flag.FROM_DISPATCH), int(Flag.MRV2), int(Flag.DRAFTER)
     prep = span(1, Phase.PREPARE_INPUTS, 1030, 1050, mrv2 | frm)
-    base = [span(1, Phase.EXECUTE, 1000, 1100, mrv2, v0=6), phase_disp(1005, 1012, mrv2), prep]
+    base = [span(1, Phase.EXECUTE, 1000, 1100, mrv2, v0=6), _phase_disp(1005, 1012, mrv2), prep]
     [s], _ = assemble(base)
     assert s.phases["prepare_inputs"] == 1050 - 1012 and s.phases["dispatch"] == 7
     [p] = [x for x in s.spans if x.phase == Phase.PREPARE_INPUTS]
     assert (p.t0, p.t1, p.flags & frm) == (1012, 1050, frm)  # the stored span says so too
     # the drafter's dispatch after it, or one that ends after the span began, is not it
-    late = [*base, phase_disp(1060, 1070, mrv2 | dr)]
+    late = [*base, _phase_disp(1060, 1070, mrv2 | dr)]
     assert assemble(late)[0][0].phases["prepare_inputs"] == 38
     # no dispatch phase in the step (cut by the hooks going on): the span's own start
     [s], _ = assemble([base[0], prep])
@@ -168,15 +168,9 @@ def test_a_metadata_build_from_dispatch_ends_the_prepare_inputs_phase(tmp_path: 
     build's span (the model state's prepare_attn), marked FROM_DISPATCH: the reader adds
     the prepare_inputs span from the end of the step's target dispatch phase to the
     build's start, one span in the step like a recorded one, and no call of the probe."""
-    frm, sp, mrv2, dr = (int(Flag.FROM_DISPATCH), int(Flag.SPAN), int(Flag.MRV2),
-                         int(Flag.DRAFTER))  # fmt: skip
-
-    def phase_disp(t0: int, t1: int, flags: int) -> bytes:
-        return encode(RecordKind.DISPATCH, Mode.FULL, Reason.HIT, flags | sp, 1, t0, t1,
-                      6, 8, 3, 4, pack_pair(2, 2))  # fmt: skip
-
+    frm, mrv2, dr = int(Flag.FROM_DISPATCH), int(Flag.MRV2), int(Flag.DRAFTER)
     build = span(1, Phase.METADATA_BUILD, 1050, 1070, mrv2 | frm)
-    base = [span(1, Phase.EXECUTE, 1000, 1100, mrv2, v0=6), phase_disp(1005, 1012, mrv2), build]
+    base = [span(1, Phase.EXECUTE, 1000, 1100, mrv2, v0=6), _phase_disp(1005, 1012, mrv2), build]
     [s], _ = assemble(base)
     assert s.phases["prepare_inputs"] == 1050 - 1012 and s.phases["metadata_build"] == 20
     [p] = [x for x in s.spans if x.phase == Phase.PREPARE_INPUTS]
@@ -198,7 +192,7 @@ def test_a_metadata_build_from_dispatch_ends_the_prepare_inputs_phase(tmp_path: 
     assert back.phases["prepare_inputs"] == 38
     assert analysis.hooked_calls(back, dispatch_in_phase=True) == (1, 2)
     # the drafter's dispatch, or one ending after the build began, does not start it
-    [s], _ = assemble([*base, phase_disp(1060, 1075, mrv2 | dr)])
+    [s], _ = assemble([*base, _phase_disp(1060, 1075, mrv2 | dr)])
     assert s.phases["prepare_inputs"] == 38
     # no dispatch phase in the step (cut by the hooks going on): no prepare_inputs
     [s], _ = assemble([base[0], build])
