@@ -103,11 +103,11 @@ def _from_dispatch(recs: list[Decoded]) -> list[Decoded]:
     ]
     out: list[Decoded] = []
     for r in recs:
-        if isinstance(r, Span) and r.flags & _FROM_DISPATCH and not r.flags & _DRAFTER:
+        if isinstance(r, Span) and r.flags & _FROM_DISPATCH:
             start = max((e for e in ends if e <= r.t0), default=None)
             if start is not None and r.phase == Phase.PREPARE_INPUTS:
                 r = replace(r, t0=start)
-            elif start is not None:
+            elif start is not None and not r.flags & _DRAFTER:
                 out.append(Span(r.step, Phase.PREPARE_INPUTS, start, r.t0, r.flags))
         out.append(r)
     return out
