@@ -625,6 +625,28 @@ def _crossover_run(rows: list, off: str | None = None, on: str | None = None) ->
     }  # fmt: skip
 
 
+def test_a_paused_reader_and_no_gpu_timer_pool_apart() -> None:
+    """Variants with the reader paused (``pause_reader``) and without the GPU timer pool
+    apart from the plain one (the split plan, ``plan_s18_mrv2_split.json``)."""
+    crossover = _crossover()
+    rng = random.Random(3)
+    rows = _crossover_rows(
+        16, 8, 12, lambda g, i, on: 3_000_000 + 40_000 * on + rng.gauss(0, 5_000)
+    )
+    paused = dict(_crossover_run(rows), pause_reader=True)
+    untimed = dict(_crossover_run(rows), gpu_timing=False)
+    res = {"experiments": [{"scenario": "s", "result": {"runs": [
+        _crossover_run(rows), paused, untimed, dict(paused, off="absent"),
+    ]}}]}  # fmt: skip
+    pooled = crossover.pooled(crossover.summarize(res))
+    got = {(r["variant"], r["gpu_timing"]) for r in pooled}
+    assert got == {("all", 8), ("all paused", 8), ("all", False), ("all paused off=absent", 8)}
+    plan = json.loads((ROOT / "benchmarks/gpu/plan_s18_mrv2_split.json").read_text())
+    variants = plan["experiments"][0]["variants"]
+    assert sum(bool(v.get("pause_reader")) for v in variants) == 3
+    assert sum(v.get("gpu_timing") is False for v in variants) == 3
+
+
 def test_crossover_difference_between_two_variants(tmp_path: Path) -> None:
     """``--diff A B``: variant A's per-step cost minus variant B's over their pooled block
     pairs, with a bootstrap interval that holds the true difference (60 - 40 µs) and not

@@ -312,6 +312,7 @@ def summarize(res: dict[str, Any], recording: Path | None = None) -> list[dict[s
                 if reshape.get("wrap_only") else "all" if not reshape.get("exclude")
                 else "all but " + ",".join(reshape["exclude"])
             ) + (" on=dormant" if r.get("on") == "dormant" else "") + (
+                " paused" if r.get("pause_reader") else "") + (
                 " touch" if r.get("touch") else "") + (
                 f" off={r['off']}" if r.get("off") in ("absent", "reattach") else "") + (
                 f" block={block}" if block != 16 else "")  # fmt: skip
