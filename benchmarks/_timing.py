@@ -22,14 +22,21 @@ def per_call(fn: Callable[[], Any], n: int, rounds: int = 15) -> float:
 def evictor(mb: int = 64) -> Callable[[], None]:
     """A call that evicts the caches the way an engine's own host work does between two
     hooked calls: ``mb`` MB of memory touched and some torch code run (in-engine each
-    hooked call runs cold; a back-to-back loop keeps everything hot)."""
+    hooked call runs cold; a back-to-back loop keeps everything hot). Without torch (an
+    interpreter it is not installed for) the memory alone, and a little Python."""
     import numpy as np
-    import torch
 
     big = np.ones(mb * 1024 * 1024 // 8)
+    try:
+        import torch
+    except ImportError:
+        torch = None
 
     def evict() -> None:
         big.sum()
+        if torch is None:
+            sum(range(2000))
+            return
         for _ in range(50):
             torch.ones(8) + 1
 

@@ -3,7 +3,7 @@
     python benchmarks/call_boundary.py [--n 2000] [--cold 400] [--json PATH]
 
 One Python caller calls ``obj.m(x)`` (``m`` returns ``x``), as vLLM's code calls a hooked
-method, in four forms:
+method, in these forms:
 
 - ``plain``: vLLM's own method, no hook (the caller's frame pushes the callee's inline);
 - ``python bypass``: a Python wrapper that is off (``if not RT.enabled: return orig(...)``,
@@ -11,15 +11,18 @@ method, in four forms:
 - ``compiled bypass``: the compiled Span while the probe is off (a C object between the
   two frames: vLLM's callee then runs in a new activation of the evaluation loop);
 - ``compiled span``: the same Span on, inside a step, staging its record for a real
-  shared-memory ring.
+  shared-memory ring;
+- Python 3.12+ only, the way in that leaves the frames as they are: ``sys.monitoring``
+  local ``PY_START`` and ``PY_RETURN`` events on the method's code object alone, with C
+  callbacks that do nearly nothing (``slice``, which takes the events' two and three
+  arguments: the mechanism's own cost) and with Python callbacks that read
+  ``CLOCK_BOOTTIME`` and keep it (what a probe without new C would do). With the events
+  off the bytecode is vLLM's own again (``plain``).
 
 ``warm``: interleaved rounds of ``--n`` back-to-back calls, the best round of each (ns per
 call). ``cold``: each case's single calls after evicting the caches (a 64 MB array summed
 and some torch work), interleaved over the cases, ``--cold`` of each: the lower quartile
-and the median (ns). The "added" columns are each case minus ``plain``. Where the compiled
-bypass's cold figure is close to the span's, a hooked call's cost inside an engine (where
-every call runs cold) is mostly the boundary, not the record: fewer wrapped calls, or a
-way in that leaves vLLM's frames inline, is what lowers it.
+and the median (ns). The "added" columns are each case minus ``plain``.
 """
 
 from __future__ import annotations
@@ -27,22 +30,86 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from _timing import evictor, per_call
 
+Case = tuple[str, Callable[[], Any], Callable[[], None], Callable[[], None]]
 
-def _cases() -> dict[str, Callable[[], Any]]:
+
+def _method() -> Callable[..., Any]:
+    """A fresh ``m(self, x) -> x`` with a code object of its own (local events are per
+    code object)."""
+
+    def m(self: Any, x: int) -> int:
+        return x
+
+    return types.FunctionType(m.__code__.replace(), m.__globals__, "m")
+
+
+def _caller(fn: Callable[..., Any], name: str) -> Callable[[], Any]:
+    obj = type(f"Obj_{name.replace(' ', '_')}", (), {"m": fn})()
+
+    def caller() -> Any:
+        return obj.m(1)
+
+    return caller
+
+
+def _nothing() -> None:
+    return None
+
+
+def _monitoring_cases() -> list[Case]:
+    """The ``sys.monitoring`` cases (Python 3.12+), or none."""
+    mon = getattr(sys, "monitoring", None)
+    if mon is None:
+        return []
+    tool = mon.PROFILER_ID
+    mon.use_tool_id(tool, "probe call_boundary")
+    ev = mon.events
+    clk, boot = time.clock_gettime_ns, time.CLOCK_BOOTTIME
+    stamps = [0, 0]
+
+    def start(code: Any, offset: int) -> None:
+        stamps[0] = clk(boot)
+
+    def ret(code: Any, offset: int, value: Any) -> None:
+        stamps[1] = clk(boot)
+
+    out: list[Case] = []
+    for label, on_start, on_ret in (
+        ("monitoring, C callbacks", slice, slice),
+        ("monitoring, Python clock", start, ret),
+    ):
+        fn = _method()
+        code = fn.__code__
+
+        def on(code: Any = code, a: Any = on_start, b: Any = on_ret) -> None:
+            mon.register_callback(tool, ev.PY_START, a)
+            mon.register_callback(tool, ev.PY_RETURN, b)
+            mon.set_local_events(tool, code, ev.PY_START | ev.PY_RETURN)
+
+        def off(code: Any = code) -> None:
+            mon.set_local_events(tool, code, 0)
+
+        out.append((label, _caller(fn, label), on, off))
+    return out
+
+
+def _cases() -> list[Case]:
+    """(label, the caller's call, set up before each timing, undo after), untimed set-ups."""
     from probe import accel
     from probe.records import Phase
     from probe.runtime import RT
 
-    def m(self: Any, x: int) -> int:
-        return x
+    m = _method()
 
     def python_wrapper(self: Any, x: int) -> int:
         if not RT.enabled:
@@ -52,17 +119,21 @@ def _cases() -> dict[str, Callable[[], Any]]:
     span = accel.span_hook(m, RT, int(Phase.SAMPLE), False)
     if span is None:
         raise SystemExit("probe: error: the compiled extension is not built (setup.py build_ext)")
-    kinds = {"plain": m, "python bypass": python_wrapper, "compiled": span}
-    out: dict[str, Callable[[], Any]] = {}
-    for name, fn in kinds.items():
-        cls = type(f"Obj_{name.replace(' ', '_')}", (), {"m": fn})
-        obj = cls()
 
-        def caller(obj: Any = obj) -> Any:
-            return obj.m(1)
+    def enable() -> None:
+        RT.enabled, RT.in_step = True, 1
 
-        out[name] = caller
-    return out
+    def disable() -> None:
+        RT.enabled, RT.in_step = False, 0  # leaving the step flushes its buffer to the ring
+
+    compiled = _caller(span, "compiled")
+    return [
+        ("plain", _caller(m, "plain"), _nothing, _nothing),
+        ("python bypass", _caller(python_wrapper, "python bypass"), _nothing, _nothing),
+        ("compiled bypass", compiled, _nothing, _nothing),
+        ("compiled span", compiled, enable, disable),
+        *_monitoring_cases(),
+    ]
 
 
 def main() -> None:
@@ -79,36 +150,24 @@ def main() -> None:
     writer = RingWriter.create(tmp / "ring", 1 << 22)
     RT.reset()
     RT.attach(writer)
-
-    def state(on: bool) -> None:
-        RT.enabled = on
-        RT.in_step = 1 if on else 0  # leaving the step flushes its buffer to the ring
-
-    # (label, case, probe on)
-    runs = [
-        ("plain", "plain", False),
-        ("python bypass", "python bypass", False),
-        ("compiled bypass", "compiled", False),
-        ("compiled span", "compiled", True),
-    ]
-    warm: dict[str, list[float]] = {r[0]: [] for r in runs}
+    warm: dict[str, list[float]] = {c[0]: [] for c in cases}
     for _ in range(15):
-        for label, case, on in runs:
-            state(on)
-            warm[label].append(per_call(cases[case], a.n, 1))
-            state(False)
+        for label, fn, on, off in cases:
+            on()
+            warm[label].append(per_call(fn, a.n, 1))
+            off()
     evict = evictor()
     clk, boot = time.clock_gettime_ns, time.CLOCK_BOOTTIME
-    cold: dict[str, list[int]] = {r[0]: [] for r in runs}
+    cold: dict[str, list[int]] = {c[0]: [] for c in cases}
     for i in range(a.cold):
-        for label, case, on in runs[i % len(runs) :] + runs[: i % len(runs)]:
-            fn = cases[case]
+        k = i % len(cases)
+        for label, fn, on, off in cases[k:] + cases[:k]:
+            on()
             evict()
-            state(on)
             t0 = clk(boot)
             fn()
             t1 = clk(boot)
-            state(False)
+            off()
             cold[label].append(t1 - t0)
     RT.detach()
     writer.close()
@@ -117,17 +176,20 @@ def main() -> None:
         q = statistics.quantiles(cold[label], n=4)
         res[label] = {"warm_ns": min(warm[label]), "cold_q1_ns": q[0], "cold_median_ns": q[1]}
     base = res["plain"]
-    print(f"{'call':18} {'warm':>7} {'cold q1':>8} {'cold med':>9} {'added warm':>11} "
-          f"{'added q1':>9} {'added med':>10}  (ns per call)")  # fmt: skip
+    print(f"Python {sys.version.split()[0]}; ns per call")
+    print(f"{'call':26} {'warm':>6} {'cold q1':>8} {'cold med':>9} {'+warm':>6} "
+          f"{'+cold q1':>9} {'+cold med':>10}")  # fmt: skip
     for label, v in res.items():
         v["added_warm_ns"] = v["warm_ns"] - base["warm_ns"]
         v["added_cold_q1_ns"] = v["cold_q1_ns"] - base["cold_q1_ns"]
         v["added_cold_median_ns"] = v["cold_median_ns"] - base["cold_median_ns"]
-        print(f"{label:18} {v['warm_ns']:7.0f} {v['cold_q1_ns']:8.0f} {v['cold_median_ns']:9.0f} "
-              f"{v['added_warm_ns']:11.0f} {v['added_cold_q1_ns']:9.0f} "
+        print(f"{label:26} {v['warm_ns']:6.0f} {v['cold_q1_ns']:8.0f} {v['cold_median_ns']:9.0f} "
+              f"{v['added_warm_ns']:6.0f} {v['added_cold_q1_ns']:9.0f} "
               f"{v['added_cold_median_ns']:10.0f}")  # fmt: skip
     if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+        Path(a.json).write_text(
+            json.dumps({"python": sys.version.split()[0], "cases": res}, indent=1) + "\n"
+        )
 
 
 if __name__ == "__main__":
