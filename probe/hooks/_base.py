@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import importlib
 import logging
+import sys
 import time
 import types
 from collections.abc import Callable, Iterable
@@ -140,6 +141,14 @@ class InstallReport:
     installed: list[str] = field(default_factory=list)
     missing: list[tuple[str, str]] = field(default_factory=list)
     already: list[str] = field(default_factory=list)
+
+
+def loaded_runner_class(module: str, runner: Any) -> type | None:
+    """``module``'s ``GPUModelRunner`` class if that module is loaded and ``runner`` is an
+    instance of it (a platform subclass included), else None. Late targets use it to tell
+    the classic runner from Model Runner V2 without importing either."""
+    cls = getattr(sys.modules.get(module), "GPUModelRunner", None)
+    return cls if isinstance(cls, type) and isinstance(runner, cls) else None
 
 
 def resolve_owner(module: str, owner: str) -> Any:

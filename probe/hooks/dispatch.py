@@ -39,7 +39,7 @@ from operator import index
 from typing import Any
 
 from probe import accel
-from probe.hooks._base import Family, Hook, Target, timed
+from probe.hooks._base import Family, Hook, Target, loaded_runner_class, timed
 from probe.records import Flag, Phase, Reason
 from probe.runtime import BOOTTIME, RT
 
@@ -592,10 +592,9 @@ def late_targets(runner: Any) -> list[tuple[Target, Any]]:
     (where a synced re-dispatch inside the phase has its own inputs and reason). At DP 1
     the phase reads the manager's decision from what it returns, so a step's decision
     costs one hooked call, not two."""
-    runner_mod = sys.modules.get(MRV2_RUNNER)
-    cls = getattr(runner_mod, "GPUModelRunner", None)
-    if not isinstance(cls, type) or not isinstance(runner, cls):
+    if loaded_runner_class(MRV2_RUNNER, runner) is None:
         return []
+    runner_mod = sys.modules[MRV2_RUNNER]
     out: list[tuple[Target, Any]] = []
     if int(getattr(runner, "dp_size", 1) or 1) > 1:
         manager = getattr(sys.modules.get(MRV2_MANAGERS), "CudaGraphManager", None)

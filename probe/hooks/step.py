@@ -19,7 +19,6 @@ forward launch is one FORWARD record that also carries the graph replays seen in
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from operator import index as _index
 from typing import Any
 
 from probe import accel
-from probe.hooks._base import Family, Hook, Target
+from probe.hooks._base import Family, Hook, Target, loaded_runner_class
 from probe.records import Flag, Mode, Phase
 from probe.runtime import BOOTTIME, RT
 
@@ -574,12 +573,11 @@ def late_targets(runner: Any) -> list[tuple[Target, Any]]:
     from probe.hooks import replay
 
     out: list[tuple[Target, Any]] = []
-    v1 = sys.modules.get(V1)
-    v1_runner = getattr(v1, "GPUModelRunner", None)
+    v1_runner = loaded_runner_class(V1, runner)
     # with live markers on (RT.tee: PROBE_ROCTX/PROBE_NVTX) the launch keeps its own hook,
     # which carries the "forward_launch" range (probe.markers wraps step and phase hooks)
     launches = replay.launches(getattr(runner, "model", None)) and not RT.tee
-    if isinstance(v1_runner, type) and isinstance(runner, v1_runner) and not launches:
+    if v1_runner is not None and not launches:
         out.append((V1_FORWARD, v1_runner))
     try:
         model = runner.get_model()
@@ -636,9 +634,10 @@ def late_targets(runner: Any) -> list[tuple[Target, Any]]:
                 type(model_state),
             )
         )
-    mrv2_runner = getattr(sys.modules.get(MRV2), "GPUModelRunner", None)
-    is_mrv2 = isinstance(mrv2_runner, type) and isinstance(runner, mrv2_runner)
-    if is_mrv2 and (not state_builds or getattr(runner, "ubatch_runner", None) is not None):
+    mrv2_runner = loaded_runner_class(MRV2, runner)
+    if mrv2_runner is not None and (
+        not state_builds or getattr(runner, "ubatch_runner", None) is not None
+    ):
         out.append((MRV2_PREPARE, mrv2_runner))
     return out
 
