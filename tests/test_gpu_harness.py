@@ -11,6 +11,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
@@ -647,6 +648,31 @@ def test_a_paused_reader_and_no_gpu_timer_pool_apart() -> None:
     assert sum(v.get("gpu_timing") is False for v in variants) == 3
 
 
+def test_a_difference_names_the_gpu_timing_where_a_variant_ran_with_two() -> None:
+    """``--diff``: where ``all`` ran with and without the GPU timer, ``all`` alone is
+    refused (pooling both would hide the difference asked for) and ``all gpu_timing=X``
+    picks one: the timed rows cost 40 µs, the untimed 25."""
+    crossover = _crossover()
+    rng = random.Random(9)
+
+    def rows(cost_ns: int) -> list:
+        return _crossover_rows(
+            16, 8, 12, lambda g, i, on: 3_000_000 + cost_ns * on + rng.gauss(0, 3_000)
+        )
+
+    res = {"experiments": [{"scenario": "s", "result": {"runs": [
+        _crossover_run(rows(40_000)), dict(_crossover_run(rows(25_000)), gpu_timing=False),
+        dict(_crossover_run(rows(40_000)), pause_reader=True),
+    ]}}]}  # fmt: skip
+    pooled = crossover.pooled(crossover.summarize(res))
+    with pytest.raises(ValueError, match="gpu_timing 8 and False"):
+        crossover.differences(pooled, [("all", "all paused")])
+    (d,) = crossover.differences(pooled, [("all gpu_timing=8", "all gpu_timing=False")])
+    assert d["pairs"] == [4 * 11, 4 * 11] and abs(d["median_us"] - 15) < 3
+    (p,) = crossover.differences(pooled, [("all gpu_timing=8", "all paused")])
+    assert abs(p["median_us"]) < 3
+
+
 def test_crossover_difference_between_two_variants(tmp_path: Path) -> None:
     """``--diff A B``: variant A's per-step cost minus variant B's over their pooled block
     pairs, with a bootstrap interval that holds the true difference (60 - 40 µs) and not
@@ -738,3 +764,25 @@ def test_crossover_halves_separate_a_cost_that_fades_after_each_switch() -> None
     assert abs(statistics.median(late) - 40_000) < 3_000
     steady = statistics.median(crossover.pair_costs(rows, 16, skip_first=True))
     assert abs(steady - 100_000) < 3_000
+
+
+def test_an_engine_whose_reader_has_exited_is_refused() -> None:
+    """The harness checks its ``probe collect`` reader once the engine is ready: a reader
+    that exited (here the real CLI refusing an ``--out`` that exists, as a re-run of the
+    same name once met) is an error naming the exit status, not a silent run without one."""
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "r.probe.db"
+        out.write_bytes(b"")
+        reader = subprocess.Popen(
+            [sys.executable, "-m", "probe.cli", "collect", "--run-dir", d, "--out", str(out)],
+            cwd=ROOT, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        reader.wait(timeout=60)
+        with pytest.raises(RuntimeError, match=r"reader \(probe collect\) exited with rc=2"):
+            harness.reader_alive("e", reader)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        harness.reader_alive("e", alive)
+    finally:
+        alive.kill()
+        alive.wait()

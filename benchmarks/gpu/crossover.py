@@ -200,14 +200,32 @@ def differences(
     rows: list[dict[str, Any]], pairs: Sequence[tuple[str, str]], part: str = "step_steady"
 ) -> list[dict[str, Any]]:
     """For each (A, B) of variant names: per scenario holding both, A's ``part`` minus
-    B's (:func:`median_difference` over their block pairs), in µs."""
-    by: dict[tuple[str, str], list[float]] = {}  # (scenario, variant) -> block pairs
+    B's (:func:`median_difference` over their block pairs), in µs.
+
+    A name as printed (``all``) takes that variant's rows; where they ran with more than
+    one GPU timing, the name must say which (``all gpu_timing=False``), else ValueError:
+    pooling two timings under one name would hide the very difference asked for."""
+    by: dict[tuple[str, str], dict[str, list[float]]] = {}  # (scenario, variant) -> timing
     for r in rows:
-        by.setdefault((r["scenario"], r["variant"]), []).extend(r["_parts"].get(part, []))
+        got = by.setdefault((r["scenario"], r["variant"]), {})
+        got.setdefault(str(r["gpu_timing"]), []).extend(r["_parts"].get(part, []))
+
+    def pick(scen: str, name: str) -> list[float]:
+        head, sep, timing = name.rpartition(" gpu_timing=")
+        if sep and (scen, head) in by:
+            return by[(scen, head)].get(timing, [])
+        timings = by.get((scen, name), {})
+        if len(timings) > 1:
+            raise ValueError(
+                f"variant {name!r} ran with gpu_timing {' and '.join(sorted(timings))}: "
+                f"name one, e.g. '{name} gpu_timing={sorted(timings)[0]}'"
+            )
+        return next(iter(timings.values()), [])
+
     out = []
     for va, vb in pairs:
         for scen in dict.fromkeys(r["scenario"] for r in rows):
-            xa, xb = by.get((scen, va), []), by.get((scen, vb), [])
+            xa, xb = pick(scen, va), pick(scen, vb)
             d = median_difference(xa, xb)
             if d is None:
                 continue
@@ -452,11 +470,14 @@ def main() -> None:
         rows.extend(got)
     if a.pool:
         rows = pooled(rows)
-    diffs = [
-        d
-        for part in ("step_steady", *(("step_late",) if a.halves else ()))
-        for d in differences(rows, [tuple(x) for x in a.diff], part)
-    ]
+    try:
+        diffs = [
+            d
+            for part in ("step_steady", *(("step_late",) if a.halves else ()))
+            for d in differences(rows, [tuple(x) for x in a.diff], part)
+        ]
+    except ValueError as e:
+        ap.error(str(e))
     for r in rows:
         parts = []
         for k in (*_PARTS, "step_balanced"):

@@ -624,6 +624,16 @@ def pin(cpus: set[int] | None) -> Any:
     return lambda: os.sched_setaffinity(0, cpus)
 
 
+def reader_alive(label: str, reader: subprocess.Popen[Any]) -> None:
+    """Raise if the engine's reader (``probe collect``) has already exited: its rings
+    would fill and drop unread, so every variant would run without a reader and its
+    recording would stay empty (a ``--out`` left from an earlier run of the same name
+    once did exactly that, unnoticed until the recordings came back)."""
+    rc = reader.poll()
+    if rc is not None:
+        raise RuntimeError(f"{label}: the reader (probe collect) exited with rc={rc}; see its log")
+
+
 class Engine:
     """One engine process plus its ``probe collect`` reader process."""
 
@@ -682,6 +692,7 @@ class Engine:
             preexec_fn=pin(reader_cpus),
         )
         self.ready = self.expect("ready")
+        reader_alive(self.label, self.reader)
 
     def expect(self, op: str) -> dict[str, Any]:
         assert self.proc.stdout is not None

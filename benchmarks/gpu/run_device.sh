@@ -7,7 +7,9 @@
 # start-up; CUDA_VISIBLE_DEVICES picks the GPU.
 set -uo pipefail
 PLAN=$1; NAME=$2; SECS=${3:-480}
-OUT=${OUT:-/tmp/out}; W=/tmp/$NAME; mkdir -p "$W" "$OUT"
+OUT=${OUT:-/tmp/out}; W=/tmp/$NAME
+rm -rf "$W"  # a fresh folder: a recording left by an earlier run of NAME stops the reader
+mkdir -p "$W" "$OUT"
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
 if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
