@@ -786,3 +786,71 @@ def test_an_engine_whose_reader_has_exited_is_refused() -> None:
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_a_counted_variant_tells_the_calls_compiled_hooks_hand_to_python(monkeypatch) -> None:
+    """``"count_python_calls"``: each compiled hook built during the variant (here a real
+    ``accel.build_hook`` around a stand-in build) has its Python ``record`` counted: with
+    no compiled ring bound, every call leaves C, and each one shows; a variant whose hooks
+    never leave C reports none; ``probe.accel`` is restored by identity, and crossover
+    names the variant apart and pools the counts."""
+    from probe import accel, hooks
+    from probe.runtime import RT
+
+    if accel.active() != "compiled":
+        pytest.skip("the compiled hot path is not built here")
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks/gpu"))
+    import pycalls
+
+    plain_build_hook = accel.build_hook
+    counter = pycalls.PythonCalls()
+    counter.patch()
+    try:
+        recorded: list = []
+
+        class Md:
+            pass
+
+        class CM:
+            num_actual_tokens, num_reqs, max_query_len = 8, 4, 2
+
+        def build(self: object, prefix: int, cm: object) -> object:
+            return Md()
+
+        def record(md: object, t0: int, t1: int, *a: object, **k: object) -> None:
+            recorded.append(md)
+
+        hook = accel.build_hook(build, record, RT, 0)
+        assert hook is not None
+        with accel.use("python"):  # no C path: the Python wrapper is installed as it is
+            assert accel.gate(build, record, RT) is record
+        RT.enabled = True
+        try:
+            for _ in range(3):
+                hook(object(), 0, CM())
+        finally:
+            RT.enabled = False
+    finally:
+        counter.unpatch()
+    assert accel.build_hook is plain_build_hook
+    assert counter.result(3) == {"calls": {"build_hook.record test_a_counted_variant_tells_"
+                                           "the_calls_compiled_hooks_hand_to_python.<locals>."
+                                           "build": len(recorded)}, "on_steps": 3}  # fmt: skip
+    assert len(recorded) == 3
+
+    monkeypatch.setattr(hooks, "install", lambda *a, **k: None)
+    monkeypatch.setattr(hooks, "enable", lambda *a, **k: None)
+    monkeypatch.setattr(hooks, "uninstall", lambda: [])
+    cmd: dict = {"design": "crossover", "block": 4, "generates": 2, "gpu_timing": False,
+                 "count_python_calls": True}  # fmt: skip
+    res = harness.stepwise(_Engine(16, [], [True]), cmd, lambda *a: [], lambda n: None, object())
+    RT.enabled = False
+    assert res["python_calls"] == {"calls": {}, "on_steps": 16}
+    assert accel.build_hook is plain_build_hook
+    crossover = _crossover()
+    rows = _crossover_rows(16, 8, 12, lambda g, i, on: 3_000_000 + 40_000 * on)
+    run = dict(_crossover_run(rows), python_calls={"calls": {"x": 96}, "on_steps": 96})
+    res2 = {"experiments": [{"scenario": "s", "result": {"runs": [run, run]}}]}
+    (row,) = crossover.pooled(crossover.summarize(res2))
+    assert row["variant"] == "all counted"
+    assert row["python_calls"] == {"calls": {"x": 192}, "on_steps": 192}

@@ -296,6 +296,8 @@ def summarize(res: dict[str, Any], recording: Path | None = None) -> list[dict[s
                 "steps": r["steps"],
                 "step_median_us": (r["median_off_ns"] or 0) / 1e3,
             }
+            if r.get("python_calls") is not None:  # "count_python_calls" (pycalls.py)
+                row["python_calls"] = r["python_calls"]
             early, late = half_costs(r["step_rows"], block)
             parts = {
                 "step": pair_costs(r["step_rows"], block),
@@ -332,6 +334,7 @@ def summarize(res: dict[str, Any], recording: Path | None = None) -> list[dict[s
             ) + (" on=dormant" if r.get("on") == "dormant" else "") + (
                 " paused" if r.get("pause_reader") else "") + (
                 " touch" if r.get("touch") else "") + (
+                " counted" if r.get("python_calls") is not None else "") + (
                 f" off={r['off']}" if r.get("off") in ("absent", "reattach") else "") + (
                 f" block={block}" if block != 16 else "")  # fmt: skip
             _fill(row, parts)
@@ -398,6 +401,14 @@ def pooled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "step_median_us": statistics.median(r["step_median_us"] for r in rs),
             "launch_off_median_us": statistics.median(offs) if offs else None,
         }  # fmt: skip
+        counted = [r["python_calls"] for r in rs if r.get("python_calls")]
+        if counted:
+            calls: dict[str, int] = {}
+            for c in counted:
+                for k, n in c["calls"].items():
+                    calls[k] = calls.get(k, 0) + n
+            on_steps = sum(c["on_steps"] for c in counted)
+            row["python_calls"] = {"calls": calls, "on_steps": on_steps}
         _fill(row, {k: xs for k, xs in parts.items() if k in _PARTS})
         _fill_ratios(row, ratios)
         row["_ratios"] = ratios
@@ -491,6 +502,11 @@ def main() -> None:
             if t.get("median_ratio") is not None:
                 lo_hi = t["ci95"] or [float("nan")] * 2
                 parts.append(f"{k} {t['median_ratio']:.4f} [{lo_hi[0]:.4f}, {lo_hi[1]:.4f}]")
+        pyc = r.get("python_calls")
+        if pyc is not None:
+            per = max(1, pyc["on_steps"])
+            each = ", ".join(f"{k} {n / per:.2f}" for k, n in sorted(pyc["calls"].items()))
+            parts.append(f"python calls per on step: {each or 'none'}")
         runs = f" runs={r['runs']}" if "runs" in r else ""
         print(
             f"{r['scenario']} {r.get('variant', r['families'])!s:12s} {r['hot_path']} "

@@ -264,6 +264,12 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     except Exception:  # a probe from before the accelerator (the 59e55d7 baseline)
         accel = None
 
+    from pycalls import PythonCalls
+
+    # every call a compiled hook hands to Python (a C path not taken), by hook
+    pycalls = PythonCalls() if cmd.get("count_python_calls") else None
+    if pycalls is not None:
+        pycalls.patch()
     reshape = Reshape(cmd.get("exclude", ()), bool(cmd.get("wrap_only")))
     if reshape.active:  # leave-one-out, or every body replaced by a plain span
         reshape.patch()
@@ -395,6 +401,8 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         if st is not None:
             st.unpatch()  # the next install builds plain wrappers again
         reshape.unpatch()
+        if pycalls is not None:
+            pycalls.unpatch()
     b1 = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
     if crossover:
         from crossover import pair_costs
@@ -427,6 +435,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             if st is not None
             else None,
             "reshape": reshape.summary() if reshape.active else None,
+            "python_calls": pycalls.result(sum(r[2] for r in xrows)) if pycalls else None,
         }
     skip = prefill_blocks(starts, block, int(cmd.get("prefill_steps", PREFILL_STEPS)))
     diffs = block_costs(rows, block, exclude=skip)
@@ -456,6 +465,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         "dropped": getattr(writer, "dropped", None),
         "selftime": selftime,
         "bare_launch": bare_summary(bare) if unbare is not None else None,
+        "python_calls": pycalls.result(len(on_ns)) if pycalls is not None else None,
     }
 
 
@@ -913,7 +923,7 @@ VARIANT_KEYS = {
     "design", "block", "bare_timer", "generates", "null", "gpu_timing", "exclude",
     "wrap_only", "pause_reader", "families", "hot_path", "prefill_steps", "sample_every",
     "selftime", "ring_stand_in", "return_tokens", "out_len", "requests", "off", "on",
-    "touch",
+    "touch", "count_python_calls",
 }  # fmt: skip
 MODES = {"attached", "detached", "absent", "profiler", "groundtruth", "attached_paused"}
 
