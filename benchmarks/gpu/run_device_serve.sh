@@ -19,7 +19,7 @@ SPEC='{"method": "mtp", "num_speculative_tokens": 1, "attention_backend": "FLASH
 for TP in "$@"; do
   left=$(( END - $(date +%s) ))
   if (( left < 150 )); then echo "skip tp$TP: ${left}s left"; continue; fi
-  W=/tmp/serve-tp$TP; mkdir -p "$W"
+  W=/tmp/serve-tp$TP; rm -rf "$W"; mkdir -p "$W"  # fresh: a recording left by an earlier run is refused
   timeout -k 20 "$left" python3 benchmarks/gpu/serve_attach.py --name "tp$TP" --tp "$TP" \
     --out "$W" --plugin-shim --window "${WINDOW:-10}" --attach-s "${ATTACH_S:-16}" \
     --start-timeout $(( left - 90 )) -- \
