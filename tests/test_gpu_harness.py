@@ -854,3 +854,47 @@ def test_a_counted_variant_tells_the_calls_compiled_hooks_hand_to_python(monkeyp
     (row,) = crossover.pooled(crossover.summarize(res2))
     assert row["variant"] == "all counted"
     assert row["python_calls"] == {"calls": {"x": 192}, "on_steps": 192}
+
+
+def test_greedy_tokens_are_compared_workload_by_workload_across_variants(tmp_path: Path) -> None:
+    """The harness hashes each workload's greedy tokens (``token_digest``: request order
+    kept, None when generate gave nothing); crossover compares them across every variant
+    run of a scenario and names the workloads whose tokens differ."""
+
+    class Out:
+        def __init__(self, toks: list[int]) -> None:
+            self.outputs = [type("C", (), {"token_ids": toks})()]
+
+    a = harness.token_digest([Out([1, 2]), Out([3])])
+    assert a == harness.token_digest([Out([1, 2]), Out([3])])
+    assert a != harness.token_digest([Out([3]), Out([1, 2])])  # order is part of it
+    assert harness.token_digest(None) is None
+
+    crossover = _crossover()
+    rows = _crossover_rows(16, 8, 12, lambda g, i, on: 3_000_000 + 40_000 * on)
+
+    def run(digests: list, **kw: object) -> dict:
+        return dict(_crossover_run(rows), token_digests=digests,
+                    workload={"requests": None, "out_len": 256}, **kw)  # fmt: skip
+
+    same = ["a", "b", "c"]
+    res = {"experiments": [{"scenario": "s", "result": {"runs": [
+        run(same), run(same, off="absent"), run(["a", None, "c"], pause_reader=True),
+    ]}}]}  # fmt: skip
+    (t,) = crossover.token_identity(crossover.summarize(res))
+    assert t == {"scenario": "s", "requests": None, "out_len": 256, "rows": 3,
+                 "workloads": 3, "differ": []}  # fmt: skip
+    res["experiments"][0]["result"]["runs"].append(run(["a", "x", "c"]))
+    (t,) = crossover.token_identity(crossover.summarize(res))
+    assert t["differ"] == [1] and t["rows"] == 4
+
+    src = tmp_path / "r.json"
+    src.write_text(json.dumps(res))
+    out = tmp_path / "o.json"
+    cli = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/gpu/crossover.py"), "--pool", str(src),
+         "--json", str(out)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "greedy tokens over 4 variant runs x 3 workloads: DIFFER in workload(s) 1" in cli.stdout
+    assert json.loads(out.read_text())["tokens"][0]["differ"] == [1]

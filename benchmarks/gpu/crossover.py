@@ -298,6 +298,9 @@ def summarize(res: dict[str, Any], recording: Path | None = None) -> list[dict[s
             }
             if r.get("python_calls") is not None:  # "count_python_calls" (pycalls.py)
                 row["python_calls"] = r["python_calls"]
+            if r.get("token_digests"):
+                w = r.get("workload") or {}
+                row["_tokens"] = ((w.get("requests"), w.get("out_len")), r["token_digests"])
             early, late = half_costs(r["step_rows"], block)
             parts = {
                 "step": pair_costs(r["step_rows"], block),
@@ -426,6 +429,32 @@ def pooled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def token_identity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Greedy tokens, workload by workload, across every run row that recorded them (the
+    harness's ``token_digests``): per scenario and workload shape, how many rows and
+    workloads were compared and which workloads gave more than one set of tokens. The
+    same prompts must give the same tokens whether the hooks were on, off, absent or
+    never installed; a row that read nothing (None) is left out."""
+    groups: dict[tuple[Any, ...], list[tuple[str, list[str | None]]]] = {}
+    for r in rows:
+        if "_tokens" in r:
+            shape, digests = r["_tokens"]
+            groups.setdefault((r["scenario"], *shape), []).append((r["variant"], digests))
+    out = []
+    for (scen, requests, out_len), got in groups.items():
+        width = max(len(d) for _v, d in got)
+        differ = []
+        for g in range(width):
+            seen = {d[g] for _v, d in got if g < len(d) and d[g] is not None}
+            if len(seen) > 1:
+                differ.append(g)
+        out.append({
+            "scenario": scen, "requests": requests, "out_len": out_len, "rows": len(got),
+            "workloads": width, "differ": differ,
+        })  # fmt: skip
+    return out
+
+
 def tagged(arg: str) -> tuple[str, str]:
     """``RESULTS[=RECORDING][@TAG]`` -> (the rest, TAG or ""): runs of two probe trees
     (a before/after in one session) pooled apart under their tags and compared with
@@ -479,6 +508,7 @@ def main() -> None:
             if tag:
                 r["variant"] = f"{tag}: {r['variant']}"
         rows.extend(got)
+    tokens = token_identity(rows)
     if a.pool:
         rows = pooled(rows)
     try:
@@ -513,6 +543,16 @@ def main() -> None:
             f"gpu_timing={r['gpu_timing']}{runs} steps={r['steps']} "
             f"step={r['step_median_us']:.0f}us: " + "; ".join(parts)
         )
+    for t in tokens:
+        said = (
+            "the same in every one"
+            if not t["differ"]
+            else "DIFFER in workload(s) " + ", ".join(str(g) for g in t["differ"])
+        )
+        print(
+            f"{t['scenario']} greedy tokens over {t['rows']} variant runs x {t['workloads']} "
+            f"workloads: {said}"
+        )
     for d in diffs:
         lo, hi = d["ci95_us"]
         print(
@@ -525,7 +565,10 @@ def main() -> None:
             r.pop("_ratios", None)
             r.pop("_positions", None)
             r.pop("_parity", None)
+            r.pop("_tokens", None)
         out: Any = {"variants": rows, "differences": diffs} if diffs else rows
+        if tokens:
+            out = {"variants": rows, "differences": diffs, "tokens": tokens}
         a.json.write_text(json.dumps(out, indent=1) + "\n")
 
 

@@ -239,6 +239,17 @@ def engine_main(args: argparse.Namespace) -> None:
     emit({"op": "bye"})
 
 
+def token_digest(outs: Any) -> str | None:
+    """A workload's greedy output tokens, request by request, as a short hash (None when
+    ``generate`` gave nothing to read): the same workload must give the same tokens in
+    every variant of a run, hooks on or off (crossover.py compares them)."""
+    try:
+        toks = [list(o.outputs[0].token_ids) for o in outs]
+    except (TypeError, AttributeError, IndexError):
+        return None
+    return hashlib.sha256(json.dumps(toks).encode()).hexdigest()[:16]
+
+
 def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) -> dict[str, Any]:
     """The probe's cost per engine step, measured inside one run: the hooks (``families``)
     are switched on and off in alternating blocks of ``block`` engine steps while
@@ -382,6 +393,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
 
     eng.step = timed_step
     starts: list[int] = []  # engine step index at which each workload began (its prefill)
+    digests: list[str | None] = []  # each workload's greedy tokens (token_digest)
     b0 = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
     try:
         for g in range(int(cmd.get("generates", 10))):
@@ -389,7 +401,8 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             state["g"], state["g0"] = g, state["i"]
             n = int(cmd.get("requests", 0)) or None  # default: the scenario's
             work = prompts(500 + g) if n is None else prompts(500 + g, n)
-            llm.generate(work, sp(cmd.get("out_len", 256)), use_tqdm=False)
+            outs = llm.generate(work, sp(cmd.get("out_len", 256)), use_tqdm=False)
+            digests.append(token_digest(outs))
     finally:
         del eng.step  # back to the class's method
         RT.enabled = RT.sampling = False
@@ -436,6 +449,8 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             else None,
             "reshape": reshape.summary() if reshape.active else None,
             "python_calls": pycalls.result(sum(r[2] for r in xrows)) if pycalls else None,
+            "workload": {"requests": cmd.get("requests"), "out_len": cmd.get("out_len", 256)},
+            "token_digests": digests,
         }
     skip = prefill_blocks(starts, block, int(cmd.get("prefill_steps", PREFILL_STEPS)))
     diffs = block_costs(rows, block, exclude=skip)
@@ -466,6 +481,8 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         "selftime": selftime,
         "bare_launch": bare_summary(bare) if unbare is not None else None,
         "python_calls": pycalls.result(len(on_ns)) if pycalls is not None else None,
+        "workload": {"requests": cmd.get("requests"), "out_len": cmd.get("out_len", 256)},
+        "token_digests": digests,
     }
 
 
