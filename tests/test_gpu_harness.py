@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -648,17 +649,23 @@ def test_a_paused_reader_and_no_gpu_timer_pool_apart() -> None:
     assert sum(v.get("gpu_timing") is False for v in variants) == 3
 
 
+def _noisy_rows(rng: random.Random, sd_ns: int) -> Callable[[int], list]:
+    """Crossover step rows costing ``cost_ns`` more per on step, with Gaussian noise."""
+
+    def rows(cost_ns: int) -> list:
+        return _crossover_rows(
+            16, 8, 12, lambda g, i, on: 3_000_000 + cost_ns * on + rng.gauss(0, sd_ns)
+        )
+
+    return rows
+
+
 def test_a_difference_names_the_gpu_timing_where_a_variant_ran_with_two() -> None:
     """``--diff``: where ``all`` ran with and without the GPU timer, ``all`` alone is
     refused (pooling both would hide the difference asked for) and ``all gpu_timing=X``
     picks one: the timed rows cost 40 µs, the untimed 25."""
     crossover = _crossover()
-    rng = random.Random(9)
-
-    def rows(cost_ns: int) -> list:
-        return _crossover_rows(
-            16, 8, 12, lambda g, i, on: 3_000_000 + cost_ns * on + rng.gauss(0, 3_000)
-        )
+    rows = _noisy_rows(random.Random(9), 3_000)
 
     res = {"experiments": [{"scenario": "s", "result": {"runs": [
         _crossover_run(rows(40_000)), dict(_crossover_run(rows(25_000)), gpu_timing=False),
@@ -678,12 +685,7 @@ def test_crossover_difference_between_two_variants(tmp_path: Path) -> None:
     pairs, with a bootstrap interval that holds the true difference (60 - 40 µs) and not
     zero; two variants of the same cost give an interval around zero."""
     crossover = _crossover()
-    rng = random.Random(5)
-
-    def rows(cost_ns: int) -> list:
-        return _crossover_rows(
-            16, 8, 12, lambda g, i, on: 3_000_000 + cost_ns * on + rng.gauss(0, 5_000)
-        )
+    rows = _noisy_rows(random.Random(5), 5_000)
 
     res = {"experiments": [{"scenario": "s", "result": {"runs": [
         _crossover_run(rows(60_000), off="absent"), _crossover_run(rows(40_000)),
