@@ -98,6 +98,7 @@ def calibrate(rt: Any, calls: int = CALLS, rounds: int = ROUNDS) -> dict[str, An
     left detached as it was (its step counter untouched)."""
     from probe import accel
     from probe.hooks import dispatch, step
+    from probe.hooks._base import as_installed
     from probe.records import Phase
     from probe.ring import RingWriter
 
@@ -117,8 +118,9 @@ def calibrate(rt: Any, calls: int = CALLS, rounds: int = ROUNDS) -> dict[str, An
         d = _Dispatcher(dispatch._mode_members()[0])
         orig_dispatch = _Dispatcher.dispatch
         hook_impl = dispatch.v1_dispatch(orig_dispatch, _hook())
-        hooked = accel.gate(orig_dispatch, hook_impl, rt)
-        gated_noop = accel.gate(noop, step.span(Phase.REORDER)(noop, _hook()), rt)
+        # as the installer puts them in place (a compiled wrapper is not gated again)
+        hooked = as_installed(orig_dispatch, hook_impl, "on", rt)
+        gated_noop = as_installed(noop, step.span(Phase.REORDER)(noop, _hook()), "on", rt)
         bare_noop = _best_ns(lambda: noop(owner), calls, rounds)
         bare_dispatch = _best_ns(lambda: orig_dispatch(d, 8, True), calls, rounds)
         rt.enabled = False

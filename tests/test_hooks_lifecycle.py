@@ -475,3 +475,35 @@ def test_v1_model_forward_is_hooked_only_where_the_full_wrapper_is_not_the_launc
     runner.model = wrapper
     assert "phase.v1.forward_launch" in late()
     assert step.late_targets(object.__new__(type("Other", (), {}))) == []
+
+
+def test_the_calibration_times_its_wrappers_as_the_installer_puts_them(
+    hot_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only Python-function wrappers go behind the compiled dormant gate
+    (``_base.as_installed``), at install and in the calibration alike: a compiled wrapper,
+    which checks the switch itself, is timed without a second layer around it."""
+    import types
+
+    from probe import accel, calibrate
+    from probe.hooks import step
+    from probe.hooks._base import as_installed
+
+    def noop(self: object) -> None:
+        return None
+
+    span = step.span(Phase.REORDER)(noop, calibrate._hook())
+    assert as_installed(noop, span, "on") is span  # compiled: as it is; Python: no gate
+    assert as_installed(noop, span, None) is span
+    gated: list[Any] = []
+    plain_gate = accel.gate
+    monkeypatch.setattr(
+        accel,
+        "gate",
+        lambda orig, impl, *a, **k: gated.append(impl) or plain_gate(orig, impl, *a, **k),
+    )
+    cal = calibrate.calibrate(RT, calls=5, rounds=1)
+    assert cal["hot_path"] == hot_path
+    # (the compiled span and, with vLLM's FULL member, the compiled dispatch hook were
+    # gated again before; without vLLM the dispatch hook is a Python function, gated)
+    assert gated and all(isinstance(g, types.FunctionType) for g in gated), gated

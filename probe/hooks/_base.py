@@ -165,6 +165,16 @@ def resolve_owner(module: str, owner: str) -> Any:
     return obj
 
 
+def as_installed(func: Callable[..., Any], wrapper: Any, gate: str | None, rt: Any = None) -> Any:
+    """A hook's wrapper as the installer puts it in place: a Python function behind the
+    compiled dormant gate when its target asks for one (``gate``: "on" or "sampling"); a
+    compiled wrapper as it is (it checks the switch itself). The calibration builds its
+    wrappers the same way, so it times what runs."""
+    if gate and isinstance(wrapper, types.FunctionType):
+        return accel.gate(func, wrapper, RT if rt is None else rt, sampling=gate == "sampling")
+    return wrapper
+
+
 class Installer:
     """Installs and removes hooks, keyed by (owner, name); restores originals by identity."""
 
@@ -219,9 +229,7 @@ class Installer:
                 report.missing.append((target.hook_id, f"{target.name!r} is not a plain function"))
             return False
         hook = Hook(target, owner, original, installer=self)
-        wrapper = target.factory(func, hook)
-        if target.gate and isinstance(wrapper, types.FunctionType):
-            wrapper = accel.gate(func, wrapper, RT, sampling=target.gate == "sampling")
+        wrapper = as_installed(func, target.factory(func, hook), target.gate)
         hook.wrapper = wrapper
         _mark(hook.wrapper, func, target.hook_id)
         setattr(owner, target.name, hook.wrapper)

@@ -465,3 +465,72 @@ def test_mrv2_fast_prefill_dispatch_is_not_the_step_decision(
     [step] = [s for s in steps if s.step == 7]
     assert (step.mode.value, step.padded_tokens) == (desc.cg_mode.value, desc.num_tokens)
     assert step.reason == phase.reason
+
+
+def test_mrv2_decode_calls_stay_in_c(
+    mrv2_managers: Callable[[str], tuple[Any, Resolved]],
+    wring: RingWriter,
+    kit: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the compiled hot path, a uniform decode step's hooked calls with the tree's real
+    objects (the dispatch phase's FULL decision from the real manager, the target's and
+    the drafter's ``run_fullgraph``, the batch sort on a real-shaped request dict) write
+    their records from C: no call is handed to a hook's Python ``record``/``impl``
+    (``benchmarks/gpu/pycalls.py`` counts them), as the records show they were made."""
+    import inspect as _inspect
+
+    import torch
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.gpu import model_runner
+
+    from probe import accel
+    from probe.records import Forward, Reorder, Replay
+
+    if accel.active() != "compiled":
+        pytest.skip("the compiled hot path is not built here")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks/gpu"))
+    import pycalls
+
+    m, res = mrv2_managers("fap_ub_k1")
+    q = (2, 2, 2)
+    desc, _ = _mrv2_dispatch(m, q, False, 0)
+    assert desc.cg_mode == CUDAGraphMode.FULL
+    m.graphs[desc] = type("Graph", (), {"replay": lambda self: None})()
+    m.hidden_states = torch.zeros(desc.num_tokens + 2, 4)
+    counter = pycalls.PythonCalls()
+    counter.patch()
+    try:
+        hooks.install(["dispatch", "replay", "reorder"], lazy=False)
+        hooks.enable(wring, gpu_timing=False)
+        RT.graph_ctx = res.ctx
+        RT.in_step, RT.step = 1, 7
+        extra = {}
+        params = _inspect.signature(model_runner.dispatch_cg_and_sync_dp).parameters
+        if "max_query_len" in params:
+            extra["max_query_len"] = max(q)
+        got, _sync = model_runner.dispatch_cg_and_sync_dp(
+            m, len(q), sum(q), 2, 1, 0, **extra
+        )  # fmt: skip
+        assert got.cg_mode == CUDAGraphMode.FULL
+        m.run_fullgraph(desc)
+        RT.drafter = 1
+        m.run_fullgraph(desc)
+        RT.drafter = 0
+        per_req = {"req-a": 2, "req-b": 2, "req-c": 2}
+        sort = model_runner.sort_batch_req_ids
+        if len(_inspect.signature(vars(model_runner)["sort_batch_req_ids"]).parameters) == 3:
+            order = sort(per_req, {r: [9] for r in per_req}, 2)  # 0.33: draft tokens
+        else:
+            order = sort(per_req, 2)
+        assert sorted(order) == sorted(per_req)
+        hooks.disable()
+    finally:
+        RT.in_step = RT.drafter = 0
+        counter.unpatch()
+        del m.graphs[desc]
+        m.hidden_states = None
+    assert counter.counts == {}, counter.counts
+    recs = kit.drain(wring)[0]
+    kinds = [type(r).__name__ for r in recs if isinstance(r, Dispatch | Forward | Replay | Reorder)]
+    assert kinds == ["Dispatch", "Forward", "Replay", "Reorder"], kinds
