@@ -20,7 +20,10 @@ median of the per-block-pair differences with a bootstrap 95% interval:
 - **throughput**: the on block's tokens per second over the facing off block's (the
   median of the per-pair ratios, :func:`pair_throughput`), and ``throughput_steady``
   without each block's first step. With ``"off": "absent"`` the off blocks run detached
-  (no wrapper in place) and each on block attaches afresh, as ``probe attach`` does.
+  (no wrapper in place) and each on block attaches afresh, as ``probe attach`` does;
+- **greedy tokens**: each workload's tokens (the harness's ``token_digests``) compared
+  across every variant run of a scenario, hooks on, off, absent or never installed; the
+  workloads whose tokens differ are named.
 
 ``--diff A B`` (repeatable) also prints variant A's ``step_steady`` minus variant B's, with
 a bootstrap interval (each side's block pairs resampled apart): what two designs of one
