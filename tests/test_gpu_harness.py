@@ -900,3 +900,59 @@ def test_greedy_tokens_are_compared_workload_by_workload_across_variants(tmp_pat
     )  # fmt: skip
     assert "greedy tokens over 4 variant runs x 3 workloads: DIFFER in workload(s) 1" in cli.stdout
     assert json.loads(out.read_text())["tokens"][0]["differ"] == [1]
+
+
+def _overhead_result(attached: list[float], absent: list[float], same_tokens: bool) -> dict:
+    modes = {"attached": attached, "absent": absent}
+    return {
+        "experiments": [
+            {
+                "kind": "overhead",
+                "result": {
+                    "modes": {
+                        m: {
+                            "tok_s": {
+                                "n": len(v),
+                                "median": statistics.median(v),
+                                "min": min(v),
+                                "max": max(v),
+                            },
+                            "ratio_to_absent": statistics.median(v) / statistics.median(absent),
+                            "paired_ratio_to_absent": [
+                                x / y for x, y in zip(v, absent, strict=True)
+                            ],
+                        }
+                        for m, v in modes.items()
+                    },
+                    "token_identity": same_tokens,
+                    "dropped": 0,
+                },
+            }
+        ]
+    }
+
+
+def test_overhead_runs_pool_their_paired_ratios_and_read_gzipped(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Several runs' whole-workload repetitions pool mode by mode (each run pairs its own
+    repetitions), from the gzipped files the results folders keep; one run whose tokens
+    differed makes the pooled token line say so."""
+    import gzip
+
+    one = _overhead_result([90.0, 99.0, 100.0], [100.0, 100.0, 100.0], True)
+    two = _overhead_result([98.0, 97.0], [100.0, 100.0], False)
+    p1, p2 = tmp_path / "r1-results.json.gz", tmp_path / "r2-results.json"
+    p1.write_bytes(gzip.compress(json.dumps(one).encode()))
+    p2.write_text(json.dumps(two))
+    assert summarize.load_results(str(p1)) == one
+    over = [(str(p), summarize.load_results(str(p))["experiments"][0]["result"]) for p in (p1, p2)]
+    pooled = summarize.pool_overhead(over)
+    att = pooled["modes"]["attached"]
+    assert att["reps"] == 5 and att["median_paired_ratio"] == pytest.approx(0.98)
+    assert att["ci95"][0] <= 0.98 <= att["ci95"][1]
+    assert pooled["token_identity"] == {"all_runs": False}
+    monkeypatch.setattr(sys, "argv", ["summarize.py", str(p1), str(p2)])
+    summarize.main()
+    out = capsys.readouterr().out
+    assert "Overhead pooled over 2 runs" in out and "| attached | 5 | 0.9800" in out

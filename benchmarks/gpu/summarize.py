@@ -12,6 +12,7 @@ launch time and GPU idle before the step (medians).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 import sqlite3
@@ -72,7 +73,7 @@ def main() -> None:
     over = []
     steps: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
     for f in a.results:
-        res = json.loads(Path(f).read_text())
+        res = load_results(f)
         for e in res["experiments"]:
             r = e.get("result")
             if r is None:
@@ -129,6 +130,48 @@ def main() -> None:
             f"\nGreedy tokens identical across modes in every repetition: "
             f"{r['token_identity']}; ring drops: {r.get('dropped')}"
         )
+    if len(over) > 1:
+        print_pooled_overhead(over)
+
+
+def load_results(path: str) -> dict[str, Any]:
+    """A harness results file, plain or gzipped (``*.json.gz``, as results folders keep it)."""
+    raw = Path(path).read_bytes()
+    if path.endswith(".gz"):
+        raw = gzip.decompress(raw)
+    return json.loads(raw)
+
+
+def pool_overhead(over: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The overhead experiments of several runs pooled, mode by mode: every repetition's
+    paired ratio to ``absent`` (each run pairs its own repetitions), their median with a
+    bootstrap 95% interval, and whether greedy tokens were identical across modes in every
+    run."""
+    modes: dict[str, list[float]] = {}
+    for _f, r in over:
+        for m, x in r["modes"].items():
+            modes.setdefault(m, []).extend(x["paired_ratio_to_absent"])
+    out: dict[str, dict[str, Any]] = {}
+    for m, paired in modes.items():
+        med, lo, hi = median_ci(paired)
+        out[m] = {"reps": len(paired), "median_paired_ratio": med, "ci95": [lo, hi]}
+    tokens = all(bool(r.get("token_identity")) for _f, r in over)
+    drops = sum(int(r.get("dropped") or 0) for _f, r in over)
+    return {"modes": out, "token_identity": {"all_runs": tokens}, "dropped": {"total": drops}}
+
+
+def print_pooled_overhead(over: list[tuple[str, dict[str, Any]]]) -> None:
+    p = pool_overhead(over)
+    print(f"\nOverhead pooled over {len(over)} runs: the paired ratios to 'absent'\n")
+    print("| mode | reps | median paired ratio [95% CI] |")
+    print("|---|---:|---:|")
+    for m, x in p["modes"].items():
+        lo, hi = x["ci95"]
+        print(f"| {m} | {x['reps']} | {x['median_paired_ratio']:.4f} [{lo:.4f}, {hi:.4f}] |")
+    print(
+        f"\nGreedy tokens identical across modes in every repetition of every run: "
+        f"{p['token_identity']['all_runs']}; ring drops: {p['dropped']['total']}"
+    )
 
 
 def clean_pairs(x: dict[str, Any], generates: int | None, key: str) -> list[float]:
