@@ -19,14 +19,23 @@ Kinds:
   builds, reorder, replays, forward and the step bracket;
 - ``dormant_ns``: any hook while the probe is off.
 
-These are fixed per-call costs around a no-op: the first call of the day inside a real step
-(cold caches) costs more, which ``benchmarks/gpu`` measures end to end on the GPU.
+These are per-call costs around a no-op in a hot loop. Inside vLLM's step every hooked call
+runs cold (vLLM's own work between two of them evicts the wrapper, its type, the runtime and
+the step buffer from the core's caches), and costs several times that. So the span and the
+hook are also timed cold (``span_cold_ns``, ``hook_cold_ns``): :data:`COLD_CALLS` single
+calls of each, each after copying a buffer of four times the core's L2 cache
+(:func:`evict_bytes`, 4-16 MB), interleaved with the bare no-op, the medians' difference;
+at most :data:`COLD_BUDGET_S` of the engine's time (the calls it got by then, at least a
+few, are kept). On the H200 host a cold compiled span costs 1.1-1.9 µs against 0.15 µs
+warm (``benchmarks/call_boundary.py``); ``benchmarks/gpu`` measures the whole in-engine
+cost end to end.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,6 +44,58 @@ from typing import Any
 
 CALLS = 300
 ROUNDS = 7
+COLD_CALLS = 24
+COLD_BUDGET_S = 0.12
+_L2_FALLBACK = 2 << 20
+
+
+def evict_bytes(sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """How much memory the cold timings touch between two calls: four times cpu0's L2
+    cache (its ``index*/level`` 2, from sysfs; 2 MB where sysfs does not say), within
+    4-16 MB. Enough to push the wrapper's lines out of the core's private caches as
+    vLLM's work between two hooked calls does; a shared last-level cache (hundreds of MB
+    under some hypervisors) is not the measure."""
+    l2 = 0
+    try:
+        for idx in sysfs.glob("index*"):
+            if (idx / "level").read_text().strip() == "2":
+                l2 = max(l2, _size_bytes((idx / "size").read_text()))
+    except (OSError, ValueError):
+        l2 = 0
+    return min(max(4 * (l2 or _L2_FALLBACK), 4 << 20), 16 << 20)
+
+
+def _size_bytes(text: str) -> int:
+    """sysfs's cache size ("2048K", "32M") in bytes."""
+    t = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    return int(t.rstrip("KMG")) * mult
+
+
+def _cold_ns(
+    pairs: list[tuple[Callable[[], Any], Callable[[], Any]]],
+    nbytes: int,
+    calls: int,
+    budget_s: float,
+) -> tuple[list[float], int]:
+    """For each (bare, wrapped) pair, the median ns of single wrapped calls minus the
+    median of single bare calls, each call after touching ``nbytes`` of memory; the pairs'
+    calls interleaved, until ``calls`` of each or ``budget_s`` (at least 5 of each)."""
+    clk = time.perf_counter_ns
+    src, dst = bytearray(nbytes), bytearray(nbytes)
+    times: list[tuple[list[int], list[int]]] = [([], []) for _ in pairs]
+    deadline = time.monotonic() + budget_s
+    done = 0
+    while done < calls and (done < 5 or time.monotonic() < deadline):
+        for (bare, wrapped), (tb, tw) in zip(pairs, times, strict=True):
+            for fn, ts in ((bare, tb), (wrapped, tw)):
+                dst[:] = src
+                t0 = clk()
+                fn()
+                ts.append(clk() - t0)
+        done += 1
+    out = [float(statistics.median(tw) - statistics.median(tb)) for tb, tw in times]
+    return out, done
 
 
 def _best_ns(fn: Callable[[], Any], calls: int, rounds: int) -> float:
@@ -93,9 +154,16 @@ def once(rt: Any) -> dict[str, Any]:
     return dict(cal)
 
 
-def calibrate(rt: Any, calls: int = CALLS, rounds: int = ROUNDS) -> dict[str, Any]:
-    """Measure each wrapper kind on the active hot path; ``rt`` must be detached and is
-    left detached as it was (its step counter untouched)."""
+def calibrate(
+    rt: Any,
+    calls: int = CALLS,
+    rounds: int = ROUNDS,
+    cold_calls: int = COLD_CALLS,
+    cold_budget_s: float = COLD_BUDGET_S,
+) -> dict[str, Any]:
+    """Measure each wrapper kind on the active hot path, warm and (span and hook) cold;
+    ``rt`` must be detached and is left detached as it was (its step counter untouched).
+    ``cold_calls=0`` leaves the cold timings out."""
     from probe import accel
     from probe.hooks import dispatch, step
     from probe.hooks._base import as_installed
@@ -130,6 +198,24 @@ def calibrate(rt: Any, calls: int = CALLS, rounds: int = ROUNDS) -> dict[str, An
         rt.in_step = 1  # records staged as inside a step, flushed when it ends
         span_ns = _best_ns(lambda: span(owner), calls, rounds) - bare_noop
         hook_ns = _best_ns(lambda: hooked(d, 8, True), calls, rounds) - bare_dispatch
+        cold: dict[str, Any] = {}
+        if cold_calls > 0:
+            nbytes = evict_bytes()
+            (span_cold, hook_cold), got = _cold_ns(
+                [
+                    (lambda: noop(owner), lambda: span(owner)),
+                    (lambda: orig_dispatch(d, 8, True), lambda: hooked(d, 8, True)),
+                ],
+                nbytes,
+                cold_calls,
+                cold_budget_s,
+            )
+            cold = {
+                "span_cold_ns": round(max(span_cold, 0.0), 1),
+                "hook_cold_ns": round(max(hook_cold, 0.0), 1),
+                "cold_calls": got,
+                "cold_evict_bytes": nbytes,
+            }
         rt.in_step = 0
         rt.detach()
         writer.close()
@@ -140,6 +226,7 @@ def calibrate(rt: Any, calls: int = CALLS, rounds: int = ROUNDS) -> dict[str, An
             "span_ns": round(max(span_ns, 0.0), 1),
             "hook_ns": round(max(hook_ns, 0.0), 1),
             "dormant_ns": round(max(dormant, 0.0), 1),
+            **cold,
         }
     finally:
         rt.step, rt.in_step, rt.enabled = saved
@@ -152,7 +239,9 @@ def _hook() -> Any:
     return Hook(Target("calibration", "", "", "noop", lambda o, h: o), None, None)
 
 
-def cost_per_step_ns(cal: dict[str, Any], spans: float, hooks: float) -> float:
+def cost_per_step_ns(cal: dict[str, Any], spans: float, hooks: float, cold: bool = False) -> float:
     """The probe's cost for one step that made ``spans`` plain span calls and ``hooks``
-    Python-bodied hook calls, by the calibration."""
+    Python-bodied hook calls, by the calibration (its cold timings with ``cold``)."""
+    if cold:
+        return float(cal["span_cold_ns"]) * spans + float(cal["hook_cold_ns"]) * hooks
     return float(cal.get("span_ns", 0.0)) * spans + float(cal.get("hook_ns", 0.0)) * hooks

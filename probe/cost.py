@@ -109,7 +109,8 @@ def probe_cost(
     cal_steps = [(s, c) for s in steps if s.forward and (c := calibrations.get(s.pid)) is not None]
     if not cal_steps:
         return None
-    cost = 0.0
+    cold_ok = all(_has_cold(c) for _, c in cal_steps)
+    cost = cold_cost = 0.0
     spans = hooks = 0
     launch = [s.cpu_launch_overhead_ns for s, _ in cal_steps if s.cpu_launch_overhead_ns]
     for s, c in cal_steps:
@@ -122,8 +123,11 @@ def probe_cost(
         spans += n_span
         hooks += n_hook
         cost += cost_per_step_ns(dict(c), n_span, n_hook)
+        if cold_ok:
+            cold_cost += cost_per_step_ns(dict(c), n_span, n_hook, cold=True)
     n = len(cal_steps)
     per_step = cost / n
+    per_step_cold = cold_cost / n if cold_ok else None
     mean_launch = sum(launch) / len(launch) if launch else None
     cals = list({id(c): c for _, c in cal_steps}.values())
     return {
@@ -136,22 +140,54 @@ def probe_cost(
         "per_step_ns": per_step,
         "cpu_launch_overhead_mean_ns": mean_launch,
         "share_of_cpu_launch_overhead": per_step / mean_launch if mean_launch else None,
+        "span_cold_ns": [float(c["span_cold_ns"]) for c in cals] if cold_ok else None,
+        "hook_cold_ns": [float(c["hook_cold_ns"]) for c in cals] if cold_ok else None,
+        "per_step_cold_ns": per_step_cold,
+        "share_cold_of_cpu_launch_overhead": (
+            per_step_cold / mean_launch if mean_launch and per_step_cold is not None else None
+        ),
     }
+
+
+def _has_cold(cal: Mapping[str, Any]) -> bool:
+    """Whether a calibration carries usable cold timings (recordings before the
+    nineteenth session do not)."""
+    try:
+        return all(float(cal[k]) >= 0 for k in ("span_cold_ns", "hook_cold_ns"))
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 IN_ENGINE_NOTE = (
     "a lower bound: in a real engine the hooks cost more than around a no-op"
-    " (one H200, MRV2 k=1: 14 µs of each step's launch window, docs/evidence.md)"
+    " (one H200, MRV2 k=1: 34-37 µs per step end to end, docs/evidence.md)"
 )
-"""What the calibration leaves out, as measured end to end (benchmarks/gpu/crossover.py)."""
+"""What a warm-only calibration leaves out, as measured end to end
+(benchmarks/gpu/crossover.py); printed for recordings without cold timings."""
+
+COLD_NOTE = "calibrated with cold caches, as each hooked call runs inside a step"
+"""How the cold estimate was taken (:mod:`probe.calibrate`): on the real CPU engine it
+reads 15.8 µs per V1 step at the crossover's call counts, where the crossover measures
++16.8 [+13.1, +20.7] end to end and the hot loop 1.0 (docs/evidence.md, nineteenth
+session)."""
 
 
 def cost_line(cost: Mapping[str, Any] | None) -> str | None:
-    """ "probe cost ≥ X µs per step (Y% of CPU launch overhead; a lower bound ...)", or
-    None without a calibration. The calibration times each wrapper around a no-op; inside
-    vLLM's step the same hooks cost several times that (:data:`IN_ENGINE_NOTE`)."""
+    """ "probe cost ≈ X µs per step (Y% of CPU launch overhead; calibrated with cold caches
+    ...; Z µs warm)" from a calibration with cold timings; from an older one, "probe cost ≥
+    X µs per step (Y% ...; a lower bound ...)": a hot loop around a no-op, where inside
+    vLLM's step the same hooks cost several times that (:data:`IN_ENGINE_NOTE`). None
+    without a calibration."""
     if not cost:
         return None
+    cold = cost.get("per_step_cold_ns")
+    if cold is not None:
+        share = cost.get("share_cold_of_cpu_launch_overhead")
+        note = f"{share:.1%} of CPU launch overhead; " if share is not None else ""
+        return (
+            f"probe cost ≈ {cold / 1e3:.1f} µs per step ({note}{COLD_NOTE}; "
+            f"{cost['per_step_ns'] / 1e3:.1f} µs warm)"
+        )
     line = f"probe cost ≥ {cost['per_step_ns'] / 1e3:.1f} µs per step"
     share = cost.get("share_of_cpu_launch_overhead")
     note = f"{share:.1%} of CPU launch overhead; " if share is not None else ""

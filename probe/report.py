@@ -251,7 +251,17 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
             + "/".join(f"{s:.0f}" for s in c["span_ns"])
             + " and "
             + "/".join(f"{h:.0f}" for h in c["hook_ns"])
-            + f" ns ({', '.join(c['hot_path'])})",
+            + " ns warm"
+            + (
+                ", "
+                + "/".join(f"{x:.0f}" for x in c["span_cold_ns"])
+                + " and "
+                + "/".join(f"{x:.0f}" for x in c["hook_cold_ns"])
+                + " ns cold"
+                if c.get("span_cold_ns")
+                else ""
+            )
+            + f" ({', '.join(c['hot_path'])})",
         )
     console.print(Panel(tail, title="reorder · GPU · probe", title_align="left"))
     if len(rep["per_rank"]) > 1:
@@ -323,9 +333,18 @@ def _hot_path_line(probe: Any) -> str:
     cal = probe.get("calibration")
     if not isinstance(cal, Mapping) or "span_ns" not in cal:
         return str(probe["hot_path"])
+    cold = ""
+    if isinstance(cal.get("span_cold_ns"), int | float) and isinstance(
+        cal.get("hook_cold_ns"), int | float
+    ):
+        cold = (
+            f"; cold: span {cal['span_cold_ns'] / 1e3:.2f} µs, hook "
+            f"{cal['hook_cold_ns'] / 1e3:.2f} µs"
+        )
     return (
         f"{probe['hot_path']} (per call: span {cal['span_ns'] / 1e3:.2f} µs, hook "
-        f"{cal.get('hook_ns', 0) / 1e3:.2f} µs, dormant {cal.get('dormant_ns', 0) / 1e3:.2f} µs)"
+        f"{cal.get('hook_ns', 0) / 1e3:.2f} µs, dormant {cal.get('dormant_ns', 0) / 1e3:.2f} µs"
+        f"{cold})"
     )
 
 

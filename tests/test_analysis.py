@@ -356,6 +356,47 @@ def _calibrated_copy(tmp_path: Path, cal: dict[str, Any] | None) -> Path:
     return dst
 
 
+def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path) -> None:
+    """A calibration that timed its span and hook cold (since the nineteenth session) gives
+    "probe cost ≈ X µs per step" from the cold figures, with the warm figure beside it; the
+    report's panel and JSON carry both. A damaged cold value falls back to the warm-only
+    lower bound, never to a wrong estimate."""
+    cal = {
+        "hot_path": "compiled",
+        "span_ns": 80.0,
+        "hook_ns": 120.0,
+        "dormant_ns": 20.0,
+        "span_cold_ns": 900.0,
+        "hook_cold_ns": 2800.0,
+        "cold_calls": 24,
+        "cold_evict_bytes": 8 << 20,
+    }
+    rep = build_report(Recording.open(_calibrated_copy(tmp_path, cal)))
+    c = rep["probe_cost"]
+    steady, _ = analysis.split_steady(_steps(default_recording()))
+    counts = [analysis.hooked_calls(s) for s in steady]
+    warm = sum(80.0 * a + 120.0 * b for a, b in counts) / len(steady)
+    cold = sum(900.0 * a + 2800.0 * b for a, b in counts) / len(steady)
+    assert c["per_step_ns"] == pytest.approx(warm)
+    assert c["per_step_cold_ns"] == pytest.approx(cold)
+    assert c["span_cold_ns"] == [900.0] and c["hook_cold_ns"] == [2800.0]
+    launch = [s.cpu_launch_overhead_ns for s in steady if s.cpu_launch_overhead_ns]
+    share = cold / (sum(launch) / len(launch))
+    assert c["share_cold_of_cpu_launch_overhead"] == pytest.approx(share)
+    line = (
+        f"probe cost ≈ {cold / 1e3:.1f} µs per step ({share:.1%} of CPU launch overhead; "
+        f"{cost.COLD_NOTE}; {warm / 1e3:.1f} µs warm)"
+    )
+    assert line in rep["verdict"]
+    text = _text(rep)
+    assert "900 and 2800 ns cold" in text
+    damaged = {**cal, "hook_cold_ns": "fast"}
+    rep = build_report(Recording.open(_calibrated_copy(tmp_path, damaged)))
+    assert rep["probe_cost"]["per_step_cold_ns"] is None
+    assert any(v.startswith("probe cost ≥ ") for v in rep["verdict"])
+    assert not any(v.startswith("probe cost ≈ ") for v in rep["verdict"])
+
+
 def test_report_prints_the_probe_cost_only_with_a_calibration(tmp_path: Path) -> None:
     cal = {
         "hot_path": "compiled",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -507,3 +508,47 @@ def test_the_calibration_times_its_wrappers_as_the_installer_puts_them(
     # (the compiled span and, with vLLM's FULL member, the compiled dispatch hook were
     # gated again before; without vLLM the dispatch hook is a Python function, gated)
     assert all(isinstance(g, types.FunctionType) for g in gated), gated
+
+
+def test_the_calibration_times_the_span_and_hook_cold_within_its_budget(hot_path: str) -> None:
+    """Besides the hot loop, the span and the hook are timed cold (single calls after
+    evicting the core's caches): both figures land in the calibration with the calls it
+    made and the bytes it touched, at least 5 calls even with no time at all, at most the
+    calls asked for; ``cold_calls=0`` leaves them out. The runtime is left as it was."""
+    from probe import calibrate
+
+    saved = (RT.step, RT.in_step, RT.enabled)
+    cal = calibrate.calibrate(RT, calls=5, rounds=1, cold_calls=7, cold_budget_s=60.0)
+    assert cal["hot_path"] == hot_path
+    assert cal["cold_calls"] == 7
+    assert cal["span_cold_ns"] >= 0 and cal["hook_cold_ns"] >= 0
+    assert cal["cold_evict_bytes"] == calibrate.evict_bytes()
+    rushed = calibrate.calibrate(RT, calls=5, rounds=1, cold_calls=50, cold_budget_s=0.0)
+    assert rushed["cold_calls"] == 5
+    warm_only = calibrate.calibrate(RT, calls=5, rounds=1, cold_calls=0)
+    assert not any(k.startswith("cold") or "_cold_" in k for k in warm_only)
+    assert (RT.step, RT.in_step, RT.enabled) == saved
+
+
+@pytest.mark.parametrize(
+    ("files", "want_mb"),
+    [
+        ({"index0": ("1", "48K"), "index2": ("2", "2048K"), "index3": ("3", "491520K")}, 8),
+        ({"index2": ("2", "1280K")}, 5),
+        ({"index2": ("2", "32M")}, 16),  # capped: a huge L2 is not copied whole
+        ({"index2": ("2", "256K")}, 4),  # at least 4 MB
+        ({"index3": ("3", "300M")}, 8),  # no L2 listed: 2 MB assumed
+        ({"index2": ("2", "lots")}, 8),  # unreadable size: the same
+        ({}, 8),  # no sysfs at all
+    ],
+)
+def test_cold_timings_touch_four_times_the_l2_within_4_to_16_mb(
+    tmp_path: Path, files: dict[str, tuple[str, str]], want_mb: int
+) -> None:
+    from probe import calibrate
+
+    for name, (level, size) in files.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(level + "\n")
+        (tmp_path / name / "size").write_text(size + "\n")
+    assert calibrate.evict_bytes(tmp_path) == want_mb << 20
