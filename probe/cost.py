@@ -167,9 +167,8 @@ IN_ENGINE_NOTE = (
 
 COLD_NOTE = "calibrated with cold caches, as each hooked call runs inside a step"
 """How the cold estimate was taken (:mod:`probe.calibrate`): on the real CPU engine it
-reads 15.8 µs per V1 step at the crossover's call counts, where the crossover measures
-+16.8 [+13.1, +20.7] end to end and the hot loop 1.0 (docs/evidence.md, nineteenth
-session)."""
+reads 15.3-16.8 µs per V1 step where the crossover measures +14.3 [+10.8, +17.0] in the
+same runs, and the hot loop 1.1 (benchmarks/results/cpu-2026-12-04-s19/)."""
 
 
 def cost_line(cost: Mapping[str, Any] | None) -> str | None:
