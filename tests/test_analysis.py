@@ -356,6 +356,17 @@ def _calibrated_copy(tmp_path: Path, cal: dict[str, Any] | None) -> Path:
     return dst
 
 
+def _bundled_cost(span_ns: float, hook_ns: float) -> tuple[float, float]:
+    """(ns per steady step, its share of the mean CPU launch overhead) of the bundled
+    recording's steady steps at ``span_ns`` per span call and ``hook_ns`` per hook call,
+    counted independently of the report."""
+    steady, _ = analysis.split_steady(_steps(default_recording()))
+    counts = [analysis.hooked_calls(s) for s in steady]
+    per_step = sum(span_ns * a + hook_ns * b for a, b in counts) / len(steady)
+    launch = [s.cpu_launch_overhead_ns for s in steady if s.cpu_launch_overhead_ns]
+    return per_step, per_step / (sum(launch) / len(launch))
+
+
 def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path) -> None:
     """A calibration that timed its span and hook cold (since the nineteenth session) gives
     "probe cost ≈ X µs per step" from the cold figures, with the warm figure beside it; the
@@ -373,15 +384,11 @@ def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path
     }
     rep = build_report(Recording.open(_calibrated_copy(tmp_path, cal)))
     c = rep["probe_cost"]
-    steady, _ = analysis.split_steady(_steps(default_recording()))
-    counts = [analysis.hooked_calls(s) for s in steady]
-    warm = sum(80.0 * a + 120.0 * b for a, b in counts) / len(steady)
-    cold = sum(900.0 * a + 2800.0 * b for a, b in counts) / len(steady)
+    warm, _ = _bundled_cost(80.0, 120.0)
+    cold, share = _bundled_cost(900.0, 2800.0)
     assert c["per_step_ns"] == pytest.approx(warm)
     assert c["per_step_cold_ns"] == pytest.approx(cold)
     assert c["span_cold_ns"] == [900.0] and c["hook_cold_ns"] == [2800.0]
-    launch = [s.cpu_launch_overhead_ns for s in steady if s.cpu_launch_overhead_ns]
-    share = cold / (sum(launch) / len(launch))
     assert c["share_cold_of_cpu_launch_overhead"] == pytest.approx(share)
     line = (
         f"probe cost ≈ {cold / 1e3:.1f} µs per step ({share:.1%} of CPU launch overhead; "
@@ -408,13 +415,9 @@ def test_report_prints_the_probe_cost_only_with_a_calibration(tmp_path: Path) ->
     }
     rep = build_report(Recording.open(_calibrated_copy(tmp_path, cal)))
     c = rep["probe_cost"]
-    steady, _ = analysis.split_steady(_steps(default_recording()))
-    counts = [analysis.hooked_calls(s) for s in steady]
-    want = sum(250.0 * a + 1500.0 * b for a, b in counts) / len(steady)
+    want, share = _bundled_cost(250.0, 1500.0)
     assert c["per_step_ns"] == pytest.approx(want)
     assert c["span_calls_per_step"] > 0 and c["hook_calls_per_step"] > 0
-    launch = [s.cpu_launch_overhead_ns for s in steady if s.cpu_launch_overhead_ns]
-    share = want / (sum(launch) / len(launch))
     assert c["share_of_cpu_launch_overhead"] == pytest.approx(share)
     line = (
         f"probe cost ≥ {want / 1e3:.1f} µs per step ({share:.1%} of CPU launch overhead; "
