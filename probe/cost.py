@@ -171,15 +171,25 @@ reads 15.3-16.8 µs per V1 step where the crossover measures +14.3 [+10.8, +17.0
 same runs, and the hot loop 1.1 (benchmarks/results/cpu-2026-12-04-s19/)."""
 
 
-def cost_line(cost: Mapping[str, Any] | None) -> str | None:
+def cost_line(cost: Mapping[str, Any] | None, short: bool = False) -> str | None:
     """ "probe cost ≈ X µs per step (Y% of CPU launch overhead; calibrated with cold caches
     ...; Z µs warm)" from a calibration with cold timings; from an older one, "probe cost ≥
     X µs per step (Y% ...; a lower bound ...)": a hot loop around a no-op, where inside
     vLLM's step the same hooks cost several times that (:data:`IN_ENGINE_NOTE`). None
-    without a calibration."""
+    without a calibration. ``short``: the same figures within 80 columns, for the live
+    view ("probe cost ≈ X µs/step, Y% of launch (cold; Z warm)")."""
     if not cost:
         return None
     cold = cost.get("per_step_cold_ns")
+    if short:
+        warm = cost["per_step_ns"] / 1e3
+        if cold is None:
+            share = cost.get("share_of_cpu_launch_overhead")
+            pct = f", {share:.1%} of launch" if share is not None else ""
+            return f"probe cost ≥ {warm:.1f} µs/step{pct} (warm calibration: a lower bound)"
+        share = cost.get("share_cold_of_cpu_launch_overhead")
+        pct = f", {share:.1%} of launch" if share is not None else ""
+        return f"probe cost ≈ {cold / 1e3:.1f} µs/step{pct} (cold calibration; {warm:.1f} warm)"
     if cold is not None:
         share = cost.get("share_cold_of_cpu_launch_overhead")
         note = f"{share:.1%} of CPU launch overhead; " if share is not None else ""

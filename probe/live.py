@@ -339,7 +339,7 @@ def rank_lines(s: Mapping[str, Any]) -> list[str]:
             f"  reorder: {ro['decisions']:,} decisions, {ro['changed']:,} changed, "
             f"{ro['moved_requests']:,} moved, thresholds {ro['thresholds']}"
         )
-    cost = analysis.cost_line(s.get("probe_cost"))
+    cost = analysis.cost_line(s.get("probe_cost"), short=True)
     if cost:
         out.append(f"  {cost}")
     out.extend(f"  warning: {t}" for t in s["traps"])

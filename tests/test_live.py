@@ -325,3 +325,39 @@ def test_history_per_rank_as_sparklines() -> None:
     assert any(ln.startswith("  FULL ") and "▁ █▅█" in ln for ln in lines), lines
     assert any(ln.startswith("  launch ") and "  ▁▄█" in ln for ln in lines), lines
     assert sparkline([None, 1.0, 1.0]) == " ▅▅"  # a flat line sits mid-height
+
+
+@pytest.mark.parametrize("cold", [True, False])
+def test_the_live_view_prints_the_probe_cost_the_report_computes(cold: bool) -> None:
+    """With the engine's calibration in its snapshot, each rank's view shows the probe's
+    cost per step: the same figures as ``analysis.probe_cost`` over the same steady steps
+    (the report's function), within 80 columns; the cold estimate where the calibration
+    has cold timings, else the warm lower bound."""
+    cal: dict[str, Any] = {"hot_path": "compiled", "span_ns": 80.0, "hook_ns": 120.0}
+    if cold:
+        cal |= {"span_cold_ns": 900.0, "hook_cold_ns": 2800.0}
+    now = {"t": 100_000_000_000}
+    st = LiveStats(clock_ns=lambda: now["t"], roles={11: "worker"})
+    proc: Any = FakeProc(11, {"tp_rank": 0, "probe": {"calibration": cal}})
+    st.on_process(proc)
+    t = now["t"]
+    steps = [
+        mk_step(11, i, Mode.FULL, Reason.HIT, t - (40 - i) * 10**8, True) for i in range(1, 41)
+    ]
+    st.on_steps(proc, steps)
+    v = st.active()[0]
+    s = st.summary(v)
+    want = analysis.probe_cost(
+        analysis.split_steady(analysis.forward_steps(v.steps))[0],
+        {11: analysis.calibration_of(proc.snapshot)},
+    )
+    assert want is not None and s["probe_cost"] == want
+    lines = [ln for ln in plain_lines(st, "probe top") if "probe cost" in ln]
+    assert len(lines) == 1 and len(lines[0]) <= 80, lines
+    if cold:
+        assert want["per_step_cold_ns"] is not None
+        assert f"≈ {want['per_step_cold_ns'] / 1e3:.1f} µs/step" in lines[0]
+        assert f"{want['per_step_ns'] / 1e3:.1f} warm" in lines[0]
+    else:
+        assert want["per_step_cold_ns"] is None
+        assert f"≥ {want['per_step_ns'] / 1e3:.1f} µs/step" in lines[0]
