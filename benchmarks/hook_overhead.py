@@ -1,6 +1,6 @@
 """Added cost per hooked call, probe enabled and disabled, on a real vLLM function.
 
-    python benchmarks/hook_overhead.py [--n 200] [--rounds 1500] [--json PATH]
+    python benchmarks/hook_overhead.py [--n 200] [--rounds 1500] [--cold 10] [--json PATH]
 
 Runs every case on both hot paths (probe.accel): ``compiled`` (the C extension) and
 ``python`` (the pure-Python wrappers, packers and ring writer, with the extension's hot
@@ -19,6 +19,12 @@ segments of a millisecond or so, so that the machine's drift (the real dispatch 
 5.6-10.1 µs a call from run to run here with 40,000-call segments) lands on all three
 alike. Reported: the medians over ``--rounds`` rounds of ns per call and of the per-round
 added cost, with a bootstrap 95% interval of the latter.
+
+``--cold K`` (default 10; 0 leaves it out): also the same three states with the caches
+cold, as each hooked call runs inside an engine step: in each of ``--cold-rounds`` rounds
+(order rotated), the median of ``K`` single calls in each state, each after copying a
+buffer of four times the core's L2 (``probe.calibrate.evict_bytes``, what the calibration
+at attach does). The second table: the cold medians and the added cold cost per call.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +51,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=200, help="dispatch calls per segment (spans: 20x)")
     ap.add_argument("--rounds", type=int, default=1500)
+    ap.add_argument("--cold", type=int, default=10, help="single cold calls per state and round")
+    ap.add_argument("--cold-rounds", type=int, default=40)
     ap.add_argument("--json")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -52,14 +62,17 @@ def main() -> None:
     results: dict[str, Any] = {}
     for path in paths:
         with accel.use(path):
-            for k, v in run_cases(a.n, a.rounds).items():
+            for k, v in run_cases(a.n, a.rounds, a.cold, a.cold_rounds).items():
                 results[f"{k} [{path}]"] = v
     if a.child:
         print(json.dumps(results))
         return
     env = dict(os.environ, PROBE_ACCEL="0")
     out = subprocess.run(
-        [sys.executable, __file__, "--n", str(a.n), "--rounds", str(a.rounds), "--child"],
+        [
+            *(sys.executable, __file__, "--n", str(a.n), "--rounds", str(a.rounds)),
+            *("--cold", str(a.cold), "--cold-rounds", str(a.cold_rounds), "--child"),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -79,15 +92,30 @@ def main() -> None:
             f"{v['added_disabled_ns']:6.0f} [{lo0:4.0f},{hi0:5.0f}] "
             f"{v['added_enabled_ns']:6.0f} [{lo1:4.0f},{hi1:5.0f}]"
         )
+    if a.cold > 0:
+        print(
+            f"\n{'cold (single calls, caches evicted)':56} {'orig':>6} {'off':>6} {'on':>6} "
+            f"{'+off [95%]':>18} {'+on [95%]':>18}  (ns/call)"
+        )
+        for k, v in results.items():
+            c = v["cold"]
+            lo0, hi0 = c["added_disabled_ci95"]
+            lo1, hi1 = c["added_enabled_ci95"]
+            print(
+                f"{k:56} {c['original_ns']:6.0f} {c['disabled_ns']:6.0f} {c['enabled_ns']:6.0f} "
+                f"{c['added_disabled_ns']:6.0f} [{lo0:4.0f},{hi0:5.0f}] "
+                f"{c['added_enabled_ns']:6.0f} [{lo1:4.0f},{hi1:5.0f}]"
+            )
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
 
 
-def run_cases(n: int, rounds: int) -> dict[str, Any]:
+def run_cases(n: int, rounds: int, cold: int = 0, cold_rounds: int = 0) -> dict[str, Any]:
     from vllm.config import CompilationMode, CUDAGraphMode, VllmConfig
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
     from probe import hooks
+    from probe.calibrate import evict_bytes
     from probe.hooks import step
     from probe.hooks._base import Installer, Target
     from probe.records import Phase
@@ -116,15 +144,30 @@ def run_cases(n: int, rounds: int) -> dict[str, Any]:
     writer = RingWriter.create(tmp / "ring-bench.shm", 1 << 22)
 
     reader = RingReader.open(writer.path)
+    nbytes = evict_bytes()
+    src, dst = bytearray(nbytes), bytearray(nbytes)
 
-    def segment(state: str, call: Any, install: Any, uninstall: Any, calls: int) -> float:
+    def cold_calls(call: Any, k: int) -> float:
+        """The median ns of ``k`` single calls, each after evicting the core's caches."""
+        ts = []
+        for _ in range(k):
+            dst[:] = src
+            t0 = time.perf_counter_ns()
+            call()
+            ts.append(time.perf_counter_ns() - t0)
+        return statistics.median(ts)
+
+    def segment(
+        state: str, call: Any, install: Any, uninstall: Any, calls: int, cold_k: int = 0
+    ) -> float:
         """ns per call of ``calls`` back-to-back calls of the same call shape in one state,
         after a tenth as many untimed: ``orig`` (vLLM's own function in place), ``off``
         (the hook installed, the probe disabled) or ``on`` (enabled, in a step); the ring
-        drained afterwards."""
+        drained afterwards. With ``cold_k``, the median of that many single cold calls
+        (:func:`cold_calls`) instead."""
         if state == "orig":
             per_call(call, calls // 10 + 1, rounds=1)
-            return per_call(call, calls, rounds=1)
+            return cold_calls(call, cold_k) if cold_k else per_call(call, calls, rounds=1)
         install()
         if state == "on":
             hooks.enable(writer, gpu_timing=False)
@@ -132,7 +175,7 @@ def run_cases(n: int, rounds: int) -> dict[str, Any]:
         else:
             RT.enabled = False
         per_call(call, calls // 10 + 1, rounds=1)
-        ns = per_call(call, calls, rounds=1)
+        ns = cold_calls(call, cold_k) if cold_k else per_call(call, calls, rounds=1)
         if state == "on":
             RT.in_step = 0
             hooks.disable()
@@ -149,28 +192,14 @@ def run_cases(n: int, rounds: int) -> dict[str, Any]:
         position in a round move all three alike; the medians of the per-round
         differences, with a bootstrap 95% interval. The original is called through the
         same attribute as the hook (``call``), with vLLM's function put back."""
-        order = ("orig", "off", "on")
-        rows = []
-        for i in range(rounds):
-            got = {}
-            for k in range(3):
-                state = order[(i + k) % 3]
-                got[state] = segment(state, call, install, uninstall, calls)
-            rows.append((got["orig"], got["off"], got["on"]))
-        med = statistics.median
-        off = [r[1] - r[0] for r in rows]
-        on = [r[2] - r[0] for r in rows]
-        results[label] = {
-            "original_ns": med(r[0] for r in rows),
-            "disabled_ns": med(r[1] for r in rows),
-            "enabled_ns": med(r[2] for r in rows),
-            "added_disabled_ns": med(off),
-            "added_enabled_ns": med(on),
-            "added_disabled_ci95": _interval(off),
-            "added_enabled_ci95": _interval(on),
-            "rounds": rounds,
-            "calls_per_segment": calls,
-        }
+        results[label] = _rounds(rounds, lambda st: segment(st, call, install, uninstall, calls))
+        results[label]["calls_per_segment"] = calls
+        if cold > 0:
+            results[label]["cold"] = _rounds(
+                cold_rounds, lambda st: segment(st, call, install, uninstall, calls, cold)
+            )
+            results[label]["cold"]["calls_per_state"] = cold
+            results[label]["cold"]["evict_bytes"] = nbytes
 
     def install_dispatch() -> None:
         hooks.install(["dispatch"], lazy=False)
@@ -207,6 +236,34 @@ def run_cases(n: int, rounds: int) -> dict[str, Any]:
     reader.close()
     writer.close()
     return results
+
+
+def _rounds(rounds: int, segment: Callable[[str], float]) -> dict[str, Any]:
+    """``rounds`` rounds of the three states' segments (original, dormant hook, enabled
+    hook), the order rotated from round to round, so that drift of the machine and the
+    position in a round move all three alike: the medians, and the medians of the
+    per-round differences with a bootstrap 95% interval."""
+    order = ("orig", "off", "on")
+    rows = []
+    for i in range(rounds):
+        got = {}
+        for k in range(3):
+            state = order[(i + k) % 3]
+            got[state] = segment(state)
+        rows.append((got["orig"], got["off"], got["on"]))
+    med = statistics.median
+    off = [r[1] - r[0] for r in rows]
+    on = [r[2] - r[0] for r in rows]
+    return {
+        "original_ns": med(r[0] for r in rows),
+        "disabled_ns": med(r[1] for r in rows),
+        "enabled_ns": med(r[2] for r in rows),
+        "added_disabled_ns": med(off),
+        "added_enabled_ns": med(on),
+        "added_disabled_ci95": _interval(off),
+        "added_enabled_ci95": _interval(on),
+        "rounds": rounds,
+    }
 
 
 def _interval(xs: list[float]) -> list[float]:
