@@ -165,19 +165,23 @@ IN_ENGINE_NOTE = (
 """What a warm-only calibration leaves out, as measured end to end
 (benchmarks/gpu/crossover.py); printed for recordings without cold timings."""
 
-COLD_NOTE = "calibrated with cold caches, as each hooked call runs inside a step"
-"""How the cold estimate was taken (:mod:`probe.calibrate`): on the real CPU engine it
-reads 15.3-16.8 µs per V1 step where the crossover measures +14.3 [+10.8, +17.0] in the
-same runs, and the hot loop 1.1 (benchmarks/results/cpu-2026-12-04-s19/)."""
+COLD_NOTE = "calibrated with cold caches: a floor, end to end 1-5x this (docs/evidence.md)"
+"""How the cold estimate was taken (:mod:`probe.calibrate`) and what it is worth, measured
+end to end (``benchmarks/gpu/crossover.py``, attached against absent, same runs): on the
+real CPU engine it reads 15.3-16.8 µs per V1 step where the crossover measures +14.3
+[+10.8, +17.0] (benchmarks/results/cpu-2026-12-04-s19/); on one H200 (MRV2 k=1, a KVM
+guest with a 300 MB shared L3) 10.9-26.6 µs where the crossover measures 28-62 µs per run,
++41.1 [+30.2, +49.7] over the four runs (benchmarks/results/h200-2026-12-04-s20/). So a floor."""
 
 
 def cost_line(cost: Mapping[str, Any] | None, short: bool = False) -> str | None:
-    """ "probe cost ≈ X µs per step (Y% of CPU launch overhead; calibrated with cold caches
-    ...; Z µs warm)" from a calibration with cold timings; from an older one, "probe cost ≥
-    X µs per step (Y% ...; a lower bound ...)": a hot loop around a no-op, where inside
-    vLLM's step the same hooks cost several times that (:data:`IN_ENGINE_NOTE`). None
-    without a calibration. ``short``: the same figures within 80 columns, for the live
-    view ("probe cost ≈ X µs/step, Y% of launch (cold; Z warm)")."""
+    """ "probe cost ≥ X µs per step (Y% of CPU launch overhead; calibrated with cold caches:
+    a floor ...; Z µs warm)" from a calibration with cold timings (:data:`COLD_NOTE`); from
+    an older one, "probe cost ≥ X µs per step (Y% ...; a lower bound ...)": a hot loop
+    around a no-op, where inside vLLM's step the same hooks cost several times that
+    (:data:`IN_ENGINE_NOTE`). None without a calibration. ``short``: the same figures
+    within 80 columns, for the live view ("probe cost ≥ X µs/step, Y% of launch (cold
+    floor; Z warm)")."""
     if not cost:
         return None
     cold = cost.get("per_step_cold_ns")
@@ -189,12 +193,12 @@ def cost_line(cost: Mapping[str, Any] | None, short: bool = False) -> str | None
             return f"probe cost ≥ {warm:.1f} µs/step{pct} (warm calibration: a lower bound)"
         share = cost.get("share_cold_of_cpu_launch_overhead")
         pct = f", {share:.1%} of launch" if share is not None else ""
-        return f"probe cost ≈ {cold / 1e3:.1f} µs/step{pct} (cold calibration; {warm:.1f} warm)"
+        return f"probe cost ≥ {cold / 1e3:.1f} µs/step{pct} (cold floor; {warm:.1f} warm)"
     if cold is not None:
         share = cost.get("share_cold_of_cpu_launch_overhead")
         note = f"{share:.1%} of CPU launch overhead; " if share is not None else ""
         return (
-            f"probe cost ≈ {cold / 1e3:.1f} µs per step ({note}{COLD_NOTE}; "
+            f"probe cost ≥ {cold / 1e3:.1f} µs per step ({note}{COLD_NOTE}; "
             f"{cost['per_step_ns'] / 1e3:.1f} µs warm)"
         )
     line = f"probe cost ≥ {cost['per_step_ns'] / 1e3:.1f} µs per step"

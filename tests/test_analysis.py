@@ -369,9 +369,10 @@ def _bundled_cost(span_ns: float, hook_ns: float) -> tuple[float, float]:
 
 def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path) -> None:
     """A calibration that timed its span and hook cold (since the nineteenth session) gives
-    "probe cost ≈ X µs per step" from the cold figures, with the warm figure beside it; the
-    report's panel and JSON carry both. A damaged cold value falls back to the warm-only
-    lower bound, never to a wrong estimate."""
+    "probe cost ≥ X µs per step" from the cold figures (a floor: on the H200 the crossover
+    measured 2-5x it), with the warm figure beside it; the report's panel and JSON carry
+    both. A damaged cold value falls back to the warm-only lower bound, never to a wrong
+    estimate."""
     cal = {
         "hot_path": "compiled",
         "span_ns": 80.0,
@@ -391,17 +392,17 @@ def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path
     assert c["span_cold_ns"] == [900.0] and c["hook_cold_ns"] == [2800.0]
     assert c["share_cold_of_cpu_launch_overhead"] == pytest.approx(share)
     line = (
-        f"probe cost ≈ {cold / 1e3:.1f} µs per step ({share:.1%} of CPU launch overhead; "
+        f"probe cost ≥ {cold / 1e3:.1f} µs per step ({share:.1%} of CPU launch overhead; "
         f"{cost.COLD_NOTE}; {warm / 1e3:.1f} µs warm)"
     )
     assert line in rep["verdict"]
-    text = _text(rep)
+    text = " ".join(_text(rep).replace("│", " ").split())  # as read, whatever the wrapping
     assert "900 and 2800 ns cold" in text
     damaged = {**cal, "hook_cold_ns": "fast"}
     rep = build_report(Recording.open(_calibrated_copy(tmp_path, damaged)))
     assert rep["probe_cost"]["per_step_cold_ns"] is None
-    assert any(v.startswith("probe cost ≥ ") for v in rep["verdict"])
-    assert not any(v.startswith("probe cost ≈ ") for v in rep["verdict"])
+    assert any(v.startswith("probe cost ≥ ") and cost.IN_ENGINE_NOTE in v for v in rep["verdict"])
+    assert not any(cost.COLD_NOTE in v for v in rep["verdict"])
 
 
 def test_report_prints_the_probe_cost_only_with_a_calibration(tmp_path: Path) -> None:
