@@ -28,7 +28,11 @@ calls of each, each after copying a buffer of four times the core's L2 cache
 at most :data:`COLD_BUDGET_S` of the engine's time (the calls it got by then, at least a
 few, are kept). On the H200 host a cold compiled span costs 1.1-1.9 µs against 0.15 µs
 warm (``benchmarks/call_boundary.py``); ``benchmarks/gpu`` measures the whole in-engine
-cost end to end.
+cost end to end, and there these data-only cold figures read 1.9-5.2x low (a floor). So
+the span and the hook are timed once more with code evicted too (CPython's compiler run
+before each call: ``span_cold_code_ns``, ``hook_cold_code_ns``, at most
+:data:`COLD_CODE_BUDGET_S`), which read high on the CPU engine; both are recorded until a
+GPU run says which tracks an engine.
 """
 
 from __future__ import annotations
@@ -46,6 +50,17 @@ CALLS = 300
 ROUNDS = 7
 COLD_CALLS = 24
 COLD_BUDGET_S = 0.12
+COLD_CODE_BUDGET_S = 0.1
+_EVICT_CODE = "".join(
+    f"def f{i}(a, b={i}, *c, **d):\n"
+    f"    x = [a * b for _ in range({i})]\n"
+    f"    return {{'k{i}': x, 'y': (a, b, c, d)}} if a else None\n"
+    for i in range(30)
+)
+"""Source that :func:`_cold_ns` compiles before each call with ``code=True``: CPython's
+parser and compiler, a large body of code run between two timed calls, as vLLM's own work
+runs between two hooked calls (a data copy alone leaves the wrapper's code in L1i and the
+branch predictors trained)."""
 _L2_FALLBACK = 2 << 20
 
 
@@ -77,10 +92,12 @@ def _cold_ns(
     nbytes: int,
     calls: int,
     budget_s: float,
+    code: bool = False,
 ) -> tuple[list[float], int]:
     """For each (bare, wrapped) pair, the median ns of single wrapped calls minus the
-    median of single bare calls, each call after touching ``nbytes`` of memory; the pairs'
-    calls interleaved, until ``calls`` of each or ``budget_s`` (at least 5 of each)."""
+    median of single bare calls, each call after touching ``nbytes`` of memory (and, with
+    ``code``, compiling :data:`_EVICT_CODE`); the pairs' calls interleaved, until ``calls``
+    of each or ``budget_s`` (at least 5 of each)."""
     clk = time.perf_counter_ns
     src, dst = bytearray(nbytes), bytearray(nbytes)
     times: list[tuple[list[int], list[int]]] = [([], []) for _ in pairs]
@@ -90,6 +107,8 @@ def _cold_ns(
         for (bare, wrapped), (tb, tw) in zip(pairs, times, strict=True):
             for fn, ts in ((bare, tb), (wrapped, tw)):
                 dst[:] = src
+                if code:
+                    compile(_EVICT_CODE, "<probe-evict>", "exec")
                 t0 = clk()
                 fn()
                 ts.append(clk() - t0)
@@ -160,10 +179,15 @@ def calibrate(
     rounds: int = ROUNDS,
     cold_calls: int = COLD_CALLS,
     cold_budget_s: float = COLD_BUDGET_S,
+    cold_code_budget_s: float = COLD_CODE_BUDGET_S,
 ) -> dict[str, Any]:
     """Measure each wrapper kind on the active hot path, warm and (span and hook) cold;
     ``rt`` must be detached and is left detached as it was (its step counter untouched).
-    ``cold_calls=0`` leaves the cold timings out."""
+    ``cold_calls=0`` leaves the cold timings out; ``cold_code_budget_s=0`` the cold
+    timings with code evicted too (``span_cold_code_ns``, ``hook_cold_code_ns``: on the
+    CPU engine about 2.5x what the crossover measures, where the data-only figures read
+    it; on the H200 the data-only figures read 1.9-5.2x low; which tracks an engine is
+    for a GPU run to tell, so both are recorded)."""
     from probe import accel
     from probe.hooks import dispatch, step
     from probe.hooks._base import as_installed
@@ -216,6 +240,22 @@ def calibrate(
                 "cold_calls": got,
                 "cold_evict_bytes": nbytes,
             }
+            if cold_code_budget_s > 0:
+                (span_code, hook_code), got = _cold_ns(
+                    [
+                        (lambda: noop(owner), lambda: span(owner)),
+                        (lambda: orig_dispatch(d, 8, True), lambda: hooked(d, 8, True)),
+                    ],
+                    nbytes,
+                    cold_calls,
+                    cold_code_budget_s,
+                    code=True,
+                )
+                cold |= {
+                    "span_cold_code_ns": round(max(span_code, 0.0), 1),
+                    "hook_cold_code_ns": round(max(hook_code, 0.0), 1),
+                    "cold_code_calls": got,
+                }
         rt.in_step = 0
         rt.detach()
         writer.close()
@@ -239,9 +279,14 @@ def _hook() -> Any:
     return Hook(Target("calibration", "", "", "noop", lambda o, h: o), None, None)
 
 
-def cost_per_step_ns(cal: dict[str, Any], spans: float, hooks: float, cold: bool = False) -> float:
+def cost_per_step_ns(
+    cal: dict[str, Any], spans: float, hooks: float, cold: bool = False, code: bool = False
+) -> float:
     """The probe's cost for one step that made ``spans`` plain span calls and ``hooks``
-    Python-bodied hook calls, by the calibration (its cold timings with ``cold``)."""
+    Python-bodied hook calls, by the calibration (its cold timings with ``cold``; those
+    with code evicted too with ``code`` as well)."""
+    if cold and code:
+        return float(cal["span_cold_code_ns"]) * spans + float(cal["hook_cold_code_ns"]) * hooks
     if cold:
         return float(cal["span_cold_ns"]) * spans + float(cal["hook_cold_ns"]) * hooks
     return float(cal.get("span_ns", 0.0)) * spans + float(cal.get("hook_ns", 0.0)) * hooks

@@ -110,7 +110,8 @@ def probe_cost(
     if not cal_steps:
         return None
     cold_ok = all(_has_cold(c) for _, c in cal_steps)
-    cost = cold_cost = 0.0
+    code_ok = cold_ok and all(_has_cold(c, code=True) for _, c in cal_steps)
+    cost = cold_cost = code_cost = 0.0
     spans = hooks = 0
     launch = [s.cpu_launch_overhead_ns for s, _ in cal_steps if s.cpu_launch_overhead_ns]
     for s, c in cal_steps:
@@ -125,6 +126,8 @@ def probe_cost(
         cost += cost_per_step_ns(dict(c), n_span, n_hook)
         if cold_ok:
             cold_cost += cost_per_step_ns(dict(c), n_span, n_hook, cold=True)
+        if code_ok:
+            code_cost += cost_per_step_ns(dict(c), n_span, n_hook, cold=True, code=True)
     n = len(cal_steps)
     per_step = cost / n
     per_step_cold = cold_cost / n if cold_ok else None
@@ -146,14 +149,19 @@ def probe_cost(
         "share_cold_of_cpu_launch_overhead": (
             per_step_cold / mean_launch if mean_launch and per_step_cold is not None else None
         ),
+        "span_cold_code_ns": ([float(c["span_cold_code_ns"]) for c in cals] if code_ok else None),
+        "hook_cold_code_ns": ([float(c["hook_cold_code_ns"]) for c in cals] if code_ok else None),
+        "per_step_cold_code_ns": code_cost / n if code_ok else None,
     }
 
 
-def _has_cold(cal: Mapping[str, Any]) -> bool:
+def _has_cold(cal: Mapping[str, Any], code: bool = False) -> bool:
     """Whether a calibration carries usable cold timings (recordings before the
-    nineteenth session do not)."""
+    nineteenth session do not); with ``code``, those with code evicted too (before the
+    twentieth session none)."""
+    keys = ("span_cold_code_ns", "hook_cold_code_ns") if code else ("span_cold_ns", "hook_cold_ns")
     try:
-        return all(float(cal[k]) >= 0 for k in ("span_cold_ns", "hook_cold_ns"))
+        return all(float(cal[k]) >= 0 for k in keys)
     except (KeyError, TypeError, ValueError):
         return False
 

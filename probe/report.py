@@ -261,6 +261,15 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
                 if c.get("span_cold_ns")
                 else ""
             )
+            + (
+                "; with code evicted too "
+                + "/".join(f"{x:.0f}" for x in c["span_cold_code_ns"])
+                + " and "
+                + "/".join(f"{x:.0f}" for x in c["hook_cold_code_ns"])
+                + f" ns, {c['per_step_cold_code_ns'] / 1e3:.1f} µs per step"
+                if c.get("span_cold_code_ns")
+                else ""
+            )
             + f" ({', '.join(c['hot_path'])})",
         )
     console.print(Panel(tail, title="reorder · GPU · probe", title_align="left"))
@@ -341,6 +350,13 @@ def _hot_path_line(probe: Any) -> str:
             f"; cold: span {cal['span_cold_ns'] / 1e3:.2f} µs, hook "
             f"{cal['hook_cold_ns'] / 1e3:.2f} µs"
         )
+        if isinstance(cal.get("span_cold_code_ns"), int | float) and isinstance(
+            cal.get("hook_cold_code_ns"), int | float
+        ):
+            cold += (
+                f"; with code evicted too: span {cal['span_cold_code_ns'] / 1e3:.2f} µs, "
+                f"hook {cal['hook_cold_code_ns'] / 1e3:.2f} µs"
+            )
     return (
         f"{probe['hot_path']} (per call: span {cal['span_ns'] / 1e3:.2f} µs, hook "
         f"{cal.get('hook_ns', 0) / 1e3:.2f} µs, dormant {cal.get('dormant_ns', 0) / 1e3:.2f} µs"

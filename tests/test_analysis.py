@@ -398,6 +398,18 @@ def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path
     assert line in rep["verdict"]
     text = " ".join(_text(rep).replace("│", " ").split())  # as read, whatever the wrapping
     assert "900 and 2800 ns cold" in text
+    assert c["per_step_cold_code_ns"] is None and "code evicted" not in text
+    # since the twentieth session the calibration also times with code evicted: carried
+    # beside the data-only figures, which stay the line's
+    coded = {**cal, "span_cold_code_ns": 2000.0, "hook_cold_code_ns": 6000.0}
+    rep = build_report(Recording.open(_calibrated_copy(tmp_path, coded)))
+    c = rep["probe_cost"]
+    code_cost, _ = _bundled_cost(2000.0, 6000.0)
+    assert c["per_step_cold_code_ns"] == pytest.approx(code_cost)
+    assert c["span_cold_code_ns"] == [2000.0] and c["hook_cold_code_ns"] == [6000.0]
+    assert c["per_step_cold_ns"] == pytest.approx(cold) and line in rep["verdict"]
+    text = " ".join(_text(rep).replace("│", " ").split())
+    assert f"with code evicted too 2000 and 6000 ns, {code_cost / 1e3:.1f} µs per step" in text
     damaged = {**cal, "hook_cold_ns": "fast"}
     rep = build_report(Recording.open(_calibrated_copy(tmp_path, damaged)))
     assert rep["probe_cost"]["per_step_cold_ns"] is None
@@ -433,3 +445,22 @@ def test_report_prints_the_probe_cost_only_with_a_calibration(tmp_path: Path) ->
         assert "probe cost" not in _text(rep)
     bundled = build_report(Recording.open(default_recording()))
     assert bundled["probe_cost"] is None and "probe cost" not in _text(bundled)
+
+
+def test_doctor_names_the_hot_path_with_its_warm_cold_and_code_evicted_costs() -> None:
+    """``probe doctor``'s hot-path row: the calibration's per-call figures, the cold ones
+    where it has them, and those with code evicted too where it has those."""
+    from probe.report import _hot_path_line
+
+    cal: dict[str, Any] = {"span_ns": 80.0, "hook_ns": 120.0, "dormant_ns": 20.0}
+    probe = {"hot_path": "compiled", "calibration": cal}
+    assert _hot_path_line(probe) == (
+        "compiled (per call: span 0.08 µs, hook 0.12 µs, dormant 0.02 µs)"
+    )
+    cal |= {"span_cold_ns": 900.0, "hook_cold_ns": 2800.0}
+    assert _hot_path_line(probe).endswith("; cold: span 0.90 µs, hook 2.80 µs)")
+    cal |= {"span_cold_code_ns": 2000.0, "hook_cold_code_ns": 6000.0}
+    assert _hot_path_line(probe).endswith(
+        "; cold: span 0.90 µs, hook 2.80 µs; with code evicted too: span 2.00 µs, hook 6.00 µs)"
+    )
+    assert _hot_path_line({"hot_path": "python"}) == "python"

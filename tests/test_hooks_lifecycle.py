@@ -518,16 +518,44 @@ def test_the_calibration_times_the_span_and_hook_cold_within_its_budget(hot_path
     from probe import calibrate
 
     saved = (RT.step, RT.in_step, RT.enabled)
-    cal = calibrate.calibrate(RT, calls=5, rounds=1, cold_calls=7, cold_budget_s=60.0)
+    cal = calibrate.calibrate(
+        RT, calls=5, rounds=1, cold_calls=7, cold_budget_s=60.0, cold_code_budget_s=60.0
+    )
     assert cal["hot_path"] == hot_path
-    assert cal["cold_calls"] == 7
+    assert cal["cold_calls"] == 7 and cal["cold_code_calls"] == 7
     assert cal["span_cold_ns"] >= 0 and cal["hook_cold_ns"] >= 0
+    assert cal["span_cold_code_ns"] >= 0 and cal["hook_cold_code_ns"] >= 0
     assert cal["cold_evict_bytes"] == calibrate.evict_bytes()
-    rushed = calibrate.calibrate(RT, calls=5, rounds=1, cold_calls=50, cold_budget_s=0.0)
-    assert rushed["cold_calls"] == 5
+    rushed = calibrate.calibrate(
+        RT, calls=5, rounds=1, cold_calls=50, cold_budget_s=0.0, cold_code_budget_s=1e-9
+    )
+    assert rushed["cold_calls"] == 5 and rushed["cold_code_calls"] == 5
+    data_only = calibrate.calibrate(RT, calls=5, rounds=1, cold_calls=6, cold_code_budget_s=0)
+    assert data_only["cold_calls"] == 6 and "span_cold_code_ns" not in data_only
     warm_only = calibrate.calibrate(RT, calls=5, rounds=1, cold_calls=0)
     assert not any(k.startswith("cold") or "_cold_" in k for k in warm_only)
     assert (RT.step, RT.in_step, RT.enabled) == saved
+
+
+def test_the_code_eviction_compiles_before_each_timed_call(monkeypatch: Any) -> None:
+    """``code=True`` runs CPython's compiler on the eviction source before every single
+    call it times (bare and wrapped), after the data copy; without it, never."""
+    from probe import calibrate
+
+    events: list[str] = []
+
+    def spy(src: str, name: str, mode: str) -> Any:
+        assert src == calibrate._EVICT_CODE and mode == "exec"
+        events.append("compile")
+        return None
+
+    monkeypatch.setattr(calibrate, "compile", spy, raising=False)
+    pairs = [(lambda: events.append("bare"), lambda: events.append("wrapped"))]
+    calibrate._cold_ns(pairs, 1 << 16, 5, 60.0, code=True)
+    assert events == ["compile", "bare", "compile", "wrapped"] * 5
+    events.clear()
+    calibrate._cold_ns(pairs, 1 << 16, 5, 60.0)
+    assert events == ["bare", "wrapped"] * 5
 
 
 @pytest.mark.parametrize(
