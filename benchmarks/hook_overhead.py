@@ -47,6 +47,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 from crossover import ci95  # the bootstrap interval of a median
 
 
+def _table(title: str, results: dict[str, Any]) -> None:
+    """One table of added ns per call, dormant and enabled, with their intervals."""
+    print(
+        f"{title:56} {'orig':>6} {'off':>6} {'on':>6} {'+off [95%]':>18} {'+on [95%]':>18}"
+        "  (ns/call)"
+    )
+    for k, v in results.items():
+        lo0, hi0 = v["added_disabled_ci95"]
+        lo1, hi1 = v["added_enabled_ci95"]
+        print(
+            f"{k:56} {v['original_ns']:6.0f} {v['disabled_ns']:6.0f} {v['enabled_ns']:6.0f} "
+            f"{v['added_disabled_ns']:6.0f} [{lo0:4.0f},{hi0:5.0f}] "
+            f"{v['added_enabled_ns']:6.0f} [{lo1:4.0f},{hi1:5.0f}]"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=200, help="dispatch calls per segment (spans: 20x)")
@@ -80,32 +96,10 @@ def main() -> None:
     ).stdout
     for k, v in json.loads(out.strip().splitlines()[-1]).items():
         results[k.replace("[python]", "[python-noext]")] = v
-    print(
-        f"{'target':56} {'orig':>6} {'off':>6} {'on':>6} {'+off [95%]':>18} {'+on [95%]':>18}"
-        "  (ns/call)"
-    )
-    for k, v in results.items():
-        lo0, hi0 = v["added_disabled_ci95"]
-        lo1, hi1 = v["added_enabled_ci95"]
-        print(
-            f"{k:56} {v['original_ns']:6.0f} {v['disabled_ns']:6.0f} {v['enabled_ns']:6.0f} "
-            f"{v['added_disabled_ns']:6.0f} [{lo0:4.0f},{hi0:5.0f}] "
-            f"{v['added_enabled_ns']:6.0f} [{lo1:4.0f},{hi1:5.0f}]"
-        )
+    _table("target", results)
     if a.cold > 0:
-        print(
-            f"\n{'cold (single calls, caches evicted)':56} {'orig':>6} {'off':>6} {'on':>6} "
-            f"{'+off [95%]':>18} {'+on [95%]':>18}  (ns/call)"
-        )
-        for k, v in results.items():
-            c = v["cold"]
-            lo0, hi0 = c["added_disabled_ci95"]
-            lo1, hi1 = c["added_enabled_ci95"]
-            print(
-                f"{k:56} {c['original_ns']:6.0f} {c['disabled_ns']:6.0f} {c['enabled_ns']:6.0f} "
-                f"{c['added_disabled_ns']:6.0f} [{lo0:4.0f},{hi0:5.0f}] "
-                f"{c['added_enabled_ns']:6.0f} [{lo1:4.0f},{hi1:5.0f}]"
-            )
+        print()
+        _table("cold (single calls, caches evicted)", {k: v["cold"] for k, v in results.items()})
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
 

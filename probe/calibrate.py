@@ -225,15 +225,11 @@ def calibrate(
         cold: dict[str, Any] = {}
         if cold_calls > 0:
             nbytes = evict_bytes()
-            (span_cold, hook_cold), got = _cold_ns(
-                [
-                    (lambda: noop(owner), lambda: span(owner)),
-                    (lambda: orig_dispatch(d, 8, True), lambda: hooked(d, 8, True)),
-                ],
-                nbytes,
-                cold_calls,
-                cold_budget_s,
-            )
+            pairs = [
+                (lambda: noop(owner), lambda: span(owner)),
+                (lambda: orig_dispatch(d, 8, True), lambda: hooked(d, 8, True)),
+            ]
+            (span_cold, hook_cold), got = _cold_ns(pairs, nbytes, cold_calls, cold_budget_s)
             cold = {
                 "span_cold_ns": round(max(span_cold, 0.0), 1),
                 "hook_cold_ns": round(max(hook_cold, 0.0), 1),
@@ -242,14 +238,7 @@ def calibrate(
             }
             if cold_code_budget_s > 0:
                 (span_code, hook_code), got = _cold_ns(
-                    [
-                        (lambda: noop(owner), lambda: span(owner)),
-                        (lambda: orig_dispatch(d, 8, True), lambda: hooked(d, 8, True)),
-                    ],
-                    nbytes,
-                    cold_calls,
-                    cold_code_budget_s,
-                    code=True,
+                    pairs, nbytes, cold_calls, cold_code_budget_s, code=True
                 )
                 cold |= {
                     "span_cold_code_ns": round(max(span_code, 0.0), 1),
