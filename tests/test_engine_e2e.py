@@ -168,6 +168,9 @@ def test_report_prints_the_probe_cost_from_the_engines_calibration(runs: dict[st
     # cold estimate, with the warm figure beside it
     cold = cost["per_step_cold_ns"]
     assert cold is not None and 0 < cold < lo, cost
+    # and once more with code evicted too, carried beside it (not the line's figure)
+    code = cost["per_step_cold_code_ns"]
+    assert code is not None and code > 0, cost
     assert any(
         v.startswith("probe cost ≥ ")
         and "of CPU launch overhead" in v
