@@ -185,7 +185,7 @@ def calibrate(
     ``rt`` must be detached and is left detached as it was (its step counter untouched).
     ``cold_calls=0`` leaves the cold timings out; ``cold_code_budget_s=0`` the cold
     timings with code evicted too (``span_cold_code_ns``, ``hook_cold_code_ns``: on the
-    CPU engine about 2.5x what the crossover measures, where the data-only figures read
+    CPU engine 2.5-4x what the crossover measures, where the data-only figures read
     it; on the H200 the data-only figures read 1.9-5.2x low; which tracks an engine is
     for a GPU run to tell, so both are recorded)."""
     from probe import accel
@@ -268,14 +268,11 @@ def _hook() -> Any:
     return Hook(Target("calibration", "", "", "noop", lambda o, h: o), None, None)
 
 
-def cost_per_step_ns(
-    cal: dict[str, Any], spans: float, hooks: float, cold: bool = False, code: bool = False
-) -> float:
+def cost_per_step_ns(cal: dict[str, Any], spans: float, hooks: float, timing: str = "") -> float:
     """The probe's cost for one step that made ``spans`` plain span calls and ``hooks``
-    Python-bodied hook calls, by the calibration (its cold timings with ``cold``; those
-    with code evicted too with ``code`` as well)."""
-    if cold and code:
-        return float(cal["span_cold_code_ns"]) * spans + float(cal["hook_cold_code_ns"]) * hooks
-    if cold:
-        return float(cal["span_cold_ns"]) * spans + float(cal["hook_cold_ns"]) * hooks
-    return float(cal.get("span_ns", 0.0)) * spans + float(cal.get("hook_ns", 0.0)) * hooks
+    Python-bodied hook calls, by the calibration's hot-loop figures (``timing=""``), its
+    cold ones (``"_cold"``) or those with code evicted too (``"_cold_code"``)."""
+    return (
+        float(cal.get(f"span{timing}_ns", 0.0)) * spans
+        + float(cal.get(f"hook{timing}_ns", 0.0)) * hooks
+    )

@@ -109,8 +109,8 @@ def probe_cost(
     cal_steps = [(s, c) for s in steps if s.forward and (c := calibrations.get(s.pid)) is not None]
     if not cal_steps:
         return None
-    cold_ok = all(_has_cold(c) for _, c in cal_steps)
-    code_ok = cold_ok and all(_has_cold(c, code=True) for _, c in cal_steps)
+    cold_ok = all(_has_timing(c, "_cold") for _, c in cal_steps)
+    code_ok = cold_ok and all(_has_timing(c, "_cold_code") for _, c in cal_steps)
     cost = cold_cost = code_cost = 0.0
     spans = hooks = 0
     launch = [s.cpu_launch_overhead_ns for s, _ in cal_steps if s.cpu_launch_overhead_ns]
@@ -125,9 +125,9 @@ def probe_cost(
         hooks += n_hook
         cost += cost_per_step_ns(dict(c), n_span, n_hook)
         if cold_ok:
-            cold_cost += cost_per_step_ns(dict(c), n_span, n_hook, cold=True)
+            cold_cost += cost_per_step_ns(dict(c), n_span, n_hook, "_cold")
         if code_ok:
-            code_cost += cost_per_step_ns(dict(c), n_span, n_hook, cold=True, code=True)
+            code_cost += cost_per_step_ns(dict(c), n_span, n_hook, "_cold_code")
     n = len(cal_steps)
     per_step = cost / n
     per_step_cold = cold_cost / n if cold_ok else None
@@ -155,13 +155,11 @@ def probe_cost(
     }
 
 
-def _has_cold(cal: Mapping[str, Any], code: bool = False) -> bool:
-    """Whether a calibration carries usable cold timings (recordings before the
-    nineteenth session do not); with ``code``, those with code evicted too (before the
-    twentieth session none)."""
-    keys = ("span_cold_code_ns", "hook_cold_code_ns") if code else ("span_cold_ns", "hook_cold_ns")
+def _has_timing(cal: Mapping[str, Any], timing: str) -> bool:
+    """Whether a calibration carries usable span and hook figures of one timing: ``"_cold"``
+    (none before the nineteenth session), ``"_cold_code"`` (none before the twentieth)."""
     try:
-        return all(float(cal[k]) >= 0 for k in keys)
+        return all(float(cal[f"{k}{timing}_ns"]) >= 0 for k in ("span", "hook"))
     except (KeyError, TypeError, ValueError):
         return False
 

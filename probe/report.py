@@ -248,25 +248,11 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
             "probe cost",
             f"{cost.removeprefix('probe cost ')}; {c['span_calls_per_step']:.1f} span and "
             f"{c['hook_calls_per_step']:.1f} hook calls per step at "
-            + "/".join(f"{s:.0f}" for s in c["span_ns"])
-            + " and "
-            + "/".join(f"{h:.0f}" for h in c["hook_ns"])
-            + " ns warm"
+            f"{_ns_pair(c, '')} ns warm"
+            + (f", {_ns_pair(c, '_cold')} ns cold" if c.get("span_cold_ns") else "")
             + (
-                ", "
-                + "/".join(f"{x:.0f}" for x in c["span_cold_ns"])
-                + " and "
-                + "/".join(f"{x:.0f}" for x in c["hook_cold_ns"])
-                + " ns cold"
-                if c.get("span_cold_ns")
-                else ""
-            )
-            + (
-                "; with code evicted too "
-                + "/".join(f"{x:.0f}" for x in c["span_cold_code_ns"])
-                + " and "
-                + "/".join(f"{x:.0f}" for x in c["hook_cold_code_ns"])
-                + f" ns, {c['per_step_cold_code_ns'] / 1e3:.1f} µs per step"
+                f"; with code evicted too {_ns_pair(c, '_cold_code')} ns, "
+                f"{c['per_step_cold_code_ns'] / 1e3:.1f} µs per step"
                 if c.get("span_cold_code_ns")
                 else ""
             )
@@ -292,6 +278,13 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
                 g.get("host_bound_top_phase") or "-",
             )
         console.print(rt)
+
+
+def _ns_pair(cost: Mapping[str, Any], timing: str) -> str:
+    """ "S and H": the span and hook figures of one timing, one per calibration ("a/b")."""
+    return " and ".join(
+        "/".join(f"{x:.0f}" for x in cost[f"{k}{timing}_ns"]) for k in ("span", "hook")
+    )
 
 
 def _render_warmup(w: Mapping[str, Any], console: Console) -> None:
