@@ -36,7 +36,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -109,7 +108,7 @@ def run_cases(n: int, rounds: int, cold: int = 0, cold_rounds: int = 0) -> dict[
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
     from probe import hooks
-    from probe.calibrate import evict_bytes
+    from probe.calibrate import cold_call_ns, evict_bytes
     from probe.hooks import step
     from probe.hooks._base import Installer, Target
     from probe.records import Phase
@@ -143,13 +142,7 @@ def run_cases(n: int, rounds: int, cold: int = 0, cold_rounds: int = 0) -> dict[
 
     def cold_calls(call: Any, k: int) -> float:
         """The median ns of ``k`` single calls, each after evicting the core's caches."""
-        ts = []
-        for _ in range(k):
-            dst[:] = src
-            t0 = time.perf_counter_ns()
-            call()
-            ts.append(time.perf_counter_ns() - t0)
-        return statistics.median(ts)
+        return statistics.median(cold_call_ns(call, src, dst) for _ in range(k))
 
     def segment(
         state: str, call: Any, install: Any, uninstall: Any, calls: int, cold_k: int = 0

@@ -87,6 +87,17 @@ def _size_bytes(text: str) -> int:
     return int(t.rstrip("KMG")) * mult
 
 
+def cold_call_ns(fn: Callable[[], Any], src: bytearray, dst: bytearray, code: bool = False) -> int:
+    """ns of one call of ``fn`` after evicting the core's caches: ``src`` copied over
+    ``dst`` (:func:`evict_bytes` each) and, with ``code``, :data:`_EVICT_CODE` compiled."""
+    dst[:] = src
+    if code:
+        compile(_EVICT_CODE, "<probe-evict>", "exec")
+    t0 = time.perf_counter_ns()
+    fn()
+    return time.perf_counter_ns() - t0
+
+
 def _cold_ns(
     pairs: list[tuple[Callable[[], Any], Callable[[], Any]]],
     nbytes: int,
@@ -98,7 +109,6 @@ def _cold_ns(
     median of single bare calls, each call after touching ``nbytes`` of memory (and, with
     ``code``, compiling :data:`_EVICT_CODE`); the pairs' calls interleaved, until ``calls``
     of each or ``budget_s`` (at least 5 of each)."""
-    clk = time.perf_counter_ns
     src, dst = bytearray(nbytes), bytearray(nbytes)
     times: list[tuple[list[int], list[int]]] = [([], []) for _ in pairs]
     deadline = time.monotonic() + budget_s
@@ -106,12 +116,7 @@ def _cold_ns(
     while done < calls and (done < 5 or time.monotonic() < deadline):
         for (bare, wrapped), (tb, tw) in zip(pairs, times, strict=True):
             for fn, ts in ((bare, tb), (wrapped, tw)):
-                dst[:] = src
-                if code:
-                    compile(_EVICT_CODE, "<probe-evict>", "exec")
-                t0 = clk()
-                fn()
-                ts.append(clk() - t0)
+                ts.append(cold_call_ns(fn, src, dst, code))
         done += 1
     out = [float(statistics.median(tw) - statistics.median(tb)) for tb, tw in times]
     return out, done
