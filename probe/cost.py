@@ -152,6 +152,9 @@ def probe_cost(
         "span_cold_code_ns": ([float(c["span_cold_code_ns"]) for c in cals] if code_ok else None),
         "hook_cold_code_ns": ([float(c["hook_cold_code_ns"]) for c in cals] if code_ok else None),
         "per_step_cold_code_ns": code_cost / n if code_ok else None,
+        "share_cold_code_of_cpu_launch_overhead": (
+            code_cost / n / mean_launch if mean_launch and code_ok else None
+        ),
     }
 
 
@@ -172,27 +175,64 @@ IN_ENGINE_NOTE = (
 (benchmarks/gpu/crossover.py); printed for recordings without cold timings."""
 
 COLD_NOTE = "calibrated with cold caches: a floor, end to end 1-5x this (docs/evidence.md)"
-"""How the cold estimate was taken (:mod:`probe.calibrate`) and what it is worth, measured
-end to end (``benchmarks/gpu/crossover.py``, attached against absent, same runs): on the
-real CPU engine it reads 15.3-16.8 µs per V1 step where the crossover measures +14.3
-[+10.8, +17.0] (benchmarks/results/cpu-2026-12-04-s19/); on one H200 (MRV2 k=1, a KVM
-guest with a 300 MB shared L3) 10.9-26.6 µs where the crossover measures 28-62 µs per run,
-+41.1 [+30.2, +49.7] over the four runs (benchmarks/results/h200-2026-12-04-s20/). So a floor."""
+"""How the data-only cold estimate was taken (:mod:`probe.calibrate`) and what it is worth
+alone, measured end to end (``benchmarks/gpu/crossover.py``, same runs): on the real CPU
+engine it read 15.3-16.8 µs per V1 step where the crossover measured +14.3 [+10.8, +17.0]
+(benchmarks/results/cpu-2026-12-04-s19/); on one H200 (MRV2 k=1, a KVM guest with a 300 MB
+shared L3) 10.9-26.6 µs where the crossover measured 28-62 µs per run
+(benchmarks/results/h200-2026-12-04-s20/). So a floor: printed for recordings whose
+calibration has no code-evicted figures (before the twentieth session)."""
+
+RANGE_NOTE = (
+    "calibrated at attach with cold caches, data evicted to code evicted too;"
+    " end to end, pooled over runs, it measured inside this range (docs/evidence.md)"
+)
+"""What the cold range is worth, measured end to end in the same runs (the crossover,
+enabled against dormant, pooled over each session's runs): on one H200 (MRV2 k=1) +48.9
+[+27.0, +65.6] µs per step against a range of 26.1 to 50.1 (the runs' means; per run the
+crossover was 0.96x the low end to 1.36x the high end, benchmarks/results/
+h200-2026-12-04-s21/); on the real CPU engine (V1) +24.3 [+11.4, +36.6] against 5.8 to 35.1
+(inside in each of the three runs, benchmarks/results/cpu-2026-12-04-s21/). Neither end
+alone tracks both machines: the data-only figure is 2-4x low on both, the code-evicted one
+right on the H200 and 1.4x high on the CPU engine."""
 
 
 def cost_line(cost: Mapping[str, Any] | None, short: bool = False) -> str | None:
-    """ "probe cost ≥ X µs per step (Y% of CPU launch overhead; calibrated with cold caches:
-    a floor ...; Z µs warm)" from a calibration with cold timings (:data:`COLD_NOTE`); from
-    an older one, "probe cost ≥ X µs per step (Y% ...; a lower bound ...)": a hot loop
-    around a no-op, where inside vLLM's step the same hooks cost several times that
-    (:data:`IN_ENGINE_NOTE`). None without a calibration. ``short``: the same figures
-    within 80 columns, for the live view ("probe cost ≥ X µs/step, Y% of launch (cold
-    floor; Z warm)")."""
+    """The probe's cost per step, in words, from the best figures the calibration has:
+
+    - with code-evicted timings (since the twentieth session): a range, "probe cost X-Y µs
+      per step (A-B% of CPU launch overhead; ... :data:`RANGE_NOTE`; Z µs warm)", from the
+      data-only cold figure to the code-evicted one;
+    - with data-only cold timings: "probe cost ≥ X µs per step (Y% ...; :data:`COLD_NOTE`;
+      Z µs warm)";
+    - warm only: "probe cost ≥ X µs per step (Y% ...; :data:`IN_ENGINE_NOTE`)", a hot loop
+      around a no-op, where inside vLLM's step the same hooks cost several times that.
+
+    None without a calibration. ``short``: the same figures within 80 columns, for the live
+    view ("probe cost X-Y µs/step, A-B% of launch (cold range; Z warm)")."""
     if not cost:
         return None
     cold = cost.get("per_step_cold_ns")
+    code = cost.get("per_step_cold_code_ns")
+    warm = cost["per_step_ns"] / 1e3
+    if cold is not None and code is not None:
+        lo, hi = sorted((cold, code))
+        shares = sorted(
+            s
+            for s in (
+                cost.get("share_cold_of_cpu_launch_overhead"),
+                cost.get("share_cold_code_of_cpu_launch_overhead"),
+            )
+            if s is not None
+        )
+        span = f"{lo / 1e3:.1f}-{hi / 1e3:.1f} µs"
+        pct = f"{100 * shares[0]:.1f}-{shares[-1]:.1%}" if len(shares) == 2 else None
+        if short:
+            of = f", {pct} of launch" if pct else ""
+            return f"probe cost {span}/step{of} (cold range; {warm:.1f} warm)"
+        of = f"{pct} of CPU launch overhead; " if pct else ""
+        return f"probe cost {span} per step ({of}{RANGE_NOTE}; {warm:.1f} µs warm)"
     if short:
-        warm = cost["per_step_ns"] / 1e3
         if cold is None:
             share = cost.get("share_of_cpu_launch_overhead")
             pct = f", {share:.1%} of launch" if share is not None else ""
@@ -203,11 +243,8 @@ def cost_line(cost: Mapping[str, Any] | None, short: bool = False) -> str | None
     if cold is not None:
         share = cost.get("share_cold_of_cpu_launch_overhead")
         note = f"{share:.1%} of CPU launch overhead; " if share is not None else ""
-        return (
-            f"probe cost ≥ {cold / 1e3:.1f} µs per step ({note}{COLD_NOTE}; "
-            f"{cost['per_step_ns'] / 1e3:.1f} µs warm)"
-        )
-    line = f"probe cost ≥ {cost['per_step_ns'] / 1e3:.1f} µs per step"
+        return f"probe cost ≥ {cold / 1e3:.1f} µs per step ({note}{COLD_NOTE}; {warm:.1f} µs warm)"
+    line = f"probe cost ≥ {warm:.1f} µs per step"
     share = cost.get("share_of_cpu_launch_overhead")
     note = f"{share:.1%} of CPU launch overhead; " if share is not None else ""
     return line + f" ({note}{IN_ENGINE_NOTE})"

@@ -370,9 +370,10 @@ def _bundled_cost(span_ns: float, hook_ns: float) -> tuple[float, float]:
 def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path) -> None:
     """A calibration that timed its span and hook cold (since the nineteenth session) gives
     "probe cost ≥ X µs per step" from the cold figures (a floor: on the H200 the crossover
-    measured 2-5x it), with the warm figure beside it; the report's panel and JSON carry
-    both. A damaged cold value falls back to the warm-only lower bound, never to a wrong
-    estimate."""
+    measured 2-5x it), with the warm figure beside it; one that also timed them with code
+    evicted (since the twentieth) gives the range between the two. The report's panel and
+    JSON carry every figure. A damaged cold value falls back to the warm-only lower bound,
+    never to a wrong estimate."""
     cal = {
         "hot_path": "compiled",
         "span_ns": 80.0,
@@ -399,17 +400,34 @@ def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path
     text = " ".join(_text(rep).replace("│", " ").split())  # as read, whatever the wrapping
     assert "900 and 2800 ns cold" in text
     assert c["per_step_cold_code_ns"] is None and "code evicted" not in text
-    # since the twentieth session the calibration also times with code evicted: carried
-    # beside the data-only figures, which stay the line's
+    # since the twentieth session the calibration also times with code evicted: the line
+    # is the range from the data-only figure to that one (both ends measured against the
+    # crossover in the twenty-first session), the per-call figures in the panel
     coded = {**cal, "span_cold_code_ns": 2000.0, "hook_cold_code_ns": 6000.0}
     rep = build_report(Recording.open(_calibrated_copy(tmp_path, coded)))
     c = rep["probe_cost"]
-    code_cost, _ = _bundled_cost(2000.0, 6000.0)
+    code_cost, code_share = _bundled_cost(2000.0, 6000.0)
     assert c["per_step_cold_code_ns"] == pytest.approx(code_cost)
+    assert c["share_cold_code_of_cpu_launch_overhead"] == pytest.approx(code_share)
     assert c["span_cold_code_ns"] == [2000.0] and c["hook_cold_code_ns"] == [6000.0]
-    assert c["per_step_cold_ns"] == pytest.approx(cold) and line in rep["verdict"]
+    assert c["per_step_cold_ns"] == pytest.approx(cold) and line not in rep["verdict"]
+    ranged = (
+        f"probe cost {cold / 1e3:.1f}-{code_cost / 1e3:.1f} µs per step ({100 * share:.1f}-"
+        f"{code_share:.1%} of CPU launch overhead; {cost.RANGE_NOTE}; {warm / 1e3:.1f} µs warm)"
+    )
+    assert ranged in rep["verdict"]
+    assert not any(cost.COLD_NOTE in v for v in rep["verdict"])
     text = " ".join(_text(rep).replace("│", " ").split())
-    assert f"with code evicted too 2000 and 6000 ns, {code_cost / 1e3:.1f} µs per step" in text
+    assert "900 and 2800 ns cold, 2000 and 6000 ns with code evicted too" in text
+    # an engine whose code-evicted timings came out below the data-only ones still prints
+    # the range low to high, never an inverted one
+    low = {**cal, "span_cold_code_ns": 100.0, "hook_cold_code_ns": 200.0}
+    rep = build_report(Recording.open(_calibrated_copy(tmp_path, low)))
+    low_cost, _ = _bundled_cost(100.0, 200.0)
+    assert any(
+        v.startswith(f"probe cost {low_cost / 1e3:.1f}-{cold / 1e3:.1f} µs per step")
+        for v in rep["verdict"]
+    ), rep["verdict"]
     damaged = {**cal, "hook_cold_ns": "fast"}
     rep = build_report(Recording.open(_calibrated_copy(tmp_path, damaged)))
     assert rep["probe_cost"]["per_step_cold_ns"] is None

@@ -327,15 +327,19 @@ def test_history_per_rank_as_sparklines() -> None:
     assert sparkline([None, 1.0, 1.0]) == " ▅▅"  # a flat line sits mid-height
 
 
-@pytest.mark.parametrize("cold", [True, False])
-def test_the_live_view_prints_the_probe_cost_the_report_computes(cold: bool) -> None:
+@pytest.mark.parametrize("timings", ["code", "cold", "warm"])
+def test_the_live_view_prints_the_probe_cost_the_report_computes(timings: str) -> None:
     """With the engine's calibration in its snapshot, each rank's view shows the probe's
     cost per step: the same figures as ``analysis.probe_cost`` over the same steady steps
-    (the report's function), within 80 columns; the cold estimate where the calibration
-    has cold timings, else the warm lower bound."""
+    (the report's function), within 80 columns; the range from the data-only cold figure
+    to the code-evicted one where the calibration has both, the cold floor where it has
+    only the first, else the warm lower bound."""
     cal: dict[str, Any] = {"hot_path": "compiled", "span_ns": 80.0, "hook_ns": 120.0}
+    cold = timings in ("code", "cold")
     if cold:
         cal |= {"span_cold_ns": 900.0, "hook_cold_ns": 2800.0}
+    if timings == "code":
+        cal |= {"span_cold_code_ns": 2000.0, "hook_cold_code_ns": 6000.0}
     now = {"t": 100_000_000_000}
     st = LiveStats(clock_ns=lambda: now["t"], roles={11: "worker"})
     proc: Any = FakeProc(11, {"tp_rank": 0, "probe": {"calibration": cal}})
@@ -354,8 +358,14 @@ def test_the_live_view_prints_the_probe_cost_the_report_computes(cold: bool) -> 
     assert want is not None and s["probe_cost"] == want
     lines = [ln for ln in plain_lines(st, "probe top") if "probe cost" in ln]
     assert len(lines) == 1 and len(lines[0]) <= 80, lines
-    if cold:
+    if timings == "code":
+        lo, hi = want["per_step_cold_ns"], want["per_step_cold_code_ns"]
+        assert lo is not None and hi is not None and lo < hi
+        assert f"probe cost {lo / 1e3:.1f}-{hi / 1e3:.1f} µs/step" in lines[0]
+        assert f"(cold range; {want['per_step_ns'] / 1e3:.1f} warm)" in lines[0]
+    elif cold:
         assert want["per_step_cold_ns"] is not None
+        assert want["per_step_cold_code_ns"] is None
         assert f"≥ {want['per_step_cold_ns'] / 1e3:.1f} µs/step" in lines[0]
         assert f"(cold floor; {want['per_step_ns'] / 1e3:.1f} warm)" in lines[0]
     else:
