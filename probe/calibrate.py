@@ -7,8 +7,8 @@ preempted round does not count). Later enables of the same process on the same h
 reuse that figure (:func:`once`, marked ``"reused": true``): the calibration is about 5 ms
 of the engine's GIL, which every re-attach would otherwise pay again. The result goes into
 the static snapshot (``snapshot["probe"]["calibration"]``) and so into the recording, where
-``probe report`` turns it into "probe cost ≥ X µs per step (Y% of CPU launch overhead)"
-from the hooked calls each step made.
+``probe report`` turns it into "probe cost X-Y µs per step (A-B% of CPU launch overhead)"
+from the hooked calls each step made (:func:`probe.cost.cost_line`).
 
 Kinds:
 
