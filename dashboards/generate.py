@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from exporters.metrics import METRICS, NAMESPACE, ratio_queries
+from exporters.metrics import METRICS, NAMESPACE, probe_cost_queries, ratio_queries
 
 HERE = Path(__file__).resolve().parent
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -66,6 +66,7 @@ def mean(hist: str, by: str) -> str:
 
 
 R = ratio_queries(window=RI, selector=SEL, guard=True)
+COST = probe_cost_queries(window=RI, by="pid", selector=SEL)
 LEGEND = {"displayMode": "list", "placement": "bottom", "showLegend": True, "calcs": []}
 
 #: no data, null and NaN (a quantile over an empty window) read "No traffic"
@@ -511,6 +512,21 @@ def host_overhead() -> dict[str, Any]:
                 ),
             ],
             unit="short",
+        ),
+        panel(
+            "Probe cost per step (calibrated)",
+            "What the probe's own hooks add to each forward step: the hooked calls per step "
+            "times each call's cost, calibrated at attach in the engine process. cold (data "
+            "evicted) to cold_code (code evicted too) is the range `probe report` prints; "
+            "end to end, pooled over runs, the probe's cost measured inside it "
+            "(docs/evidence.md); warm is a hot loop's figure. Set it against the CPU launch "
+            "overhead, which it inflates. Empty for processes recorded without a calibration.",
+            [
+                target(COST["cold"], "cold (data evicted) {{pid}}"),
+                target(COST["cold_code"], "cold (code evicted too) {{pid}}"),
+                target(COST["warm"], "warm {{pid}}"),
+            ],
+            unit="s",
         ),
     ]
     return dashboard(

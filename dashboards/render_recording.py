@@ -28,10 +28,12 @@ import itertools
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-from dashboards.generate import DASHBOARDS
+from dashboards.generate import DASHBOARDS, R
 from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import LAUNCH_BUCKETS
 from probe.analysis import PHASES, RATIOS, percentile
+from probe.calibrate import cost_per_step_ns
+from probe.cost import has_timing, hooked_calls
 from probe.recording import Recording, default_recording
 from probe.records import Build, BuildTag, Reorder
 from probe.step import Step
@@ -116,8 +118,46 @@ def _text(ax: Axes, lines: Sequence[str]) -> None:
     ax.text(0, 1, "\n".join(lines) or "(none)", va="top", fontsize=7, wrap=True, family="monospace")
 
 
+def _stat_ratios() -> dict[str, str]:
+    """Each stat panel's title and the ratio of :data:`probe.analysis.RATIOS` its PromQL
+    is (:data:`dashboards.generate.R`, matched by text)."""
+    by_expr = {q: name for name, q in R.items()}
+    return {
+        p["title"]: by_expr[p["targets"][0]["expr"]]
+        for build in DASHBOARDS.values()
+        for p in build()["panels"]
+        if p["type"] == "stat"
+    }
+
+
+STAT_RATIOS = _stat_ratios()
+
+
+def _stat(ax: Axes, d: Data, name: str) -> None:
+    """A stat panel: the ratio over the whole recording, as the panel's number, with its
+    line per window beneath (the panel's sparkline)."""
+    ratio = RATIOS[name]
+    v = ratio.of(r.step for r in d.rows)
+    if v is None:
+        text = "No traffic"
+    elif name == "cpu_launch_overhead_mean":
+        text = f"{v / 1e6:.2f} ms"
+    else:
+        text = f"{v:.1%}"
+    per_window = _ratio(name)
+    _line(ax, d, d.rows, lambda rs: _scaled(per_window(rs), ratio.promql_scale), name)
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=18)
+
+
+def _scaled(v: float | None, scale: float) -> float | None:
+    return None if v is None else v * scale
+
+
 def draw(title: str, ax: Axes, d: Data) -> None:
     rows = d.rows
+    if title in STAT_RATIOS:
+        _stat(ax, d, STAT_RATIOS[title])
+        return
     if title == "FULL and graph hit rate":
         for name in ("full_hit_rate", "graph_rate", "replay_confirmed_rate"):
             _line(ax, d, rows, _ratio(name), name)
@@ -267,12 +307,45 @@ def draw(title: str, ax: Axes, d: Data) -> None:
             ],
         )
         return
+    elif title == "Probe cost per step (calibrated)":
+        cals = [p for p in d.procs if p.calibration is not None]
+        if not cals:
+            _text(ax, ["no calibration in this recording (recorded before the probe took one)"])
+            return
+        for p in cals:
+            cal = dict(p.calibration or {})
+            flags = (
+                bool(cal.get("launch_is_replay")),
+                bool(cal.get("v1_launch_is_replay")),
+                bool(cal.get("dispatch_in_phase")),
+            )
+            mine = [r for r in rows if r.step.pid == p.pid]
+            for timing, label in (
+                ("_cold", "cold (data evicted)"),
+                ("_cold_code", "cold (code evicted too)"),
+                ("", "warm"),
+            ):
+                if has_timing(cal, timing):
+                    _line(ax, d, mine, _probe_cost(cal, flags, timing), f"{label} {p.pid}")
     else:
         raise KeyError(f"no rendering for panel {title!r}")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=6, loc="best")
     ax.set_xlabel("s since first step")
     ax.grid(alpha=0.3)
+
+
+def _probe_cost(
+    cal: dict[str, Any], flags: tuple[bool, bool, bool], timing: str
+) -> Callable[[Sequence[At]], float]:
+    """Seconds per forward step the probe's hooks cost in a window, by one timing of the
+    calibration: what the panel's PromQL computes (:data:`exporters.metrics.PROBE_COST`)."""
+
+    def f(rs: Sequence[At]) -> float:
+        calls = [hooked_calls(r.step, *flags) for r in rs]
+        return sum(cost_per_step_ns(cal, a, b, timing) for a, b in calls) / len(rs) / 1e9
+
+    return f
 
 
 def _build(a: At) -> Build:

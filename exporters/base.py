@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from probe.collector import ProcessState, Sink
+from probe.cost import calibration_of
 from probe.progress import SILENT, Progress
 from probe.recording import Recording
 from probe.step import GpuSample, Step
@@ -103,6 +104,9 @@ class ProcessInfo:
     hook_faults: int = 0
     builder_names: Mapping[int, str] = field(default_factory=dict)
     traps: tuple[tuple[str, str], ...] = ()
+    calibration: Mapping[str, Any] | None = None
+    """The probe's own cost per call, calibrated at attach in this process
+    (:func:`probe.cost.calibration_of` of its snapshot); None where it has none."""
 
     @classmethod
     def from_snapshot(
@@ -133,6 +137,7 @@ class ProcessInfo:
             traps=tuple(
                 (str(t.get("code", "")), str(t.get("message", ""))) for t in s.get("traps") or ()
             ),
+            calibration=calibration_of(s),
             **kw,
         )
 

@@ -32,6 +32,7 @@ from typing import Literal
 
 from exporters.base import ProcessInfo
 from probe import analysis
+from probe.cost import has_timing, hooked_calls
 from probe.records import BuildTag, Mode
 from probe.step import PHASES, GpuSample, Step
 
@@ -230,6 +231,25 @@ _DEFS = (
         "{request}",
         "Requests moved by batch reorders.",
     ),
+    # -- the probe's own cost: PROBE_COST below
+    _m(
+        "hooked_calls_total",
+        "counter",
+        "{call}",
+        "Hooked calls the probe made in forward steps, counted from each step's records "
+        "(probe.cost.hooked_calls): kind=span, a plain phase span; kind=hook, a hook with a "
+        "body. Only for processes whose snapshot carries the probe's calibration.",
+        ("kind",),
+    ),
+    _m(
+        "hooked_call_cost_seconds",
+        "gauge",
+        "s",
+        "What one hooked call costs, calibrated at attach in the engine process "
+        "(probe.calibrate): timing=warm (a hot loop), cold (data evicted), cold_code (code "
+        "evicted too); kind=span or hook.",
+        ("kind", "timing"),
+    ),
     # -- probe health and static facts
     _m(
         "records_dropped_total",
@@ -286,6 +306,31 @@ def _guarded(q: str) -> str:
 
 
 RATIOS: Mapping[str, str] = ratio_queries()
+
+COST_TIMINGS: Mapping[str, str] = {"warm": "", "cold": "_cold", "cold_code": "_cold_code"}
+"""The calibration's timings (the ``timing`` label) and their key suffixes there
+(``span{suffix}_ns``, :func:`probe.calibrate.cost_per_step_ns`)."""
+
+
+def probe_cost_queries(window: str = "5m", by: str = "pid", selector: str = "") -> dict[str, str]:
+    """The probe's cost per forward step by each timing, as PromQL: the hooked calls per
+    second of each kind, each times its calibrated cost per call, over the forward steps
+    per second; what ``probe report`` computes (:func:`probe.cost.probe_cost`), over every
+    forward step of the window rather than the steady ones. ``cold`` to ``cold_code`` is
+    the range the report prints."""
+    sel = f"{{{selector}}}" if selector else ""
+    out = {}
+    for timing in COST_TIMINGS:
+        cost_sel = ", ".join(x for x in (selector, f'timing="{timing}"') if x)
+        out[timing] = (
+            f"sum by ({by}) (rate({NAMESPACE}_hooked_calls_total{sel}[{window}])"
+            f" * on (instance, pid, kind) group_left () {NAMESPACE}_hooked_call_cost_seconds"
+            f"{{{cost_sel}}})\n  / sum by ({by}) (rate({NAMESPACE}_steps_total{sel}[{window}]))"
+        )
+    return out
+
+
+PROBE_COST: Mapping[str, str] = probe_cost_queries()
 
 
 # -- steps -> updates ------------------------------------------------------------------------
@@ -362,6 +407,17 @@ def updates(
         for o in s.reorders:
             yield u("reorder_decisions_total", 1, changed="true" if o.changed else "false")
             yield u("reorder_moved_requests_total", o.moved)
+    cal = info.calibration
+    if cal is not None:
+        flags = (
+            bool(cal.get("launch_is_replay")),
+            bool(cal.get("v1_launch_is_replay")),
+            bool(cal.get("dispatch_in_phase")),
+        )
+        counts = [hooked_calls(s, *flags) for s in steps if s.forward]
+        if counts:
+            yield u("hooked_calls_total", sum(c[0] for c in counts), kind="span")
+            yield u("hooked_calls_total", sum(c[1] for c in counts), kind="hook")
     for g in gpu:
         yield u("forward_gpu_busy_seconds", g.busy_ns / 1e9)
         if g.step_ns is not None:
@@ -398,3 +454,12 @@ def process_updates(info: ProcessInfo, previous: ProcessInfo | None) -> Iterator
         )
     for code in sorted({code for code, _ in info.traps}):
         yield Update(f"{n}_doctor_warning_info", {**base, "code": code}, 1)
+    cal = info.calibration or {}
+    for timing, suffix in COST_TIMINGS.items():
+        if has_timing(cal, suffix):
+            for kind in ("span", "hook"):
+                yield Update(
+                    f"{n}_hooked_call_cost_seconds",
+                    {**base, "kind": kind, "timing": timing},
+                    float(cal[f"{kind}{suffix}_ns"]) / 1e9,
+                )

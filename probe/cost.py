@@ -109,8 +109,8 @@ def probe_cost(
     cal_steps = [(s, c) for s in steps if s.forward and (c := calibrations.get(s.pid)) is not None]
     if not cal_steps:
         return None
-    cold_ok = all(_has_timing(c, "_cold") for _, c in cal_steps)
-    code_ok = cold_ok and all(_has_timing(c, "_cold_code") for _, c in cal_steps)
+    cold_ok = all(has_timing(c, "_cold") for _, c in cal_steps)
+    code_ok = cold_ok and all(has_timing(c, "_cold_code") for _, c in cal_steps)
     cost = cold_cost = code_cost = 0.0
     spans = hooks = 0
     launch = [s.cpu_launch_overhead_ns for s, _ in cal_steps if s.cpu_launch_overhead_ns]
@@ -158,9 +158,10 @@ def probe_cost(
     }
 
 
-def _has_timing(cal: Mapping[str, Any], timing: str) -> bool:
-    """Whether a calibration carries usable span and hook figures of one timing: ``"_cold"``
-    (none before the nineteenth session), ``"_cold_code"`` (none before the twentieth)."""
+def has_timing(cal: Mapping[str, Any], timing: str) -> bool:
+    """Whether a calibration carries usable span and hook figures of one timing: ``""``
+    (warm), ``"_cold"`` (none before the nineteenth session), ``"_cold_code"`` (none
+    before the twentieth)."""
     try:
         return all(float(cal[f"{k}{timing}_ns"]) >= 0 for k in ("span", "hook"))
     except (KeyError, TypeError, ValueError):

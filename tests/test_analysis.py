@@ -8,13 +8,11 @@ a rule must be pinned to exact inputs (the warm-up rule's cases, the call count)
 
 from __future__ import annotations
 
-import json
-import shutil
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
+from calibrated import calibrated_copy
 from rich.console import Console
 
 from probe import analysis, cost
@@ -342,18 +340,7 @@ def test_an_mrv2_dispatch_read_by_its_phase_counts_once() -> None:
 
 
 def _calibrated_copy(tmp_path: Path, cal: dict[str, Any] | None) -> Path:
-    dst = tmp_path / "calibrated.probe.db"
-    shutil.copyfile(default_recording(), dst)
-    con = sqlite3.connect(dst)
-    pid, raw = con.execute(
-        "SELECT pid, snapshot FROM processes WHERE snapshot IS NOT NULL"
-    ).fetchone()
-    snap = json.loads(raw)
-    snap["probe"] = {"hot_path": "compiled", "calibration": cal}
-    con.execute("UPDATE processes SET snapshot=? WHERE pid=?", (json.dumps(snap), pid))
-    con.commit()
-    con.close()
-    return dst
+    return calibrated_copy(tmp_path / "calibrated.probe.db", cal)
 
 
 def _bundled_cost(span_ns: float, hook_ns: float) -> tuple[float, float]:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import dashboards.generate as gen
 from exporters.metrics import METRICS
 
@@ -87,3 +89,69 @@ def test_every_ratio_is_documented_as_defined() -> None:
     doc = (ROOT / "docs" / "metrics.md").read_text()
     stale = [name for name, q in ratio_queries().items() if f"`{name}`" not in doc or q not in doc]
     assert not stale
+
+
+def test_the_recording_render_draws_the_probe_cost_as_the_promql_computes(tmp_path: Path) -> None:
+    """``dashboards.render_recording`` draws the probe cost panel from a calibrated
+    recording with the PromQL's definition (every forward step's hooked calls at the
+    calibration's cost per call, per window): one line per timing, the values the same as
+    ``probe.cost``'s over those steps; an uncalibrated recording says it has none."""
+    import matplotlib.pyplot as plt
+    from calibrated import CALIBRATION, calibrated_copy
+
+    from dashboards.render_recording import Data, draw
+    from probe import analysis
+    from probe.calibrate import cost_per_step_ns
+    from probe.recording import Recording, default_recording
+
+    title = "Probe cost per step (calibrated)"
+    rec = Recording.open(calibrated_copy(tmp_path / "cal.probe.db"))
+    d = Data(rec, 1e6)  # one window: the whole recording
+    fig, ax = plt.subplots()
+    draw(title, ax, d)
+    got = {str(ln.get_label()).rsplit(" ", 1)[0]: list(ln.get_ydata()) for ln in ax.lines}
+    plt.close(fig)
+    cal = analysis.calibration_of(next(p["snapshot"] for p in rec.processes() if p["snapshot"]))
+    assert cal is not None
+    flags = (cal["launch_is_replay"], cal["v1_launch_is_replay"], cal["dispatch_in_phase"])
+    forward = [s for s in rec.iter_steps() if s.forward]
+    calls = [analysis.hooked_calls(s, *flags) for s in forward]
+    for label, timing in (
+        ("cold (data evicted)", "_cold"),
+        ("cold (code evicted too)", "_cold_code"),
+        ("warm", ""),
+    ):
+        want = sum(cost_per_step_ns(dict(CALIBRATION), a, b, timing) for a, b in calls)
+        assert label in got and got[label] == pytest.approx([want / len(forward) / 1e9])
+    assert len(ax.lines) == 3
+    fig, ax = plt.subplots()
+    draw(title, ax, Data(Recording.open(default_recording()), 1.0))
+    assert not ax.lines and "no calibration" in ax.texts[0].get_text()
+    plt.close(fig)
+
+
+def test_every_panel_renders_from_a_recording(tmp_path: Path) -> None:
+    """``python -m dashboards.render_recording`` draws every panel of every dashboard (a
+    panel added without a rendering fails here, not in a user's hands); a stat panel shows
+    its ratio over the whole recording, the number ``probe report`` computes."""
+    import matplotlib.pyplot as plt
+
+    from dashboards.render_recording import STAT_RATIOS, Data, draw, render
+    from probe.analysis import RATIOS
+    from probe.recording import Recording, default_recording
+
+    rec = Recording.open(default_recording())
+    written = render(rec, tmp_path)
+    assert sorted(p.name for p in written) == sorted(
+        p.replace(".json", ".png") for p in gen.DASHBOARDS
+    )
+    stats = [
+        p["title"] for b in gen.DASHBOARDS.values() for p in b()["panels"] if p["type"] == "stat"
+    ]
+    assert stats and set(STAT_RATIOS) == set(stats)
+    d = Data(rec, 1.0)
+    fig, ax = plt.subplots()
+    draw("Graph rate", ax, d)
+    want = RATIOS["graph_rate"].of(r.step for r in d.rows)
+    assert want is not None and ax.texts[0].get_text() == f"{want:.1%}"
+    plt.close(fig)

@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from calibrated import CALIBRATION, calibrated_copy
 from test_prometheus_real import LABEL_VALUES, _free_port, _wait
 
 from dashboards.generate import DASHBOARDS, queries
-from exporters.metrics import ratio_queries
+from exporters.metrics import COST_TIMINGS, probe_cost_queries, ratio_queries
 from exporters.series import timelines
 from probe import analysis
+from probe.calibrate import cost_per_step_ns
 from probe.recording import Recording, default_recording
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(180)]
@@ -53,9 +55,12 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
         pytest.skip("prometheus/promtool are not installed (apt-get install prometheus)")
     d = tmp_path_factory.mktemp("backfill")
     om = d / "run.om"
+    # the bundled recording as an engine that calibrated the probe at attach writes it
+    # (the same steps; the probe cost panel has data too)
+    cal = calibrated_copy(d / "calibrated.probe.db")
     # the user's first command, as they would type it
     out = subprocess.run(
-        [sys.executable, "-m", "probe.cli", "export", "--openmetrics", str(om)],
+        [sys.executable, "-m", "probe.cli", "export", str(cal), "--openmetrics", str(om)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -187,3 +192,27 @@ def test_every_ratio_equals_the_reports(backfilled: tuple[str, float, float]) ->
         assert got == pytest.approx(want, rel=1e-6, abs=1e-12), (name, got, want)
         checked.append(name)
     assert sorted(checked) == sorted(analysis.RATIOS)
+
+
+def test_the_probe_cost_over_the_recording(backfilled: tuple[str, float, float]) -> None:
+    """The probe cost per step by each timing, its PromQL at the recording's end over a
+    window that holds it whole: every forward step's hooked calls at the calibration's
+    cost per call, as ``probe.cost`` counts them."""
+    base, start, end = backfilled
+    window = f"{int(end - start) + 2}s"
+    rec = Recording.open(default_recording())
+    steps = [s for s in rec.iter_steps() if s.forward]
+    [snap] = [p["snapshot"] for p in rec.processes() if p["snapshot"]]
+    cal = analysis.calibration_of({**snap, "probe": {"calibration": dict(CALIBRATION)}})
+    assert cal is not None
+    flags = (cal["launch_is_replay"], cal["v1_launch_is_replay"], cal["dispatch_in_phase"])
+    calls = [analysis.hooked_calls(s, *flags) for s in steps]
+    for timing, expr in probe_cost_queries(window).items():
+        q = {"query": expr, "time": f"{end:.3f}"}
+        r = _get(f"{base}/api/v1/query?" + urllib.parse.urlencode(q))
+        assert r["status"] == "success", r
+        [res] = r["data"]["result"]
+        want = sum(
+            cost_per_step_ns(dict(CALIBRATION), a, b, COST_TIMINGS[timing]) for a, b in calls
+        ) / len(steps)
+        assert float(res["value"][1]) * 1e9 == pytest.approx(want, rel=1e-6), timing

@@ -94,3 +94,29 @@ def test_every_dashboard_query_runs_on_live_data(
         pytest.skip("a Grafana variable query, not PromQL (covered by test_prometheus_real)")
     r = _query_at(base, _concrete(expr), at - 2)
     assert r["status"] == "success", (dash, where, expr, r)
+
+
+def test_the_engines_probe_cost_reaches_prometheus(
+    run: tuple[str, float], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The engine calibrated its hooks at attach: the scrape carries each call's cost by
+    timing and the hooked calls, and the probe cost per step through their PromQL (the
+    dashboard's panel) is what ``probe report`` prints for the same run, within 10% (the
+    report takes the steady steps, the query every forward step of its window)."""
+    from exporters.metrics import PROBE_COST
+    from probe.recording import Recording
+    from probe.report import build_report
+
+    base, at = run
+    rec = next(tmp_path_factory.getbasetemp().glob("promlive*/run.probe.db"))
+    cost = build_report(Recording.open(rec))["probe_cost"]
+    assert cost is not None and cost["per_step_cold_code_ns"] is not None, cost
+    for timing, key in (
+        ("warm", "per_step_ns"),
+        ("cold", "per_step_cold_ns"),
+        ("cold_code", "per_step_cold_code_ns"),
+    ):
+        r = _query_at(base, PROBE_COST[timing].replace("[5m]", "[10m]"), at - 2)
+        values = [float(x["value"][1]) for x in r["data"]["result"]]
+        assert len(values) == 1 and values[0] > 0, (timing, r)
+        assert values[0] * 1e9 == pytest.approx(cost[key], rel=0.1), (timing, values, cost)

@@ -24,12 +24,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from calibrated import calibrated_copy
 
 from dashboards.generate import DASHBOARDS, queries
 from exporters.base import processes_from_recording, replay
-from exporters.metrics import ratio_queries
+from exporters.metrics import COST_TIMINGS, PROBE_COST, ratio_queries
 from exporters.prometheus import ServingSink
 from probe import analysis
+from probe.calibrate import cost_per_step_ns
 from probe.recording import Recording, default_recording
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(120)]
@@ -189,11 +191,16 @@ def test_panels_show_the_recordings_picture(fed: str) -> None:
         for p in build()["panels"]:
             by_title[p["title"]] = [t["expr"] for t in p["targets"]]
     # every panel this recording can fill has data
+    # the bundled recording predates the calibration: its probe cost panel stays empty
+    # (no figure rather than a wrong one); test_the_probe_cost_agrees_with_its_promql
+    # fills it from a calibrated copy
+    uncalibrated = "Probe cost per step (calibrated)"
+    assert all(not _values(fed, e) for e in by_title[uncalibrated])
     empty = [
         (title, e)
         for title, exprs in by_title.items()
         for e in exprs
-        if title != "Probe health" and not _values(fed, e)
+        if title not in ("Probe health", uncalibrated) and not _values(fed, e)
     ]
     assert not empty, empty
     hit, graph, confirmed = (
@@ -315,3 +322,68 @@ def test_a_scrape_sees_a_batch_of_steps_whole_or_not_at_all() -> None:
     whole = sink.exposition()
     assert seen == [whole]
     assert b"vllm_graph_probe_steps_total" in whole
+
+
+# -- the probe's own cost ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def calibrated_twice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+    """A calibrated copy of the recording exported twice, a scrape apart (as ``twice``)."""
+    if PROMETHEUS is None:
+        pytest.skip("the prometheus binary is not installed (apt-get install prometheus)")
+    path = calibrated_copy(tmp_path_factory.mktemp("cal") / "calibrated.probe.db")
+    sink = ServingSink("127.0.0.1", 0)
+    try:
+        with prometheus_server(
+            tmp_path_factory.mktemp("prom3"), [f"127.0.0.1:{sink.port}"]
+        ) as base:
+            replay(Recording.open(path), sink)
+            n = sum(1 for s in Recording.open(path).iter_steps() if s.forward)
+            _wait(lambda: _scraped(base, n), 20, "the first export to be scraped")
+            replay(Recording.open(path), sink)
+            _wait(lambda: _scraped(base, 2 * n), 20, "the second export to be scraped")
+            yield base, path
+    finally:
+        sink.close()
+
+
+@pytest.mark.parametrize("timing", sorted(COST_TIMINGS))
+def test_the_probe_cost_agrees_with_its_promql(
+    calibrated_twice: tuple[str, Any], timing: str
+) -> None:
+    """The probe's cost per forward step, through ``probe.cost`` (each forward step's
+    hooked calls at the calibration's cost per call) and through its PromQL (the two
+    exported factors) on a real Prometheus loaded from the export: within 1%; the cold
+    and code-evicted ones are the range ``probe report`` prints, there over the steady
+    steps only. The dashboard's panel shows the three."""
+    base, path = calibrated_twice
+    rec = Recording.open(path)
+    [snap] = [p["snapshot"] for p in rec.processes() if p["snapshot"]]
+    cal = analysis.calibration_of(snap)
+    assert cal is not None
+    flags = (cal["launch_is_replay"], cal["v1_launch_is_replay"], cal["dispatch_in_phase"])
+    forward = [s for s in rec.iter_steps() if s.forward]
+    counts = [analysis.hooked_calls(s, *flags) for s in forward]
+    assert sum(a + b for a, b in counts) > len(forward)  # hooked calls in every step
+    want = sum(cost_per_step_ns(dict(cal), a, b, COST_TIMINGS[timing]) for a, b in counts) / len(
+        forward
+    )
+    got = _values(base, PROBE_COST[timing])
+    assert len(got) == 1, got
+    [(labels, value)] = got.items()
+    assert json.loads(labels) == {"pid": str(forward[0].pid)}
+    assert value * 1e9 == pytest.approx(want, rel=0.01), (timing, value, want)
+    # the report's range, over the steady steps: the same calls at the same costs
+    report = analysis.probe_cost(analysis.split_steady(forward)[0], {forward[0].pid: cal})
+    assert report is not None
+    key = {"warm": "per_step_ns", "cold": "per_step_cold_ns", "cold_code": "per_step_cold_code_ns"}
+    assert report[key[timing]] == pytest.approx(want, rel=0.05)
+    panel = next(
+        p for b in DASHBOARDS.values() for p in b()["panels"]
+        if p["title"] == "Probe cost per step (calibrated)"
+    )  # fmt: skip
+    shown = [next(iter(_values(base, t["expr"]).values())) for t in panel["targets"]]
+    assert sorted(shown) == pytest.approx(
+        sorted(next(iter(_values(base, PROBE_COST[t]).values())) for t in COST_TIMINGS)
+    )
