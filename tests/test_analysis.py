@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from calibrated import calibrated_copy
+from calibrated import CALIBRATION, calibrated_copy
 from rich.console import Console
 
 from probe import analysis, cost
@@ -361,16 +361,10 @@ def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path
     evicted (since the twentieth) gives the range between the two. The report's panel and
     JSON carry every figure. A damaged cold value falls back to the warm-only lower bound,
     never to a wrong estimate."""
-    cal = {
-        "hot_path": "compiled",
-        "span_ns": 80.0,
-        "hook_ns": 120.0,
-        "dormant_ns": 20.0,
-        "span_cold_ns": 900.0,
-        "hook_cold_ns": 2800.0,
-        "cold_calls": 24,
-        "cold_evict_bytes": 8 << 20,
-    }
+    # the shared figures (80/120 ns warm, 900/2800 cold, 2000/6000 code evicted too),
+    # first without the code-evicted ones, as recorded before the twentieth session
+    cal = {k: v for k, v in CALIBRATION.items() if "_cold_code" not in k}
+    cal |= {"cold_calls": 24, "cold_evict_bytes": 8 << 20}
     rep = build_report(Recording.open(_calibrated_copy(tmp_path, cal)))
     c = rep["probe_cost"]
     warm, _ = _bundled_cost(80.0, 120.0)
@@ -390,7 +384,8 @@ def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path
     # since the twentieth session the calibration also times with code evicted: the line
     # is the range from the data-only figure to that one (both ends measured against the
     # crossover in the twenty-first session), the per-call figures in the panel
-    coded = {**cal, "span_cold_code_ns": 2000.0, "hook_cold_code_ns": 6000.0}
+    coded = {**cal, **CALIBRATION}
+    assert coded["span_cold_code_ns"] == 2000.0 and coded["hook_cold_code_ns"] == 6000.0
     rep = build_report(Recording.open(_calibrated_copy(tmp_path, coded)))
     c = rep["probe_cost"]
     code_cost, code_share = _bundled_cost(2000.0, 6000.0)
