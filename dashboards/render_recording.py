@@ -33,7 +33,7 @@ from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import LAUNCH_BUCKETS
 from probe.analysis import PHASES, RATIOS, percentile
 from probe.calibrate import cost_per_step_ns
-from probe.cost import has_timing, hooked_calls
+from probe.cost import calls_with, has_timing
 from probe.recording import Recording, default_recording
 from probe.records import Build, BuildTag, Reorder
 from probe.step import Step
@@ -314,11 +314,6 @@ def draw(title: str, ax: Axes, d: Data) -> None:
             return
         for p in cals:
             cal = dict(p.calibration or {})
-            flags = (
-                bool(cal.get("launch_is_replay")),
-                bool(cal.get("v1_launch_is_replay")),
-                bool(cal.get("dispatch_in_phase")),
-            )
             mine = [r for r in rows if r.step.pid == p.pid]
             for timing, label in (
                 ("_cold", "cold (data evicted)"),
@@ -326,7 +321,7 @@ def draw(title: str, ax: Axes, d: Data) -> None:
                 ("", "warm"),
             ):
                 if has_timing(cal, timing):
-                    _line(ax, d, mine, _probe_cost(cal, flags, timing), f"{label} {p.pid}")
+                    _line(ax, d, mine, _probe_cost(cal, timing), f"{label} {p.pid}")
     else:
         raise KeyError(f"no rendering for panel {title!r}")
     if ax.get_legend_handles_labels()[0]:
@@ -335,14 +330,12 @@ def draw(title: str, ax: Axes, d: Data) -> None:
     ax.grid(alpha=0.3)
 
 
-def _probe_cost(
-    cal: dict[str, Any], flags: tuple[bool, bool, bool], timing: str
-) -> Callable[[Sequence[At]], float]:
+def _probe_cost(cal: dict[str, Any], timing: str) -> Callable[[Sequence[At]], float]:
     """Seconds per forward step the probe's hooks cost in a window, by one timing of the
     calibration: what the panel's PromQL computes (:data:`exporters.metrics.PROBE_COST`)."""
 
     def f(rs: Sequence[At]) -> float:
-        calls = [hooked_calls(r.step, *flags) for r in rs]
+        calls = [calls_with(r.step, cal) for r in rs]
         return sum(cost_per_step_ns(cal, a, b, timing) for a, b in calls) / len(rs) / 1e9
 
     return f

@@ -32,7 +32,7 @@ from typing import Literal
 
 from exporters.base import ProcessInfo
 from probe import analysis
-from probe.cost import has_timing, hooked_calls
+from probe.cost import calls_with, has_timing
 from probe.records import BuildTag, Mode
 from probe.step import PHASES, GpuSample, Step
 
@@ -409,12 +409,7 @@ def updates(
             yield u("reorder_moved_requests_total", o.moved)
     cal = info.calibration
     if cal is not None:
-        flags = (
-            bool(cal.get("launch_is_replay")),
-            bool(cal.get("v1_launch_is_replay")),
-            bool(cal.get("dispatch_in_phase")),
-        )
-        counts = [hooked_calls(s, *flags) for s in steps if s.forward]
+        counts = [calls_with(s, cal) for s in steps if s.forward]
         if counts:
             yield u("hooked_calls_total", sum(c[0] for c in counts), kind="span")
             yield u("hooked_calls_total", sum(c[1] for c in counts), kind="hook")

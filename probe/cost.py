@@ -65,6 +65,18 @@ def hooked_calls(
     return spans, hooks
 
 
+def calls_with(s: Step, cal: Mapping[str, Any]) -> tuple[int, int]:
+    """:func:`hooked_calls` of a step with the hooks' shape a calibration carries
+    (:func:`calibration_of`: ``launch_is_replay``, ``v1_launch_is_replay``,
+    ``dispatch_in_phase``), as the report, the metrics and the dashboards' render count."""
+    return hooked_calls(
+        s,
+        bool(cal.get("launch_is_replay")),
+        bool(cal.get("v1_launch_is_replay")),
+        bool(cal.get("dispatch_in_phase")),
+    )
+
+
 def calibration_of(snapshot: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The calibration a snapshot carries (``snapshot["probe"]["calibration"]``), or None
     when it has none (recorded before calibration, or calibration failed). With it,
@@ -115,12 +127,7 @@ def probe_cost(
     spans = hooks = 0
     launch = [s.cpu_launch_overhead_ns for s, _ in cal_steps if s.cpu_launch_overhead_ns]
     for s, c in cal_steps:
-        n_span, n_hook = hooked_calls(
-            s,
-            bool(c.get("launch_is_replay")),
-            bool(c.get("v1_launch_is_replay")),
-            bool(c.get("dispatch_in_phase")),
-        )
+        n_span, n_hook = calls_with(s, c)
         spans += n_span
         hooks += n_hook
         cost += cost_per_step_ns(dict(c), n_span, n_hook)
