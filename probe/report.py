@@ -224,8 +224,9 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
     tail.add_row(
         "reorder decisions",
         f"{ro['decisions']:,}; order changed in "
-        f"{ro['changed']:,} ({ro['moved_requests']:,} requests moved); thresholds "
-        f"{ro['thresholds']}; spec tokens counted as decodes in {ro['spec_as_decode']:,}",
+        f"{ro['changed']:,} ({ro['moved_requests']:,} requests moved); "
+        f"reorder_batch_threshold {_thresholds(ro['thresholds'])}; spec tokens counted as "
+        f"decodes in {ro['spec_as_decode']:,}",
     )
     if gpu["steps_timed"]:
         tail.add_row(
@@ -316,6 +317,13 @@ def _render_warmup(w: Mapping[str, Any], console: Console) -> None:
             _us(s["host_ns"]),
         )
     console.print(wt)
+
+
+def _thresholds(counts: Mapping[str, int]) -> str:
+    """``{"1": 120, "-1": 15}`` as "1 in 120, none in 15" (-1: the builder sets none)."""
+    if not counts:
+        return "-"
+    return ", ".join(f"{'none' if k == '-1' else k} in {n:,}" for k, n in counts.items())
 
 
 def doctor(snapshot: Mapping[str, Any]) -> dict[str, Any]:

@@ -464,3 +464,17 @@ def test_doctor_names_the_hot_path_with_its_warm_cold_and_code_evicted_costs() -
         "; cold: span 0.90 µs, hook 2.80 µs; with code evicted too: span 2.00 µs, hook 6.00 µs)"
     )
     assert _hot_path_line({"hot_path": "python"}) == "python"
+
+
+def test_the_report_names_reorder_thresholds_in_words() -> None:
+    """The reorder row says each threshold with its decisions ("2 in 1,298", "none" for a
+    builder that sets none, recorded as -1), not a Python dict."""
+    from probe.report import _thresholds
+
+    rep = build_report(Recording.open(default_recording()))
+    text = " ".join(_text(rep).replace("│", " ").split())
+    n = rep["reorder"]["decisions"]
+    assert rep["reorder"]["thresholds"] == {"2": n}
+    assert f"reorder_batch_threshold 2 in {n:,};" in text and "{'" not in text
+    assert _thresholds({"1": 1200, "-1": 15}) == "1 in 1,200, none in 15"
+    assert _thresholds({}) == "-"
