@@ -90,11 +90,7 @@ def calibration_of(snapshot: Mapping[str, Any] | None) -> dict[str, Any] | None:
     cal = ((snapshot or {}).get("probe") or {}).get("calibration")
     if not isinstance(cal, Mapping):
         return None
-    try:
-        ok = all(float(cal[k]) >= 0 for k in ("span_ns", "hook_ns"))
-    except (KeyError, TypeError, ValueError):
-        return None
-    if not ok:
+    if not has_timing(cal, ""):
         return None
     hooks = (snapshot or {}).get("hooks")
     installed = hooks.get("installed") if isinstance(hooks, Mapping) else None
@@ -170,9 +166,12 @@ def has_timing(cal: Mapping[str, Any], timing: str) -> bool:
     (warm), ``"_cold"`` (none before the nineteenth session), ``"_cold_code"`` (none
     before the twentieth)."""
     try:
-        return all(float(cal[f"{k}{timing}_ns"]) >= 0 for k in ("span", "hook"))
-    except (KeyError, TypeError, ValueError):
+        values = [float(cal[f"{k}{timing}_ns"]) for k in ("span", "hook")]
+    except (KeyError, TypeError, ValueError, OverflowError):
         return False
+    # a damaged recording's NaN, infinity or absurd figure (over a second a call) is no
+    # calibration, rather than a cost line of that size
+    return all(0 <= v < 1e9 for v in values)
 
 
 IN_ENGINE_NOTE = (

@@ -415,6 +415,18 @@ def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path
     assert rep["probe_cost"]["per_step_cold_ns"] is None
     assert any(v.startswith("probe cost ≥ ") and cost.IN_ENGINE_NOTE in v for v in rep["verdict"])
     assert not any(cost.COLD_NOTE in v for v in rep["verdict"])
+    # a damaged recording's infinite, NaN or absurd figure (JSON allows the first two) is
+    # no figure: the line falls back to what is left, never prints "inf" or 1e300
+    for bad in (float("inf"), float("nan"), 1e300, -5.0):
+        rep = build_report(
+            Recording.open(_calibrated_copy(tmp_path, {**coded, "hook_cold_code_ns": bad}))
+        )
+        c = rep["probe_cost"]
+        assert c["per_step_cold_code_ns"] is None and c["per_step_cold_ns"] == pytest.approx(cold)
+        assert line in rep["verdict"], (bad, rep["verdict"])
+        rep = build_report(Recording.open(_calibrated_copy(tmp_path, {**coded, "span_ns": bad})))
+        assert rep["probe_cost"] is None, bad
+        assert not any("probe cost" in v for v in rep["verdict"])
 
 
 def test_report_prints_the_probe_cost_only_with_a_calibration(tmp_path: Path) -> None:
