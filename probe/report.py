@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probe import analysis
+from probe.cost import has_timing
 from probe.recording import Recording
 
 
@@ -340,28 +341,23 @@ def _hot_path_line(probe: Any) -> str:
     if not isinstance(probe, Mapping) or not probe.get("hot_path"):
         return "unknown (recorded before the probe said)"
     cal = probe.get("calibration")
-    if not isinstance(cal, Mapping) or "span_ns" not in cal:
+    if not isinstance(cal, Mapping) or not has_timing(cal, ""):
         return str(probe["hot_path"])
-    cold = ""
-    if isinstance(cal.get("span_cold_ns"), int | float) and isinstance(
-        cal.get("hook_cold_ns"), int | float
-    ):
-        cold = (
-            f"; cold: span {cal['span_cold_ns'] / 1e3:.2f} µs, hook "
-            f"{cal['hook_cold_ns'] / 1e3:.2f} µs"
+
+    def pair(timing: str) -> str:
+        return (
+            f"span {float(cal[f'span{timing}_ns']) / 1e3:.2f} µs, "
+            f"hook {float(cal[f'hook{timing}_ns']) / 1e3:.2f} µs"
         )
-        if isinstance(cal.get("span_cold_code_ns"), int | float) and isinstance(
-            cal.get("hook_cold_code_ns"), int | float
-        ):
-            cold += (
-                f"; with code evicted too: span {cal['span_cold_code_ns'] / 1e3:.2f} µs, "
-                f"hook {cal['hook_cold_code_ns'] / 1e3:.2f} µs"
-            )
-    return (
-        f"{probe['hot_path']} (per call: span {cal['span_ns'] / 1e3:.2f} µs, hook "
-        f"{cal.get('hook_ns', 0) / 1e3:.2f} µs, dormant {cal.get('dormant_ns', 0) / 1e3:.2f} µs"
-        f"{cold})"
-    )
+
+    try:
+        dormant = f", dormant {float(cal.get('dormant_ns', 0)) / 1e3:.2f} µs"
+    except (TypeError, ValueError):
+        dormant = ""
+    cold = f"; cold: {pair('_cold')}" if has_timing(cal, "_cold") else ""
+    if cold and has_timing(cal, "_cold_code"):
+        cold += f"; with code evicted too: {pair('_cold_code')}"
+    return f"{probe['hot_path']} (per call: {pair('')}{dormant}{cold})"
 
 
 def render_doctor(snap: Mapping[str, Any], console: Console) -> None:

@@ -476,6 +476,12 @@ def test_doctor_names_the_hot_path_with_its_warm_cold_and_code_evicted_costs() -
         "; cold: span 0.90 µs, hook 2.80 µs; with code evicted too: span 2.00 µs, hook 6.00 µs)"
     )
     assert _hot_path_line({"hot_path": "python"}) == "python"
+    # a damaged figure is left out, as in the report's cost line (probe.cost.has_timing)
+    cal["hook_cold_code_ns"] = float("inf")
+    assert _hot_path_line(probe).endswith("; cold: span 0.90 µs, hook 2.80 µs)")
+    assert _hot_path_line({"hot_path": "compiled", "calibration": {**cal, "span_ns": "x"}}) == (
+        "compiled"
+    )
 
 
 def test_the_report_names_reorder_thresholds_in_words() -> None:
