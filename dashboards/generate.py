@@ -67,6 +67,12 @@ def mean(hist: str, by: str) -> str:
 
 R = ratio_queries(window=RI, selector=SEL, guard=True)
 COST = probe_cost_queries(window=RI, by="pid", selector=SEL)
+#: the probe cost panel's series, in its order, as its legend names them
+COST_LABELS = {
+    "cold": "cold (data evicted)",
+    "cold_code": "cold (code evicted too)",
+    "warm": "warm",
+}
 LEGEND = {"displayMode": "list", "placement": "bottom", "showLegend": True, "calcs": []}
 
 #: no data, null and NaN (a quantile over an empty window) read "No traffic"
@@ -521,11 +527,7 @@ def host_overhead() -> dict[str, Any]:
             "end to end, pooled over runs, the probe's cost measured inside it "
             "(docs/evidence.md); warm is a hot loop's figure. Set it against the CPU launch "
             "overhead, which it inflates. Empty for processes recorded without a calibration.",
-            [
-                target(COST["cold"], "cold (data evicted) {{pid}}"),
-                target(COST["cold_code"], "cold (code evicted too) {{pid}}"),
-                target(COST["warm"], "warm {{pid}}"),
-            ],
+            [target(COST[name], f"{label} {{{{pid}}}}") for name, label in COST_LABELS.items()],
             unit="s",
         ),
     ]

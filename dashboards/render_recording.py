@@ -28,12 +28,12 @@ import itertools
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-from dashboards.generate import DASHBOARDS, R
+from dashboards.generate import COST_LABELS, DASHBOARDS, R
 from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import LAUNCH_BUCKETS
 from probe.analysis import PHASES, RATIOS, percentile
 from probe.calibrate import cost_per_step_ns
-from probe.cost import calls_with, has_timing
+from probe.cost import TIMINGS, calls_with, has_timing
 from probe.recording import Recording, default_recording
 from probe.records import Build, BuildTag, Reorder
 from probe.step import Step
@@ -315,13 +315,9 @@ def draw(title: str, ax: Axes, d: Data) -> None:
         for p in cals:
             cal = dict(p.calibration or {})
             mine = [r for r in rows if r.step.pid == p.pid]
-            for timing, label in (
-                ("_cold", "cold (data evicted)"),
-                ("_cold_code", "cold (code evicted too)"),
-                ("", "warm"),
-            ):
-                if has_timing(cal, timing):
-                    _line(ax, d, mine, _probe_cost(cal, timing), f"{label} {p.pid}")
+            for name, label in COST_LABELS.items():
+                if has_timing(cal, TIMINGS[name]):
+                    _line(ax, d, mine, _probe_cost(cal, TIMINGS[name]), f"{label} {p.pid}")
     else:
         raise KeyError(f"no rendering for panel {title!r}")
     if ax.get_legend_handles_labels()[0]:

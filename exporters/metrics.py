@@ -32,7 +32,7 @@ from typing import Literal
 
 from exporters.base import ProcessInfo
 from probe import analysis
-from probe.cost import calls_with, has_timing
+from probe.cost import TIMINGS, calls_with, has_timing
 from probe.records import BuildTag, Mode
 from probe.step import PHASES, GpuSample, Step
 
@@ -307,9 +307,8 @@ def _guarded(q: str) -> str:
 
 RATIOS: Mapping[str, str] = ratio_queries()
 
-COST_TIMINGS: Mapping[str, str] = {"warm": "", "cold": "_cold", "cold_code": "_cold_code"}
-"""The calibration's timings (the ``timing`` label) and their key suffixes there
-(``span{suffix}_ns``, :func:`probe.calibrate.cost_per_step_ns`)."""
+COST_TIMINGS: Mapping[str, str] = TIMINGS
+"""The ``timing`` label's values and their calibration key suffixes (:data:`probe.cost.TIMINGS`)."""
 
 
 def probe_cost_queries(window: str = "5m", by: str = "pid", selector: str = "") -> dict[str, str]:

@@ -161,6 +161,12 @@ def probe_cost(
     }
 
 
+TIMINGS: Mapping[str, str] = {"warm": "", "cold": "_cold", "cold_code": "_cold_code"}
+"""The calibration's timings by name (a hot loop; data evicted; code evicted too) and
+their key suffixes there (``span{suffix}_ns``, :func:`probe.calibrate.cost_per_step_ns`);
+the metrics' ``timing`` label."""
+
+
 def has_timing(cal: Mapping[str, Any], timing: str) -> bool:
     """Whether a calibration carries usable span and hook figures of one timing: ``""``
     (warm), ``"_cold"`` (none before the nineteenth session), ``"_cold_code"`` (none
