@@ -32,8 +32,7 @@ from dashboards.generate import COST_LABELS, DASHBOARDS, R
 from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import LAUNCH_BUCKETS
 from probe.analysis import PHASES, RATIOS, percentile
-from probe.calibrate import cost_per_step_ns
-from probe.cost import TIMINGS, calls_with, has_timing
+from probe.cost import TIMINGS, has_timing, probe_cost
 from probe.recording import Recording, default_recording
 from probe.records import Build, BuildTag, Reorder
 from probe.step import Step
@@ -317,7 +316,7 @@ def draw(title: str, ax: Axes, d: Data) -> None:
             mine = [r for r in rows if r.step.pid == p.pid]
             for name, label in COST_LABELS.items():
                 if has_timing(cal, TIMINGS[name]):
-                    _line(ax, d, mine, _probe_cost(cal, TIMINGS[name]), f"{label} {p.pid}")
+                    _line(ax, d, mine, _probe_cost(p.pid, cal, TIMINGS[name]), f"{label} {p.pid}")
     else:
         raise KeyError(f"no rendering for panel {title!r}")
     if ax.get_legend_handles_labels()[0]:
@@ -326,13 +325,17 @@ def draw(title: str, ax: Axes, d: Data) -> None:
     ax.grid(alpha=0.3)
 
 
-def _probe_cost(cal: dict[str, Any], timing: str) -> Callable[[Sequence[At]], float]:
+def _probe_cost(
+    pid: int, cal: dict[str, Any], timing: str
+) -> Callable[[Sequence[At]], float | None]:
     """Seconds per forward step the probe's hooks cost in a window, by one timing of the
-    calibration: what the panel's PromQL computes (:data:`exporters.metrics.PROBE_COST`)."""
+    calibration: :func:`probe.cost.probe_cost` over the window's steps, what the panel's
+    PromQL computes (:data:`exporters.metrics.PROBE_COST`)."""
 
-    def f(rs: Sequence[At]) -> float:
-        calls = [calls_with(r.step, cal) for r in rs]
-        return sum(cost_per_step_ns(cal, a, b, timing) for a, b in calls) / len(rs) / 1e9
+    def f(rs: Sequence[At]) -> float | None:
+        c = probe_cost((r.step for r in rs), {pid: cal})
+        v = c.get(f"per_step{timing}_ns") if c else None
+        return None if v is None else v / 1e9
 
     return f
 

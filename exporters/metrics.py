@@ -307,9 +307,6 @@ def _guarded(q: str) -> str:
 
 RATIOS: Mapping[str, str] = ratio_queries()
 
-COST_TIMINGS: Mapping[str, str] = TIMINGS
-"""The ``timing`` label's values and their calibration key suffixes (:data:`probe.cost.TIMINGS`)."""
-
 
 def probe_cost_queries(window: str = "5m", by: str = "pid", selector: str = "") -> dict[str, str]:
     """The probe's cost per forward step by each timing, as PromQL: the hooked calls per
@@ -319,7 +316,7 @@ def probe_cost_queries(window: str = "5m", by: str = "pid", selector: str = "") 
     the range the report prints."""
     sel = f"{{{selector}}}" if selector else ""
     out = {}
-    for timing in COST_TIMINGS:
+    for timing in TIMINGS:
         cost_sel = ", ".join(x for x in (selector, f'timing="{timing}"') if x)
         out[timing] = (
             f"sum by ({by}) (rate({NAMESPACE}_hooked_calls_total{sel}[{window}])"
@@ -449,7 +446,7 @@ def process_updates(info: ProcessInfo, previous: ProcessInfo | None) -> Iterator
     for code in sorted({code for code, _ in info.traps}):
         yield Update(f"{n}_doctor_warning_info", {**base, "code": code}, 1)
     cal = info.calibration or {}
-    for timing, suffix in COST_TIMINGS.items():
+    for timing, suffix in TIMINGS.items():
         if has_timing(cal, suffix):
             for kind in ("span", "hook"):
                 yield Update(

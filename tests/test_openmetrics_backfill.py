@@ -27,10 +27,11 @@ from calibrated import CALIBRATION, calibrated_copy
 from test_prometheus_real import LABEL_VALUES, _free_port, _wait
 
 from dashboards.generate import DASHBOARDS, queries
-from exporters.metrics import COST_TIMINGS, probe_cost_queries, ratio_queries
+from exporters.metrics import probe_cost_queries, ratio_queries
 from exporters.series import timelines
 from probe import analysis
 from probe.calibrate import cost_per_step_ns
+from probe.cost import TIMINGS
 from probe.recording import Recording, default_recording
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(180)]
@@ -213,6 +214,6 @@ def test_the_probe_cost_over_the_recording(backfilled: tuple[str, float, float])
         assert r["status"] == "success", r
         [res] = r["data"]["result"]
         want = sum(
-            cost_per_step_ns(dict(CALIBRATION), a, b, COST_TIMINGS[timing]) for a, b in calls
+            cost_per_step_ns(dict(CALIBRATION), a, b, TIMINGS[timing]) for a, b in calls
         ) / len(steps)
         assert float(res["value"][1]) * 1e9 == pytest.approx(want, rel=1e-6), timing

@@ -28,10 +28,11 @@ from calibrated import calibrated_copy
 
 from dashboards.generate import DASHBOARDS, queries
 from exporters.base import processes_from_recording, replay
-from exporters.metrics import COST_TIMINGS, PROBE_COST, ratio_queries
+from exporters.metrics import PROBE_COST, ratio_queries
 from exporters.prometheus import ServingSink
 from probe import analysis
 from probe.calibrate import cost_per_step_ns
+from probe.cost import TIMINGS
 from probe.recording import Recording, default_recording
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(120)]
@@ -348,7 +349,7 @@ def calibrated_twice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
         sink.close()
 
 
-@pytest.mark.parametrize("timing", sorted(COST_TIMINGS))
+@pytest.mark.parametrize("timing", sorted(TIMINGS))
 def test_the_probe_cost_agrees_with_its_promql(
     calibrated_twice: tuple[str, Any], timing: str
 ) -> None:
@@ -366,9 +367,7 @@ def test_the_probe_cost_agrees_with_its_promql(
     forward = [s for s in rec.iter_steps() if s.forward]
     counts = [analysis.hooked_calls(s, *flags) for s in forward]
     assert sum(a + b for a, b in counts) > len(forward)  # hooked calls in every step
-    want = sum(cost_per_step_ns(dict(cal), a, b, COST_TIMINGS[timing]) for a, b in counts) / len(
-        forward
-    )
+    want = sum(cost_per_step_ns(dict(cal), a, b, TIMINGS[timing]) for a, b in counts) / len(forward)
     got = _values(base, PROBE_COST[timing])
     assert len(got) == 1, got
     [(labels, value)] = got.items()
@@ -385,5 +384,5 @@ def test_the_probe_cost_agrees_with_its_promql(
     )  # fmt: skip
     shown = [next(iter(_values(base, t["expr"]).values())) for t in panel["targets"]]
     assert sorted(shown) == pytest.approx(
-        sorted(next(iter(_values(base, PROBE_COST[t]).values())) for t in COST_TIMINGS)
+        sorted(next(iter(_values(base, PROBE_COST[t]).values())) for t in TIMINGS)
     )
