@@ -29,6 +29,17 @@ EXIT_RUNTIME = 1
 
 
 class _Parser(argparse.ArgumentParser):
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # An empty value is never a path, a name or a number here; taken as given it read
+        # the bundled recording (``probe report "$UNSET"``) or the working directory
+        # (``--run-dir ""``) without a word. A workload's own arguments (after ``--``) pass.
+        if action.nargs not in (argparse.REMAINDER, argparse.PARSER) and "" in arg_strings:
+            name = "/".join(action.option_strings) or action.metavar or action.dest
+            raise argparse.ArgumentError(
+                None, f"{name}: an empty value (give one, or leave the argument out)"
+            )
+        return super()._get_values(action, arg_strings)
+
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         print(f"probe: error: {message}", file=sys.stderr)

@@ -320,6 +320,14 @@ def test_dash_writes_the_textfile_to_stdout(tmp_path: Path) -> None:
         (["ab", "--reps", "0", "--b-override", "X=Y", "--", "true"], {}),
         (["report", "--width", "-5"], {}),
         (["attach", "--interval", "0", "--pid", "1"], {}),
+        # an empty value (an unset shell variable) named the bundled recording or the
+        # working directory without a word; collect then waited there for rings
+        (["report", ""], {}),
+        (["export", "", "--perfetto", "{d}/x.pftrace"], {}),
+        (["collect", "--run-dir", "", "-o", "{d}/r.db"], {}),
+        (["record", "--run-dir", "", "-o", "{d}/r.db", "--", "true"], {}),
+        (["merge", str(BUNDLED), "", "--out", "{d}/m.pftrace"], {}),
+        (["ab", "--a", "", "--b", str(BUNDLED)], {}),
     ],
 )
 def test_bad_arguments_are_usage_errors_before_anything_starts(
@@ -330,6 +338,22 @@ def test_bad_arguments_are_usage_errors_before_anything_starts(
     r = probe(*[a.replace("{d}", str(tmp_path)) for a in argv], env=env, cwd=tmp_path)
     one_error(r, 2)
     assert listing(tmp_path) == before
+
+
+def test_an_empty_value_is_named_and_a_workloads_own_empty_argument_passes(
+    tmp_path: Path,
+) -> None:
+    assert "--run-dir: an empty value" in one_error(probe("ps", "--run-dir", ""), 2)
+    assert "recording: an empty value" in one_error(probe("report", ""), 2)
+    script = tmp_path / "args.py"
+    script.write_text(
+        "import sys, pathlib\npathlib.Path(sys.argv[1]).write_text(repr(sys.argv[2:]))\n"
+    )
+    seen = tmp_path / "seen"
+    workload = [sys.executable, str(script), str(seen), ""]
+    r = probe("record", "-o", str(tmp_path / "r.db"), "--", *workload)
+    assert r.returncode == 0, r.stderr
+    assert seen.read_text() == "['']"
 
 
 def test_a_refused_otlp_endpoint_fails_fast_and_says_so() -> None:
