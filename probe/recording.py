@@ -555,7 +555,16 @@ class _Reader:
         return member
 
 
-def _damaged(p: Path, exc: BaseException) -> RecordingError:
+# What SQLite raises on a damaged file. Its message names the damaged object as the file
+# spells it; where those bytes are not UTF-8, Python's sqlite3 raises UnicodeDecodeError
+# in place of the DatabaseError it was building (seen from a fuzzed schema page).
+DAMAGED = (sqlite3.DatabaseError, UnicodeDecodeError)
+
+
+def damaged_error(p: Path, exc: BaseException) -> RecordingError:
+    if isinstance(exc, UnicodeDecodeError):  # the message SQLite gave, as far as it reads
+        text = exc.object if isinstance(exc.object, bytes) else b""
+        exc = RuntimeError(text.decode("utf-8", "replace") or "a name that is not UTF-8")
     why = " ".join(str(exc).split())  # SQLite's messages can span lines
     return RecordingError(f"{p}: damaged or truncated recording ({why})")
 
@@ -600,8 +609,8 @@ def _connect_read_only(p: Path) -> sqlite3.Connection:
     uri = p.absolute().as_uri() + ("?mode=ro" if live else "?mode=ro&immutable=1")
     try:
         db = sqlite3.connect(uri, uri=True)
-    except sqlite3.DatabaseError as exc:
-        raise _damaged(p, exc) from None
+    except DAMAGED as exc:
+        raise damaged_error(p, exc) from None
     db.text_factory = lambda b: b.decode("utf-8", "replace")
     return db
 
@@ -639,8 +648,8 @@ class Recording:
         try:
             app = db.execute("PRAGMA application_id").fetchone()[0]
             ver = db.execute("PRAGMA user_version").fetchone()[0]
-        except sqlite3.DatabaseError as exc:
-            raise _damaged(p, exc) from None
+        except DAMAGED as exc:
+            raise damaged_error(p, exc) from None
         if app != APPLICATION_ID:
             raise RecordingError(f"{p}: an SQLite database, but not a probe recording")
         if ver != SCHEMA_VERSION:
@@ -650,11 +659,11 @@ class Recording:
         try:
             check = db.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
-                raise _damaged(p, RuntimeError(check))
+                raise damaged_error(p, RuntimeError(check))
             _check_schema(p, db)
             _check_pids(p, db)
-        except sqlite3.DatabaseError as exc:
-            raise _damaged(p, exc) from None
+        except DAMAGED as exc:
+            raise damaged_error(p, exc) from None
 
     def meta(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

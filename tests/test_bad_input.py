@@ -668,3 +668,50 @@ def test_a_span_that_ends_before_it_starts_is_a_damaged_recording(
     r = probe(*[a.replace("{d}", str(tmp_path)) for a in cmd], str(rec))
     assert "before t0" in one_error(r, 2)
     assert not (tmp_path / "x.pftrace").exists()
+
+
+# -- a schema name that is not UTF-8 (found by the fuzz at 300 examples) -----------------------
+
+
+def _non_utf8_name(src: Path, dst: Path, pattern: bytes) -> None:
+    """``src`` with one byte of a schema object's name (as ``sqlite_master`` spells it)
+    made 0x83: SQLite's "malformed database schema (NAME)" is then not UTF-8 text, and
+    Python's sqlite3 raised UnicodeDecodeError in place of its DatabaseError."""
+    data = bytearray(src.read_bytes())
+    at = data.find(pattern)
+    assert at > 0, pattern
+    name_at = at + pattern.index(b"_") - 1  # a byte inside the name, past its type word
+    data[name_at] = 0x83
+    dst.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "cmd", [["report"], ["report", "--json"], ["doctor"], ["export", "--perfetto", "{d}/x.pftrace"]]
+)
+def test_a_recording_whose_schema_name_is_not_utf8_is_one_line(
+    tmp_path: Path, cmd: list[str]
+) -> None:
+    rec = tmp_path / "r.probe.db"
+    _non_utf8_name(BUNDLED, rec, b"indexbuilds_step")
+    r = probe(*[a.replace("{d}", str(tmp_path)) for a in cmd], str(rec))
+    assert "damaged or truncated recording (malformed database schema" in one_error(r, 2)
+    assert not (tmp_path / "x.pftrace").exists()
+
+
+def test_a_rocpd_database_whose_schema_name_is_not_utf8_is_a_profile_error(
+    tmp_path: Path,
+) -> None:
+    from exporters.timelines.model import ProfileError
+    from exporters.timelines.rocpd import read_rocpd, rocpd_origin
+    from exporters.timelines.rocpd_writer import create_rocpd_db
+
+    good, bad = tmp_path / "good.db", tmp_path / "bad.db"
+    with create_rocpd_db(good, "3", machine_id="0" * 32, hostname="h"):
+        pass
+    _non_utf8_name(good, bad, b"tablerocpd_info_agent")
+    for read in (rocpd_origin, read_rocpd):
+        with pytest.raises(ProfileError, match="malformed database schema"):
+            read(bad)
+    r = probe("merge", str(BUNDLED), str(bad), "--out", str(tmp_path / "m.pftrace"))
+    assert "malformed database schema" in one_error(r, 2)
+    assert not (tmp_path / "m.pftrace").exists()

@@ -217,6 +217,19 @@ def _check_sqlite_header(p: Path, size: int) -> None:
             )
 
 
+# What SQLite raises on a damaged file; where the damaged object's name in its message is
+# not UTF-8, Python's sqlite3 raises UnicodeDecodeError instead (probe.recording.DAMAGED).
+SQLITE_DAMAGED = (sqlite3.DatabaseError, UnicodeDecodeError)
+
+
+def sqlite_message(exc: BaseException) -> str:
+    """SQLite's message of a :data:`SQLITE_DAMAGED` exception, as far as it reads."""
+    if isinstance(exc, UnicodeDecodeError):
+        raw = exc.object if isinstance(exc.object, bytes) else b""
+        return raw.decode("utf-8", "replace") or "text that is not UTF-8"
+    return " ".join(str(exc).split())
+
+
 def sqlite_uri(p: Path) -> str:
     """The ``file:`` URI that opens exactly ``p`` read-only and creates nothing beside it.
 
@@ -250,7 +263,7 @@ def open_sqlite(
     try:
         conn.execute("PRAGMA query_only = ON")
         conn.execute("PRAGMA trusted_schema = OFF")
-    except sqlite3.DatabaseError as exc:
+    except SQLITE_DAMAGED as exc:
         conn.close()
-        raise ProfileError(p, f"corrupt or unreadable database: {exc}") from exc
+        raise ProfileError(p, f"corrupt or unreadable database: {sqlite_message(exc)}") from None
     return conn

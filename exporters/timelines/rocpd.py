@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from exporters.timelines.inputs import open_sqlite, timestamp_ns
+from exporters.timelines.inputs import SQLITE_DAMAGED, open_sqlite, sqlite_message, timestamp_ns
 from exporters.timelines.model import (
     CLOCK_BOOTTIME,
     GpuKernel,
@@ -198,8 +198,9 @@ def rocpd_origin(path: str | os.PathLike[str]) -> tuple[str, str | None, str | N
                 machine_id = _text(p, where, row[1], "machine_id") or None
                 hostname = _text(p, where, row[2], "hostname") or None
         return version, machine_id, hostname
-    except sqlite3.DatabaseError as exc:
-        raise ProfileError(p, f"corrupt or unreadable rocpd database: {exc}") from exc
+    except SQLITE_DAMAGED as exc:
+        msg = sqlite_message(exc)
+        raise ProfileError(p, f"corrupt or unreadable rocpd database: {msg}") from None
     finally:
         conn.close()
 
@@ -241,11 +242,10 @@ def read_rocpd(path: str | os.PathLike[str]) -> Profile:
     conn = open_sqlite(p)
     try:
         return _read(_Db(conn, p))
-    except sqlite3.DatabaseError as exc:
-        reason = "interrupted after the time limit" if "interrupt" in str(exc) else str(exc)
-        raise ProfileError(p, f"corrupt or unreadable rocpd database: {reason}") from exc
-    except UnicodeDecodeError as exc:
-        raise ProfileError(p, f"text that is not UTF-8 in the database ({exc.reason})") from None
+    except SQLITE_DAMAGED as exc:
+        msg = sqlite_message(exc)
+        reason = "interrupted after the time limit" if "interrupt" in msg else msg
+        raise ProfileError(p, f"corrupt or unreadable rocpd database: {reason}") from None
     finally:
         conn.close()
 

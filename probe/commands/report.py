@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 from typing import Any
 
 from probe.commands import console, open_recording, width
@@ -16,7 +15,7 @@ from probe.errors import UsageError
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from probe.recording import RecordingError
+    from probe.recording import DAMAGED, RecordingError, damaged_error
     from probe.report import build_report, render_report
 
     rec = open_recording(args.recording)
@@ -24,8 +23,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         rep = build_report(rec)
     except RecordingError as exc:
         raise UsageError(str(exc)) from None
-    except sqlite3.DatabaseError as exc:
-        raise UsageError(f"{rec.path}: damaged recording ({' '.join(str(exc).split())})") from None
+    except DAMAGED as exc:
+        raise UsageError(str(damaged_error(rec.path, exc))) from None
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
     else:
