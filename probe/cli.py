@@ -33,11 +33,14 @@ class _Parser(argparse.ArgumentParser):
         # An empty value is never a path, a name or a number here; taken as given it read
         # the bundled recording (``probe report "$UNSET"``) or the working directory
         # (``--run-dir ""``) without a word. A workload's own arguments (after ``--``) pass.
-        if action.nargs not in (argparse.REMAINDER, argparse.PARSER) and "" in arg_strings:
+        if action.nargs not in (argparse.REMAINDER, argparse.PARSER):
             name = "/".join(action.option_strings) or action.metavar or action.dest
-            raise argparse.ArgumentError(
-                None, f"{name}: an empty value (give one, or leave the argument out)"
-            )
+            if "" in arg_strings:
+                raise argparse.ArgumentError(
+                    None, f"{name}: an empty value (give one, or leave the argument out)"
+                )
+            if any("\x00" in a for a in arg_strings):  # only from main(argv): exec refuses it
+                raise argparse.ArgumentError(None, f"{name}: a value with a NUL byte")
         return super()._get_values(action, arg_strings)
 
     def error(self, message: str) -> NoReturn:
@@ -134,6 +137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             os._exit(rc)
         return rc
     except UsageError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    except ValueError as exc:  # a damaged recording met past the command's own checks
+        from probe.recording import RecordingError
+
+        if not isinstance(exc, RecordingError):
+            raise
         return _fail(str(exc), EXIT_USAGE)
     except RuntimeFailure as exc:
         return _fail(str(exc), EXIT_RUNTIME)

@@ -15,7 +15,9 @@ and rank), and per-step detail: ``spans``, ``dispatches``, ``replays``, ``builds
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import functools
 import json
 import operator
 import os
@@ -23,7 +25,7 @@ import re
 import sqlite3
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -208,6 +210,18 @@ INDEXES = tuple(re.findall(r"CREATE INDEX IF NOT EXISTS (\w+)", DDL))
 
 class RecordingError(ValueError):
     """A recording cannot be read; the message names the file and the problem."""
+
+
+def _snapshot(p: Path, row: Mapping[str, Any]) -> dict[str, Any]:
+    """A process's static snapshot: a JSON object, or the recording is damaged."""
+    where = f"{p}: table processes, pid {row.get('pid')}, column snapshot"
+    try:
+        snap = json.loads(row["snapshot"])
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise RecordingError(f"{where}: not JSON ({' '.join(str(exc).split())})") from None
+    if not isinstance(snap, dict):
+        raise RecordingError(f"{where}: not a JSON object")
+    return snap
 
 
 def _encode(kind: Any, value: Any) -> Any:
@@ -453,6 +467,14 @@ class RecordingWriter:
         self.db.close()
 
 
+@functools.cache
+def _columns() -> dict[str, list[str]]:
+    """Every table's columns, as :data:`DDL` makes them (the one declaration)."""
+    with contextlib.closing(sqlite3.connect(":memory:")) as db:
+        db.executescript(DDL)
+        return {t: [r[1] for r in db.execute(f"PRAGMA table_info({t})")] for t in TABLES}
+
+
 def _check_schema(p: Path, db: sqlite3.Connection) -> None:
     """Refuse anything but this schema's tables and indexes (a view, a trigger, a table
     that is not ours, a column missing)."""
@@ -473,9 +495,7 @@ def _check_schema(p: Path, db: sqlite3.Connection) -> None:
     )
     if foreign:
         raise RecordingError(f"{p}: not a probe recording (it also holds {', '.join(foreign)})")
-    expected = {"steps": [c.name for c in STEP_COLUMNS]}
-    expected.update({t.name: ["pid", "step", *(c.name for c in t.columns)] for t in DETAIL_TABLES})
-    for table, cols in expected.items():
+    for table, cols in _columns().items():
         have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
         lost = [c for c in cols if c not in have]
         if lost:
@@ -562,9 +582,9 @@ DAMAGED = (sqlite3.DatabaseError, UnicodeDecodeError)
 
 
 def damaged_error(p: Path, exc: BaseException) -> RecordingError:
-    if isinstance(exc, UnicodeDecodeError):  # the message SQLite gave, as far as it reads
+    if isinstance(exc, UnicodeDecodeError):  # SQLite's message, or a name, as far as it reads
         text = exc.object if isinstance(exc.object, bytes) else b""
-        exc = RuntimeError(text.decode("utf-8", "replace") or "a name that is not UTF-8")
+        exc = RuntimeError(f"text that is not UTF-8: {text.decode('utf-8', 'replace')}")
     why = " ".join(str(exc).split())  # SQLite's messages can span lines
     return RecordingError(f"{p}: damaged or truncated recording ({why})")
 
@@ -665,9 +685,16 @@ class Recording:
         except DAMAGED as exc:
             raise damaged_error(p, exc) from None
 
+    def _rows(self, sql: str) -> list[Any]:
+        """All rows of ``sql``; what SQLite raises on a damaged file is a RecordingError."""
+        try:
+            return self.db.execute(sql).fetchall()
+        except DAMAGED as exc:
+            raise damaged_error(self.path, exc) from None
+
     def meta(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for row in self.db.execute("SELECT key, value FROM meta"):
+        for row in self._rows("SELECT key, value FROM meta"):
             try:
                 out[row[0]] = json.loads(row[1])
             except (TypeError, ValueError):
@@ -675,16 +702,16 @@ class Recording:
         return out
 
     def processes(self) -> list[dict[str, Any]]:
-        rows = [dict(r) for r in self.db.execute("SELECT * FROM processes ORDER BY pid")]
+        rows = [dict(r) for r in self._rows("SELECT * FROM processes ORDER BY pid")]
         for r in rows:
-            r["snapshot"] = json.loads(r["snapshot"]) if r.get("snapshot") else None
+            r["snapshot"] = _snapshot(self.path, r) if r.get("snapshot") else None
         return rows
 
     def builder_names(self) -> dict[int, dict[int, str]]:
         """Per pid, the id each builder class name has in :attr:`Step.builds` (as the
         ring's string table gives ids); a build whose name was lost reads ``?``."""
         out: dict[int, dict[int, str]] = {}
-        for pid, name in self.db.execute(
+        for pid, name in self._rows(
             "SELECT pid, builder FROM builds GROUP BY pid, builder ORDER BY pid, MIN(rowid)"
         ):
             names = out.setdefault(pid, {})
@@ -693,28 +720,35 @@ class Recording:
 
     def step_counts(self) -> dict[int, int]:
         """Steps per pid (what ``iter_steps(pid)`` yields), without reading them."""
-        rows = self.db.execute("SELECT pid, count(*) FROM steps GROUP BY pid").fetchall()
+        rows = self._rows("SELECT pid, count(*) FROM steps GROUP BY pid")
         return {int(pid): int(n) for pid, n in rows}
 
     def record_count(self) -> int:
         """Steps and their detail records (spans, dispatches, replays, builds, reorders),
         as many as ``iter_steps()`` yields, without reading them: the total a writer of
         every record counts towards."""
-        n = int(self.db.execute("SELECT count(*) FROM steps").fetchone()[0])
+        n = int(self._rows("SELECT count(*) FROM steps")[0][0])
         for t in DETAIL_TABLES:
             n += int(
-                self.db.execute(
+                self._rows(
                     f"SELECT count(*) FROM {t.name} AS d WHERE EXISTS "
                     "(SELECT 1 FROM steps AS s WHERE s.pid = d.pid AND s.step = d.step)"
-                ).fetchone()[0]
+                )[0][0]
             )
         return n
 
     def iter_steps(self, pid: int | None = None) -> Iterator[Step]:
         """Every step (of ``pid``, or all), in (pid, step) order, with its detail records.
 
-        Raises :class:`RecordingError` for a value that does not fit its column.
+        Raises :class:`RecordingError` for a value that does not fit its column, and for
+        what SQLite raises on a damaged file.
         """
+        try:
+            yield from self._iter_steps(pid)
+        except DAMAGED as exc:
+            raise damaged_error(self.path, exc) from None
+
+    def _iter_steps(self, pid: int | None) -> Iterator[Step]:
         where, params = ("WHERE pid = ?", (pid,)) if pid is not None else ("", ())
         rd = _Reader(self.path)
         ids = {p: {n: i for i, n in names.items()} for p, names in self.builder_names().items()}
@@ -784,14 +818,14 @@ class Recording:
 
     def faults(self) -> list[dict[str, Any]]:
         """Hook faults per process: ``pid``, ``hook``, ``count``, ``disabled``."""
-        return [dict(r) for r in self.db.execute("SELECT * FROM faults")]
+        return [dict(r) for r in self._rows("SELECT * FROM faults")]
 
     def outside(self) -> list[dict[str, Any]]:
         """Records written outside steps (capture, profile, dummy runs), per process."""
-        return [dict(r) for r in self.db.execute("SELECT * FROM outside")]
+        return [dict(r) for r in self._rows("SELECT * FROM outside")]
 
     def anomalies(self) -> list[str]:
-        return [str(r[0]) for r in self.db.execute("SELECT message FROM anomalies")]
+        return [str(r[0]) for r in self._rows("SELECT message FROM anomalies")]
 
     def close(self) -> None:
         self.db.close()

@@ -694,7 +694,8 @@ def test_a_recording_whose_schema_name_is_not_utf8_is_one_line(
     rec = tmp_path / "r.probe.db"
     _non_utf8_name(BUNDLED, rec, b"indexbuilds_step")
     r = probe(*[a.replace("{d}", str(tmp_path)) for a in cmd], str(rec))
-    assert "damaged or truncated recording (malformed database schema" in one_error(r, 2)
+    line = one_error(r, 2)
+    assert "damaged or truncated recording (text that is not UTF-8: malformed database" in line
     assert not (tmp_path / "x.pftrace").exists()
 
 
@@ -715,3 +716,45 @@ def test_a_rocpd_database_whose_schema_name_is_not_utf8_is_a_profile_error(
     r = probe("merge", str(BUNDLED), str(bad), "--out", str(tmp_path / "m.pftrace"))
     assert "malformed database schema" in one_error(r, 2)
     assert not (tmp_path / "m.pftrace").exists()
+
+
+# -- what quick_check passes: a damaged snapshot, a damaged column name (the fuzz, s22) ---------
+
+
+@pytest.mark.parametrize("cmd", [["report"], ["doctor"], ["export", "--perfetto", "{d}/x.pftrace"]])
+def test_a_snapshot_that_is_not_a_json_object_is_named(tmp_path: Path, cmd: list[str]) -> None:
+    import sqlite3
+
+    for bad, why in (('{"a": ', "not JSON"), ("[1, 2]", "not a JSON object")):
+        rec = tmp_path / "r.probe.db"
+        shutil.copy(BUNDLED, rec)
+        with sqlite3.connect(rec) as db:
+            db.execute("UPDATE processes SET snapshot = ?", (bad,))
+        r = probe(*[a.replace("{d}", str(tmp_path)) for a in cmd], str(rec))
+        assert f"table processes, pid 2947, column snapshot: {why}" in one_error(r, 2)
+        assert not (tmp_path / "x.pftrace").exists()
+
+
+def test_a_damaged_column_name_of_any_table_is_named(tmp_path: Path) -> None:
+    """One byte of a column's name in the processes table flipped (the schema is text, so
+    quick_check passes): the column the probe reads is missing, said at open."""
+    data = bytearray(BUNDLED.read_bytes())
+    at = data.find(b"pid INTEGER PRIMARY KEY, role TEXT") + len(b"pid INTEGER PRIMARY KEY, ")
+    data[at] = 0x80
+    rec = tmp_path / "r.probe.db"
+    rec.write_bytes(bytes(data))
+    assert "table processes has no role" in one_error(probe("report", str(rec)), 2)
+
+
+def test_a_nul_byte_in_an_argument_is_a_usage_error() -> None:
+    """Only a caller of ``probe.cli.main`` can pass one (exec refuses it); os.stat raised."""
+    import contextlib
+    import io
+
+    from probe import cli
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exc:
+        cli.main(["report", "\x00"])
+    assert exc.value.code == 2
+    assert err.getvalue().splitlines()[-1] == "probe: error: recording: a value with a NUL byte"
