@@ -27,6 +27,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -173,6 +174,58 @@ def use(name: str) -> Iterator[None]:
         yield
     finally:
         _active = old
+
+
+CLOCKS = ("auto", "tsc", "boottime")
+"""The settings of ``PROBE_CLOCK``: which clock the compiled hooks read their timestamps
+from (the values in records are CLOCK_BOOTTIME ns either way)."""
+
+
+CLOCKSOURCE = Path("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def _tsc_is_the_kernels(clocksource: Path = CLOCKSOURCE, cpuinfo: Path = CPUINFO) -> str:
+    """Why the time stamp counter may not serve here ("" when it may): the kernel's own
+    clocksource must be the TSC (then its vDSO reads the same counter, the kernel has found
+    it synchronized across CPUs and not trapped), and the CPU's TSC constant and non-stop."""
+    if _C is None or not hasattr(_C, "set_clock"):
+        return "the compiled hot path is not in use"
+    if _C.ticks() == 0:
+        return "this processor has no time stamp counter the probe reads (x86-64 only)"
+    try:
+        src = clocksource.read_text()
+        with open(cpuinfo) as f:
+            flags = next((ln for ln in f if ln.startswith("flags")), "").split()
+    except OSError as exc:
+        return f"cannot read the kernel's clocksource ({exc.strerror})"
+    if src.strip() != "tsc":
+        return f"the kernel's clocksource is {src.strip()!r}, not 'tsc'"
+    missing = [f for f in ("constant_tsc", "nonstop_tsc") if f not in flags]
+    return f"the CPU's TSC lacks {', '.join(missing)}" if missing else ""
+
+
+def set_clock(setting: str) -> tuple[str, str]:
+    """Point the compiled hooks' timestamps at ``setting`` (one of :data:`CLOCKS`);
+    returns ``(clock in use, why not the TSC)``. ``tsc`` and ``auto`` take the time stamp
+    counter, carried to BOOTTIME ns (``probe/_accel.c``: always within the kernel's own
+    readings around it), where :func:`_tsc_is_the_kernels` allows it: the vDSO's
+    ``clock_gettime`` touches a code page and a data page that a stretch of vLLM's code has
+    evicted, the counter nothing (``benchmarks/call_boundary.py``). ``boottime``, and
+    the pure-Python path always, read ``clock_gettime(CLOCK_BOOTTIME)``."""
+    if setting not in CLOCKS:
+        raise ValueError(f"unknown clock {setting!r}; known: {', '.join(CLOCKS)}")
+    why = "PROBE_CLOCK=boottime" if setting == "boottime" else _tsc_is_the_kernels()
+    if _C is None or not hasattr(_C, "set_clock"):
+        return "boottime", why
+    return str(_C.set_clock("boottime" if why else "tsc")), why
+
+
+def clock() -> str:
+    """The clock the compiled hooks read now: ``tsc`` or ``boottime``."""
+    if _C is None or not hasattr(_C, "set_clock"):
+        return "boottime"
+    return "tsc" if _C.clock_is_tsc() else "boottime"
 
 
 def _compiled() -> ModuleType | None:

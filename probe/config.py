@@ -45,6 +45,13 @@ CG_SUPPORT_OVERRIDE = EnvVar(
     "FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE. Applied before the graph "
     "mode is resolved. Builder is a known class name or module:Class.",
 )
+CLOCK = EnvVar(
+    "PROBE_CLOCK",
+    "The compiled hooks' clock: boottime (clock_gettime(CLOCK_BOOTTIME) on every read), or "
+    "tsc / auto (the time stamp counter, carried to CLOCK_BOOTTIME ns, where the kernel's "
+    "clocksource is the TSC; else boottime). Records are BOOTTIME ns either way.",
+    "boottime",
+)
 HOOKS = EnvVar("PROBE_HOOKS", "Comma-separated hook families to install (default: all).")
 CONTROL = EnvVar("PROBE_CONTROL", "0: do not open the per-process control socket.", "1")
 PLUGIN = EnvVar("PROBE_PLUGIN", "0: the vLLM plugin does nothing in this process.", "1")
@@ -75,6 +82,7 @@ ALL: tuple[EnvVar, ...] = (
     SAMPLE_EVERY,
     CG_SUPPORT_OVERRIDE,
     HOOKS,
+    CLOCK,
     CONTROL,
     PLUGIN,
     ROCTX,
@@ -168,6 +176,16 @@ def validate(environ: Mapping[str, str] | None = None) -> None:
     _int_in(GPU_TIMING, env, 0, MAX_STEP_INTERVAL)
     _int_in(SAMPLE_EVERY, env, 1, MAX_STEP_INTERVAL)
     _int_in(READER_NICE, env, -20, 19)
+    clock_setting(env)
+
+
+def clock_setting(environ: Mapping[str, str] | None = None) -> str:
+    """``PROBE_CLOCK``: ``auto``, ``tsc`` or ``boottime`` (``probe.accel.set_clock``)."""
+    env = os.environ if environ is None else environ
+    v = (get(CLOCK, env) or "boottime").strip().lower()
+    if v not in ("auto", "tsc", "boottime"):
+        raise ConfigError(CLOCK.name, get(CLOCK, env) or "", "expected auto, tsc or boottime")
+    return v
 
 
 MAX_STEP_INTERVAL = 1 << 20

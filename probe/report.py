@@ -340,9 +340,14 @@ def _hot_path_line(probe: Any) -> str:
     """Which hot path ran in the engine and its calibrated cost per call."""
     if not isinstance(probe, Mapping) or not probe.get("hot_path"):
         return "unknown (recorded before the probe said)"
+    path = str(probe["hot_path"])
+    if probe.get("clock") == "tsc":  # recorded since the twenty-second session
+        path += ", TSC clock"
+    elif probe.get("clock") == "boottime" and isinstance(probe.get("clock_why"), str):
+        path += f", clock_gettime ({probe['clock_why']})" if probe["clock_why"] else ""
     cal = probe.get("calibration")
     if not isinstance(cal, Mapping) or not has_timing(cal, ""):
-        return str(probe["hot_path"])
+        return path
 
     def pair(timing: str) -> str:
         return (
@@ -357,7 +362,7 @@ def _hot_path_line(probe: Any) -> str:
     cold = f"; cold: {pair('_cold')}" if has_timing(cal, "_cold") else ""
     if cold and has_timing(cal, "_cold_code"):
         cold += f"; with code evicted too: {pair('_cold_code')}"
-    return f"{probe['hot_path']} (per call: {pair('')}{dormant}{cold})"
+    return f"{path} (per call: {pair('')}{dormant}{cold})"
 
 
 def render_doctor(snap: Mapping[str, Any], console: Console) -> None:

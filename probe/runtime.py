@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from probe import accel
+from probe import accel, config
 from probe.records import BlobType, Packers, RecordKind, packers, payload_records
 
 log = logging.getLogger("probe")
@@ -70,6 +70,8 @@ class Runtime(accel.Core):  # type: ignore[misc]
         self.put = packers(self.write)
         self.flush: Callable[[], None] = _nothing  # the step buffer to the ring (attach)
         self.hot_path = "python"  # which path the attached writer runs
+        self.clock = "boottime"  # what its timestamps read (probe.accel.set_clock)
+        self.clock_why = ""  # why not the TSC, where not
         self.strings: dict[str, int] = {}
         self.faults: dict[str, int] = {}
         self.graph_ctx: Any = None  # probe.reasons.GraphContext once known
@@ -97,10 +99,17 @@ class Runtime(accel.Core):  # type: ignore[misc]
         if accel.can_bind(self, hot):
             self.put, self.write, self.flush = accel.bind_packers(self, hot)
             self.hot_path = "compiled"
+            try:
+                setting = config.clock_setting()
+            except config.ConfigError as exc:  # checked by probe record; a stray value here
+                log.warning("probe: %s; reading clock_gettime", exc)
+                setting = "boottime"
+            self.clock, self.clock_why = accel.set_clock(setting)
         else:
             self.write, self.flush = _step_buffer(self, writer)
             self.put = packers(self.write)
             self.hot_path = "python"
+            self.clock, self.clock_why = "boottime", "the pure-Python path"
         self.strings = {}
         self.put.hello(
             os.getpid(),

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,3 +118,102 @@ def test_a_compiled_span_takes_its_flags_as_a_byte() -> None:
     for bad in (-1, 256):
         with pytest.raises(ValueError, match="flags is a byte"):
             c.Span(len, RT, 5, False, bad)
+
+
+# -- the hooks' clock: the time stamp counter carried to CLOCK_BOOTTIME (PROBE_CLOCK) ------
+
+
+def _tsc_or_skip() -> None:
+    why = accel._tsc_is_the_kernels()
+    if why:
+        pytest.skip(f"no TSC clock here: {why}")
+
+
+@pytest.fixture
+def tsc_clock() -> Any:
+    _tsc_or_skip()
+    assert accel.set_clock("tsc") == ("tsc", "")
+    yield
+    accel.set_clock("boottime")
+
+
+@pytest.mark.skipif(not accel.COMPILED, reason=f"compiled path not built: {accel.WHY_NOT}")
+def test_the_tsc_clock_reads_the_kernels_boottime_and_never_goes_back(tsc_clock: Any) -> None:
+    """Every reading lies between the kernel's own readings around it (give or take 2 µs:
+    the anchor's bracket and the rate's error over the anchor's 10 ms), across pauses
+    longer than an anchor lives, and no reading is below the one before."""
+    c = accel._C
+    assert c is not None and accel.clock() == "tsc"
+    kernel, boot = time.clock_gettime_ns, time.CLOCK_BOOTTIME
+    worst, prev = 0, 0
+    for i in range(4000):
+        if i % 400 == 0:
+            time.sleep(0.012 + 0.002 * (i // 400))  # past the anchor's age: a new anchor
+        k0 = kernel(boot)
+        t = c.boottime_ns()
+        k1 = kernel(boot)
+        worst = max(worst, k0 - t, t - k1)
+        assert t >= prev
+        prev = t
+    assert worst < 2_000, f"{worst} ns outside the kernel's readings"
+    accel.set_clock("boottime")
+    assert accel.clock() == "boottime"
+    k0, t, k1 = kernel(boot), c.boottime_ns(), kernel(boot)
+    assert k0 <= t <= k1
+
+
+@pytest.mark.skipif(not accel.COMPILED, reason=f"compiled path not built: {accel.WHY_NOT}")
+def test_a_compiled_span_on_the_tsc_clock_is_timed_in_boottime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attached with PROBE_CLOCK=tsc, a compiled span's record carries BOOTTIME ns: its
+    start and end lie within the kernel's readings around the call, its length the call's."""
+    from probe.records import Decoder, Phase
+    from probe.ring import RingReader, RingWriter
+    from probe.runtime import RT
+
+    _tsc_or_skip()
+    monkeypatch.setenv("PROBE_CLOCK", "tsc")
+    RT.reset()
+    try:
+        with accel.use("compiled"), RingWriter.create(tmp_path / "r", 64) as writer:
+            RT.attach(writer)
+            assert (RT.clock, RT.clock_why) == ("tsc", "")
+            span = accel.span_hook(time.sleep, RT, int(Phase.SAMPLE), False)
+            RT.enabled, RT.in_step = True, 1
+            k0 = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+            span(0.003)
+            k1 = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+            RT.enabled, RT.in_step = False, 0
+            RT.detach()
+            dec = Decoder()
+            with RingReader.open(writer.path) as reader:
+                got = [d for rec in reader.read() if (d := dec.feed(rec)) is not None]
+    finally:
+        accel.set_clock("boottime")
+        RT.reset()
+    (rec,) = [d for d in got if type(d).__name__ == "Span"]
+    assert k0 - 2_000 <= rec.t0 < rec.t1 <= k1 + 2_000
+    assert 3_000_000 <= rec.t1 - rec.t0 <= k1 - k0 + 4_000
+
+
+def test_the_tsc_clock_is_taken_only_where_the_kernels_clocksource_is_the_tsc(
+    tmp_path: Path,
+) -> None:
+    src, cpu = tmp_path / "clocksource", tmp_path / "cpuinfo"
+    cpu.write_text("processor\t: 0\nflags\t\t: fpu tsc constant_tsc nonstop_tsc sse\n")
+    src.write_text("kvm-clock\n")
+    if accel._C is None or accel._C.ticks() == 0:
+        assert accel._tsc_is_the_kernels(src, cpu) != ""
+        return
+    assert (
+        accel._tsc_is_the_kernels(src, cpu) == "the kernel's clocksource is 'kvm-clock', not 'tsc'"
+    )
+    src.write_text("tsc\n")
+    assert accel._tsc_is_the_kernels(src, cpu) == ""
+    cpu.write_text("flags\t\t: fpu tsc constant_tsc\n")
+    assert accel._tsc_is_the_kernels(src, cpu) == "the CPU's TSC lacks nonstop_tsc"
+    assert "cannot read" in accel._tsc_is_the_kernels(tmp_path / "missing", cpu)
+    assert accel.set_clock("boottime") == ("boottime", "PROBE_CLOCK=boottime")
+    with pytest.raises(ValueError, match="unknown clock"):
+        accel.set_clock("hpet")

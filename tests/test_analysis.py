@@ -484,6 +484,20 @@ def test_doctor_names_the_hot_path_with_its_warm_cold_and_code_evicted_costs() -
     )
 
 
+def test_doctor_names_the_hooks_clock() -> None:
+    """The hot-path row says the TSC clock where it ran, and why not where it did not."""
+    from probe.report import _hot_path_line
+
+    cal: dict[str, Any] = {"span_ns": 80.0, "hook_ns": 120.0, "dormant_ns": 20.0}
+    tsc = {"hot_path": "compiled", "clock": "tsc", "clock_why": "", "calibration": cal}
+    assert _hot_path_line(tsc).startswith("compiled, TSC clock (per call: span 0.08 µs")
+    why = "the kernel's clocksource is 'kvm-clock', not 'tsc'"
+    off = {"hot_path": "compiled", "clock": "boottime", "clock_why": why}
+    assert _hot_path_line(off) == f"compiled, clock_gettime ({why})"
+    # recordings from before the clock was recorded read as they did
+    assert _hot_path_line({"hot_path": "compiled"}) == "compiled"
+
+
 def test_the_report_names_reorder_thresholds_in_words() -> None:
     """The reorder row says each threshold with its decisions ("2 in 1,298", "none" for a
     builder that sets none, recorded as -1), not a Python dict."""

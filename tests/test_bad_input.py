@@ -315,6 +315,7 @@ def test_dash_writes_the_textfile_to_stdout(tmp_path: Path) -> None:
         (["record", "--hooks", "nope", "-o", "{d}/r.db", "--", "true"], {}),
         (["record", "-o", "{d}/r.db", "--", "true"], {"PROBE_RING_CAPACITY": "3"}),
         (["record", "-o", "{d}/r.db", "--", "true"], {"PROBE_SAMPLE_EVERY": "0"}),
+        (["record", "-o", "{d}/r.db", "--", "true"], {"PROBE_CLOCK": "hpet"}),
         (["collect", "--interval", "-1", "--run-dir", "{d}", "-o", "{d}/r.db"], {}),
         (["export", "--timeout", "-1", "--otlp", "127.0.0.1:1"], {}),
         (["ab", "--reps", "0", "--b-override", "X=Y", "--", "true"], {}),

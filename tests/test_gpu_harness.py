@@ -956,3 +956,25 @@ def test_overhead_runs_pool_their_paired_ratios_and_read_gzipped(
     summarize.main()
     out = capsys.readouterr().out
     assert "Overhead pooled over 2 runs" in out and "| attached | 5 | 0.9800" in out
+
+
+def test_the_tsc_clock_pools_apart_and_the_clock_plan_alternates_the_two() -> None:
+    """A variant run on the TSC clock (``"clock": "tsc"``) pools apart as ``all clock=tsc``;
+    one on clock_gettime, or from before the clock was recorded, is ``all``; the H200 plan
+    for the clock alternates the two in each design."""
+    crossover = _crossover()
+    rows = _noisy_rows(random.Random(11), 3_000)
+    res = {"experiments": [{"scenario": "s", "result": {"runs": [
+        _crossover_run(rows(40_000)), dict(_crossover_run(rows(30_000)), clock="tsc"),
+        dict(_crossover_run(rows(40_000)), clock="boottime"),
+    ]}}]}  # fmt: skip
+    pooled = crossover.pooled(crossover.summarize(res))
+    assert {(r["variant"], r["runs"]) for r in pooled} == {("all", 2), ("all clock=tsc", 1)}
+    (d,) = crossover.differences(pooled, [("all clock=tsc", "all")])
+    assert abs(d["median_us"] + 10) < 3
+    plan = json.loads((ROOT / "benchmarks/gpu/plan_s23_mrv2_clock.json").read_text())
+    clocks = [(v.get("off"), v["clock"]) for v in plan["experiments"][0]["variants"]]
+    assert (
+        clocks
+        == [(None, "boottime"), (None, "tsc")] * 4 + [("absent", "boottime"), ("absent", "tsc")] * 2
+    )

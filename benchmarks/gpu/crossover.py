@@ -342,7 +342,8 @@ def summarize(res: dict[str, Any], recording: Path | None = None) -> list[dict[s
                 " touch" if r.get("touch") else "") + (
                 " counted" if r.get("python_calls") is not None else "") + (
                 f" off={r['off']}" if r.get("off") in ("absent", "reattach") else "") + (
-                f" block={block}" if block != 16 else "")  # fmt: skip
+                f" block={block}" if block != 16 else "") + (
+                f" clock={r['clock']}" if r.get("clock") in ("tsc",) else "")  # fmt: skip
             _fill(row, parts)
             _fill_ratios(row, row["_ratios"])
             row["by_position_us"] = position_costs(row["_positions"])

@@ -286,6 +286,11 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
         reshape.patch()
     # "python": the pure-Python wrappers
     hot = cmd.get("hot_path") or (accel.active() if accel is not None else "python")
+    # "clock": the compiled hooks' clock for this variant (PROBE_CLOCK: auto, tsc,
+    # boottime), read at every attach of the variant; the one in use is kept in the result
+    clock_env = os.environ.get("PROBE_CLOCK")
+    if cmd.get("clock"):
+        os.environ["PROBE_CLOCK"] = str(cmd["clock"])
     if cmd.get("null"):  # the control: no hook at all, RT.enabled still switched per block
         hot, families = "none", ["none"]
     else:
@@ -406,6 +411,11 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     finally:
         del eng.step  # back to the class's method
         RT.enabled = RT.sampling = False
+        if cmd.get("clock"):  # the next variant's attach reads the process's own setting
+            if clock_env is None:
+                os.environ.pop("PROBE_CLOCK", None)
+            else:
+                os.environ["PROBE_CLOCK"] = clock_env
         if absent_off and not attached["now"]:  # as the other designs leave it: installed
             hooks.attach(writer, families=families, gpu_timing=gpu_timing)
             RT.enabled = False
@@ -431,6 +441,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             "parked_hooks": parked[0],
             "families": families or "all",
             "hot_path": hot,
+            "clock": getattr(RT, "clock", "boottime"),
             "window_boottime": [b0, b1],
             "gpu_timing": cmd.get("gpu_timing", True),
             "block": block,
@@ -463,6 +474,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     return {
         "families": families or "all",
         "hot_path": hot,
+        "clock": getattr(RT, "clock", "boottime"),
         "window_boottime": [b0, b1],
         "sample_every": every,
         "requests": cmd.get("requests"),
@@ -940,7 +952,7 @@ VARIANT_KEYS = {
     "design", "block", "bare_timer", "generates", "null", "gpu_timing", "exclude",
     "wrap_only", "pause_reader", "families", "hot_path", "prefill_steps", "sample_every",
     "selftime", "ring_stand_in", "return_tokens", "out_len", "requests", "off", "on",
-    "touch", "count_python_calls",
+    "touch", "count_python_calls", "clock",
 }  # fmt: skip
 MODES = {"attached", "detached", "absent", "profiler", "groundtruth", "attached_paused"}
 

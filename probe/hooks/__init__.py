@@ -378,7 +378,12 @@ def write_snapshot(runner: Any) -> dict[str, Any]:
         "installed": INSTALLER.installed_ids(),
         "missing": [*LAST_REPORT.missing, *not_imported],
     }
-    snap["probe"] = {"hot_path": RT.hot_path, "calibration": RT.static.get("calibration")}
+    snap["probe"] = {
+        "hot_path": RT.hot_path,
+        "clock": RT.clock,
+        "clock_why": RT.clock_why,
+        "calibration": RT.static.get("calibration"),
+    }
     RT.static["snapshot"] = snap
     RT.graph_ctx = graph_context(snap)
     RT.write_blob(BlobType.SNAPSHOT, json.dumps(snap, default=str).encode())
