@@ -198,16 +198,18 @@ calibration has no code-evicted figures (before the twentieth session)."""
 
 RANGE_NOTE = (
     "calibrated at attach with cold caches, data evicted to code evicted too;"
-    " end to end, pooled over runs, it measured inside this range (docs/evidence.md)"
+    " end to end an attach measured 1.7x the top on an H200 (docs/evidence.md)"
 )
-"""What the cold range is worth, measured end to end in the same runs (the crossover,
-enabled against dormant, pooled over each session's runs): on one H200 (MRV2 k=1) +48.9
-[+27.0, +65.6] µs per step against a range of 26.1 to 50.1 (the runs' means; per run the
-crossover was 0.96x the low end to 1.36x the high end, benchmarks/results/
-h200-2026-12-04-s21/); on the real CPU engine (V1) +24.3 [+11.4, +36.6] against 5.8 to 35.1
-(inside in each of the three runs, benchmarks/results/cpu-2026-12-04-s21/). Neither end
-alone tracks both machines: the data-only figure is 2-4x low on both, the code-evicted one
-right on the H200 and 1.4x high on the CPU engine."""
+"""What the cold range is worth, measured end to end in the same runs. The calibration
+times a wrapped no-op against a bare one, so it stands for what attaching costs: the
+crossover's attached-afresh-against-absent design, which on one H200 (MRV2 k=1) measured
++84.9 [+69.7, +102.3] µs per step against a range of 26.1 to 50.1 (the runs' means,
+benchmarks/results/h200-2026-12-04-s21/) and +50.4 [+38.7, +61.0] against 18.2 to 29.5
+(h200-2026-12-04-s22/): 1.69x and 1.71x the code-evicted top. Enabled against dormant
+leaves out the wrappers' own presence (+16.1 [+7.4, +24.1] µs of it, s18-s22): +48.9 and
++39.5, 1.0x and 1.3x the top. On the real CPU engine (V1) enabled against dormant measured
++24.3 [+11.4, +36.6] against 5.8 to 35.1 (benchmarks/results/cpu-2026-12-04-s21/). So the
+range is the calibration's, and the note says how far above it an H200 measured."""
 
 
 def cost_line(cost: Mapping[str, Any] | None, short: bool = False) -> str | None:
