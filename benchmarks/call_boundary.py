@@ -35,6 +35,7 @@ import tempfile
 import time
 import types
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -127,48 +128,134 @@ def _cases() -> list[Case]:
         RT.enabled, RT.in_step = False, 0  # leaving the step flushes its buffer to the ring
 
     compiled = _caller(span, "compiled")
+    inframe = _caller(_inframe_method(RT, int(Phase.SAMPLE)), "in-frame")
     return [
         ("plain", _caller(m, "plain"), _nothing, _nothing),
         ("python bypass", _caller(python_wrapper, "python bypass"), _nothing, _nothing),
         ("compiled bypass", compiled, _nothing, _nothing),
         ("compiled span", compiled, enable, disable),
+        *_tsc_case(compiled, enable, disable),
+        ("in-frame, off", inframe, _nothing, _nothing),
+        ("in-frame, on", inframe, enable, disable),
         *_monitoring_cases(),
     ]
+
+
+def _tsc_case(
+    compiled: Callable[[], Any], enable: Callable[[], None], disable: Callable[[], None]
+) -> list[Case]:
+    """The compiled span again with the hooks' clock on the time stamp counter (carried to
+    BOOTTIME, ``probe._accel.set_clock``), where the extension has that clock."""
+    from probe import _accel
+
+    if not hasattr(_accel, "set_clock") or _accel.set_clock("tsc") != "tsc":
+        return []
+    _accel.set_clock("boottime")
+
+    def on() -> None:
+        _accel.set_clock("tsc")
+        enable()
+
+    def off() -> None:
+        disable()
+        _accel.set_clock("boottime")
+
+    return [("compiled span, tsc clock", compiled, on, off)]
+
+
+def _inframe_method(core: Any, phase: int) -> Callable[..., Any]:
+    """``m`` as it would run with the probe in its own bytecode instead of a C object
+    around it (an instrumented copy of the code object): the caller's frame still pushes
+    the callee's inline; the callee reads the switch, takes the two stamps with builtin
+    calls and stages its span record through the compiled packer. Its names are the
+    closure's cells, as an instrumented code object would hold them as constants."""
+    clk, boot = time.clock_gettime_ns, time.CLOCK_BOOTTIME
+    put = core.put.span  # bound at attach: build this after RT.attach
+
+    def m(self: Any, x: int) -> int:
+        on = core.enabled
+        if on:
+            t0 = clk(boot)
+        r = x  # vLLM's body
+        if on:
+            put(core.step, phase, t0, clk(boot), 0, 0, 0)
+        return r
+
+    return m
+
+
+def _calibration_evictor(code: bool) -> Callable[[], None]:
+    """The eviction of ``probe.calibrate``'s cold timings: four times the L2 copied, and
+    with ``code`` its source compiled (the figures the report's cost range is made of)."""
+    from probe import calibrate
+
+    n = calibrate.evict_bytes()
+    src, dst = bytearray(n), bytearray(n)
+
+    def evict() -> None:
+        dst[:] = src
+        if code:
+            compile(calibrate._EVICT_CODE, "<probe-evict>", "exec")
+
+    return evict
+
+
+def _cold_timer() -> tuple[Callable[[], int], float]:
+    """The timer of the cold calls and its ns per tick: the raw time stamp counter where
+    the extension has it (it touches no memory; ``clock_gettime`` would bring the vDSO's
+    pages into the caches right before the call it times, hiding what a cold clock read
+    costs the hooks), else ``CLOCK_BOOTTIME``."""
+    from probe import _accel
+
+    ticks = getattr(_accel, "ticks", None)
+    if ticks is None or ticks() == 0:
+        return partial(time.clock_gettime_ns, time.CLOCK_BOOTTIME), 1.0
+    k0, t0 = time.clock_gettime_ns(time.CLOCK_BOOTTIME), ticks()
+    time.sleep(0.2)
+    k1, t1 = time.clock_gettime_ns(time.CLOCK_BOOTTIME), ticks()
+    return ticks, (k1 - k0) / (t1 - t0)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--cold", type=int, default=400)
+    ap.add_argument(
+        "--evict",
+        choices=("engine", "data", "code"),
+        default="engine",
+        help="between cold calls: 64 MB touched and torch work (engine); the attach "
+        "calibration's own eviction, 4x L2 copied (data) and CPython's compiler run too (code)",
+    )
     ap.add_argument("--json")
     a = ap.parse_args()
     from probe.ring import RingWriter
     from probe.runtime import RT
 
-    cases = _cases()
     tmp = Path(tempfile.mkdtemp(prefix="probe-bench-", dir="/dev/shm"))
     writer = RingWriter.create(tmp / "ring", 1 << 22)
     RT.reset()
     RT.attach(writer)
+    cases = _cases()
     warm: dict[str, list[float]] = {c[0]: [] for c in cases}
     for _ in range(15):
         for label, fn, on, off in cases:
             on()
             warm[label].append(per_call(fn, a.n, 1))
             off()
-    evict = evictor()
-    clk, boot = time.clock_gettime_ns, time.CLOCK_BOOTTIME
+    evict = evictor() if a.evict == "engine" else _calibration_evictor(a.evict == "code")
+    tick, ns_per_tick = _cold_timer()
     cold: dict[str, list[int]] = {c[0]: [] for c in cases}
     for i in range(a.cold):
         k = i % len(cases)
         for label, fn, on, off in cases[k:] + cases[:k]:
             on()
             evict()
-            t0 = clk(boot)
+            t0 = tick()
             fn()
-            t1 = clk(boot)
+            t1 = tick()
             off()
-            cold[label].append(t1 - t0)
+            cold[label].append(round((t1 - t0) * ns_per_tick))
     RT.detach()
     writer.close()
     res: dict[str, dict[str, float]] = {}
@@ -188,7 +275,8 @@ def main() -> None:
               f"{v['added_cold_median_ns']:10.0f}")  # fmt: skip
     if a.json:
         Path(a.json).write_text(
-            json.dumps({"python": sys.version.split()[0], "cases": res}, indent=1) + "\n"
+            json.dumps({"python": sys.version.split()[0], "evict": a.evict, "cases": res}, indent=1)
+            + "\n"
         )
 
 
