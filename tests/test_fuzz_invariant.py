@@ -133,7 +133,6 @@ def run_case(d: Path, args: list[str], *, output: str | None = None) -> str:
         [sys.executable, "-m", "probe.cli", *real],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
         cwd=d,
         stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(ROOT), "PROBE_RUN_DIR": str(d / "dir")},
@@ -156,7 +155,10 @@ def run_case(d: Path, args: list[str], *, output: str | None = None) -> str:
             proc.communicate()
             OUTCOMES["hang"] = OUTCOMES.get("hang", 0) + 1
             raise AssertionError(f"probe {real} did not stop on SIGINT") from None
-    r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    # bytes: ``export --perfetto -`` writes a binary trace to stdout
+    r = subprocess.CompletedProcess(
+        proc.args, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    )
     took = time.monotonic() - t
     assert took < 15, real
     assert "Traceback" not in r.stderr, (real, r.stderr[-3000:])
