@@ -321,6 +321,8 @@ def test_dash_writes_the_textfile_to_stdout(tmp_path: Path) -> None:
         (["ab", "--reps", "0", "--b-override", "X=Y", "--", "true"], {}),
         (["report", "--width", "-5"], {}),
         (["attach", "--interval", "0", "--pid", "1"], {}),
+        (["ps", "--pid", "-1"], {}),
+        (["doctor", "--pid", "0"], {}),
         # an empty value (an unset shell variable) named the bundled recording or the
         # working directory without a word; collect then waited there for rings
         (["report", ""], {}),

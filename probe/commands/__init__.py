@@ -31,6 +31,7 @@ __all__ = [
     "positive_float",
     "positive_int",
     "probe_version",
+    "process_id",
     "storage_guard",
     "width",
 ]
@@ -102,6 +103,18 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if not 1 <= v <= 1 << 20:
         raise argparse.ArgumentTypeError(f"{text!r}: give an integer from 1 to {1 << 20}")
+    return v
+
+
+def process_id(text: str) -> int:
+    """A process id, 1 to 2**22 (Linux's largest ``pid_max``); 0 and -1 name no process
+    (``ps --pid -1`` printed "no armed vLLM process found" and exited 1)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process id") from None
+    if not 1 <= v <= 1 << 22:
+        raise argparse.ArgumentTypeError(f"{text!r}: a process id is from 1 to {1 << 22}")
     return v
 
 

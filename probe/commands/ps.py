@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from probe.commands import process_id
 from probe.errors import UsageError
 
 
@@ -58,7 +59,7 @@ def discover(args: argparse.Namespace) -> list[Any]:
 def add_target_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--url", help="the server's URL: its listening process and children")
-    g.add_argument("--pid", type=int, help="a process id: it and its children")
+    g.add_argument("--pid", type=process_id, help="a process id: it and its children")
     p.add_argument("--run-dir", help="where the control sockets are (default: PROBE_RUN_DIR)")
 
 
