@@ -87,3 +87,13 @@ def test_record_bad_override(tmp_path: Path) -> None:
     assert "override" in line
     assert r.stderr.strip() == line
     assert not out.exists()
+
+
+@pytest.mark.parametrize("spec", [":=NEVER", "vllm.x:=NEVER", ":Builder=NEVER", "a..b:C=NEVER"])
+def test_an_override_without_a_module_or_class_is_refused(tmp_path: Path, spec: str) -> None:
+    """``module:Class`` with either side empty or not a dotted name (found by the fuzz:
+    ``:=NEVER`` parsed as module "" and class "", and failed only in the child)."""
+    out = tmp_path / "x.probe.db"
+    line = _usage_error(probe("record", "--out", str(out), "--override", spec, "--", "true"))
+    assert "expected module:Class" in line
+    assert not out.exists()

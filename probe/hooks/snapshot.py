@@ -52,6 +52,9 @@ class OverrideError(ValueError):
     """A what-if override names an unknown builder or support level."""
 
 
+_EXAMPLE = "vllm.v1.attention.backends.mla.flashmla_sparse:FlashMLASparseMetadataBuilder"
+
+
 def parse_override(text: str) -> list[tuple[str, str, str]]:
     """``"Builder=SUPPORT[,...]"`` -> [(module, class, SUPPORT)]; raises OverrideError."""
     out = []
@@ -63,7 +66,9 @@ def parse_override(text: str) -> list[tuple[str, str, str]]:
         if support not in SUPPORT_NAMES:
             raise OverrideError(f"{item!r}: support must be one of {', '.join(SUPPORT_NAMES)}")
         if ":" in name:
-            module, cls = name.split(":", 1)
+            module, cls = (s.strip() for s in name.split(":", 1))
+            if not all(p.isidentifier() for p in (*module.split("."), *cls.split("."))):
+                raise OverrideError(f"{name!r}: expected module:Class (e.g. {_EXAMPLE})")
         elif name in KNOWN_BUILDERS:
             module, cls = KNOWN_BUILDERS[name], name
         else:
