@@ -95,38 +95,31 @@ def positive_float(text: str) -> float:
     return v
 
 
-def positive_int(text: str) -> int:
-    """An integer from 1 to 2**20 (``--reps``, ``--sample``)."""
+def _int_in(text: str, lo: int, hi: int, noun: str, give: str) -> int:
+    """``text`` as an integer in ``lo..hi``, else one argparse error in these words."""
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 1 <= v <= 1 << 20:
-        raise argparse.ArgumentTypeError(f"{text!r}: give an integer from 1 to {1 << 20}")
+        raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+    if not lo <= v <= hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: {give}")
     return v
+
+
+def positive_int(text: str) -> int:
+    """An integer from 1 to 2**20 (``--reps``, ``--sample``)."""
+    return _int_in(text, 1, 1 << 20, "an integer", f"give an integer from 1 to {1 << 20}")
 
 
 def process_id(text: str) -> int:
     """A process id, 1 to 2**22 (Linux's largest ``pid_max``); 0 and -1 name no process
     (``ps --pid -1`` printed "no armed vLLM process found" and exited 1)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a process id") from None
-    if not 1 <= v <= 1 << 22:
-        raise argparse.ArgumentTypeError(f"{text!r}: a process id is from 1 to {1 << 22}")
-    return v
+    return _int_in(text, 1, 1 << 22, "a process id", f"a process id is from 1 to {1 << 22}")
 
 
 def width(text: str) -> int:
     """A terminal width in columns, 20 to 1000."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 20 <= v <= 1000:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a width from 20 to 1000 columns")
-    return v
+    return _int_in(text, 20, 1000, "an integer", "give a width from 20 to 1000 columns")
 
 
 def address(text: str) -> str:
