@@ -27,6 +27,7 @@ READER_SIDE = (
     "probe.discover",
     "probe.live",
     "probe.recording",
+    "probe.recording_schema",
     "probe.report",
     "probe.step",
 )
