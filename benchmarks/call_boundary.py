@@ -147,17 +147,20 @@ def _tsc_case(
     """The compiled span again with the hooks' clock on the time stamp counter (carried to
     BOOTTIME, ``probe._accel.set_clock``), where the extension has that clock."""
     from probe import _accel
+    from probe.runtime import RT
 
     if not hasattr(_accel, "set_clock") or _accel.set_clock("tsc") != "tsc":
         return []
     _accel.set_clock("boottime")
 
-    def on() -> None:
+    def on() -> None:  # as an attach with PROBE_CLOCK=tsc sets it
         _accel.set_clock("tsc")
+        RT.clock_tsc = 1
         enable()
 
     def off() -> None:
         disable()
+        RT.clock_tsc = 0
         _accel.set_clock("boottime")
 
     return [("compiled span, tsc clock", compiled, on, off)]

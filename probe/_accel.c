@@ -101,19 +101,24 @@ static void clk_anchor(void) {
 }
 #endif
 
+#if CLK_HAVE_TSC
+static inline int64_t tsc_boottime(void) {
+    uint64_t d = __rdtsc() - clk.tsc0;
+    if (__builtin_expect(d > clk.stale, 0)) {
+        clk_anchor();
+        d = __rdtsc() - clk.tsc0;
+    }
+    int64_t t = clk.ns0 + (int64_t)(((unsigned __int128)d * clk.mult) >> 32);
+    if (t < clk.last) t = clk.last;
+    clk.last = t;
+    return t;
+}
+#endif
+
+/* The module's boottime_ns(): the clock set_clock chose. */
 static inline int64_t boottime(void) {
 #if CLK_HAVE_TSC
-    if (clk.use_tsc) {
-        uint64_t d = __rdtsc() - clk.tsc0;
-        if (__builtin_expect(d > clk.stale, 0)) {
-            clk_anchor();
-            d = __rdtsc() - clk.tsc0;
-        }
-        int64_t t = clk.ns0 + (int64_t)(((unsigned __int128)d * clk.mult) >> 32);
-        if (t < clk.last) t = clk.last;
-        clk.last = t;
-        return t;
-    }
+    if (clk.use_tsc) return tsc_boottime();
 #endif
     return kernel_boottime();
 }
@@ -128,6 +133,7 @@ typedef struct {
     PyObject_HEAD
     int enabled;
     int in_step;
+    int clock_tsc; /* the hooks read the TSC clock (set at attach where set_clock took it) */
     int drafter;
     int in_build;
     int sampling;
@@ -148,11 +154,22 @@ typedef struct {
     } fwd;
 } CoreObject;
 
+/* A hook's timestamp: switched on the Core, whose first line the hook has read already
+   (``enabled``), so the default clock costs no memory beyond clock_gettime's own. */
+static inline int64_t now_ns(CoreObject *c) {
+#if CLK_HAVE_TSC
+    if (c->clock_tsc) return tsc_boottime();
+#endif
+    (void)c;
+    return kernel_boottime();
+}
+
 static PyTypeObject CoreType;
 
 static PyMemberDef core_members[] = {
     {"enabled", T_INT, offsetof(CoreObject, enabled), 0, "records are written"},
     {"in_step", T_INT, offsetof(CoreObject, in_step), 0, ">0 inside execute_model/sample_tokens"},
+    {"clock_tsc", T_INT, offsetof(CoreObject, clock_tsc), 0, "the hooks read the TSC clock"},
     {"drafter", T_INT, offsetof(CoreObject, drafter), 0, ">0 inside the MTP drafter"},
     {"in_build", T_INT, offsetof(CoreObject, in_build), 0, "inside a metadata build"},
     {"sampling", T_INT, offsetof(CoreObject, sampling), 0, "attached with sample_every > 1"},

@@ -15,6 +15,7 @@ def ticks() -> int: ...
 class Core:
     enabled: int
     in_step: int
+    clock_tsc: int
     drafter: int
     in_build: int
     sampling: int

@@ -84,9 +84,9 @@ static PyObject *build_call(WrapObject *self, PyObject *const *args, size_t narg
     if (!c->enabled || c->in_build) return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     c->in_build = 1;
-    int64_t t0 = boottime();
+    int64_t t0 = now_ns(c);
     PyObject *md = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
-    int64_t t1 = boottime();
+    int64_t t1 = now_ns(c);
     c->in_build = 0;
     if (md == NULL) return NULL;
     if (c->ring == NULL || nargs < 1) goto slow;

@@ -135,9 +135,9 @@ static PyObject *forward_call(FwdObject *self, PyObject *const *args, size_t nar
         memset(&c->fwd, 0, sizeof(c->fwd));
         c->fwd.open = 1;
     }
-    int64_t t0 = boottime();
+    int64_t t0 = now_ns(c);
     PyObject *res = PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
-    int64_t t1 = boottime();
+    int64_t t1 = now_ns(c);
     if (opened) c->fwd.open = 0;
     if (tick != NULL) timer_tick(tick, TICK_FORWARD_END);
     RingObject *r = direct_ring(c);
@@ -217,9 +217,9 @@ static PyObject *replay_launch(FwdObject *self, PyObject *const *args, size_t na
     PyObject *tick;
     if (direct_ring(c) == NULL || self->fwd_record == Py_None || launch_begin(c, &tick) < 0)
         return PyObject_Vectorcall(self->hook, args, nargsf, kwnames);
-    int64_t t0 = boottime();
+    int64_t t0 = now_ns(c);
     PyObject *res = PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
-    int64_t t1 = boottime();
+    int64_t t1 = now_ns(c);
     if (res != NULL) {
         long long n;
         if (replay_tokens(args, nargs, kwnames, &n) == 0)
@@ -238,9 +238,9 @@ static PyObject *replay_mrv2(FwdObject *self, PyObject *const *args, size_t narg
     if (self->w.which == 0 && nargs >= 1 && c->in_step > 0 && !c->fwd.open &&
         !mrv2_drafter(c, args[0]))
         return replay_launch(self, args, nargsf, kwnames);
-    int64_t t0 = boottime();
+    int64_t t0 = now_ns(c);
     PyObject *res = PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
-    int64_t t1 = boottime();
+    int64_t t1 = now_ns(c);
     if (res == NULL) return NULL;
     RingObject *r = direct_ring(c);
     if (r == NULL || nargs < 1) goto slow;
@@ -323,9 +323,9 @@ static PyObject *wrapper_launch(FwdObject *self, PyObject *const *args, size_t n
         Py_XDECREF(desc);
         return PyObject_Vectorcall(self->hook, args, nargsf, kwnames);
     }
-    int64_t t0 = boottime();
+    int64_t t0 = now_ns(c);
     PyObject *res = PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
-    int64_t t1 = boottime();
+    int64_t t1 = now_ns(c);
     if (res != NULL && mv >= 0) {
         long long n = 0;
         if (desc_tokens(desc, &n) && mv <= 255)
@@ -407,9 +407,9 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
     Py_CLEAR(cg);
     if (launch) /* steals desc */
         return wrapper_launch(self, args, nargsf, kwnames, replays ? mv : -1, captured, desc);
-    int64_t t0 = boottime();
+    int64_t t0 = now_ns(c);
     PyObject *res = PyObject_Vectorcall(self->w.orig, args, nargsf, kwnames);
-    int64_t t1 = boottime();
+    int64_t t1 = now_ns(c);
     if (res == NULL) {
         Py_DECREF(desc);
         return NULL;

@@ -118,9 +118,9 @@ static PyObject *reorder_mrv2(PhaseObject *self, PyObject *const *args, size_t n
     CoreObject *c = w->core;
     if (!c->enabled) return PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    int64_t t0 = boottime();
+    int64_t t0 = now_ns(c);
     PyObject *res = PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
-    int64_t t1 = boottime();
+    int64_t t1 = now_ns(c);
     if (res == NULL) return NULL;
     RingObject *r = direct_ring(c);
     if (r == NULL || nargs < 1 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(res))
@@ -246,9 +246,9 @@ static PyObject *reorder_v1(PhaseObject *self, PyObject *const *args, size_t nar
     }
     Py_DECREF(ids);
     self->busy = 1;
-    int64_t t0 = boottime();
+    int64_t t0 = now_ns(c);
     PyObject *res = PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
-    int64_t t1 = boottime();
+    int64_t t1 = now_ns(c);
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb); /* the record is written when vLLM raised, too */
     if (reorder_v1_fast(self, c, args[0], so, n, t0, t1) < 0) {
@@ -370,9 +370,9 @@ static PyObject *phase_call(PhaseObject *self, PyObject *const *args, size_t nar
     }
     c->decided = 0;
     c->phase_open = 1;
-    int64_t t0 = boottime();
+    int64_t t0 = now_ns(c);
     PyObject *res = PyObject_Vectorcall(w->orig, args, nargsf, kwnames);
-    int64_t t1 = boottime();
+    int64_t t1 = now_ns(c);
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb); /* the phase closes when vLLM raised, too */
     if (phase_close(self, c, res, t0, t1, args, nargs, kwnames) < 0)

@@ -61,9 +61,9 @@ static PyObject *span_call(WrapObject *self, PyObject *const *args, size_t nargs
     CoreObject *c = self->core;
     if (!c->enabled) return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
     if (self->drafter) c->drafter++;
-    int64_t t0 = boottime();
+    int64_t t0 = now_ns(c);
     PyObject *res = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
-    int64_t t1 = boottime();
+    int64_t t1 = now_ns(c);
     if (self->drafter) c->drafter--;
     RingObject *r = c->ring;
     int f = self->flags | (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
@@ -297,9 +297,9 @@ static PyObject *in_step_call(WrapObject *self, PyObject *const *args, size_t na
                               PyObject *kwnames, int phase, long long v0, long long v1) {
     CoreObject *c = self->core;
     c->in_step++;
-    int64_t t0 = boottime();
+    int64_t t0 = now_ns(c);
     PyObject *res = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
-    int64_t t1 = boottime();
+    int64_t t1 = now_ns(c);
     c->in_step--;
     if (c->ring != NULL)
         ring_stage_wire(c->ring, KIND_SPAN, phase, 0, self->mrv2 ? FLAG_MRV2 : 0, c->step, t0,
@@ -623,9 +623,9 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
     CoreObject *c = self->core;
     if (!c->enabled) return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    int64_t t0 = boottime();
+    int64_t t0 = now_ns(c);
     PyObject *res = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
-    int64_t t1 = boottime();
+    int64_t t1 = now_ns(c);
     if (res == NULL) return NULL;
     RingObject *r = direct_ring(c);
     if (r == NULL || nargs < 1) return dispatch_record_slow(self, res, t0, t1, args, nargs, kwnames);

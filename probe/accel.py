@@ -69,6 +69,7 @@ if not COMPILED and WHY_NOT != "PROBE_ACCEL=0":
 HOT_FIELDS: dict[str, int] = {
     "enabled": 0,  # records are written
     "in_step": 0,  # >0 inside execute_model / sample_tokens
+    "clock_tsc": 0,  # 1: the compiled hooks read the TSC clock (set_clock, at attach)
     "drafter": 0,  # >0 inside the MTP drafter / speculator
     "in_build": 0,  # inside a metadata build
     "sampling": 0,  # attached with sample_every > 1
@@ -113,6 +114,7 @@ class PyCore:
 
     enabled: int
     in_step: int
+    clock_tsc: int
     drafter: int
     in_build: int
     sampling: int

@@ -105,11 +105,13 @@ class Runtime(accel.Core):  # type: ignore[misc]
                 log.warning("probe: %s; reading clock_gettime", exc)
                 setting = "boottime"
             self.clock, self.clock_why = accel.set_clock(setting)
+            self.clock_tsc = int(self.clock == "tsc")
         else:
             self.write, self.flush = _step_buffer(self, writer)
             self.put = packers(self.write)
             self.hot_path = "python"
             self.clock, self.clock_why = "boottime", "the pure-Python path"
+            self.clock_tsc = 0
         self.strings = {}
         self.put.hello(
             os.getpid(),
