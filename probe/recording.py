@@ -29,6 +29,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from probe.errors import SQLITE_DAMAGED, sqlite_message
 from probe.recording_schema import (
     APPLICATION_ID,
     DDL,
@@ -424,18 +425,8 @@ class _Reader:
         return member
 
 
-# What SQLite raises on a damaged file. Its message names the damaged object as the file
-# spells it; where those bytes are not UTF-8, Python's sqlite3 raises UnicodeDecodeError
-# in place of the DatabaseError it was building (seen from a fuzzed schema page).
-DAMAGED = (sqlite3.DatabaseError, UnicodeDecodeError)
-
-
 def damaged_error(p: Path, exc: BaseException) -> RecordingError:
-    if isinstance(exc, UnicodeDecodeError):  # SQLite's message, or a name, as far as it reads
-        text = exc.object if isinstance(exc.object, bytes) else b""
-        exc = RuntimeError(f"text that is not UTF-8: {text.decode('utf-8', 'replace')}")
-    why = " ".join(str(exc).split())  # SQLite's messages can span lines
-    return RecordingError(f"{p}: damaged or truncated recording ({why})")
+    return RecordingError(f"{p}: damaged or truncated recording ({sqlite_message(exc)})")
 
 
 def _connect_read_only(p: Path) -> sqlite3.Connection:
@@ -478,7 +469,7 @@ def _connect_read_only(p: Path) -> sqlite3.Connection:
     uri = p.absolute().as_uri() + ("?mode=ro" if live else "?mode=ro&immutable=1")
     try:
         db = sqlite3.connect(uri, uri=True)
-    except DAMAGED as exc:
+    except SQLITE_DAMAGED as exc:
         raise damaged_error(p, exc) from None
     db.text_factory = lambda b: b.decode("utf-8", "replace")
     return db
@@ -517,7 +508,7 @@ class Recording:
         try:
             app = db.execute("PRAGMA application_id").fetchone()[0]
             ver = db.execute("PRAGMA user_version").fetchone()[0]
-        except DAMAGED as exc:
+        except SQLITE_DAMAGED as exc:
             raise damaged_error(p, exc) from None
         if app != APPLICATION_ID:
             raise RecordingError(f"{p}: an SQLite database, but not a probe recording")
@@ -531,14 +522,14 @@ class Recording:
                 raise damaged_error(p, RuntimeError(check))
             _check_schema(p, db)
             _check_pids(p, db)
-        except DAMAGED as exc:
+        except SQLITE_DAMAGED as exc:
             raise damaged_error(p, exc) from None
 
     def _rows(self, sql: str) -> list[Any]:
         """All rows of ``sql``; what SQLite raises on a damaged file is a RecordingError."""
         try:
             return self.db.execute(sql).fetchall()
-        except DAMAGED as exc:
+        except SQLITE_DAMAGED as exc:
             raise damaged_error(self.path, exc) from None
 
     def meta(self) -> dict[str, Any]:
@@ -626,7 +617,7 @@ class Recording:
                     pending[t.name] = nxt
                     kw[t.step_field] = tuple(got)
                 yield Step(**kw)
-        except DAMAGED as exc:
+        except SQLITE_DAMAGED as exc:
             raise damaged_error(self.path, exc) from None
 
     def _detail_rows(

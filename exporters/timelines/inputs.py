@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from exporters.timelines.model import ProfileError
+from probe.errors import SQLITE_DAMAGED, sqlite_message
 
 __all__ = [
     "GZIP_MAX_RATIO",
@@ -215,19 +216,6 @@ def _check_sqlite_header(p: Path, size: int) -> None:
                 f"truncated database: the header says {page_count} pages of {page_size} bytes "
                 f"({expected} bytes) but the file has {size} bytes",
             )
-
-
-# What SQLite raises on a damaged file; where the damaged object's name in its message is
-# not UTF-8, Python's sqlite3 raises UnicodeDecodeError instead (probe.recording.DAMAGED).
-SQLITE_DAMAGED = (sqlite3.DatabaseError, UnicodeDecodeError)
-
-
-def sqlite_message(exc: BaseException) -> str:
-    """SQLite's message of a :data:`SQLITE_DAMAGED` exception, as far as it reads."""
-    if isinstance(exc, UnicodeDecodeError):
-        raw = exc.object if isinstance(exc.object, bytes) else b""
-        return raw.decode("utf-8", "replace") or "text that is not UTF-8"
-    return " ".join(str(exc).split())
 
 
 def sqlite_uri(p: Path) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from exporters.timelines.inputs import SQLITE_DAMAGED, open_sqlite, sqlite_message, timestamp_ns
+from exporters.timelines.inputs import open_sqlite, timestamp_ns
 from exporters.timelines.model import (
     CLOCK_BOOTTIME,
     GpuKernel,
@@ -32,6 +32,7 @@ from exporters.timelines.model import (
     ProfileError,
 )
 from exporters.timelines.rocpd_schema import layout_of
+from probe.errors import SQLITE_DAMAGED, sqlite_message
 
 __all__ = ["read_rocpd", "rocpd_origin"]
 

@@ -11,11 +11,11 @@ import json
 from typing import Any
 
 from probe.commands import console, open_recording, width
-from probe.errors import UsageError
+from probe.errors import SQLITE_DAMAGED, UsageError
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from probe.recording import DAMAGED, RecordingError, damaged_error
+    from probe.recording import RecordingError, damaged_error
     from probe.report import build_report, render_report
 
     rec = open_recording(args.recording)
@@ -23,7 +23,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         rep = build_report(rec)
     except RecordingError as exc:
         raise UsageError(str(exc)) from None
-    except DAMAGED as exc:
+    except SQLITE_DAMAGED as exc:
         raise UsageError(str(damaged_error(rec.path, exc))) from None
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
