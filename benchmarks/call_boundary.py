@@ -208,10 +208,10 @@ def _cold_timer() -> tuple[Callable[[], int], float]:
     the extension has it (it touches no memory; ``clock_gettime`` would bring the vDSO's
     pages into the caches right before the call it times, hiding what a cold clock read
     costs the hooks), else ``CLOCK_BOOTTIME``."""
-    from probe import _accel
+    from probe import calibrate
 
-    ticks = getattr(_accel, "ticks", None)
-    if ticks is None or ticks() == 0:
+    ticks, name = calibrate.cold_timer()
+    if name != "tsc":
         return partial(time.clock_gettime_ns, time.CLOCK_BOOTTIME), 1.0
     k0, t0 = time.clock_gettime_ns(time.CLOCK_BOOTTIME), ticks()
     time.sleep(0.2)

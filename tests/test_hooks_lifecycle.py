@@ -9,6 +9,7 @@ vLLM's result and exceptions pass through unchanged.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -535,6 +536,42 @@ def test_the_calibration_times_the_span_and_hook_cold_within_its_budget(hot_path
     warm_only = calibrate.calibrate(RT, calls=5, rounds=1, cold_calls=0)
     assert not any(k.startswith("cold") or "_cold_" in k for k in warm_only)
     assert (RT.step, RT.in_step, RT.enabled) == saved
+
+
+def test_the_cold_calls_are_timed_by_the_raw_counter_in_ns(monkeypatch: Any) -> None:
+    """The cold calls are timed by the extension's raw counter where it reads one (a
+    ``clock_gettime`` timer would warm the vDSO right before the call it times), the
+    difference carried to ns: a wrapped call that waits 2 ms longer than the bare one
+    reads about 2 ms, not its ticks; without the extension ``perf_counter`` times them.
+    The calibration names its timer."""
+    import time
+
+    from probe import calibrate
+
+    try:
+        from probe import _accel
+
+        expect = "tsc" if _accel.ticks() else "perf_counter"
+    except ImportError:
+        expect = "perf_counter"
+    assert calibrate.cold_timer()[1] == expect
+
+    def bare() -> None:
+        return None
+
+    def wrapped() -> None:
+        until = time.perf_counter_ns() + 2_000_000
+        while time.perf_counter_ns() < until:
+            pass
+
+    (diff,), got = calibrate._cold_ns([(bare, wrapped)], 4096, 5, 0.0)
+    assert got == 5 and 1.9e6 <= diff <= 2.6e6, diff
+    cal = calibrate.calibrate(RT, calls=5, rounds=1, cold_calls=5, cold_code_budget_s=0)
+    assert cal["cold_timer"] == expect
+    monkeypatch.setitem(sys.modules, "probe._accel", None)  # no extension
+    assert calibrate.cold_timer()[1] == "perf_counter"
+    (diff,), _ = calibrate._cold_ns([(bare, wrapped)], 4096, 5, 0.0)
+    assert 1.9e6 <= diff <= 2.6e6, diff
 
 
 def test_the_code_eviction_compiles_before_each_timed_call(monkeypatch: Any) -> None:
