@@ -597,6 +597,43 @@ def test_crossover_switches_what_the_variant_names(variant: str, monkeypatch) ->
         assert res["parked_hooks"] == (1 if variant == "dormant_absent" else 0)
 
 
+@pytest.mark.parametrize("off", ["absent", "dormant"])
+def test_a_clock_variant_records_the_clock_its_attaches_read(off: str, monkeypatch) -> None:
+    """A variant with ``"clock"`` sets ``PROBE_CLOCK`` for its attaches and records the
+    clock they read, also where the end of an absent variant attaches once more on the
+    process's own setting (s23's runs labelled their absent/tsc variants boottime); the
+    process's setting is back afterwards."""
+    from probe import hooks
+    from probe.runtime import RT
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks/gpu"))
+    monkeypatch.delenv("PROBE_CLOCK", raising=False)
+    attached = [True]
+
+    def attach(*a: Any, **k: Any) -> None:  # as RT.attach reads the setting
+        attached[0] = True
+        RT.clock = os.environ.get("PROBE_CLOCK", "boottime")
+
+    def detach() -> None:
+        attached[0] = False
+
+    monkeypatch.setattr(RT, "clock", "boottime", raising=False)
+    monkeypatch.setattr(hooks, "attach", attach)
+    monkeypatch.setattr(hooks, "detach", detach)
+    monkeypatch.setattr(hooks, "install", lambda *a, **k: None)
+    monkeypatch.setattr(hooks, "enable", lambda *a, **k: attach())
+    monkeypatch.setattr(hooks, "uninstall", lambda: [])
+    monkeypatch.setattr(hooks.INSTALLER, "hooks", {})
+    # one workload: its last block is off, so an absent variant ends detached
+    cmd = {"design": "crossover", "block": 4, "generates": 1, "gpu_timing": False,
+           "clock": "tsc", "off": off}  # fmt: skip
+    res = harness.stepwise(_Engine(16, [], attached), cmd, lambda *a: [], lambda n: None,
+                           object())  # fmt: skip
+    RT.enabled = False
+    assert res["clock"] == "tsc"
+    assert "PROBE_CLOCK" not in os.environ
+
+
 def test_crossover_balanced_cancels_a_difference_between_the_two_workloads() -> None:
     """Workload 2j+1 of every pair 300 µs a step slower than 2j (V1 moves that much), a
     cost of 40 µs: on blocks 1-11 six pairs have the on block in 2j+1 and five in 2j, so

@@ -408,6 +408,9 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             work = prompts(500 + g) if n is None else prompts(500 + g, n)
             outs = llm.generate(work, sp(cmd.get("out_len", 256)), use_tqdm=False)
             digests.append(token_digest(outs))
+        # the clock the variant's attaches read (the finally may attach again afresh, on
+        # the process's own setting: the s23 runs labelled absent/tsc variants boottime)
+        ran_clock = getattr(RT, "clock", "boottime")
     finally:
         del eng.step  # back to the class's method
         RT.enabled = RT.sampling = False
@@ -441,7 +444,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             "parked_hooks": parked[0],
             "families": families or "all",
             "hot_path": hot,
-            "clock": getattr(RT, "clock", "boottime"),
+            "clock": ran_clock,
             "window_boottime": [b0, b1],
             "gpu_timing": cmd.get("gpu_timing", True),
             "block": block,
@@ -474,7 +477,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     return {
         "families": families or "all",
         "hot_path": hot,
-        "clock": getattr(RT, "clock", "boottime"),
+        "clock": ran_clock,
         "window_boottime": [b0, b1],
         "sample_every": every,
         "requests": cmd.get("requests"),
