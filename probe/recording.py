@@ -29,7 +29,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from probe.errors import SQLITE_DAMAGED, sqlite_message
 from probe.recording_schema import (
     APPLICATION_ID,
     DDL,
@@ -48,6 +47,7 @@ from probe.records import (
     Replay,
     Span,
 )
+from probe.sqlite_errors import SQLITE_DAMAGED, sqlite_message
 from probe.step import STEP_COLUMNS, GpuSample, Step
 
 

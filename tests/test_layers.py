@@ -29,6 +29,7 @@ READER_SIDE = (
     "probe.recording",
     "probe.recording_schema",
     "probe.report",
+    "probe.sqlite_errors",
     "probe.step",
 )
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from exporters.timelines.model import ProfileError
-from probe.errors import SQLITE_DAMAGED, sqlite_message
+from probe.sqlite_errors import SQLITE_DAMAGED, sqlite_message
 
 __all__ = [
     "GZIP_MAX_RATIO",
