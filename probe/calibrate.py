@@ -1,8 +1,8 @@
 """The probe's own cost per hooked call, measured inside the engine process at attach.
 
 The first enable of a process runs a few hundred calls of each wrapper kind around a no-op,
-on the hot path that will run (compiled or pure Python, :mod:`probe.accel`), into a scratch
-ring of its own, and keeps the per-call cost it added (best of several rounds, so a
+on the hot path that will run (compiled or pure Python, :mod:`probe.accel`), on a runtime
+and a scratch ring of their own, and keeps the per-call cost it added (best of several rounds, so a
 preempted round does not count). Later enables of the same process on the same hot path
 reuse that figure (:func:`once`, marked ``"reused": true``): the calibration is about 5 ms
 of the engine's GIL, which every re-attach would otherwise pay again. The result goes into
@@ -187,7 +187,7 @@ class _Dispatcher:
 _TAKEN: dict[tuple[str, bool], dict[str, Any]] = {}
 
 
-def once(rt: Any) -> dict[str, Any]:
+def once() -> dict[str, Any]:
     """:func:`calibrate` the first time for the active hot path in this process, then a copy
     of that result marked ``"reused": true`` (a failed calibration is tried again).
 
@@ -202,21 +202,26 @@ def once(rt: Any) -> dict[str, Any]:
     taken = _TAKEN.get(key)
     if taken is not None:
         return {**taken, "reused": True}
-    cal = calibrate(rt)
+    cal = calibrate()
     _TAKEN[key] = cal
     return dict(cal)
 
 
 def calibrate(
-    rt: Any,
     calls: int = CALLS,
     rounds: int = ROUNDS,
     cold_calls: int = COLD_CALLS,
     cold_budget_s: float = COLD_BUDGET_S,
     cold_code_budget_s: float = COLD_CODE_BUDGET_S,
 ) -> dict[str, Any]:
-    """Measure each wrapper kind on the active hot path, warm and (span and hook) cold;
-    ``rt`` must be detached and is left detached as it was (its step counter untouched).
+    """Measure each wrapper kind on the active hot path, warm and (span and hook) cold.
+
+    The wrappers run on a runtime of their own (:class:`probe.runtime.Runtime`), never the
+    process's ``RT``: an attach calibrates on the control thread while the engine's main
+    thread runs steps through the hooks just installed, and switching ``RT`` on here would
+    record those steps into the scratch ring and, for a step that returned after ``RT`` was
+    put back, leave its ``in_step`` at -1 (every later record of the process then outside a
+    step).
     ``cold_calls=0`` leaves the cold timings out; ``cold_code_budget_s=0`` the cold
     timings with code evicted too (``span_cold_code_ns``, ``hook_cold_code_ns``: on the
     CPU engine 2.5-4x what the crossover measures, where the data-only figures read
@@ -227,6 +232,7 @@ def calibrate(
     from probe.hooks._base import as_installed
     from probe.records import Phase
     from probe.ring import RingWriter
+    from probe.runtime import Runtime
 
     def noop(self: Any) -> None:
         return None
@@ -235,18 +241,18 @@ def calibrate(
         pass
 
     owner = Owner()
+    rt = Runtime()
     tmp = Path(tempfile.mkdtemp(prefix="probe-calibration-"))
     os.chmod(tmp, 0o700)
-    saved = (rt.step, rt.in_step, rt.enabled)
     try:
         writer = RingWriter.create(tmp / "ring", 1 << 14)
-        span = step.span(Phase.REORDER)(noop, _hook())
+        span = step.span(Phase.REORDER, rt=rt)(noop, _hook())
         d = _Dispatcher(dispatch._mode_members()[0])
         orig_dispatch = _Dispatcher.dispatch
-        hook_impl = dispatch.v1_dispatch(orig_dispatch, _hook())
+        hook_impl = dispatch.v1_dispatch(orig_dispatch, _hook(), rt)
         # as the installer puts them in place (a compiled wrapper is not gated again)
         hooked = as_installed(orig_dispatch, hook_impl, "on", rt)
-        gated_noop = as_installed(noop, step.span(Phase.REORDER)(noop, _hook()), "on", rt)
+        gated_noop = as_installed(noop, step.span(Phase.REORDER, rt=rt)(noop, _hook()), "on", rt)
         bare_noop = _best_ns(lambda: noop(owner), calls, rounds)
         bare_dispatch = _best_ns(lambda: orig_dispatch(d, 8, True), calls, rounds)
         rt.enabled = False
@@ -293,7 +299,7 @@ def calibrate(
             **cold,
         }
     finally:
-        rt.step, rt.in_step, rt.enabled = saved
+        rt.detach()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

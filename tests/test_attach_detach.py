@@ -62,9 +62,9 @@ def test_a_re_attach_reuses_the_first_calibration(
     runs: list[int] = []
     real = calibrate.calibrate
 
-    def counted(rt: Any, *a: Any, **kw: Any) -> dict[str, Any]:
+    def counted(*a: Any, **kw: Any) -> dict[str, Any]:
         runs.append(1)
-        return real(rt, *a, **kw)
+        return real(*a, **kw)
 
     monkeypatch.setattr(calibrate, "calibrate", counted)
     hooks.attach(ring, families=["dispatch"], gpu_timing=False)
@@ -101,3 +101,62 @@ def test_a_calibration_taken_before_vllm_is_not_reused_after(
     assert "reused" not in before and "reused" not in after
     if after["hot_path"] == "compiled":  # the Python record is the slower one
         assert before["hook_ns"] > after["hook_ns"]
+
+
+def test_the_calibration_leaves_the_engines_own_steps_alone(
+    hot_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attach enables on the control thread while the engine's main thread runs steps
+    through the hooks just installed. The calibration in between must not switch those
+    hooks on: an engine step that entered the bracket while it ran, and returned after it
+    had put the runtime back, left ``in_step`` at -1, so every later record of that process
+    read as outside a step (a whole attach of steps without a forward, seen once in CI)."""
+    import threading
+    import time
+
+    from probe import calibrate
+    from probe.hooks import step
+    from probe.hooks._base import Installer, Target
+    from probe.runtime import RT
+
+    seen_inside: list[int] = []
+    stop = threading.Event()
+
+    class SchedulerOutput:
+        total_num_scheduled_tokens = 4
+        num_scheduled_tokens = (4,)
+
+    class Runner:
+        def execute_model(self, scheduler_output: Any) -> None:
+            if RT.in_step:
+                seen_inside.append(RT.in_step)
+            time.sleep(0.0003)  # the engine's work, without the GIL
+
+    inst = Installer()
+    target = Target("step.v1.execute_model", "", "", "execute_model", step.execute("v1"))
+    assert inst.install_on(target, Runner)
+    runner, so = Runner(), SchedulerOutput()
+    steps = 0
+
+    def engine() -> None:
+        nonlocal steps
+        while not stop.is_set():
+            runner.execute_model(so)
+            steps += 1
+
+    monkeypatch.setattr(calibrate, "_TAKEN", {})
+    saved = (RT.step, RT.in_step, RT.enabled)
+    t = threading.Thread(target=engine)
+    t.start()
+    try:
+        while steps < 5:
+            time.sleep(0.001)
+        for _ in range(3):
+            calibrate.calibrate(calls=50, rounds=3, cold_calls=24, cold_budget_s=0.1)
+    finally:
+        stop.set()
+        t.join()
+        inst.uninstall()
+    assert steps > 50
+    assert seen_inside == []  # no engine step was recorded by the calibration's switch
+    assert (RT.step, RT.in_step, RT.enabled) == saved

@@ -504,7 +504,7 @@ def test_the_calibration_times_its_wrappers_as_the_installer_puts_them(
         "gate",
         lambda orig, impl, *a, **k: gated.append(impl) or plain_gate(orig, impl, *a, **k),
     )
-    cal = calibrate.calibrate(RT, calls=5, rounds=1)
+    cal = calibrate.calibrate(calls=5, rounds=1)
     assert cal["hot_path"] == hot_path
     # (the compiled span and, with vLLM's FULL member, the compiled dispatch hook were
     # gated again before; without vLLM the dispatch hook is a Python function, gated)
@@ -520,7 +520,7 @@ def test_the_calibration_times_the_span_and_hook_cold_within_its_budget(hot_path
 
     saved = (RT.step, RT.in_step, RT.enabled)
     cal = calibrate.calibrate(
-        RT, calls=5, rounds=1, cold_calls=7, cold_budget_s=60.0, cold_code_budget_s=60.0
+        calls=5, rounds=1, cold_calls=7, cold_budget_s=60.0, cold_code_budget_s=60.0
     )
     assert cal["hot_path"] == hot_path
     assert cal["cold_calls"] == 7 and cal["cold_code_calls"] == 7
@@ -528,12 +528,12 @@ def test_the_calibration_times_the_span_and_hook_cold_within_its_budget(hot_path
     assert cal["span_cold_code_ns"] >= 0 and cal["hook_cold_code_ns"] >= 0
     assert cal["cold_evict_bytes"] == calibrate.evict_bytes()
     rushed = calibrate.calibrate(
-        RT, calls=5, rounds=1, cold_calls=50, cold_budget_s=0.0, cold_code_budget_s=1e-9
+        calls=5, rounds=1, cold_calls=50, cold_budget_s=0.0, cold_code_budget_s=1e-9
     )
     assert rushed["cold_calls"] == 5 and rushed["cold_code_calls"] == 5
-    data_only = calibrate.calibrate(RT, calls=5, rounds=1, cold_calls=6, cold_code_budget_s=0)
+    data_only = calibrate.calibrate(calls=5, rounds=1, cold_calls=6, cold_code_budget_s=0)
     assert data_only["cold_calls"] == 6 and "span_cold_code_ns" not in data_only
-    warm_only = calibrate.calibrate(RT, calls=5, rounds=1, cold_calls=0)
+    warm_only = calibrate.calibrate(calls=5, rounds=1, cold_calls=0)
     assert not any(k.startswith("cold") or "_cold_" in k for k in warm_only)
     assert (RT.step, RT.in_step, RT.enabled) == saved
 
@@ -566,7 +566,7 @@ def test_the_cold_calls_are_timed_by_the_raw_counter_in_ns(monkeypatch: Any) -> 
 
     (diff,), got = calibrate._cold_ns([(bare, wrapped)], 4096, 5, 0.0)
     assert got == 5 and 1.9e6 <= diff <= 2.6e6, diff
-    cal = calibrate.calibrate(RT, calls=5, rounds=1, cold_calls=5, cold_code_budget_s=0)
+    cal = calibrate.calibrate(calls=5, rounds=1, cold_calls=5, cold_code_budget_s=0)
     assert cal["cold_timer"] == expect
     monkeypatch.setitem(sys.modules, "probe._accel", None)  # no extension
     assert calibrate.cold_timer()[1] == "perf_counter"

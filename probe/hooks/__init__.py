@@ -307,7 +307,7 @@ def enable(writer: Any, *, gpu_timing: bool | int = True, sample_every: int = 1)
             _install_missing(None)
         RT.detach()
         try:  # the probe's own cost per call, on the path about to run (probe.calibrate)
-            RT.static["calibration"] = calibrate.once(RT)
+            RT.static["calibration"] = calibrate.once()
         except Exception as exc:
             RT.static["calibration"] = {"error": repr(exc)}
         RT.attach(writer)

@@ -217,12 +217,12 @@ def _abandon_phase(hook: Hook, exc: BaseException) -> None:
     hook.fail(exc)
 
 
-def _put(decision: tuple[int, ...], t0: int, t1: int, extra: int = 0) -> None:
+def _put(decision: tuple[int, ...], t0: int, t1: int, extra: int = 0, rt: Any = RT) -> None:
     """One DISPATCH record of ``(mode, reason, flags, num_tokens, padded_tokens, num_reqs,
     padded_reqs, max_q, uq)`` spanning ``t0..t1``."""
     m, reason, f, num_tokens, padded_tokens, num_reqs, padded_reqs, max_q, uq = decision
-    RT.put.dispatch(
-        RT.step, m, reason, f | extra, t0, t1, num_tokens, padded_tokens, num_reqs,
+    rt.put.dispatch(
+        rt.step, m, reason, f | extra, t0, t1, num_tokens, padded_tokens, num_reqs,
         padded_reqs, max_q, uq,
     )  # fmt: skip
 
@@ -239,12 +239,13 @@ def _decide(
     padded_reqs: int,
     max_q: int,
     uq: int,
+    rt: Any = RT,
 ) -> None:
     """A dispatcher's decision: to the open runner phase (the last one wins), or a record
     of its own."""
-    rt = RT
     if not rt.phase_open:
-        _put((m, reason, f, num_tokens, padded_tokens, num_reqs, padded_reqs, max_q, uq), t0, t1)
+        decision = (m, reason, f, num_tokens, padded_tokens, num_reqs, padded_reqs, max_q, uq)
+        _put(decision, t0, t1, 0, rt)
         return
     rt.dec_mode, rt.dec_reason, rt.dec_flags = m, reason, f
     rt.dec_num_tokens, rt.dec_padded_tokens = num_tokens, padded_tokens
@@ -268,8 +269,9 @@ def _mode_members() -> tuple[Any, Any]:
         return None, None
 
 
-def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
-    """``CudagraphDispatcher.dispatch``: mode, padding and (on a miss) the reason."""
+def v1_dispatch(orig: Callable[..., Any], hook: Hook, rt: Any = RT) -> Callable[..., Any]:
+    """``CudagraphDispatcher.dispatch``: mode, padding and (on a miss) the reason; ``rt``
+    the runtime it reads and writes (the process's own, or the calibration's)."""
     sig = inspect.signature(orig)
     full, piecewise = _mode_members()
     hit = _HIT
@@ -289,7 +291,7 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
             if m == 2:
                 reason = hit
             else:
-                ctx = RT.graph_ctx
+                ctx = rt.graph_ctx
                 key = (
                     getattr(self, "keys_initialized", None),
                     getattr(self, "cudagraph_mode", None),
@@ -307,7 +309,7 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 )
                 if held:
                     learned = (m, reason)
-            f = (0 if RT.in_step else _OUTSIDE) | (_DRAFTER if RT.drafter else 0)
+            f = (0 if rt.in_step else _OUTSIDE) | (_DRAFTER if rt.drafter else 0)
             if uniform:
                 f |= _UNIFORM
             _decide(
@@ -318,22 +320,23 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
                 t1,
                 num_tokens,
                 desc.num_tokens,
-                RT.phase_num_reqs,  # the runner's phase (0 outside one)
+                rt.phase_num_reqs,  # the runner's phase (0 outside one)
                 desc.num_reqs or 0,
-                RT.phase_max_q,
+                rt.phase_max_q,
                 self.uniform_decode_query_len,
+                rt,
             )
             return learned
         except Exception as exc:
             hook.fail(exc)
             return None
 
-    dispatch = timed(orig, record)
+    dispatch = timed(orig, record, rt)
 
     # a FULL hit (the steady state) is recorded in C, and so is a miss whose inputs match
     # the last one ``record`` handed back (the eager drafter's every step, a PIECEWISE
     # engine's); everything else by ``record``
-    compiled = accel.dispatch_hook(orig, record, RT, full, 0)
+    compiled = accel.dispatch_hook(orig, record, rt, full, 0)
     return compiled if compiled is not None else dispatch
 
 

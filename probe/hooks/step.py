@@ -44,35 +44,36 @@ MRV2 = "vllm.v1.worker.gpu.model_runner"
 
 
 def span(
-    phase: Phase, *, drafter: bool = False, flags: int = 0
+    phase: Phase, *, drafter: bool = False, flags: int = 0, rt: Any = RT
 ) -> Callable[[Callable[..., Any], Hook], Any]:
     """Factory for a plain phase span; ``drafter=True`` also marks the drafter scope;
-    ``flags`` are set on every span it writes (``Flag.FROM_DISPATCH``)."""
+    ``flags`` are set on every span it writes (``Flag.FROM_DISPATCH``); ``rt`` the runtime
+    it reads and writes (the process's own, or the calibration's)."""
     ph = int(phase)
     extra = int(flags)
 
     def factory(orig: Callable[..., Any], hook: Hook) -> Callable[..., Any]:
-        compiled = accel.span_hook(orig, RT, ph, drafter, extra)
+        compiled = accel.span_hook(orig, rt, ph, drafter, extra)
         if compiled is not None:
             return compiled  # type: ignore[no-any-return]
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not RT.enabled:
+            if not rt.enabled:
                 return orig(*args, **kwargs)
             if drafter:
-                RT.drafter += 1
+                rt.drafter += 1
             t0 = _clock(BOOTTIME)
             try:
                 return orig(*args, **kwargs)
             finally:
                 t1 = _clock(BOOTTIME)
                 if drafter:
-                    RT.drafter -= 1
+                    rt.drafter -= 1
                 try:
-                    f = extra if RT.in_step else extra | _OUTSIDE
-                    if RT.drafter:
+                    f = extra if rt.in_step else extra | _OUTSIDE
+                    if rt.drafter:
                         f |= _DRAFTER
-                    RT.put.span(RT.step, ph, t0, t1, f, 0, 0)
+                    rt.put.span(rt.step, ph, t0, t1, f, 0, 0)
                 except Exception as exc:
                     hook.fail(exc)
 
