@@ -4,7 +4,7 @@
         [--clients 6] [--durations 3 30] [--repeat 2] [--attach-session own shared]
         [--session-busy N] [--attach-cpus all 1] [--attach-nice 0 -5] [--clients-here]
         [--profile DIR] [--trace]
-        [--baseline DIR] [--probe PATH]
+        [--baseline DIR] [--probe PATH [PATH ...]]
 
 (``PYTHONPATH``: the ``probe`` console script of an editable install imports the tree it
 was installed from; this makes it, and the server's plugin, the checkout's.)
@@ -358,8 +358,10 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, help="also attach with this checkout's probe")
     ap.add_argument(
         "--probe",
+        nargs="+",
+        default=[None],
         help="the probe command to attach with, e.g. a wheel install's (its own modules: "
-        "without this run's PYTHONPATH)",
+        "without this run's PYTHONPATH; several: alternating)",
     )
     ap.add_argument(
         "--attach-session",
@@ -452,7 +454,8 @@ def main() -> None:
             for d in a.durations:
                 trees: list[Path | None] = [None] if a.baseline is None else [None, a.baseline]
                 runs = [
-                    (tree, session, cpus, nice, _opt(g), None if sn == "none" else sn)
+                    (tree, session, cpus, nice, _opt(g), None if sn == "none" else sn, cmd)
+                    for cmd in a.probe
                     for tree in trees
                     for session in a.attach_session
                     for cpus in a.attach_cpus
@@ -461,7 +464,7 @@ def main() -> None:
                     for sn in a.attach_session_nice
                 ]
                 order = runs if n % 2 == 0 else runs[::-1]
-                for k, (tree, session, cpus, nice, g, sn) in enumerate(order):
+                for k, (tree, session, cpus, nice, g, sn, cmd) in enumerate(order):
                     rec = run_dir / f"attach-{d:g}-{n}-{k}.probe.db"
                     prof = (
                         a.profile / f"attach-{d:g}-{n}-{k}.prof" if a.profile is not None else None
@@ -469,7 +472,7 @@ def main() -> None:
                     before = rate(load, 5.0)
                     row = attach(
                         srv, d, rec, prof, load.served, a.trace, tree, session, cpus, nice, g, sn,
-                        a.probe,
+                        cmd,
                     )  # fmt: skip
                     row["session_nice"] = sn
                     row["requests_per_s_before"] = round(before, 1)
