@@ -2,7 +2,8 @@
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/attach_under_load.py \
         [--clients 6] [--durations 3 30] [--repeat 2] [--attach-session own shared]
-        [--session-busy N] [--attach-cpus all 1] [--attach-nice 0 -5] [--clients-here]
+        [--session-busy N] [--attach-cpus all 1] [--attach-nice 0 -5] [--attach-rt none rr]
+        [--clients-here]
         [--profile DIR] [--trace]
         [--baseline DIR] [--probe PATH [PATH ...]]
 
@@ -175,6 +176,7 @@ def attach(
     group_nice: int | None = None,
     session_nice: str | None = None,
     probe: str | None = None,
+    rt: str = "none",
 ) -> dict[str, object]:
     """One ``probe attach --duration d``, timed in parts (see the module docstring), and
         the server's completions per second while the hooks were on. ``session``: ``own`` (a
@@ -197,9 +199,13 @@ def attach(
         cmd = ["taskset", "-c", cpus, *cmd]  # taskset execs the attach: the same pid
     if nice:
         cmd = ["nice", "-n", str(nice), *cmd]  # nice execs it too
+    if rt != "none":  # a real-time policy (root): chrt execs it, priority 1
+        cmd = ["chrt", {"rr": "-r", "fifo": "-f"}[rt], "1", *cmd]
     if group_nice is not None:  # the session's autogroup weight: sh writes it, then execs
         cmd = ["sh", "-c", f'echo {group_nice} > /proc/self/autogroup && exec "$@"', "sh", *cmd]
     row: dict[str, object] = {"duration_s": d, "load1": round(os.getloadavg()[0], 2)}
+    if rt != "none":
+        row["rt"] = rt
     env = srv.env
     if probe is not None:  # another install's command, with its own modules
         env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
@@ -259,6 +265,11 @@ def attach(
         span = (max(s.t1 for s in timed) - min(s.t0 for s in timed)) / 1e9
         row.update(steps=len(steps), untimed_steps=len(steps) - len(timed))
         row.update(recorded_span_s=round(span, 2))
+        # what the engine's steps looked like meanwhile (the attach's own effect on them)
+        launch = sorted(s.cpu_launch_overhead_ns for s in timed if s.cpu_launch_overhead_ns)
+        if launch:
+            q = [launch[min(len(launch) - 1, int(f * len(launch)))] / 1e3 for f in (0.5, 0.99)]
+            row.update(launch_p50_us=round(q[0]), launch_p99_us=round(q[1]))
     ps = srv.ps()
     row["hooks_off_late_s"] = {
         x["role"]: round((x["last_off"]["at_ns"] - x["last_off"]["deadline_ns"]) / 1e9, 3)
@@ -384,6 +395,13 @@ def main() -> None:
         help="the attach's nice value (below 0: root or CAP_SYS_NICE; several: alternating)",
     )
     ap.add_argument(
+        "--attach-rt",
+        nargs="+",
+        choices=["none", "rr", "fifo"],
+        default=["none"],
+        help="the attach under a real-time policy at priority 1 (chrt; root; several: alternating)",
+    )
+    ap.add_argument(
         "--attach-group-nice",
         nargs="+",
         default=["none"],
@@ -454,8 +472,9 @@ def main() -> None:
             for d in a.durations:
                 trees: list[Path | None] = [None] if a.baseline is None else [None, a.baseline]
                 runs = [
-                    (tree, session, cpus, nice, _opt(g), None if sn == "none" else sn, cmd)
+                    (tree, session, cpus, nice, _opt(g), None if sn == "none" else sn, cmd, rt)
                     for cmd in a.probe
+                    for rt in a.attach_rt
                     for tree in trees
                     for session in a.attach_session
                     for cpus in a.attach_cpus
@@ -464,7 +483,7 @@ def main() -> None:
                     for sn in a.attach_session_nice
                 ]
                 order = runs if n % 2 == 0 else runs[::-1]
-                for k, (tree, session, cpus, nice, g, sn, cmd) in enumerate(order):
+                for k, (tree, session, cpus, nice, g, sn, cmd, rt) in enumerate(order):
                     rec = run_dir / f"attach-{d:g}-{n}-{k}.probe.db"
                     prof = (
                         a.profile / f"attach-{d:g}-{n}-{k}.prof" if a.profile is not None else None
@@ -472,7 +491,7 @@ def main() -> None:
                     before = rate(load, 5.0)
                     row = attach(
                         srv, d, rec, prof, load.served, a.trace, tree, session, cpus, nice, g, sn,
-                        cmd,
+                        cmd, rt,
                     )  # fmt: skip
                     row["session_nice"] = sn
                     row["requests_per_s_before"] = round(before, 1)

@@ -5,7 +5,8 @@
 One row per setting (the attach's session, ``--session-nice``, nice and autogroup nice, the
 tree) and duration: the walls in run order, how many within D + 2 s, the start and finish
 ranges, the server's completions per second while attached, the hooks' lateness at the
-deadline and the recorded spans.
+deadline, the recorded spans and the engine's CPU launch overhead meanwhile (its median
+and 99th percentile per run, where recorded).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def setting(run: dict[str, Any]) -> str:
         parts.append(f"tree {run['tree']}")
     if run.get("probe"):
         parts.append(f"probe {run['probe']}")
+    if run.get("rt"):
+        parts.append(f"SCHED_{run['rt'].upper()} 1")
     return ", ".join(parts)
 
 
@@ -43,8 +46,8 @@ def table(runs: list[dict[str, Any]]) -> list[str]:
         rows[(setting(r), float(r["duration_s"]))].append(r)
     out = [
         "| setting (as measured) | D | walls s | ≤ D + 2 | start s | finish s | req/s | "
-        "hooks off late ms | span s |",
-        "|---|---:|---|---:|---|---|---|---|---|",
+        "hooks off late ms | span s | engine launch p50 / p99 µs |",
+        "|---|---:|---|---:|---|---|---|---|---|---|",
     ]
     for (name, d), rs in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         ok = [r for r in rs if r.get("rc") == 0 and "startup_s" in r]
@@ -55,7 +58,9 @@ def table(runs: list[dict[str, Any]]) -> list[str]:
             f"| {name} | {d:g} | {walls} | {within} of {len(rs)} | "
             f"{span([r['startup_s'] for r in ok])} | {span([r['finish_s'] for r in ok])} | "
             f"{span([r['requests_per_s_attached'] for r in ok], 1)} | "
-            f"{span(late, 0)} | {span([r['recorded_span_s'] for r in ok])} |"
+            f"{span(late, 0)} | {span([r['recorded_span_s'] for r in ok])} | "
+            f"{span([r['launch_p50_us'] for r in ok if 'launch_p50_us' in r], 0)} / "
+            f"{span([r['launch_p99_us'] for r in ok if 'launch_p99_us' in r], 0)} |"
         )
     return out
 
