@@ -256,6 +256,10 @@ def attach(
         e_att, e_end = e0 + (t_attached - t0), e0 + wall
         parts = [("startup", e0, e_att), ("attached", e_att, detached), ("finish", detached, e_end)]
         row["trace"] = tracer.parts(parts)
+    meta = r.meta()
+    if meta.get("reader_cpu_wait_s") is not None:  # the attach's own account (to detach)
+        row["reader_cpu_wait_s"] = meta["reader_cpu_wait_s"]
+    row["wait_warned"] = "for a CPU (the host's CPUs are saturated)" in rest
     m = re.search(r"finished in ([\d.]+) s \(([\d,]+) records left", rest)
     if m:  # the attach's own account of the work after detach
         row.update(after_detach_s=float(m[1]), records_left=int(m[2].replace(",", "")))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from probe.errors import UsageError
 
@@ -44,6 +45,13 @@ AUTO_NICE = -5
 share") 20 of 34 attaches within D + 2 s, against 3 of 18 as started, and the server served
 as many requests per second either way."""
 CAP_SYS_NICE = 23
+
+STARTED = time.monotonic()
+"""When this module was imported: first thing in the ``probe`` command (``time`` is built
+into the interpreter, so this costs no import)."""
+WAIT_NOTE_S = 1.0
+"""The least run-queue wait that :func:`wait_note` reports (and at least a tenth of the
+time the command ran)."""
 
 MOVED = False
 """True once this process runs with the share :func:`raise_share` set (also in a fork's child)."""
@@ -281,3 +289,28 @@ def early(argv: list[str]) -> int | None:
     except ValueError:
         return None
     return raise_share(setting, command=argv[0])  # a UsageError: main's one-line error
+
+
+def cpu_wait_s(path: str = "/proc/self/schedstat") -> float | None:
+    """Seconds this process's main thread has spent runnable but not running (waiting in
+    the run queue) since it started: the second field of ``/proc/self/schedstat``. None
+    where the kernel does not say."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def wait_note(waited_s: float | None, ran_s: float) -> str | None:
+    """One line for a reader that waited for a CPU a good part of the time it ran (at least
+    :data:`WAIT_NOTE_S` and a tenth of ``ran_s``), else None. On a saturated host that wait,
+    not its own work, is what makes an attach finish late; the recording is not affected
+    (the hooks keep their own deadline in each process)."""
+    if waited_s is None or waited_s < WAIT_NOTE_S or waited_s < 0.1 * ran_s:
+        return None
+    return (
+        f"this reader waited {waited_s:.1f} s of its {ran_s:.1f} s for a CPU (the host's "
+        "CPUs are saturated), so it started and finished late; the hooks kept their own "
+        'deadline (docs/attach.md, "On a host the server keeps busy")'
+    )

@@ -551,4 +551,5 @@ def test_attach_ends_with_its_output_and_recording_whole(
 
     meta = Recording.open(rec).meta()
     assert meta["stop_reason"] == "duration reached" and int(meta["ended_epoch_ns"]) > 0
+    assert isinstance(meta["reader_cpu_wait_s"], float) and meta["reader_cpu_wait_s"] >= 0
     assert server.attached_by is None and rings(run_dir) == []

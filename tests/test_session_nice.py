@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from probe import session
 from probe.session import AUTO_NICE, early, may_raise
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -337,3 +338,30 @@ def test_a_ctrl_c_reaches_the_attach_even_where_sigint_was_ignored_at_the_start(
     p.send_signal(signal.SIGINT)
     out, _err = p.communicate(timeout=30)
     assert p.returncode == 9 and "parent rc 9" in out
+
+
+def test_the_run_queue_wait_is_read_from_schedstat(tmp_path: Path) -> None:
+    """The second field of ``/proc/self/schedstat`` is the time runnable but not running,
+    in ns; no file or no number: None (the attach then says nothing)."""
+    f = tmp_path / "schedstat"
+    f.write_text("812345678 4500000000 731\n")
+    assert session.cpu_wait_s(str(f)) == 4.5
+    f.write_text("812345678\n")
+    assert session.cpu_wait_s(str(f)) is None
+    f.write_text("a b c\n")
+    assert session.cpu_wait_s(str(f)) is None
+    assert session.cpu_wait_s(str(tmp_path / "none")) is None
+    mine = session.cpu_wait_s()  # this process's own, where the kernel keeps it
+    assert mine is None or mine >= 0.0
+
+
+def test_a_reader_that_waited_for_a_cpu_says_so() -> None:
+    """At least a second and a tenth of the time it ran: one line with both figures;
+    less, or unknown: nothing."""
+    note = session.wait_note(16.94, 32.41)
+    assert note is not None and "waited 16.9 s of its 32.4 s for a CPU" in note
+    assert "\n" not in note
+    assert session.wait_note(2.0, 5.0) is not None
+    assert session.wait_note(0.9, 3.0) is None  # under a second
+    assert session.wait_note(2.9, 30.0) is None  # under a tenth
+    assert session.wait_note(None, 30.0) is None

@@ -295,7 +295,12 @@ def run_session(
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
         if writer is not None:
-            writer.set_meta(ended_epoch_ns=time.time_ns(), stop_reason=stop["why"])
+            waited = sharing.cpu_wait_s()
+            writer.set_meta(
+                ended_epoch_ns=time.time_ns(),
+                stop_reason=stop["why"],
+                reader_cpu_wait_s=None if waited is None else round(waited, 3),
+            )
         problems = session.close()
     col = session.collector
     steps = sum(p.steps_seen for p in col.procs.values()) if col is not None else 0
@@ -304,6 +309,9 @@ def run_session(
         f"{session.finish_s:.2f} s ({session.left_at_detach:,} records left at detach)",
         file=err,
     )
+    note = sharing.wait_note(sharing.cpu_wait_s(), time.monotonic() - sharing.STARTED)
+    if note:
+        print(f"probe: warning: {note}", file=err)
     if not live_on:
         print("\n".join(plain_lines(stats, title)))
     if record:
