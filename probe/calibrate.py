@@ -2,13 +2,13 @@
 
 The first enable of a process runs a few hundred calls of each wrapper kind around a no-op,
 on the hot path that will run (compiled or pure Python, :mod:`probe.accel`), on a runtime
-and a scratch ring of their own, and keeps the per-call cost it added (best of several rounds, so a
-preempted round does not count). Later enables of the same process on the same hot path
-reuse that figure (:func:`once`, marked ``"reused": true``): the calibration is about 5 ms
-of the engine's GIL, which every re-attach would otherwise pay again. The result goes into
-the static snapshot (``snapshot["probe"]["calibration"]``) and so into the recording, where
-``probe report`` turns it into "probe cost X-Y µs per step (A-B% of CPU launch overhead)"
-from the hooked calls each step made (:func:`probe.cost.cost_line`).
+and a scratch ring of their own, and keeps the per-call cost it added (best of several
+rounds, so a preempted round does not count). Later enables of the same process on the
+same hot path reuse that figure (:func:`once`, marked ``"reused": true``): the calibration
+is about 5 ms of the engine's GIL, which every re-attach would otherwise pay again. The
+result goes into the static snapshot (``snapshot["probe"]["calibration"]``) and so into the
+recording, where ``probe report`` turns it into "probe cost X-Y µs per step (A-B% of CPU
+launch overhead)" from the hooked calls each step made (:func:`probe.cost.cost_line`).
 
 Kinds:
 
@@ -222,6 +222,7 @@ def calibrate(
     record those steps into the scratch ring and, for a step that returned after ``RT`` was
     put back, leave its ``in_step`` at -1 (every later record of the process then outside a
     step).
+
     ``cold_calls=0`` leaves the cold timings out; ``cold_code_budget_s=0`` the cold
     timings with code evicted too (``span_cold_code_ns``, ``hook_cold_code_ns``: on the
     CPU engine 2.5-4x what the crossover measures, where the data-only figures read

@@ -284,18 +284,15 @@ def _mark(wrapper: Any, original: Any, hook_id: str) -> None:
         wrapper.__probe_hook__ = hook_id
 
 
-def timed(
-    orig: Callable[..., Any], record: Callable[..., Any], rt: Any = None
-) -> Callable[..., Any]:
+def timed(orig: Callable[..., Any], record: Callable[..., Any], rt: Any = RT) -> Callable[..., Any]:
     """The pure-Python twin of a compiled hook that hands its result to ``record(result,
     t0, t1, *args, **kwargs)`` (dispatch, replay, reorder): bypass when ``rt`` (the
     process's runtime unless given) is off, CLOCK_BOOTTIME first and last thing around the
     original, the original's result and exceptions unchanged."""
     clock = time.clock_gettime_ns
-    switch = RT if rt is None else rt
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not switch.enabled:
+        if not rt.enabled:
             return orig(*args, **kwargs)
         t0 = clock(BOOTTIME)
         result = orig(*args, **kwargs)
