@@ -270,10 +270,14 @@ def attach(
         row.update(steps=len(steps), untimed_steps=len(steps) - len(timed))
         row.update(recorded_span_s=round(span, 2))
         # what the engine's steps looked like meanwhile (the attach's own effect on them)
-        launch = sorted(s.cpu_launch_overhead_ns for s in timed if s.cpu_launch_overhead_ns)
+        launch = [s.cpu_launch_overhead_ns for s in timed if s.cpu_launch_overhead_ns]
         if launch:
-            q = [launch[min(len(launch) - 1, int(f * len(launch)))] / 1e3 for f in (0.5, 0.99)]
-            row.update(launch_p50_us=round(q[0]), launch_p99_us=round(q[1]))
+            from probe.analysis import percentile
+
+            row.update(
+                launch_p50_us=round(percentile(launch, 50) / 1e3),
+                launch_p99_us=round(percentile(launch, 99) / 1e3),
+            )
     ps = srv.ps()
     row["hooks_off_late_s"] = {
         x["role"]: round((x["last_off"]["at_ns"] - x["last_off"]["deadline_ns"]) / 1e9, 3)
