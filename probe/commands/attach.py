@@ -102,7 +102,7 @@ class Session:
         """Enable every process; with ``duration_s`` each turns its hooks off that long
         after its own enable (an older server without deadlines is enabled without)."""
         from probe.collector import Collector
-        from probe.control import ControlError, request
+        from probe.control import ControlError, request, request_all
 
         args: dict[str, Any] = {}
         if duration_s is not None:
@@ -113,22 +113,33 @@ class Session:
             args["hooks"] = self.hooks
         if self.sample_every > 1:
             args["sample_every"] = self.sample_every
-        rings = []
-        for a in self.procs:
-            try:
+        # asked together: each process answers when its control thread gets a CPU and
+        # the interpreter's lock, so one after the other the start waited for the sum
+        replies = request_all(
+            [a.socket for a in self.procs], "enable", timeout=ENABLE_TIMEOUT_S, **args
+        )
+        rings, failed = [], None
+        for a, reply in zip(self.procs, replies, strict=True):
+            if (
+                isinstance(reply, ControlError)
+                and "duration_s" in args
+                and "'duration_s'" in str(reply)
+            ):  # a server older than deadlines: enable it without
+                old = {k: v for k, v in args.items() if k != "duration_s"}
                 try:
-                    reply = request(a.socket, "enable", timeout=ENABLE_TIMEOUT_S, **args)
-                except ControlError as exc:
-                    if "duration_s" not in args or "'duration_s'" not in str(exc):
-                        raise
-                    old = {k: v for k, v in args.items() if k != "duration_s"}
                     reply = request(a.socket, "enable", timeout=ENABLE_TIMEOUT_S, **old)
-            except (ControlError, OSError) as exc:
-                self.disable()
-                raise UsageError(f"pid {a.pid} ({a.role}): {exc}") from None
+                except (ControlError, OSError) as exc:
+                    reply = exc
+            if isinstance(reply, Exception):
+                failed = failed or (a, reply)
+                continue
             self.enabled.append(a)
             # the ring sits beside the process's socket (its run dir, maybe a fallback)
             rings.append(Path(a.socket).parent / Path(str(reply["ring"])).name)
+        if failed is not None:
+            self.disable()
+            who, why = failed
+            raise UsageError(f"pid {who.pid} ({who.role}): {why}") from None
         # drain every poll, assemble in slices: a busy host never makes the rings overflow
         self.collector = Collector(
             None, self.sinks, rings=rings, now_ns=self.now_ns, assemble_s=ASSEMBLE_SLICE_S
@@ -144,17 +155,13 @@ class Session:
 
     def disable(self) -> list[str]:
         """Disable every process this session enabled; returns the problems met."""
-        from probe.control import ControlError, request
+        from probe.control import pid_alive, request_all
 
         problems = []
-        for a in self.enabled:
-            try:
-                request(a.socket, "disable", timeout=10.0)
-            except (ControlError, OSError) as exc:
-                from probe.control import pid_alive
-
-                if pid_alive(a.pid):
-                    problems.append(f"pid {a.pid}: disable failed: {exc}")
+        replies = request_all([a.socket for a in self.enabled], "disable", timeout=10.0)
+        for a, reply in zip(self.enabled, replies, strict=True):
+            if isinstance(reply, Exception) and pid_alive(a.pid):
+                problems.append(f"pid {a.pid}: disable failed: {reply}")
         self.enabled = []
         return problems
 
