@@ -18,16 +18,15 @@ from probe.errors import UsageError
 def _live_snapshots(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Snapshots of a running server's processes, over their control sockets."""
     from probe.commands.ps import discover
-    from probe.control import ControlError, request
+    from probe.control import request_all
 
+    procs = [p for p in discover(args) if not p.error]
     snaps = []
-    for proc in discover(args):
-        if proc.error:
-            continue
-        try:
-            reply = request(proc.socket, "snapshot")
-        except (OSError, ControlError) as exc:
-            print(f"probe: warning: pid {proc.pid}: {exc}", file=sys.stderr)
+    for proc, reply in zip(
+        procs, request_all([p.socket for p in procs], "snapshot"), strict=True
+    ):  # asked together, as the attach does
+        if isinstance(reply, Exception):
+            print(f"probe: warning: pid {proc.pid}: {reply}", file=sys.stderr)
             continue
         snap = reply.get("snapshot")
         if reply.get("complete") and snap:
