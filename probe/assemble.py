@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from probe.records import (
@@ -30,8 +30,9 @@ from probe.records import (
     Replay,
     ReplayKind,
     Span,
+    evolve,
 )
-from probe.step import PHASE_COLUMNS, Step
+from probe.step import PHASE_COLUMNS, Step, new_step
 
 __all__ = ["PHASE_COLUMNS", "Step", "StepAssembler", "fill_builds"]
 
@@ -40,6 +41,8 @@ _SPAN, _OUTSIDE_STEP, _DRAFTER = int(Flag.SPAN), int(Flag.OUTSIDE_STEP), int(Fla
 _UNIFORM, _MRV2 = int(Flag.UNIFORM), int(Flag.MRV2)
 _FROM_DISPATCH = int(Flag.FROM_DISPATCH)
 _PHASE_NAMES = tuple((p, p.name.lower()) for p in PHASE_COLUMNS)
+_PHASE_NAME = dict(_PHASE_NAMES)
+_PHASE_KEYS = tuple(name for _, name in _PHASE_NAMES)
 
 
 def _union_ns(spans: Iterable[Span]) -> int:
@@ -52,6 +55,11 @@ def _union_ns(spans: Iterable[Span]) -> int:
         total += s.t1 - max(s.t0, end)
         end = s.t1
     return total
+
+
+def _one_ns(s: Span) -> int:
+    """:func:`_union_ns` of one span."""
+    return s.t1 - max(s.t0, -1) if s.t1 > -1 else 0
 
 
 def _expand(recs: Iterable[Decoded]) -> Iterable[Decoded]:
@@ -106,7 +114,7 @@ def _from_dispatch(recs: list[Decoded]) -> list[Decoded]:
         if isinstance(r, Span) and r.flags & _FROM_DISPATCH:
             start = max((e for e in ends if e <= r.t0), default=None)
             if start is not None and r.phase == Phase.PREPARE_INPUTS:
-                r = replace(r, t0=start)
+                r = evolve(r, t0=start)
             elif start is not None and not r.flags & _DRAFTER:
                 out.append(Span(r.step, Phase.PREPARE_INPUTS, start, r.t0, r.flags))
         out.append(r)
@@ -169,7 +177,7 @@ def fill_builds(builds: Iterable[Build], dispatches: Iterable[Dispatch]) -> list
         if npt < 0 <= b.num_decode_tokens:
             npt = real - b.num_decode_tokens if real >= b.num_decode_tokens else -1
         reqs = b.padded_reqs if real == b.padded_tokens else 0
-        out.append(replace(b, real_tokens=real, real_reqs=reqs, num_prefill_tokens=npt))
+        out.append(evolve(b, real_tokens=real, real_reqs=reqs, num_prefill_tokens=npt))
     return out
 
 
@@ -225,20 +233,39 @@ class StepAssembler:
 
     def _close(self, o: _Open) -> Step:
         o.records = _from_dispatch(list(_expand(o.records)))
-        spans = [r for r in o.records if isinstance(r, Span)]
-        dispatches = [r for r in o.records if isinstance(r, Dispatch)]
-        replays = [r for r in o.records if isinstance(r, Replay)]
-        builds = fill_builds((r for r in o.records if isinstance(r, Build)), dispatches)
-        reorders = [r for r in o.records if isinstance(r, Reorder)]
-        execute = [s for s in spans if s.phase == Phase.EXECUTE]
-        sample = [s for s in spans if s.phase == Phase.SAMPLE_TOKENS]
+        # one pass over the records, by kind (the reader's cost per step: each filter of
+        # all the records by isinstance was a pass of its own)
+        spans: list[Span] = []
+        dispatches: list[Dispatch] = []
+        replays: list[Replay] = []
+        raw_builds: list[Build] = []
+        reorders: list[Reorder] = []
+        execute: list[Span] = []
+        sample: list[Span] = []
+        for r in o.records:
+            kind = type(r)
+            if kind is Span:
+                spans.append(r)  # type: ignore[arg-type]
+                if r.phase == Phase.EXECUTE:  # type: ignore[union-attr]
+                    execute.append(r)  # type: ignore[arg-type]
+                elif r.phase == Phase.SAMPLE_TOKENS:  # type: ignore[union-attr]
+                    sample.append(r)  # type: ignore[arg-type]
+            elif kind is Dispatch:
+                dispatches.append(r)  # type: ignore[arg-type]
+            elif kind is Replay:
+                replays.append(r)  # type: ignore[arg-type]
+            elif kind is Build:
+                raw_builds.append(r)  # type: ignore[arg-type]
+            elif kind is Reorder:
+                reorders.append(r)  # type: ignore[arg-type]
+        builds = fill_builds(raw_builds, dispatches) if raw_builds else []
         bracket = execute + sample
         # a step cut by the hooks going on or off may lack its bracket (or every span):
         # its time is then that of whatever timed records it has
         timed_recs: list[Any] = bracket or spans or [r for r in o.records if getattr(r, "t0", 0)]
         t0 = min((r.t0 for r in timed_recs), default=0)
         t1 = max((r.t1 for r in timed_recs), default=0)
-        host = sum(s.dur_ns for s in bracket)
+        host = sum(s.t1 - s.t0 for s in bracket)
         ex_rec = execute[0] if execute else None
         target = [d for d in _deciding(dispatches) if not d.flags & _DRAFTER]
         drafts = [d for d in dispatches if d.flags & _DRAFTER]
@@ -267,16 +294,23 @@ class StepAssembler:
         elif mode == Mode.PIECEWISE:
             replayed = pieces > 0
         # REORDER records carry their own time: they are the reorder phase
-        timed = spans + [Span(r.step, Phase.REORDER, r.t0, r.t1, r.flags) for r in reorders]
-        by_phase: dict[int, list[Span]] = {}
-        for s in timed:
+        by_phase: dict[Phase, list[Span]] = {}
+        for s in spans:
             by_phase.setdefault(s.phase, []).append(s)
-        phases = {name: _union_ns(by_phase.get(p, ())) for p, name in _PHASE_NAMES}
+        if reorders:
+            by_phase.setdefault(Phase.REORDER, []).extend(
+                Span(r.step, Phase.REORDER, r.t0, r.t1, r.flags) for r in reorders
+            )
+        phases = dict.fromkeys(_PHASE_KEYS, 0)
+        for p, ss in by_phase.items():
+            name = _PHASE_NAME.get(p)
+            if name is not None:
+                phases[name] = _union_ns(ss) if len(ss) > 1 else _one_ns(ss[0])
         fwd = [s for s in spans if s.phase == Phase.FORWARD_LAUNCH and not s.flags & _DRAFTER]
         launch = (fwd[0].t1 - ex_rec.t0) if fwd and ex_rec is not None else None
         dmode = drafts[0].mode if drafts else None
         dreason = drafts[0].reason if drafts else None
-        return Step(
+        return new_step(
             pid=self.pid,
             step=o.step,
             t0=t0,

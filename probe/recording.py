@@ -97,6 +97,10 @@ def _converter(kind: Any) -> Callable[[Any, Names], Any] | None:
         return lambda v, names: names(v)
     if kind is int or kind is None:
         return None
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        # each member's stored name, once: ``member.name`` runs enum code on every read
+        stored = {m: m.name.lower() for m in kind}
+        return lambda v, names: stored[v] if type(v) is kind else _encode(kind, v)
     return lambda v, names: _encode(kind, v)
 
 

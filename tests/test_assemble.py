@@ -434,3 +434,25 @@ def test_a_step_cut_before_its_first_span_takes_the_times_of_its_other_records()
     # a step with its bracket keeps the bracket's times
     steps, _ = assemble([reorder, *forward_step(6, 2_000, Mode.FULL)])
     assert [(s.t0, s.t1) for s in steps if s.step == 6] == [(2_000, 2_130)]
+
+
+def test_new_step_is_the_dataclass_built_without_its_init() -> None:
+    """The assembler builds each Step with ``new_step`` (no frozen ``__init__``): the same
+    object as ``Step(**kw)``, defaults included, and the same refusals."""
+    import dataclasses
+
+    from probe.step import new_step
+
+    steps, _ = assemble([*forward_step(6, 2_000, Mode.FULL), *forward_step(7, 3_000, Mode.NONE)])
+    for s in steps:
+        kw = {f.name: getattr(s, f.name) for f in dataclasses.fields(Step)}
+        for omitted in ((), ("gpu_busy_ns", "gpu_step_ns", "replays")):  # their defaults
+            given = {k: v for k, v in kw.items() if k not in omitted}
+            built = new_step(**given)
+            assert built == Step(**given) and list(vars(built)) == list(vars(Step(**given)))
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            built.step = 1  # type: ignore[misc]
+        with pytest.raises(TypeError, match="pid"):
+            new_step(**{k: v for k, v in kw.items() if k != "pid"})
+        with pytest.raises(TypeError, match="nope"):
+            new_step(**kw, nope=1)

@@ -3,6 +3,7 @@ one and the compiled one, into a real ring) and its derived decoder."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,35 @@ def test_the_generated_decoder_and_the_field_by_field_one_agree(
 ) -> None:
     rec = data.draw(_records(spec))
     w = records.RECORD.unpack(pack(rec))
-    assert records._FAST[int(spec.kind)](w) == records._decode_slowly(w) == rec
+    fast = records._FAST[int(spec.kind)](w)
+    assert fast == records._decode_slowly(w) == rec
+    # built without __init__: the same types field by field (an IntEnum member, not an int
+    # equal to it), and as frozen as one built by the dataclass
+    assert [type(getattr(fast, f.name)) for f in spec.fields] == [
+        type(getattr(rec, f.name)) for f in spec.fields
+    ]
+    assert hash(fast) == hash(rec) and repr(fast) == repr(rec)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(fast, spec.fields[0].name, 1)
+
+
+@pytest.mark.parametrize("spec", list(SPECS.values()), ids=lambda s: s.name)
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_evolve_is_replace(spec: RecordSpec, data: st.DataObject) -> None:
+    """The reader's ``evolve`` (slot by slot, no ``__init__``) builds what
+    ``dataclasses.replace`` builds, and refuses what it refuses."""
+    rec, other = data.draw(_records(spec)), data.draw(_records(spec))
+    names = [f.name for f in spec.fields]
+    chosen = data.draw(st.lists(st.sampled_from(names), unique=True))
+    changes = {n: getattr(other, n) for n in chosen}
+    got = records.evolve(rec, **changes)
+    assert got == dataclasses.replace(rec, **changes) and type(got) is type(rec)
+    assert [type(getattr(got, n)) for n in names] == [
+        type(getattr(dataclasses.replace(rec, **changes), n)) for n in names
+    ]
+    with pytest.raises(TypeError, match="no field"):
+        records.evolve(rec, nope=1)
 
 
 def test_unknown_kind_and_bad_enum_are_decode_errors() -> None:
