@@ -243,21 +243,20 @@ class StepAssembler:
         execute: list[Span] = []
         sample: list[Span] = []
         for r in o.records:
-            kind = type(r)
-            if kind is Span:
-                spans.append(r)  # type: ignore[arg-type]
-                if r.phase == Phase.EXECUTE:  # type: ignore[union-attr]
-                    execute.append(r)  # type: ignore[arg-type]
-                elif r.phase == Phase.SAMPLE_TOKENS:  # type: ignore[union-attr]
-                    sample.append(r)  # type: ignore[arg-type]
-            elif kind is Dispatch:
-                dispatches.append(r)  # type: ignore[arg-type]
-            elif kind is Replay:
-                replays.append(r)  # type: ignore[arg-type]
-            elif kind is Build:
-                raw_builds.append(r)  # type: ignore[arg-type]
-            elif kind is Reorder:
-                reorders.append(r)  # type: ignore[arg-type]
+            if isinstance(r, Span):
+                spans.append(r)
+                if r.phase == Phase.EXECUTE:
+                    execute.append(r)
+                elif r.phase == Phase.SAMPLE_TOKENS:
+                    sample.append(r)
+            elif isinstance(r, Dispatch):
+                dispatches.append(r)
+            elif isinstance(r, Replay):
+                replays.append(r)
+            elif isinstance(r, Build):
+                raw_builds.append(r)
+            elif isinstance(r, Reorder):
+                reorders.append(r)
         builds = fill_builds(raw_builds, dispatches) if raw_builds else []
         bracket = execute + sample
         # a step cut by the hooks going on or off may lack its bracket (or every span):
