@@ -133,15 +133,17 @@ class Step:
 
 
 _REQUIRED = object()
+if any(f.default_factory is not MISSING for f in fields(Step)):  # pragma: no cover
+    raise TypeError("Step: new_step fills plain defaults only, not default factories")
 _STEP_TEMPLATE = {f.name: _REQUIRED if f.default is MISSING else f.default for f in fields(Step)}
 _STEP_REQUIRED = frozenset(k for k, v in _STEP_TEMPLATE.items() if v is _REQUIRED)
 
 
 def new_step(**kw: typing.Any) -> Step:
     """``Step(**kw)``, built without the frozen dataclass's ``__init__``, which sets its 32
-    fields one ``object.__setattr__`` at a time (5.3 µs a step, once per step in the
-    reader; this about 1.5). The same fields, defaults and errors for a missing or
-    unknown field; ``tests/test_assemble.py`` compares the two."""
+    fields one ``object.__setattr__`` at a time (once per step in the reader; this takes
+    about half as long). The same fields, defaults and errors for a missing or unknown
+    field; ``tests/test_assemble.py`` compares the two."""
     d = _STEP_TEMPLATE | kw
     if len(d) != len(_STEP_TEMPLATE) or not kw.keys() >= _STEP_REQUIRED:
         bad = sorted((kw.keys() - _STEP_TEMPLATE.keys()) or (_STEP_REQUIRED - kw.keys()))
