@@ -14,6 +14,7 @@ import os
 import selectors
 import socket
 import time
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,7 +112,7 @@ def request_all(
                     out[i] = _reply(paths[i], bytes(buf))
                 sel.unregister(conn)
                 del bufs[i]
-    return [r if r is not None else ControlError("no reply") for r in out]
+    return typing.cast("list[dict[str, Any] | Exception]", out)  # each slot was filled
 
 
 def _reply(path: str | os.PathLike[str], buf: bytes) -> dict[str, Any] | Exception:

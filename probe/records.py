@@ -590,6 +590,11 @@ _DECODERS: dict[int, tuple[type, tuple[Callable[[tuple[int, ...]], Any], ...]]] 
 }
 
 
+_SETTERS: dict[type, tuple[tuple[str, Callable[[Any, Any], None]], ...]] = {
+    s.cls: tuple((f.name, s.cls.__dict__[f.name].__set__) for f in s.fields) for s in SPECS.values()
+}
+
+
 def _kind_decoder(spec: RecordSpec) -> Callable[[tuple[int, ...]], Any]:
     """One function per kind, generated from the same declaration as :func:`_field_decoder`
     (one call per record instead of one per field: the reader's decode cost per step,
@@ -619,18 +624,13 @@ def _kind_decoder(spec: RecordSpec) -> Callable[[tuple[int, ...]], Any]:
         elif f.type is not int:
             env[f"M{j}"] = dict(f.type._value2member_map_)  # type: ignore[attr-defined]
             v = f"M{j}[{v}]"
-        env[f"S{j}"] = cls.__dict__[f.name].__set__
+        env[f"S{j}"] = _SETTERS[cls][j][1]
         lines.append(f"    S{j}(o, {v})")
     lines.append("    return o")
     src = "\n".join(lines) + "\n"
     exec(compile(src, f"<probe.records: {spec.kind.name} decoder>", "exec"), env)
     fn: Callable[[tuple[int, ...]], Any] = env[f"decode_{spec.kind.name.lower()}"]
     return fn
-
-
-_SETTERS: dict[type, tuple[tuple[str, Callable[[Any, Any], None]], ...]] = {
-    s.cls: tuple((f.name, s.cls.__dict__[f.name].__set__) for f in s.fields) for s in SPECS.values()
-}
 
 
 def evolve(rec: Any, **changes: Any) -> Any:
