@@ -18,7 +18,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -136,6 +136,7 @@ class Collector:
         sinks: Iterable[Sink] = (),
         *,
         rings: Iterable[str | Path] = (),
+        ring_fds: Mapping[Path, int] | None = None,
         now_ns: Callable[[], int] | None = None,
         batch: int = 4096,
         assemble_s: float | None = None,
@@ -151,7 +152,12 @@ class Collector:
         :meth:`assemble`, and :meth:`close` finishes it after the engine has been
         detached. A process's spool holds at most ``spool_bytes``; beyond that the
         reader leaves the records in the ring, which drops and counts what does not
-        fit, as it does for any reader that falls behind."""
+        fit, as it does for any reader that falls behind.
+
+        ``ring_fds``: rings of ``rings`` already open (:data:`probe.ring.OPEN_FLAGS`) by
+        path, as ``probe attach`` opens them right after its enable, before it imports
+        this module: each is mapped from its descriptor (a ring unlinked since is read
+        whole all the same); the collector owns them and closes every one."""
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.sinks = list(sinks)
         self.procs: dict[int, ProcessState] = {}
@@ -161,6 +167,7 @@ class Collector:
         self._clock = clock
         self._now = now_ns
         self._explicit = [Path(r) for r in rings]
+        self._fds = {Path(p): fd for p, fd in (ring_fds or {}).items()}
         self.errors: list[str] = []
 
     def discover(self) -> None:
@@ -173,7 +180,7 @@ class Collector:
             if pid in self.procs:
                 continue
             try:
-                reader = RingReader.open(p)
+                reader = RingReader.open(p, fd=self._fds.pop(p, None))
             except (RingFormatError, OSError) as exc:
                 msg = f"{p}: {exc}"
                 if msg not in self.errors:
@@ -349,6 +356,8 @@ class Collector:
                     log.warning("probe: sink %r failed to close: %r", sink, exc)
         for proc in self.procs.values():
             proc.reader.close()
+        while self._fds:  # rings of ring_fds never mapped
+            os.close(self._fds.popitem()[1])
         if fatal is not None:
             raise fatal
 

@@ -99,6 +99,7 @@ __all__ = [
     "HEADER_SIZE",
     "MAGIC",
     "MAX_CAPACITY",
+    "OPEN_FLAGS",
     "VERSION",
     "RingFormatError",
     "RingReader",
@@ -115,6 +116,7 @@ VERSION = 1
 HEADER_SIZE = 128
 DEFAULT_CAPACITY = 1 << 16
 MAX_CAPACITY = 1 << 24  # 1 GiB of slots
+OPEN_FLAGS = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW  # a reader's open (RingReader.open)
 
 _HEAD = struct.Struct("<8sIIIIQQQIIQ")  # the writer's cache line, offsets 0..63
 _U32 = struct.Struct("<I")
@@ -626,11 +628,21 @@ class RingReader:
 
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], *, clock: Callable[[], int] = _boottime_ns
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        clock: Callable[[], int] = _boottime_ns,
+        fd: int | None = None,
     ) -> RingReader:
-        """Map the ring at ``path``; raises :class:`RingFormatError` if it is not one."""
+        """Map the ring at ``path``; raises :class:`RingFormatError` if it is not one.
+
+        ``fd``: the ring at ``path`` already open read-write (:data:`OPEN_FLAGS`), as
+        ``probe attach`` opens it right after its enable; it is mapped from that
+        descriptor, even where the file has been unlinked since, and closed here.
+        """
         p = Path(path)
-        fd = os.open(p, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        if fd is None:
+            fd = os.open(p, OPEN_FLAGS)
         try:
             size = os.fstat(fd).st_size
             if size < HEADER_SIZE:

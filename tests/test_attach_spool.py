@@ -210,6 +210,36 @@ def test_a_full_spool_leaves_records_in_the_ring_which_counts_the_drops(short_tm
     col.close()
 
 
+def test_rings_opened_at_the_enable_are_read_whole_after_their_unlink(
+    short_tmp: Path, stream: list[bytes]
+) -> None:
+    """``probe attach`` opens the rings right after its enable and builds the collector
+    once its modules are imported; a process that reached its deadline meanwhile has
+    unlinked its ring. Mapped from the descriptor, every record is read; a descriptor
+    never mapped is closed with the collector."""
+    from probe.ring import OPEN_FLAGS
+
+    ring_path = short_tmp / "ring-4242.shm"
+    ring = RingWriter.create(ring_path, capacity=4096)
+    fd = os.open(ring_path, OPEN_FLAGS)
+    for r in stream[:2000]:
+        assert ring.write_raw(r)
+    ring.close()
+    assert not ring_path.exists()
+    spare = os.open(short_tmp, os.O_RDONLY)  # a path the collector is not asked to read
+    col = Collector(
+        rings=[ring_path], ring_fds={ring_path: fd, short_tmp / "x": spare}, assemble_s=0.0
+    )
+    assert col.poll() == 2000 and col.errors == []
+    col.assemble()
+    [proc] = col.procs.values()
+    assert proc.pid == 4242 and proc.hello is not None and proc.steps_seen > 100
+    col.close()
+    for closed in (fd, spare):
+        with pytest.raises(OSError):
+            os.fstat(closed)
+
+
 def test_spool_take_splits_blocks_in_order() -> None:
     sp = Spool()
     recs = [bytes([i]) * 64 for i in range(10)]

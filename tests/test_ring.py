@@ -22,6 +22,7 @@ from probe.records import RECORD, RecordKind, payload_records
 from probe.ring import (
     HEADER_SIZE,
     MAGIC,
+    OPEN_FLAGS,
     RingFormatError,
     RingReader,
     RingWriter,
@@ -439,6 +440,33 @@ def test_missing_file_and_existing_path(tmp_path: Path) -> None:
     with RingWriter.create(path, 16), pytest.raises(FileExistsError):
         RingWriter.create(path, 16)
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no temporary files left
+
+
+def test_a_ring_opened_before_it_was_unlinked_is_mapped_from_its_descriptor(
+    tmp_path: Path,
+) -> None:
+    """``probe attach`` opens each ring right after its enable and maps it later; the
+    process may have unlinked it by then (its deadline): the descriptor still reads it
+    whole, and is closed by ``open`` whether the ring is good or not."""
+    path = tmp_path / "ring-1.shm"
+    writer = RingWriter.create(path, 16)
+    fd = os.open(path, OPEN_FLAGS)
+    for seq in range(5):
+        assert writer.write(*fields_for(seq))
+    writer.close()  # unlinks the file
+    assert not path.exists()
+    with RingReader.open(path, fd=fd) as reader:
+        assert [RECORD.unpack(r) for r in reader.read()] == [fields_for(s) for s in range(5)]
+        assert reader.writer_closed and reader.path == path
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    bad = tmp_path / "not-a-ring"
+    bad.write_bytes(b"x" * 64)
+    fd = os.open(bad, OPEN_FLAGS)
+    with pytest.raises(RingFormatError, match="truncated"):
+        RingReader.open(bad, fd=fd)
+    with pytest.raises(OSError):
+        os.fstat(fd)
 
 
 @pytest.mark.parametrize("capacity", [0, -4, 1000, 3, True, 1 << 30])
