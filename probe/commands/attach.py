@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import os
 import signal
 import socket
 import sqlite3
@@ -93,6 +94,8 @@ class Session:
         self.sample_every = sample_every
         self.now_ns = now_ns
         self.enabled: list[Any] = []
+        self.rings: list[Path] = []
+        self.ring_fds: dict[Path, int] = {}  # opened at enable, mapped by the collector
         self.collector: Any = None
         self.failed: str | None = None  # the recording's storage failed (disk full, ...)
         self.left_at_detach = 0  # records read while attached, decoded after detach
@@ -100,9 +103,13 @@ class Session:
 
     def enable(self, duration_s: float | None = None) -> None:
         """Enable every process; with ``duration_s`` each turns its hooks off that long
-        after its own enable (an older server without deadlines is enabled without)."""
-        from probe.collector import Collector
+        after its own enable (an older server without deadlines is enabled without).
+
+        Each process's ring is opened right after; :meth:`collect` reads them. Nothing of
+        the reader (its modules, the collector) is needed before: the duration counts
+        from here, so on a saturated host the reader's start overlaps the attachment."""
         from probe.control import ControlError, request, request_all
+        from probe.ring import OPEN_FLAGS
 
         args: dict[str, Any] = {}
         if duration_s is not None:
@@ -140,12 +147,30 @@ class Session:
             self.disable()
             who, why = failed
             raise UsageError(f"pid {who.pid} ({who.role}): {why}") from None
+        # open the rings now: at its deadline a process unlinks its ring, which a reader
+        # that has it open still maps and drains, however late it runs (one that cannot
+        # be opened here is tried again, and reported, by the collector)
+        self.rings = rings
+        for path in rings:
+            with contextlib.suppress(OSError):
+                self.ring_fds[path] = os.open(path, OPEN_FLAGS)
+
+    def collect(self, sinks: Sequence[Any] = ()) -> None:
+        """Start reading the rings opened at :meth:`enable` into ``sinks`` (after the
+        constructor's): each process's records since its enable are there."""
+        from probe.collector import Collector
+
+        self.sinks += sinks
+        fds, self.ring_fds = self.ring_fds, {}
         # drain every poll, assemble in slices: a busy host never makes the rings overflow
         self.collector = Collector(
-            None, self.sinks, rings=rings, now_ns=self.now_ns, assemble_s=ASSEMBLE_SLICE_S
+            None,
+            self.sinks,
+            rings=self.rings,
+            ring_fds=fds,
+            now_ns=self.now_ns,
+            assemble_s=ASSEMBLE_SLICE_S,
         )
-        # map the rings now: at its deadline a process unlinks its ring, which a reader
-        # that has it mapped still drains, however late it runs
         self.collector.discover()
 
     def alive(self) -> list[Any]:
@@ -166,9 +191,10 @@ class Session:
         return problems
 
     def close(self) -> list[str]:
-        import sqlite3
-
+        """Disable every process, then finish reading and close the sinks."""
         problems = self.disable()
+        while self.ring_fds:  # enabled, never collected
+            os.close(self.ring_fds.popitem()[1])
         if self.collector is not None:
             t0 = time.monotonic()
             col = self.collector
@@ -184,8 +210,14 @@ class Session:
 def run_session(
     args: argparse.Namespace, *, title: str, live_default: bool, console: Any = None
 ) -> int:
+    """``attach`` and ``top``: check, discover, enable, read until the end, disable.
+
+    Before the enable only what can refuse the command line runs (a mistake is one line,
+    and no process was touched); the reader's modules, its statistics and the recording
+    come after, while the hooks record into the rings: on a saturated host the reader
+    waits for a CPU far longer than it works, and the duration counts from the enable.
+    """
     from probe.commands.ps import discover, run_dir
-    from probe.live import LiveStats, plain_lines, render
 
     procs = [a for a in discover(args) if not a.error]
     if not procs:
@@ -210,44 +242,29 @@ def run_session(
             raise UsageError(
                 f"--hooks: unknown hook families {unknown}; known: {', '.join(hook_table.FAMILIES)}"
             )
-    sinks: list[Any] = []
     sample = sample_every_arg(args)
-    stats = LiveStats(roles={a.pid: a.role for a in procs}, sample_every=sample)
-    sinks.append(stats)
-    writer = None
+    rdir = run_dir(args)
     record = getattr(args, "record", None)
+    out = None
     if record:
-        from probe.collector import RecordingSink
         from probe.output import check_target, new_file_in_place
-        from probe.recording import RecordingWriter
 
         out = check_target(record, force=args.force, flag="--record")
         if out is None:
             raise UsageError("attach: --record -: a recording is a file, not standard output")
         new_file_in_place(out)
-        try:
-            writer = RecordingWriter(out)
-        except (OSError, sqlite3.Error) as exc:
-            out.unlink(missing_ok=True)
-            raise RuntimeFailure(
-                f"attach: cannot write {out}: {' '.join(str(exc).split())}"
-            ) from None
-        writer.set_meta(
-            command=["probe", *sys.argv[1:]],
-            host=socket.gethostname(),
-            attached=[{"pid": a.pid, "role": a.role} for a in procs],
-            sample_every=sample,
-            started_epoch_ns=time.time_ns(),
-            reader_share=sharing.SHARE,
-        )
-        sinks.append(RecordingSink(writer))
-    if getattr(args, "prometheus", None):
-        sinks.append(exporter_sink("prometheus", "--prometheus", args.prometheus))
-    if getattr(args, "otlp", None):
-        sinks.append(exporter_sink("otlp", "--otlp", args.otlp))
+    exporters: list[Any] = []
+    try:
+        if getattr(args, "prometheus", None):
+            exporters.append(exporter_sink("prometheus", "--prometheus", args.prometheus))
+        if getattr(args, "otlp", None):
+            exporters.append(exporter_sink("otlp", "--otlp", args.otlp))
+    except BaseException:
+        _discard(out)
+        raise
 
     gpu: bool | int | None = False if getattr(args, "no_gpu_timing", False) else None
-    session = Session(procs, run_dir(args), sinks, gpu_timing=gpu, hooks=hooks, sample_every=sample)
+    session = Session(procs, rdir, [], gpu_timing=gpu, hooks=hooks, sample_every=sample)
     err = sys.stderr
     stop = {"why": ""}
 
@@ -256,20 +273,48 @@ def run_session(
 
     old_int = signal.signal(signal.SIGINT, on_signal)
     old_term = signal.signal(signal.SIGTERM, on_signal)
-    if console is None and live_default and not args.no_live:  # rich only for a live view
-        from rich.console import Console
-
-        console = Console()
-    live_on = live_default and not args.no_live and console is not None and console.is_terminal
+    started_epoch_ns = time.time_ns()
     t_end: float | None = None
+    writer = None
     try:
-        session.enable(duration_s=args.duration)
+        try:
+            session.enable(duration_s=args.duration)
+        except BaseException:
+            _discard(out)
+            raise
         t_end = time.monotonic() + args.duration if args.duration else None
         print(
             f"probe: attached to {len(procs)} process(es): "
             + ", ".join(f"{a.pid} {a.role}" for a in procs),
             file=err,
         )
+        try:  # what fails from here on is reported after every process was disabled
+            from probe.collector import RecordingSink
+            from probe.live import LiveStats, plain_lines, render
+
+            stats = LiveStats(roles={a.pid: a.role for a in procs}, sample_every=sample)
+            sinks: list[Any] = [stats]
+            if out is not None:
+                writer = _open_recording(out)
+                writer.set_meta(
+                    command=["probe", *sys.argv[1:]],
+                    host=socket.gethostname(),
+                    attached=[{"pid": a.pid, "role": a.role} for a in procs],
+                    sample_every=sample,
+                    started_epoch_ns=started_epoch_ns,
+                    reader_share=sharing.SHARE,
+                )
+                sinks.append(RecordingSink(writer))
+            session.collect([*sinks, *exporters])
+        except BaseException:
+            _discard(out, writer)
+            writer = None
+            raise
+        if console is None and live_default and not args.no_live:  # rich only for a live view
+            from rich.console import Console
+
+            console = Console()
+        live_on = live_default and not args.no_live and console is not None and console.is_terminal
         live = None
         if live_on:
             from rich.live import Live
@@ -335,6 +380,28 @@ def run_session(
         )
         return 1
     return 0
+
+
+def _open_recording(out: Path) -> Any:
+    """The recording's writer on ``out`` (made by ``new_file_in_place``), or the one-line
+    RuntimeFailure of a storage that refuses it."""
+    from probe.recording import RecordingWriter
+
+    try:
+        return RecordingWriter(out)
+    except (OSError, sqlite3.Error) as exc:
+        raise RuntimeFailure(f"attach: cannot write {out}: {' '.join(str(exc).split())}") from None
+
+
+def _discard(out: Path | None, writer: Any = None) -> None:
+    """Remove the recording ``out`` of a start that failed (and its ``-wal``/``-shm``):
+    nothing partial is left."""
+    if writer is not None:
+        with contextlib.suppress(sqlite3.Error):
+            writer.db.close()
+    if out is not None:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{out}{suffix}").unlink(missing_ok=True)
 
 
 def add_sample_arg(p: argparse.ArgumentParser) -> None:
