@@ -154,10 +154,11 @@ class Collector:
         reader leaves the records in the ring, which drops and counts what does not
         fit, as it does for any reader that falls behind.
 
-        ``ring_fds``: rings of ``rings`` already open (:data:`probe.ring.OPEN_FLAGS`) by
-        path, as ``probe attach`` opens them right after its enable, before it imports
-        this module: each is mapped from its descriptor (a ring unlinked since is read
-        whole all the same); the collector owns them and closes every one."""
+        ``ring_fds``: rings of ``rings`` already open, by path
+        (:data:`probe.ring_dir.OPEN_FLAGS`), as ``probe attach`` opens them right after
+        its enable, before it imports this module: each is mapped from its descriptor
+        (a ring unlinked since is read whole all the same); the collector owns them and
+        closes every one."""
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.sinks = list(sinks)
         self.procs: dict[int, ProcessState] = {}

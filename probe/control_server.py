@@ -265,7 +265,7 @@ class ControlServer:
         live_silence_s: float = LIVE_READER_SILENCE_S,
         watchdog_thread: bool = True,
     ) -> None:
-        from probe.ring import check_ring_dir
+        from probe.ring_dir import check_ring_dir
 
         self.run_dir = check_ring_dir(run_dir)
         self.environ = dict(os.environ if environ is None else environ)
@@ -673,7 +673,7 @@ def run_dir(
     each with a warning that names the unsafe directory. :func:`candidate_run_dirs` lists
     the same places for readers.
     """
-    from probe.ring import UnsafeRingDirError, check_ring_dir, default_ring_dir
+    from probe.ring_dir import UnsafeRingDirError, check_ring_dir, default_ring_dir
 
     env = os.environ if environ is None else environ
     if env.get(config.RUN_DIR.name):
@@ -707,7 +707,7 @@ def _private_tmp_dirs(tmp_root: str | None = None) -> list[Path]:
     """Our earlier private fallback folders (safe ones only), oldest first."""
     import tempfile
 
-    from probe.ring import UnsafeRingDirError, check_ring_dir
+    from probe.ring_dir import UnsafeRingDirError, check_ring_dir
 
     root = Path(tmp_root if tmp_root is not None else tempfile.gettempdir())
     out = []
@@ -720,7 +720,7 @@ def _private_tmp_dirs(tmp_root: str | None = None) -> list[Path]:
 
 def candidate_run_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
     """Every safe place a server of this user may have put its socket (for readers)."""
-    from probe.ring import UnsafeRingDirError, check_ring_dir, default_ring_dir
+    from probe.ring_dir import UnsafeRingDirError, check_ring_dir, default_ring_dir
 
     env = os.environ if environ is None else environ
     out: list[Path] = []

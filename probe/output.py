@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
-import shutil
 import stat
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -90,7 +87,13 @@ def check_target(path: str | os.PathLike[str], *, force: bool, flag: str) -> Pat
     return p
 
 
+# secrets, shutil and tempfile are imported where used: ``probe attach`` checks its
+# --record target before its enable, and every import there delays the attachment
+
+
 def _tmp_name(target: Path) -> Path:
+    import secrets
+
     return target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
 
 
@@ -124,6 +127,8 @@ def write_to(target: Path | None) -> Iterator[BinaryIO]:
     """A binary file whose bytes become ``target`` (``None``: stdout) when the block ends
     without an exception; on any failure nothing of it is left."""
     if target is None:
+        import tempfile
+
         with tempfile.TemporaryFile() as buf:
             yield buf  # type: ignore[misc]
             buf.seek(0)
@@ -158,6 +163,9 @@ def path_for(target: Path | None) -> Iterator[Path]:
     writer opens it, so the writer opens our own regular file, never a planted link.
     """
     if target is None:
+        import shutil
+        import tempfile
+
         d = Path(tempfile.mkdtemp(prefix="probe-out-"))
         try:
             tmp = d / "out"
@@ -199,6 +207,8 @@ def write_bytes(target: Path | None, data: bytes) -> None:
 
 
 def _copy_to_stdout(src: BinaryIO) -> None:
+    import shutil
+
     out = sys.stdout.buffer
     try:
         sys.stdout.flush()

@@ -31,7 +31,7 @@ RING_SUFFIX = ".shm"
 
 
 def ring_path_for(pid: int, environ: Mapping[str, str] | None = None) -> str:
-    from probe.ring import default_ring_dir
+    from probe.ring_dir import default_ring_dir
 
     env = os.environ if environ is None else environ
     run_dir = config.get(config.RUN_DIR, env)

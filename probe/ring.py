@@ -80,19 +80,19 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import stat
 import struct
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
 from probe import accel
 from probe.records import RECORD, RECORD_SIZE
+from probe.ring_dir import OPEN_FLAGS, UnsafeRingDirError, check_ring_dir, default_ring_dir
 
 __all__ = [
     "DEFAULT_CAPACITY",
@@ -116,7 +116,6 @@ VERSION = 1
 HEADER_SIZE = 128
 DEFAULT_CAPACITY = 1 << 16
 MAX_CAPACITY = 1 << 24  # 1 GiB of slots
-OPEN_FLAGS = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW  # a reader's open (RingReader.open)
 
 _HEAD = struct.Struct("<8sIIIIQQQIIQ")  # the writer's cache line, offsets 0..63
 _U32 = struct.Struct("<I")
@@ -153,68 +152,6 @@ class RingFormatError(ValueError):
         super().__init__(f"{os.fspath(path)}: {problem}")
         self.path = os.fspath(path)
         self.problem = problem
-
-
-class UnsafeRingDirError(PermissionError):
-    """A ring directory that another user could write to or that we do not own."""
-
-    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
-        super().__init__(f"unsafe ring directory {os.fspath(path)}: {problem}")
-        self.path = os.fspath(path)
-        self.problem = problem
-
-
-def check_ring_dir(path: str | os.PathLike[str]) -> Path:
-    """Check that ``path`` is a real directory owned by us and writable by nobody else.
-
-    Raises :class:`UnsafeRingDirError` otherwise (``FileNotFoundError`` if it is missing).
-    """
-    p = Path(path)
-    st = os.lstat(p)
-    if stat.S_ISLNK(st.st_mode):
-        raise UnsafeRingDirError(p, "is a symbolic link")
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafeRingDirError(p, "is not a directory")
-    uid = os.getuid()
-    if st.st_uid != uid:
-        raise UnsafeRingDirError(p, f"owned by uid {st.st_uid}, not by this uid {uid}")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafeRingDirError(
-            p, f"mode {stat.S_IMODE(st.st_mode):#o} is group/world-writable (want 0o700)"
-        )
-    return p
-
-
-def default_ring_dir(
-    *,
-    environ: Mapping[str, str] | None = None,
-    shm_root: str | os.PathLike[str] = "/dev/shm",
-    tmp_root: str | os.PathLike[str] | None = None,
-) -> Path:
-    """The directory rings live in, created (mode 0o700) and checked.
-
-    ``$PROBE_RUN_DIR`` if set; else ``<shm_root>/vllm-graph-probe-<uid>`` when
-    ``shm_root`` exists; else ``<tmp_root or tempfile.gettempdir()>/vllm-graph-probe-<uid>``.
-    Raises :class:`UnsafeRingDirError` (a ``PermissionError``) when the directory is not
-    ours or is group/world-writable.
-    """
-    env = os.environ if environ is None else environ
-    explicit = env.get("PROBE_RUN_DIR")
-    name = f"vllm-graph-probe-{os.getuid()}"
-    if explicit:
-        d = Path(explicit).resolve()
-    elif Path(shm_root).is_dir():
-        d = Path(shm_root) / name
-    else:
-        import tempfile  # the fallback only: not in every reader's start
-
-        d = Path(tmp_root if tmp_root is not None else tempfile.gettempdir()) / name
-    try:
-        os.makedirs(d, mode=0o700)
-        os.chmod(d, 0o700)  # makedirs' mode is filtered by the umask
-    except FileExistsError:
-        pass
-    return check_ring_dir(d)
 
 
 class WriteFn(Protocol):

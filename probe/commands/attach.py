@@ -109,7 +109,7 @@ class Session:
         the reader (its modules, the collector) is needed before: the duration counts
         from here, so on a saturated host the reader's start overlaps the attachment."""
         from probe.control import ControlError, request, request_all
-        from probe.ring import OPEN_FLAGS
+        from probe.ring_dir import OPEN_FLAGS
 
         args: dict[str, Any] = {}
         if duration_s is not None:

@@ -17,11 +17,11 @@ from probe.errors import UsageError
 
 
 def run_dir(args: argparse.Namespace) -> Path:
-    from probe.ring import UnsafeRingDirError, default_ring_dir
+    from probe.ring_dir import UnsafeRingDirError, default_ring_dir
 
     try:
         if getattr(args, "run_dir", None):
-            from probe.ring import check_ring_dir
+            from probe.ring_dir import check_ring_dir
 
             return check_ring_dir(args.run_dir)
         return default_ring_dir()

@@ -79,7 +79,7 @@ def session_parent(run_dir: str | None, who: str) -> Path | None:
     """``--run-dir``, checked: an existing directory of ours (or one we can create)."""
     if run_dir is None:
         return None
-    from probe.ring import UnsafeRingDirError, check_ring_dir
+    from probe.ring_dir import UnsafeRingDirError, check_ring_dir
 
     p = Path(run_dir)
     if not p.exists():

@@ -1,0 +1,82 @@
+"""Where rings live and how a reader opens one: the part of :mod:`probe.ring` a reader's
+start needs (``probe ps``, ``attach``, ``top`` find the run directory and open the rings
+before they import the ring's code, its records and the compiled hot path).
+
+    >>> d = default_ring_dir()  # $PROBE_RUN_DIR or /dev/shm/..., checked  # doctest: +SKIP
+    >>> fd = os.open(d / "ring-4242.shm", OPEN_FLAGS)                   # doctest: +SKIP
+
+:mod:`probe.ring` exports the same names.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+__all__ = ["OPEN_FLAGS", "UnsafeRingDirError", "check_ring_dir", "default_ring_dir"]
+
+OPEN_FLAGS = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW  # a reader's open (RingReader.open)
+
+
+class UnsafeRingDirError(PermissionError):
+    """A ring directory that another user could write to or that we do not own."""
+
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
+        super().__init__(f"unsafe ring directory {os.fspath(path)}: {problem}")
+        self.path = os.fspath(path)
+        self.problem = problem
+
+
+def check_ring_dir(path: str | os.PathLike[str]) -> Path:
+    """Check that ``path`` is a real directory owned by us and writable by nobody else.
+
+    Raises :class:`UnsafeRingDirError` otherwise (``FileNotFoundError`` if it is missing).
+    """
+    p = Path(path)
+    st = os.lstat(p)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeRingDirError(p, "is a symbolic link")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeRingDirError(p, "is not a directory")
+    uid = os.getuid()
+    if st.st_uid != uid:
+        raise UnsafeRingDirError(p, f"owned by uid {st.st_uid}, not by this uid {uid}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeRingDirError(
+            p, f"mode {stat.S_IMODE(st.st_mode):#o} is group/world-writable (want 0o700)"
+        )
+    return p
+
+
+def default_ring_dir(
+    *,
+    environ: Mapping[str, str] | None = None,
+    shm_root: str | os.PathLike[str] = "/dev/shm",
+    tmp_root: str | os.PathLike[str] | None = None,
+) -> Path:
+    """The directory rings live in, created (mode 0o700) and checked.
+
+    ``$PROBE_RUN_DIR`` if set; else ``<shm_root>/vllm-graph-probe-<uid>`` when
+    ``shm_root`` exists; else ``<tmp_root or tempfile.gettempdir()>/vllm-graph-probe-<uid>``.
+    Raises :class:`UnsafeRingDirError` (a ``PermissionError``) when the directory is not
+    ours or is group/world-writable.
+    """
+    env = os.environ if environ is None else environ
+    explicit = env.get("PROBE_RUN_DIR")
+    name = f"vllm-graph-probe-{os.getuid()}"
+    if explicit:
+        d = Path(explicit).resolve()
+    elif Path(shm_root).is_dir():
+        d = Path(shm_root) / name
+    else:
+        import tempfile  # the fallback only: not in every reader's start
+
+        d = Path(tmp_root if tmp_root is not None else tempfile.gettempdir()) / name
+    try:
+        os.makedirs(d, mode=0o700)
+        os.chmod(d, 0o700)  # makedirs' mode is filtered by the umask
+    except FileExistsError:
+        pass
+    return check_ring_dir(d)
