@@ -44,7 +44,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
-import logging
 import os
 import re
 import socket
@@ -54,12 +53,23 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probe import config
 from probe.identity import cmdline, model_from_argv, ranks_of, role_from, stack_modules
+from probe.ring_dir import candidate_run_dirs  # for readers; re-exported from here
 
-log = logging.getLogger("probe")
+if TYPE_CHECKING:
+    import logging
+
+
+def _log() -> logging.Logger:
+    """The "probe" logger. ``logging`` is imported when something is logged: the readers
+    import this module for the protocol, and ``probe attach`` before its enable."""
+    import logging
+
+    return logging.getLogger("probe")
+
 
 PROTOCOL = 1
 MAX_LINE = 64 * 1024
@@ -374,7 +384,7 @@ class ControlServer:
         try:
             self._handle_conn(conn)
         except Exception as exc:  # a bad client never takes a thread down with it
-            log.debug("probe control: connection failed: %r", exc)
+            _log().debug("probe control: connection failed: %r", exc)
         finally:
             conn.close()
             self._clients.release()
@@ -463,7 +473,7 @@ class ControlServer:
         except ControlError as exc:
             return {"ok": False, "error": str(exc)}
         except Exception as exc:
-            log.warning("probe control: %s failed: %r", cmd, exc)
+            _log().warning("probe control: %s failed: %r", cmd, exc)
             return {"ok": False, "error": f"{cmd} failed: {exc!r}"}
         return {"ok": True, **out}
 
@@ -557,7 +567,7 @@ class ControlServer:
         self.enabled_at_ns = self.clock_ns()
         self.deadline_ns = None if duration is None else self.enabled_at_ns + int(duration * 1e9)
         self._wake.set()
-        log.info("vllm-graph-probe: enabled by pid %d, ring %s", peer_pid, ring)
+        _log().info("vllm-graph-probe: enabled by pid %d, ring %s", peer_pid, ring)
         return {"ring": ring.name}
 
     def cmd_disable(self, req: Mapping[str, Any], peer_pid: int) -> dict[str, Any]:
@@ -611,11 +621,11 @@ class ControlServer:
                 self._disable(f"watchdog: reader pid {self.attached_by} gone or silent", "watchdog")
                 return True
         except Exception as exc:
-            log.warning("probe control: watchdog failed: %r", exc)
+            _log().warning("probe control: watchdog failed: %r", exc)
             return False
 
     def _disable(self, why: str, reason: str) -> None:
-        log.info("vllm-graph-probe: disabled (%s)", why)
+        _log().info("vllm-graph-probe: disabled (%s)", why)
         try:
             self.host.disable()
         finally:
@@ -655,9 +665,6 @@ def start_server(environ: Mapping[str, str] | None = None) -> ControlServer | No
     return server
 
 
-FALLBACK_PREFIX = "vllm-graph-probe-"
-
-
 def run_dir(
     environ: Mapping[str, str] | None = None,
     *,
@@ -670,10 +677,16 @@ def run_dir(
     shared default (:func:`probe.ring.default_ring_dir`); when that one is not safe
     (another user created it, it is group-writable, a link), ``$XDG_RUNTIME_DIR``'s
     ``vllm-graph-probe``, then a private temporary folder ``vllm-graph-probe-<uid>-*``,
-    each with a warning that names the unsafe directory. :func:`candidate_run_dirs` lists
-    the same places for readers.
+    each with a warning that names the unsafe directory.
+    :func:`probe.ring_dir.candidate_run_dirs` lists the same places for readers.
     """
-    from probe.ring_dir import UnsafeRingDirError, check_ring_dir, default_ring_dir
+    from probe.ring_dir import (
+        FALLBACK_PREFIX,
+        UnsafeRingDirError,
+        check_ring_dir,
+        default_ring_dir,
+        private_tmp_dirs,
+    )
 
     env = os.environ if environ is None else environ
     if env.get(config.RUN_DIR.name):
@@ -689,51 +702,18 @@ def run_dir(
             with contextlib.suppress(FileExistsError):
                 os.mkdir(d, 0o700)
             chosen = check_ring_dir(d)
-            log.warning("vllm-graph-probe: %s; using %s instead", unsafe, chosen)
+            _log().warning("vllm-graph-probe: %s; using %s instead", unsafe, chosen)
             return chosen
         except OSError:
             pass
-    for d in _private_tmp_dirs(tmp_root):
-        log.warning("vllm-graph-probe: %s; using %s instead", unsafe, d)
+    for d in private_tmp_dirs(tmp_root):
+        _log().warning("vllm-graph-probe: %s; using %s instead", unsafe, d)
         return d
     import tempfile
 
     d = Path(tempfile.mkdtemp(prefix=f"{FALLBACK_PREFIX}{os.getuid()}-", dir=tmp_root))
-    log.warning("vllm-graph-probe: %s; using the private folder %s instead", unsafe, d)
+    _log().warning("vllm-graph-probe: %s; using the private folder %s instead", unsafe, d)
     return d
-
-
-def _private_tmp_dirs(tmp_root: str | None = None) -> list[Path]:
-    """Our earlier private fallback folders (safe ones only), oldest first."""
-    import tempfile
-
-    from probe.ring_dir import UnsafeRingDirError, check_ring_dir
-
-    root = Path(tmp_root if tmp_root is not None else tempfile.gettempdir())
-    out = []
-    with contextlib.suppress(OSError):
-        for d in sorted(root.glob(f"{FALLBACK_PREFIX}{os.getuid()}-*")):
-            with contextlib.suppress(UnsafeRingDirError, OSError):
-                out.append(check_ring_dir(d))
-    return out
-
-
-def candidate_run_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
-    """Every safe place a server of this user may have put its socket (for readers)."""
-    from probe.ring_dir import UnsafeRingDirError, check_ring_dir, default_ring_dir
-
-    env = os.environ if environ is None else environ
-    out: list[Path] = []
-    with contextlib.suppress(UnsafeRingDirError, OSError):
-        out.append(default_ring_dir(environ=env))
-    if env.get(config.RUN_DIR.name):
-        return out
-    xdg = env.get("XDG_RUNTIME_DIR")
-    if xdg and os.path.isabs(xdg):
-        with contextlib.suppress(UnsafeRingDirError, OSError):
-            out.append(check_ring_dir(Path(xdg) / "vllm-graph-probe"))
-    out += _private_tmp_dirs()
-    return out
 
 
 def sweep_dead_sockets(d: Path) -> int:

@@ -10,14 +10,26 @@ before they import the ring's code, its records and the compiled hot path).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["OPEN_FLAGS", "UnsafeRingDirError", "check_ring_dir", "default_ring_dir"]
+from probe import config
+
+__all__ = [
+    "FALLBACK_PREFIX",
+    "OPEN_FLAGS",
+    "UnsafeRingDirError",
+    "candidate_run_dirs",
+    "check_ring_dir",
+    "default_ring_dir",
+    "private_tmp_dirs",
+]
 
 OPEN_FLAGS = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW  # a reader's open (RingReader.open)
+FALLBACK_PREFIX = "vllm-graph-probe-"  # a server's private folder: <prefix><uid>-*
 
 
 class UnsafeRingDirError(PermissionError):
@@ -80,3 +92,33 @@ def default_ring_dir(
     except FileExistsError:
         pass
     return check_ring_dir(d)
+
+
+def private_tmp_dirs(tmp_root: str | None = None) -> list[Path]:
+    """Our earlier private fallback folders (safe ones only), oldest first
+    (:func:`probe.control_server.run_dir`)."""
+    import tempfile
+
+    root = Path(tmp_root if tmp_root is not None else tempfile.gettempdir())
+    out = []
+    with contextlib.suppress(OSError):
+        for d in sorted(root.glob(f"{FALLBACK_PREFIX}{os.getuid()}-*")):
+            with contextlib.suppress(UnsafeRingDirError, OSError):
+                out.append(check_ring_dir(d))
+    return out
+
+
+def candidate_run_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """Every safe place a server of this user may have put its socket (for readers)."""
+    env = os.environ if environ is None else environ
+    out: list[Path] = []
+    with contextlib.suppress(UnsafeRingDirError, OSError):
+        out.append(default_ring_dir(environ=env))
+    if env.get(config.RUN_DIR.name):
+        return out
+    xdg = env.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg):
+        with contextlib.suppress(UnsafeRingDirError, OSError):
+            out.append(check_ring_dir(Path(xdg) / "vllm-graph-probe"))
+    out += private_tmp_dirs()
+    return out

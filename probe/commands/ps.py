@@ -34,7 +34,7 @@ def run_dirs(args: argparse.Namespace) -> list[Path]:
     shared default and the fallbacks a server uses when that one is not safe)."""
     if getattr(args, "run_dir", None):
         return [run_dir(args)]
-    from probe.control_server import candidate_run_dirs
+    from probe.ring_dir import candidate_run_dirs
 
     return candidate_run_dirs() or [run_dir(args)]
 
