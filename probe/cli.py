@@ -109,15 +109,21 @@ def _add_command_modules(sub: Any, argv: Sequence[str] | None = None) -> None:
     :class:`UsageError` for user mistakes.
     """
     import importlib
+    import importlib.util
+
+    first = argv[0] if argv else ""
+    if first.isidentifier() and not first.startswith("_"):
+        # looked up, not listed: pkgutil's listing imports inspect (5 ms of attach's start)
+        spec = importlib.util.find_spec(f"probe.commands.{first}")
+        if spec is not None and spec.origin is not None:  # a module, not a stray folder
+            importlib.import_module(spec.name).add_parser(sub)
+            return
     import pkgutil
 
     from probe import commands
 
     names = sorted(m.name for m in pkgutil.iter_modules(commands.__path__))
-    names = [n for n in names if not n.startswith("_")]
-    if argv and argv[0] in names:
-        names = [argv[0]]
-    for name in names:
+    for name in [n for n in names if not n.startswith("_")]:
         importlib.import_module(f"probe.commands.{name}").add_parser(sub)
 
 

@@ -15,7 +15,6 @@ import os
 import socket
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,14 +26,31 @@ class DiscoveryError(LookupError):
     """A --url or --pid that leads to no process; the message says why."""
 
 
-@dataclass
 class Armed:
-    """One process with a control socket, and what it said to ``status``."""
+    """One process with a control socket, and what it said to ``status``.
 
-    pid: int
-    socket: Path
-    status: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
+    Not a dataclass, as :class:`probe.config.EnvVar` is not: ``probe attach`` discovers
+    before its enable, and ``dataclasses`` would be most of this module's import."""
+
+    __slots__ = ("error", "pid", "socket", "status")
+
+    def __init__(
+        self,
+        pid: int,
+        socket: Path,
+        status: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> None:
+        self.pid = pid
+        self.socket = socket
+        self.status: dict[str, Any] = {} if status is None else status
+        self.error = error
+
+    def __repr__(self) -> str:
+        return (
+            f"Armed(pid={self.pid!r}, socket={self.socket!r}, status={self.status!r}, "
+            f"error={self.error!r})"
+        )
 
     @property
     def role(self) -> str:
