@@ -27,7 +27,16 @@ from probe.control import request
 from probe.control_server import ControlServer
 
 ROOT = Path(__file__).resolve().parents[1]
-READER = ("probe.collector", "probe.assemble", "probe.live", "probe.recording")
+# not imported before the enable: the reader, and the ring's code (its records, the
+# compiled hot path): the rings are opened with os.open (probe.ring_dir.OPEN_FLAGS)
+READER = (
+    "probe.collector",
+    "probe.assemble",
+    "probe.live",
+    "probe.recording",
+    "probe.ring",
+    "probe.records",
+)
 
 
 @pytest.fixture
