@@ -131,6 +131,25 @@ def test_a_recording_that_cannot_be_made_after_the_enable_disables_and_leaves_no
     assert sorted(p.name for p in run_dir.iterdir()) == [server.path.name]  # no ring either
 
 
+def test_a_fault_after_the_recording_was_opened_closes_and_removes_it(
+    server: ControlServer, run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from probe import cli
+    from probe.commands import attach
+    from probe.runtime import RT
+
+    def broken(self: attach.Session, sinks: object = ()) -> None:
+        raise RuntimeError("a bug of the reader")
+
+    monkeypatch.setattr(attach.Session, "collect", broken)
+    rec = run_dir / "a.probe.db"
+    argv = ["attach", "--run-dir", str(run_dir), "--duration", "5", "--no-live"]
+    with pytest.raises(RuntimeError, match="a bug of the reader"):
+        cli.main([*argv, "--record", str(rec)])
+    assert not RT.enabled and server.attached_by is None
+    assert sorted(p.name for p in run_dir.iterdir()) == [server.path.name]
+
+
 def test_an_enable_refused_leaves_no_recording(
     run_dir: Path, clean_probe: None, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -397,8 +397,8 @@ def _discard(out: Path | None, writer: Any = None) -> None:
     """Remove the recording ``out`` of a start that failed (and its ``-wal``/``-shm``):
     nothing partial is left."""
     if writer is not None:
-        with contextlib.suppress(sqlite3.Error):
-            writer.db.close()
+        with contextlib.suppress(sqlite3.Error, OSError):
+            writer.close()
     if out is not None:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{out}{suffix}").unlink(missing_ok=True)
