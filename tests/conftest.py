@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,16 @@ def clean_probe() -> Iterator[None]:
     if hooks.INSTALLER.hooks:
         hooks.INSTALLER.uninstall()
     RT.reset()
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    """A private run directory (0o700) with a short path: a Unix socket's path must fit in
+    108 bytes, which pytest's ``tmp_path`` may not."""
+    d = Path(tempfile.mkdtemp(prefix="pr-", dir="/tmp"))
+    os.chmod(d, 0o700)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,14 +35,6 @@ READER = (
     "probe.ring",
     "probe.records",
 )
-
-
-@pytest.fixture
-def run_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="pe-", dir="/tmp"))  # a socket path fits in 108 bytes
-    os.chmod(d, 0o700)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -9,12 +9,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,15 +24,6 @@ from probe.control import request
 from probe.control_server import ControlError, ControlServer, PeerRefused, check_peer, peer_cred
 from probe.records import Decoder, Hello
 from probe.ring import RingReader
-
-
-@pytest.fixture
-def run_dir() -> Iterator[Path]:
-    # short: a Unix socket path must fit in 108 bytes
-    d = Path(tempfile.mkdtemp(prefix="pc-", dir="/tmp"))
-    os.chmod(d, 0o700)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 class Clock:

@@ -11,13 +11,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,14 +24,6 @@ import pytest
 from probe import discover
 from probe.control import request, request_all
 from probe.control_server import ControlError, ControlServer
-
-
-@pytest.fixture
-def run_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="pm-", dir="/tmp"))  # a socket path fits in 108 bytes
-    os.chmod(d, 0o700)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def serve(path: Path, answer: Callable[[dict[str, object]], bytes | None]) -> threading.Thread:

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -202,14 +199,6 @@ def test_an_empty_view_says_it_waits() -> None:
 
 
 # -- discovery ---------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def run_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="pd-", dir="/tmp"))
-    os.chmod(d, 0o700)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_port_and_listening_pid_and_tree() -> None:
