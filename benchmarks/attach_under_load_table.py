@@ -3,15 +3,17 @@
     python benchmarks/attach_under_load_table.py RESULT.json [RESULT.json ...]
 
 One row per setting (the attach's session, ``--session-nice``, nice and autogroup nice, the
-tree) and duration: the walls in run order, how many within D + 2 s, the start and finish
-ranges, the server's completions per second while attached, the hooks' lateness at the
-deadline, the recorded spans and the engine's CPU launch overhead meanwhile (its median
-and 99th percentile per run, where recorded).
+tree) and duration: the walls in run order, how many within D + 2 s, the medians of the
+wall, the start and the finish, the start and finish ranges, the server's completions per
+second while attached, the hooks' lateness at the deadline, the recorded spans and the
+engine's CPU launch overhead meanwhile (its median and 99th percentile per run, where
+recorded).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -40,14 +42,22 @@ def span(values: list[float], digits: int = 2) -> str:
     return f"{min(values):.{digits}f}-{max(values):.{digits}f}" if values else "-"
 
 
+def medians(runs: list[dict[str, Any]]) -> str:
+    """The median wall, start and finish of ``runs`` (seconds), ``-`` without runs."""
+    if not runs:
+        return "-"
+    keys = ("wall_s", "startup_s", "finish_s")
+    return " / ".join(f"{statistics.median(r[k] for r in runs):.2f}" for k in keys)
+
+
 def table(runs: list[dict[str, Any]]) -> list[str]:
     rows: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
     for r in runs:
         rows[(setting(r), float(r["duration_s"]))].append(r)
     out = [
-        "| setting (as measured) | D | walls s | ≤ D + 2 | start s | finish s | req/s | "
-        "hooks off late ms | span s | engine launch p50 / p99 µs |",
-        "|---|---:|---|---:|---|---|---|---|---|---|",
+        "| setting (as measured) | D | walls s | ≤ D + 2 | median wall / start / finish s | "
+        "start s | finish s | req/s | hooks off late ms | span s | engine launch p50 / p99 µs |",
+        "|---|---:|---|---:|---|---|---|---|---|---|---|",
     ]
     for (name, d), rs in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         ok = [r for r in rs if r.get("rc") == 0 and "startup_s" in r]
@@ -55,7 +65,7 @@ def table(runs: list[dict[str, Any]]) -> list[str]:
         within = sum(1 for r in ok if r["wall_s"] <= d + 2)
         late = [v * 1000 for r in ok for v in r.get("hooks_off_late_s", {}).values()]
         out.append(
-            f"| {name} | {d:g} | {walls} | {within} of {len(rs)} | "
+            f"| {name} | {d:g} | {walls} | {within} of {len(rs)} | {medians(ok)} | "
             f"{span([r['startup_s'] for r in ok])} | {span([r['finish_s'] for r in ok])} | "
             f"{span([r['requests_per_s_attached'] for r in ok], 1)} | "
             f"{span(late, 0)} | {span([r['recorded_span_s'] for r in ok])} | "

@@ -33,6 +33,8 @@ def test_rows_by_setting_and_duration_with_the_target_counted(tmp_path: Path) ->
     assert "5.20 / 9.00" in off and "| 0 of 2 |" in off  # 5.2 > 3 + 2
     assert "| 1 of 2 |" in by["session own, no flag, group nice -5, nice -5 D30"]
     assert "| 2-11 |" in dflt  # the hooks' lateness in ms, every process
+    assert "| 4.20 / 0.40 / 0.80 |" in dflt  # median wall, start and finish (3.5 and 4.9)
+    assert "| 32.00 / 0.40 / 1.60 |" in by["session own, no flag, group nice -5, nice -5 D30"]
 
     f = tmp_path / "r.json"
     f.write_text(json.dumps({"runs": runs}))
