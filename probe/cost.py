@@ -198,7 +198,7 @@ calibration has no code-evicted figures (before the twentieth session)."""
 
 RANGE_NOTE = (
     "calibrated at attach with cold caches, data evicted to code evicted too;"
-    " end to end an attach measured 1.7x the top on an H200 (docs/evidence.md)"
+    " end to end an attach measured 1.3-2.4x the top (H200 MRV2, H100 V1; docs/evidence.md)"
 )
 """What the cold range is worth, measured end to end in the same runs. The calibration
 times a wrapped no-op against a bare one, so it stands for what attaching costs: the
@@ -208,8 +208,11 @@ benchmarks/results/h200-2026-12-04-s21/) and +50.4 [+38.7, +61.0] against 18.2 t
 (h200-2026-12-04-s22/): 1.69x and 1.71x the code-evicted top. Enabled against dormant
 leaves out the wrappers' own presence (+16.1 [+7.4, +24.1] µs of it, s18-s22): +48.9 and
 +39.5, 1.0x and 1.3x the top. On the real CPU engine (V1) enabled against dormant measured
-+24.3 [+11.4, +36.6] against 5.8 to 35.1 (benchmarks/results/cpu-2026-12-04-s21/). So the
-range is the calibration's, and the note says how far above it an H200 measured."""
++24.3 [+11.4, +36.6] against 5.8 to 35.1 (benchmarks/results/cpu-2026-12-04-s21/). Later
+runs of the same design: one H200, MRV2 k=1, +56.0 [+37.0, +92.9] against tops of 38.9-53.2
+(mean 43.8: 1.3x; h200-2026-12-05-s25/); one H100, V1 k=1, +111.1 [+49.6, +195.8] against
+tops of 47.0 and 44.0 (2.4x; h100-2026-12-05-s27/). So the range is the calibration's, and
+the note says how far above it the GPU machines measured."""
 
 
 def cost_line(cost: Mapping[str, Any] | None, short: bool = False) -> str | None:
