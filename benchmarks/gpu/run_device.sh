@@ -11,6 +11,18 @@ OUT=${OUT:-/tmp/out}; W=/tmp/$NAME
 rm -rf "$W"  # a fresh folder: a recording left by an earlier run of NAME stops the reader
 mkdir -p "$W" "$OUT"
 cd "$(dirname "$0")/../.."
+# Preflight, before the deadline starts: a machine that went back between two calls comes
+# back bare (the staged vLLM in /tmp/site is gone), and the engine's start would fail
+# minutes later with a traceback instead.
+[ -f "$PLAN" ] || { echo "run_device: no plan file $PLAN" >&2; exit 2; }
+if ! python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)"; then
+  echo "run_device: vLLM is not importable (PYTHONPATH=${PYTHONPATH:-}); on the staged GPU" \
+       "machine this one is bare: stage and install again (../shared/gpu/NOTES.md)" >&2
+  exit 3
+fi
+ls probe/_accel*.so >/dev/null 2>&1 || \
+  echo "run_device: warning: probe/_accel is not built here, so the runs take the pure-Python" \
+       "hot path (python3 setup.py build_ext --inplace builds it)" >&2
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
 if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
   export CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
