@@ -13,11 +13,12 @@ recorded).
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from probe.analysis import percentile
 
 
 def setting(run: dict[str, Any]) -> str:
@@ -47,7 +48,7 @@ def medians(runs: list[dict[str, Any]]) -> str:
     if not runs:
         return "-"
     keys = ("wall_s", "startup_s", "finish_s")
-    return " / ".join(f"{statistics.median(r[k] for r in runs):.2f}" for k in keys)
+    return " / ".join(f"{percentile([r[k] for r in runs], 50):.2f}" for k in keys)
 
 
 def table(runs: list[dict[str, Any]]) -> list[str]:

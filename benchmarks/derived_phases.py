@@ -20,10 +20,10 @@ recording: how much a derived phase would differ from what DESIGN's phase measur
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
+from probe.analysis import percentile
 from probe.recording import Recording
 
 NEEDED = ("execute", "forward_launch", "logits", "sample_tokens", "sample", "draft")
@@ -66,7 +66,8 @@ def medians(path: Path) -> tuple[str, int, list[float]]:
         for col, v in zip(cols, values, strict=True):
             col.append(v / 1e3)
     n = len(cols[0])
-    return "/".join(str(r) for r in runners), n, [statistics.median(c) for c in cols] if n else []
+    meds = [float(percentile(c, 50) or 0.0) for c in cols] if n else []
+    return "/".join(str(r) for r in runners), n, meds
 
 
 def main() -> None:
