@@ -206,6 +206,8 @@ def attach(
     row: dict[str, object] = {"duration_s": d, "load1": round(os.getloadavg()[0], 2)}
     if rt != "none":
         row["rt"] = rt
+    if group_nice is not None:  # as asked: the placement reads the same once the attach raises
+        row["group_nice_before_start"] = group_nice
     env = srv.env
     if probe is not None:  # another install's command, with its own modules
         env = {k: v for k, v in env.items() if k != "PYTHONPATH"}

@@ -30,6 +30,8 @@ def setting(run: dict[str, Any]) -> str:
         f"group nice {pl.get('autogroup_nice')}",
         f"nice {pl.get('nice')}",
     ]
+    if run.get("group_nice_before_start") is not None:  # written by a shell before the start
+        parts.append(f"group nice {run['group_nice_before_start']} before the start")
     if run.get("tree"):
         parts.append(f"tree {run['tree']}")
     if run.get("probe"):

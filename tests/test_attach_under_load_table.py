@@ -43,3 +43,14 @@ def test_rows_by_setting_and_duration_with_the_target_counted(tmp_path: Path) ->
         capture_output=True, text=True, cwd=ROOT, check=True,
     )  # fmt: skip
     assert p.stdout.splitlines() == rows
+
+
+def test_a_group_nice_raised_before_the_start_is_its_own_row() -> None:
+    # the attach raises its own group to -5 as well, so the placement reads the same: only
+    # the benchmark's label tells the two apart
+    raised = dict(_run(3, 3.4, -5, None), group_nice_before_start=-5)
+    rows = table([_run(3, 5.6, -5, None), raised, _run(3, 5.1, -5, None)])
+    assert len(rows) == 2 + 2
+    pre = [r for r in rows[2:] if "group nice -5 before the start" in r]
+    assert len(pre) == 1 and "| 1 of 1 |" in pre[0] and "3.40" in pre[0]
+    assert any("| 0 of 2 |" in r for r in rows[2:] if r not in pre)
