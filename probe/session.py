@@ -312,5 +312,7 @@ def wait_note(waited_s: float | None, ran_s: float) -> str | None:
     return (
         f"this reader waited {waited_s:.1f} s of its {ran_s:.1f} s for a CPU (the host's "
         "CPUs are saturated), so it started and finished late; the hooks kept their own "
-        'deadline (docs/attach.md, "On a host the server keeps busy")'
+        "deadline. Started in a session raised before the interpreter starts (as root: "
+        "sudo setsid -w sh -c 'echo -5 > /proc/self/autogroup && exec probe attach ...'; "
+        'docs/attach.md, "On a host the server keeps busy") it waits far less'
     )

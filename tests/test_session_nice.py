@@ -360,6 +360,7 @@ def test_a_reader_that_waited_for_a_cpu_says_so() -> None:
     less, or unknown: nothing."""
     note = session.wait_note(16.94, 32.41)
     assert note is not None and "waited 16.9 s of its 32.4 s for a CPU" in note
+    assert "setsid -w sh -c 'echo -5 > /proc/self/autogroup" in note
     assert "\n" not in note
     assert session.wait_note(2.0, 5.0) is not None
     assert session.wait_note(0.9, 3.0) is None  # under a second
