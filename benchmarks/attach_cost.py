@@ -37,9 +37,9 @@ def main() -> None:
         VLLM_ENABLE_V1_MULTIPROCESSING="0", PROBE_ENABLE="1", PROBE_RUN_DIR=run_dir,
         PROBE_CONTROL="0", VLLM_CPU_KVCACHE_SPACE="1",
     )  # fmt: skip
-    from probe import calibrate, hooks, plugin
-    from probe.hooks import step
-    from probe.runtime import RT
+    from probe.engine import calibrate, hooks, plugin
+    from probe.engine.hooks import step
+    from probe.engine.runtime import RT
 
     plugin.register()
     writer = RT.writer

@@ -245,7 +245,7 @@ def attach(
     if p.returncode != 0 or "attached to" not in first:
         row["stderr"] = (first + rest)[-500:]
         return row
-    from probe.recording import Recording
+    from probe.reader.recording import Recording
 
     r = Recording.open(rec)
     detached = int(r.meta()["ended_epoch_ns"]) / 1e9
@@ -274,7 +274,7 @@ def attach(
         # what the engine's steps looked like meanwhile (the attach's own effect on them)
         launch = [s.cpu_launch_overhead_ns for s in timed if s.cpu_launch_overhead_ns]
         if launch:
-            from probe.analysis import percentile
+            from probe.analysis.summary import percentile
 
             row.update(
                 launch_p50_us=round(percentile(launch, 50) / 1e3),

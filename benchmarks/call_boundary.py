@@ -106,9 +106,9 @@ def _monitoring_cases() -> list[Case]:
 
 def _cases() -> list[Case]:
     """(label, the caller's call, set up before each timing, undo after), untimed set-ups."""
-    from probe import accel
+    from probe.engine import accel
+    from probe.engine.runtime import RT
     from probe.records import Phase
-    from probe.runtime import RT
 
     m = _method()
 
@@ -145,9 +145,9 @@ def _tsc_case(
     compiled: Callable[[], Any], enable: Callable[[], None], disable: Callable[[], None]
 ) -> list[Case]:
     """The compiled span again with the hooks' clock on the time stamp counter (carried to
-    BOOTTIME, ``probe._accel.set_clock``), where the extension has that clock."""
-    from probe import _accel
-    from probe.runtime import RT
+    BOOTTIME, ``probe.engine.accel._accel.set_clock``), where the extension has that clock."""
+    from probe.engine.accel import _accel
+    from probe.engine.runtime import RT
 
     if not hasattr(_accel, "set_clock") or _accel.set_clock("tsc") != "tsc":
         return []
@@ -188,9 +188,9 @@ def _inframe_method(core: Any, phase: int) -> Callable[..., Any]:
 
 
 def _calibration_evictor(code: bool) -> Callable[[], None]:
-    """The eviction of ``probe.calibrate``'s cold timings: four times the L2 copied, and
+    """The eviction of ``probe.engine.calibrate``'s cold timings: four times the L2 copied, and
     with ``code`` its source compiled (the figures the report's cost range is made of)."""
-    from probe import calibrate
+    from probe.engine import calibrate
 
     n = calibrate.evict_bytes()
     src, dst = bytearray(n), bytearray(n)
@@ -208,7 +208,7 @@ def _cold_timer() -> tuple[Callable[[], int], float]:
     the extension has it (it touches no memory; ``clock_gettime`` would bring the vDSO's
     pages into the caches right before the call it times, hiding what a cold clock read
     costs the hooks), else ``CLOCK_BOOTTIME``."""
-    from probe import calibrate
+    from probe.engine import calibrate
 
     ticks, name = calibrate.cold_timer()
     if name != "tsc":
@@ -232,8 +232,8 @@ def main() -> None:
     )
     ap.add_argument("--json")
     a = ap.parse_args()
-    from probe.ring import RingWriter
-    from probe.runtime import RT
+    from probe.engine.ring_writer import RingWriter
+    from probe.engine.runtime import RT
 
     tmp = Path(tempfile.mkdtemp(prefix="probe-bench-", dir="/dev/shm"))
     writer = RingWriter.create(tmp / "ring", 1 << 22)

@@ -23,8 +23,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from probe.analysis import percentile
-from probe.recording import Recording
+from probe.analysis.summary import percentile
+from probe.reader.recording import Recording
 
 NEEDED = ("execute", "forward_launch", "logits", "sample_tokens", "sample", "draft")
 COLUMNS = (

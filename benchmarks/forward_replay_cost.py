@@ -3,8 +3,8 @@
     PYTHONPATH=$PWD python benchmarks/forward_replay_cost.py [--n 300] [--evict-mb 64]
 
 Stand-ins named like vLLM's classes (the hooks read ``type(self).__name__``) carry the
-real hook factories of probe.hooks.step and probe.hooks.replay, on each hot path
-(probe.accel): ``compiled`` and ``python``. The shapes timed, each a whole call from the
+real hook factories of probe.engine.hooks.step and probe.engine.hooks.replay, on each hot path
+(probe.engine.accel): ``compiled`` and ``python``. The shapes timed, each a whole call from the
 caller's side (hook + a no-op original), minus the same call unwrapped:
 
 - ``mrv2 FULL step``: ``ModelCudaGraphManager.run_fullgraph`` (vLLM's own, unhooked)
@@ -14,7 +14,7 @@ caller's side (hook + a no-op original), minus the same call unwrapped:
 - ``v1 FULL step``: ``GPUModelRunner._model_forward`` around a ``CUDAGraphWrapper``
   whose forward context says FULL and whose entry holds a graph; and the same with
   ``_model_forward`` unhooked, the wrapper's hook being the launch (what
-  ``probe.hooks.step.late_targets`` installs when the model is such a wrapper);
+  ``probe.engine.hooks.step.late_targets`` installs when the model is such a wrapper);
 - ``mrv2 PIECEWISE``: a forward launch (``step.forward``, standing in for MRV2's
   ``set_forward_context`` body) around ``run_pw_graph`` and 4 piecewise
   ``CUDAGraphWrapper`` pieces.
@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--evict-mb", type=int, default=64)
     a = ap.parse_args()
-    from probe import accel
+    from probe.engine import accel
 
     evict = evictor(a.evict_mb)
 
@@ -76,7 +76,7 @@ def timed(fn: Callable[[], Any], n: int, evict: Callable[[], None] | None) -> fl
 
 
 def teardown() -> None:
-    from probe.runtime import RT
+    from probe.engine.runtime import RT
 
     RT.enabled = False
     if RT.faults:
@@ -91,10 +91,10 @@ def cases(ring: Path) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     import vllm.forward_context as fcm
     from vllm.config import CUDAGraphMode
 
-    from probe.hooks import replay, step
-    from probe.hooks._base import Installer, Target
-    from probe.ring import RingWriter
-    from probe.runtime import RT
+    from probe.engine.hooks import replay, step
+    from probe.engine.hooks._base import Installer, Target
+    from probe.engine.ring_writer import RingWriter
+    from probe.engine.runtime import RT
 
     RT.reset()
     inst = Installer()

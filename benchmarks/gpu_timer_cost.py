@@ -4,7 +4,8 @@
     PYTHONPATH=/path/to/other/tree python benchmarks/gpu_timer_cost.py   # another probe
 
 A stand-in runner (``execute_model`` calling ``_model_forward``, then ``sample_tokens``)
-carries the real step hooks of probe.hooks.step on each hot path (probe.accel). Each row
+carries the real step hooks of probe.engine.hooks.step on each hot path (probe.engine.accel).
+Each row
 times whole steps from the caller's side, minus the same step unwrapped:
 
 - ``untimed``: the hooks on, the GPU timer off;
@@ -59,11 +60,11 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=400)
     ap.add_argument("--evict-mb", type=int, default=64)
     a = ap.parse_args()
-    from probe import accel
-    from probe.hooks import step
-    from probe.hooks._base import Installer, Target
-    from probe.ring import RingWriter
-    from probe.runtime import RT
+    from probe.engine import accel
+    from probe.engine.hooks import step
+    from probe.engine.hooks._base import Installer, Target
+    from probe.engine.ring_writer import RingWriter
+    from probe.engine.runtime import RT
 
     evict = evictor(a.evict_mb)
 
@@ -138,7 +139,7 @@ def main() -> None:
 
 def _drain(writer: Any) -> None:
     """Read the ring empty (it would fill: nothing else reads it here)."""
-    from probe.ring import RingReader
+    from probe.reader.ring_reader import RingReader
 
     with RingReader.open(writer.path) as reader:
         for _ in reader.read():

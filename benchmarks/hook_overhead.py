@@ -2,7 +2,7 @@
 
     python benchmarks/hook_overhead.py [--n 200] [--rounds 1500] [--cold 10] [--json PATH]
 
-Runs every case on both hot paths (probe.accel): ``compiled`` (the C extension) and
+Runs every case on both hot paths (probe.engine.accel): ``compiled`` (the C extension) and
 ``python`` (the pure-Python wrappers, packers and ring writer, with the extension's hot
 state object), and once more in a child process with ``PROBE_ACCEL=0`` (the install with no
 extension at all: ``python-noext``). One table.
@@ -23,7 +23,7 @@ added cost, with a bootstrap 95% interval of the latter.
 ``--cold K`` (default 10; 0 leaves it out): also the same three states with the caches
 cold, as each hooked call runs inside an engine step: in each of ``--cold-rounds`` rounds
 (order rotated), the median of ``K`` single calls in each state, each after copying a
-buffer of four times the core's L2 (``probe.calibrate.evict_bytes``, what the calibration
+buffer of four times the core's L2 (``probe.engine.calibrate.evict_bytes``, what the calibration
 at attach does). The second table: the cold medians and the added cold cost per call.
 """
 
@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    from probe import accel
+    from probe.engine import accel
 
     paths = [accel.NAME] if a.child else (["compiled", "python"] if accel.COMPILED else ["python"])
     results: dict[str, Any] = {}
@@ -107,13 +107,14 @@ def run_cases(n: int, rounds: int, cold: int = 0, cold_rounds: int = 0) -> dict[
     from vllm.config import CompilationMode, CUDAGraphMode, VllmConfig
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
-    from probe import hooks
-    from probe.calibrate import cold_call_ns, evict_bytes
-    from probe.hooks import step
-    from probe.hooks._base import Installer, Target
+    from probe.engine import hooks
+    from probe.engine.calibrate import cold_call_ns, evict_bytes
+    from probe.engine.hooks import step
+    from probe.engine.hooks._base import Installer, Target
+    from probe.engine.ring_writer import RingWriter
+    from probe.engine.runtime import RT
+    from probe.reader.ring_reader import RingReader
     from probe.records import Phase
-    from probe.ring import RingReader, RingWriter
-    from probe.runtime import RT
 
     vc = VllmConfig()
     cc = vc.compilation_config

@@ -1,4 +1,4 @@
-"""Cost of the live NVTX and roctx output (probe/markers.py).
+"""Cost of the live NVTX and roctx output (probe/engine/markers.py).
 
     python benchmarks/nvtx_roctx_overhead.py [--n 20000] [--json PATH]
 
@@ -41,7 +41,7 @@ def main() -> None:
     results: dict[str, float] = {}
 
     try:
-        from probe.markers import NvtxEmitter
+        from probe.engine.markers import NvtxEmitter
 
         nv = NvtxEmitter()
         results["nvtx push+pop (cached message)"] = per_call(
@@ -51,11 +51,11 @@ def main() -> None:
     except ImportError as exc:
         print(f"nvtx not measured: {exc}")
 
-    from probe import markers as roctx_live
-    from probe.hooks import step
-    from probe.hooks._base import Installer, Target
+    from probe.engine import markers as roctx_live
+    from probe.engine.hooks import step
+    from probe.engine.hooks._base import Installer, Target
+    from probe.engine.runtime import RT
     from probe.records import Mode, Phase, Reason, RecordKind
-    from probe.runtime import RT
 
     class Plain:
         def noop(self) -> None:

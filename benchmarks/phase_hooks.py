@@ -2,7 +2,8 @@
 
     python benchmarks/phase_hooks.py [--n 2000] [--cold 300] [--reqs 64] [--json PATH]
 
-Four targets (five cases), each on both hot paths (probe.accel ``compiled`` and ``python``), enabled
+Four targets (five cases), each on both hot paths (probe.engine.accel ``compiled`` and
+``python``), enabled
 and inside a step, recording into a real shared-memory ring that never fills:
 
 - MRV2 ``sort_batch_req_ids`` (the installed vLLM's own function) over ``--reqs`` decode
@@ -77,8 +78,8 @@ def _cases(reqs: int) -> list[tuple[str, Any, Callable[[], Any], Callable[[], An
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
     from vllm.v1.worker.gpu import model_runner
 
-    from probe.hooks import dispatch, reorder
-    from probe.hooks._base import Target
+    from probe.engine.hooks import dispatch, reorder
+    from probe.engine.hooks._base import Target
 
     out = []
     ids = [f"req-{i}" for i in range(reqs)]
@@ -219,10 +220,10 @@ def main() -> None:
     ap.add_argument("--reqs", type=int, default=64)
     ap.add_argument("--json")
     a = ap.parse_args()
-    from probe import accel
-    from probe.hooks._base import Installer
-    from probe.ring import RingWriter
-    from probe.runtime import RT
+    from probe.engine import accel
+    from probe.engine.hooks._base import Installer
+    from probe.engine.ring_writer import RingWriter
+    from probe.engine.runtime import RT
 
     evict = evictor()
     tmp = Path(tempfile.mkdtemp(prefix="probe-bench-", dir="/dev/shm"))

@@ -23,7 +23,7 @@ from rich.console import Console
 
 from exporters import openmetrics, perfetto, prometheus, rocpd
 from probe.progress import SILENT, Display
-from probe.recording import Recording, default_recording
+from probe.reader.recording import Recording, default_recording
 
 WRITERS: dict[str, Callable[..., Any]] = {
     "prometheus textfile": prometheus.write,

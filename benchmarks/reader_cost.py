@@ -9,8 +9,8 @@ record`` (``tests/engine/run_llm.py``, in this process, with the ring reader tap
 keep every block it copies), then replays the engine process's records through the
 reader's stages, each round from scratch, and reports the least CPU time of ``--rounds``
 per stage: ``decode`` (records -> objects), ``assemble`` (decode + steps), ``live``
-(assemble + :class:`probe.live.LiveStats`, what ``attach`` keeps for its summary) and
-``record`` (assemble + :class:`probe.recording.RecordingWriter` to a file in /tmp, in
+(assemble + :class:`probe.cli.render_live.LiveStats`, what ``attach`` keeps for its summary) and
+``record`` (assemble + :class:`probe.reader.recording.RecordingWriter` to a file in /tmp, in
 batches of 64 steps as the collector hands them on). ``--records FILE`` replays a kept
 capture instead of running the engine; the probe measured is the one ``PYTHONPATH`` names (a
 worktree of another commit, say). Prints one JSON object.
@@ -34,8 +34,8 @@ STAGES = ("decode", "assemble", "live", "record")
 
 def capture(rounds: int) -> bytes:
     """The records of the busiest ring of one real ``probe record`` run, as read."""
-    from probe import ring
-    from probe.cli import main
+    from probe.cli.main import main
+    from probe.reader import ring_reader as ring
 
     blocks: dict[str, list[bytes]] = {}
     orig = ring.RingReader.read_block
@@ -59,9 +59,9 @@ def capture(rounds: int) -> bytes:
 
 
 def run(stage: str, recs: list[bytes], db: str) -> tuple[float, int]:
-    from probe.assemble import StepAssembler
-    from probe.live import LiveStats
-    from probe.recording import RecordingWriter
+    from probe.cli.render_live import LiveStats
+    from probe.reader.assemble import StepAssembler
+    from probe.reader.recording import RecordingWriter
     from probe.records import Decoder
 
     class Proc:  # what LiveStats reads of the collector's ProcessState

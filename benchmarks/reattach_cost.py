@@ -12,7 +12,7 @@ hot path) with one stand-in hook family: eight methods of a ``Runner`` class, as
 family hooks eight of ``GPUModelRunner``'s. Between checkpoints it runs attach/detach
 cycles; at each checkpoint, detached, it times ``Runner.step``, a loop of the kind a model
 runner's methods are made of (``self.a()`` and ``self.n``, 100 per call), and prints ns per
-loop iteration. Twice: with the probe's policy (:data:`probe.hooks.TAG_BUDGET`: past it a
+loop iteration. Twice: with the probe's policy (:data:`probe.engine.hooks.TAG_BUDGET`: past it a
 detach leaves the hooks in place, dormant) and with every detach removing the hooks
 (``VERSION_TAG_CAP = None``, what the probe did before). Run it with Python 3.13 or later
 to see the cap; on 3.12 and earlier both lines stay flat.
@@ -33,9 +33,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probe import hooks
-from probe.hooks._base import Installer, Target
-from probe.ring import RingWriter
+from probe.engine import hooks
+from probe.engine.hooks._base import Installer, Target
+from probe.engine.ring_writer import RingWriter
 
 SRC = """
 class Runner:

@@ -40,8 +40,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from probe.engine.ring_writer import RingWriter, WriteFn, WriteRawFn
+from probe.reader.ring_reader import RingReader
 from probe.records import RECORD, RecordKind
-from probe.ring import MAX_CAPACITY, RingReader, RingWriter, WriteFn, WriteRawFn
+from probe.ring import MAX_CAPACITY
 
 SCENARIOS = ("room", "drained", "busy", "full", "raw", "step")
 PER_STEP = 17  # records per MRV2 engine step on the H200 (docs/evidence.md)
@@ -106,7 +108,7 @@ def _timed_raw(write_raw: WriteRawFn, n: int) -> tuple[array.array[int], int]:
 def _step_buffer(writer: RingWriter, n: int, timed: bool) -> tuple[array.array[int], float]:
     """``n`` records through a Runtime attached to ``writer``, ``PER_STEP`` per step:
     per-step times (ns per record) when ``timed``, and the mean ns per record."""
-    from probe.runtime import Runtime
+    from probe.engine.runtime import Runtime
 
     rt = Runtime()
     rt.attach(writer)  # one HELLO record first, as in the engine

@@ -466,7 +466,7 @@ def host_overhead() -> dict[str, Any]:
             "GPU idle share",
             "gpu_idle_share = idle before steps / the step periods (idle + the step's span "
             "on the device); host_bound_share = steps whose GPU idled for over 10% of the "
-            "step period / timed steps (probe.analysis.RATIOS).",
+            "step period / timed steps (probe.analysis.summary.RATIOS).",
             [
                 target(R["gpu_idle_share"], "gpu_idle_share"),
                 target(R["host_bound_share"], "host_bound_share"),

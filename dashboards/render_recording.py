@@ -3,7 +3,7 @@
     python -m dashboards.render_recording [RECORDING] [--out docs/dashboards] [--window 1]
 
 One PNG per dashboard, one subplot per panel, titled as the panel. Each quantity is the
-one definition the panel's PromQL is derived from (:data:`probe.analysis.RATIOS`, over
+one definition the panel's PromQL is derived from (:data:`probe.analysis.summary.RATIOS`, over
 the recording's Steps), computed per ``--window``
 seconds of the recording's step start times (BOOTTIME, shown relative to the first step)
 instead of ``rate(...[$__rate_interval])``. Quantiles here are exact per window; the
@@ -31,9 +31,9 @@ from matplotlib.axes import Axes
 from dashboards.generate import COST_LABELS, DASHBOARDS, R
 from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import LAUNCH_BUCKETS
-from probe.analysis import PHASES, RATIOS, percentile
-from probe.cost import TIMINGS, has_timing, probe_cost
-from probe.recording import Recording, default_recording
+from probe.analysis.cost import TIMINGS, has_timing, probe_cost
+from probe.analysis.summary import PHASES, RATIOS, percentile
+from probe.reader.recording import Recording, default_recording
 from probe.records import Build, BuildTag, Reorder
 from probe.step import Step
 
@@ -83,7 +83,7 @@ class Data:
 
 
 def _ratio(name: str) -> Callable[[list[At]], float | None]:
-    """One of :data:`probe.analysis.RATIOS` over a window's steps."""
+    """One of :data:`probe.analysis.summary.RATIOS` over a window's steps."""
     return lambda rs: RATIOS[name].of(a.step for a in rs)
 
 
@@ -118,7 +118,7 @@ def _text(ax: Axes, lines: Sequence[str]) -> None:
 
 
 def _stat_ratios() -> dict[str, str]:
-    """Each stat panel's title and the ratio of :data:`probe.analysis.RATIOS` its PromQL
+    """Each stat panel's title and the ratio of :data:`probe.analysis.summary.RATIOS` its PromQL
     is (:data:`dashboards.generate.R`, matched by text)."""
     by_expr = {q: name for name, q in R.items()}
     return {
@@ -329,7 +329,7 @@ def _probe_cost(
     pid: int, cal: dict[str, Any], timing: str
 ) -> Callable[[Sequence[At]], float | None]:
     """Seconds per forward step the probe's hooks cost in a window, by one timing of the
-    calibration: :func:`probe.cost.probe_cost` over the window's steps, what the panel's
+    calibration: :func:`probe.analysis.cost.probe_cost` over the window's steps, what the panel's
     PromQL computes (:data:`exporters.metrics.PROBE_COST`)."""
 
     def f(rs: Sequence[At]) -> float | None:

@@ -1,11 +1,11 @@
 """The interface every live sink shares, and the pieces exporters have in common.
 
-A sink consumes what the reader process assembles: :class:`probe.collector.Sink`
+A sink consumes what the reader process assembles: :class:`probe.reader.collector.Sink`
 (``on_process(proc)``, ``on_steps(proc, steps, gpu)``, ``close()``), re-exported here as
 :class:`Sink`. Exporters (Prometheus, OTLP) build on :class:`ExportSink`, which turns a
-live :class:`~probe.collector.ProcessState` into a plain :class:`ProcessInfo`, so the
+live :class:`~probe.reader.collector.ProcessState` into a plain :class:`ProcessInfo`, so the
 same sink also takes a finished recording (:func:`replay`, used by ``probe export``:
-the recording's Steps, from :meth:`~probe.recording.Recording.iter_steps`)::
+the recording's Steps, from :meth:`~probe.reader.recording.Recording.iter_steps`)::
 
     >>> from exporters.base import load_sink, replay              # doctest: +SKIP
     >>> sink = load_sink("prometheus").make_sink("127.0.0.1:9464")  # doctest: +SKIP
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
 
-from probe.collector import ProcessState, Sink
-from probe.cost import calibration_of
+from probe.analysis.cost import calibration_of
 from probe.progress import SILENT, Progress
-from probe.recording import Recording
+from probe.reader.collector import ProcessState, Sink
+from probe.reader.recording import Recording
 from probe.step import GpuSample, Step
 
 __all__ = [
@@ -106,7 +106,7 @@ class ProcessInfo:
     traps: tuple[tuple[str, str], ...] = ()
     calibration: Mapping[str, Any] | None = None
     """The probe's own cost per call, calibrated at attach in this process
-    (:func:`probe.cost.calibration_of` of its snapshot); None where it has none."""
+    (:func:`probe.analysis.cost.calibration_of` of its snapshot); None where it has none."""
 
     @classmethod
     def from_snapshot(

@@ -8,7 +8,7 @@ they are two counters and the PromQL in :data:`RATIOS`, which the dashboards use
 
 :func:`updates` is the single translation of steps into metric updates; the Prometheus
 and OTLP sinks only apply what it yields, so both report the same numbers, with the
-definitions of :mod:`probe.analysis` (forward steps only; padding over graph steps)::
+definitions of :mod:`probe.analysis.summary` (forward steps only; padding over graph steps)::
 
     >>> from exporters.metrics import METRICS, RATIOS
     >>> METRICS["vllm_graph_probe_steps_total"].labels
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from exporters.base import ProcessInfo
-from probe import analysis
-from probe.cost import TIMINGS, calls_with, has_timing
+from probe.analysis import summary as analysis
+from probe.analysis.cost import TIMINGS, calls_with, has_timing
 from probe.records import BuildTag, Mode
 from probe.step import PHASES, GpuSample, Step
 
@@ -237,7 +237,8 @@ _DEFS = (
         "counter",
         "{call}",
         "Hooked calls the probe made in forward steps, counted from each step's records "
-        "(probe.cost.hooked_calls): kind=span, a plain phase span; kind=hook, a hook with a "
+        "(probe.analysis.cost.hooked_calls): kind=span, a plain phase span; kind=hook, "
+        "a hook with a "
         "body. Only for processes whose snapshot carries the probe's calibration.",
         ("kind",),
     ),
@@ -246,7 +247,7 @@ _DEFS = (
         "gauge",
         "s",
         "What one hooked call costs, calibrated at attach in the engine process "
-        "(probe.calibrate): timing=warm (a hot loop), cold (data evicted), cold_code (code "
+        "(probe.engine.calibrate): timing=warm (a hot loop), cold (data evicted), cold_code (code "
         "evicted too); kind=span or hook.",
         ("kind", "timing"),
     ),
@@ -287,7 +288,7 @@ METRICS: Mapping[str, Metric] = {m.name: m for m in _DEFS}
 def ratio_queries(
     window: str = "5m", by: str = "", selector: str = "", guard: bool = False
 ) -> dict[str, str]:
-    """Every ratio of :data:`probe.analysis.RATIOS` as PromQL over the counters (``by``:
+    """Every ratio of :data:`probe.analysis.summary.RATIOS` as PromQL over the counters (``by``:
     e.g. ``"pid"``; ``selector``: label matchers without braces, e.g.
     ``model_name=~"$model_name"``). ``guard``: the denominator is ``> 0``-guarded, so a
     window without traffic gives no sample (a dashboard's "No traffic"), not NaN."""
@@ -311,7 +312,7 @@ RATIOS: Mapping[str, str] = ratio_queries()
 def probe_cost_queries(window: str = "5m", by: str = "pid", selector: str = "") -> dict[str, str]:
     """The probe's cost per forward step by each timing, as PromQL: the hooked calls per
     second of each kind, each times its calibrated cost per call, over the forward steps
-    per second; what ``probe report`` computes (:func:`probe.cost.probe_cost`), over every
+    per second; what ``probe report`` computes (:func:`probe.analysis.cost.probe_cost`), over every
     forward step of the window rather than the steady ones. ``cold`` to ``cold_code`` is
     the range the report prints."""
     sel = f"{{{selector}}}" if selector else ""

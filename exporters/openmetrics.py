@@ -27,7 +27,7 @@ from typing import IO
 from exporters.metrics import METRICS, Metric
 from exporters.series import DEFAULT_INTERVAL_S, Hist, Timeline, instance_id, timelines
 from probe.progress import SILENT, Progress
-from probe.recording import Recording
+from probe.reader.recording import Recording
 
 __all__ = ["JOB", "lines", "write"]
 

@@ -77,7 +77,7 @@ from exporters.base import ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, Update, process_updates, updates
 from exporters.series import DEFAULT_INTERVAL_S, Hist, Timeline, instance_id, timelines
 from probe.progress import SILENT, Progress
-from probe.recording import Recording
+from probe.reader.recording import Recording
 from probe.records import Flag, Phase
 from probe.step import Step
 

@@ -4,7 +4,7 @@
 the format ``ui.perfetto.dev`` and ``trace_processor`` read natively)::
 
     from exporters.perfetto import write_recording
-    from probe.recording import Recording
+    from probe.reader.recording import Recording
 
     write_recording(Recording.open("run.probe.db"), "run.pftrace")
     # open https://ui.perfetto.dev and drop run.pftrace on it ("Open trace file")
@@ -40,7 +40,7 @@ from typing import Any
 
 from exporters.base import MissingExtra
 from probe.progress import SILENT, Progress, counted
-from probe.recording import Recording, record_fields, step_fields
+from probe.reader.recording import Recording, record_fields, step_fields
 from probe.records import Build, Dispatch, Flag, Reorder, Replay, Span
 from probe.step import Step
 
@@ -425,7 +425,7 @@ def recording_tracks(
     Returns the track uuids and the number of slices of each category (``step``,
     ``phase``, ``dispatch``, ``replay``, ``build``, ``reorder``, ``reorder_mark``). The
     args of a slice are the values its recording row holds
-    (:func:`probe.recording.step_fields`, :func:`probe.recording.record_fields`).
+    (:func:`probe.reader.recording.step_fields`, :func:`probe.reader.recording.record_fields`).
     ``progress`` counts the records (steps and their detail records) as they are added.
     """
     procs = {int(p["pid"]): p for p in recording.processes()}
@@ -492,7 +492,7 @@ def write_recording(
 ) -> Path:
     """Write a recording as a Perfetto trace (``.pftrace``); returns the path.
 
-    ``recording`` is an open :class:`probe.recording.Recording`. Timestamps stay on
+    ``recording`` is an open :class:`probe.reader.recording.Recording`. Timestamps stay on
     BOOTTIME (``timestamp_clock_id = 6``). Raises :class:`PerfettoUnavailableError` when
     the ``perfetto`` package is missing. ``progress`` gets two stages: the records read,
     the slices encoded.

@@ -7,7 +7,7 @@ timeline::
 
     from exporters.rocprof_sidecar import write_sidecar
     from probe.progress import SILENT, Progress, counted
-from probe.recording import Recording
+from probe.reader.recording import Recording
 from probe.step import Step
 
     write_sidecar(Recording.open("run.probe.db"), "probe_results.db",
@@ -36,7 +36,7 @@ from exporters.timelines.rocpd import rocpd_origin
 from exporters.timelines.rocpd_schema import DEFAULT_VERSION, FALLBACK_VERSIONS, layout_of
 from exporters.timelines.rocpd_writer import create_rocpd_db, write_rocpd_regions
 from probe.progress import SILENT, Progress, counted
-from probe.recording import Recording
+from probe.reader.recording import Recording
 from probe.step import Step
 
 __all__ = [

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import METRICS, Update, process_updates, updates
 from probe.progress import SILENT, Progress, counted
-from probe.recording import Recording
+from probe.reader.recording import Recording
 from probe.step import Step
 
 __all__ = ["DEFAULT_INTERVAL_S", "Hist", "Key", "Timeline", "instance_id", "timelines"]

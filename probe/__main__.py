@@ -2,6 +2,6 @@
 
 import sys
 
-from probe.entry import main
+from probe.cli.entry import main
 
 sys.exit(main())

@@ -1,7 +1,7 @@
 """Every environment variable the probe reads, in one place.
 
 Precedence everywhere: explicit argument > environment > default. Values are read when
-the plugin installs (``probe.plugin.register``) or a CLI command starts, never at import.
+the plugin installs (``probe.engine.plugin.register``) or a CLI command starts, never at import.
 
     $ probe env          # prints each variable, its value here, and what it does
 """
@@ -69,7 +69,7 @@ ROCTX = EnvVar(
     "PROBE_ROCTX",
     "1: also emit roctx ranges (steps, phases) and marks (graph and reorder decisions) "
     "live in each vLLM process while the probe is enabled; needs ROCm's roctx module. "
-    "Adds about 6-7 us per V1 step (probe/markers.py).",
+    "Adds about 6-7 us per V1 step (probe/engine/markers.py).",
 )
 NVTX = EnvVar(
     "PROBE_NVTX",
@@ -183,7 +183,7 @@ def validate(environ: Mapping[str, str] | None = None) -> None:
 
 
 def clock_setting(environ: Mapping[str, str] | None = None) -> str:
-    """``PROBE_CLOCK``: ``auto``, ``tsc`` or ``boottime`` (``probe.accel.set_clock``)."""
+    """``PROBE_CLOCK``: ``auto``, ``tsc`` or ``boottime`` (``probe.engine.accel.set_clock``)."""
     env = os.environ if environ is None else environ
     v = (get(CLOCK, env) or "boottime").strip().lower()
     if v not in ("auto", "tsc", "boottime"):

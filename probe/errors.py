@@ -1,6 +1,6 @@
 """Exceptions shared by the command line and its subcommands.
 
-Imported before ``probe attach`` raises its CPU share (:mod:`probe.session`), so only what
+Imported before ``probe attach`` raises its CPU share (:mod:`probe.reader.session`), so only what
 the interpreter has loaded already: SQLite's damage is :mod:`probe.sqlite_errors`.
 """
 

@@ -2,13 +2,13 @@
 
 Every hook inside vLLM writes fixed 64-byte records into the per-process shared-memory
 ring (:mod:`probe.ring`); readers decode them into the frozen dataclasses below and
-assemble them into steps (:mod:`probe.assemble`). Each dataclass *is* the declaration of
+assemble them into steps (:mod:`probe.reader.assemble`). Each dataclass *is* the declaration of
 its record kind: every field says where it lives in the 64 bytes (:func:`at`), its type
 (``int``, ``bool`` or an ``IntEnum``) and its unit. From that one declaration come
 
 - the packers: one positional function per kind, ``pack_<kind>(*fields)``, with the
   fields in declaration order (:func:`packer_source` generates the Python one; the
-  compiled accelerator, :mod:`probe.accel`, is handed the same layout by
+  compiled accelerator, :mod:`probe.engine.accel`, is handed the same layout by
   :func:`c_layout`), used by hooks as ``RT.put.span(...)``, ``RT.put.dispatch(...)``;
 - the decoder: :func:`decode` unpacks a record into its dataclass through the same
   layout, checking enum values.
@@ -363,7 +363,7 @@ class Build:
 
     The hook reads only plain attributes inside vLLM. ``real_tokens``, ``real_reqs``
     and a missing ``num_prefill_tokens`` are derived by the reader
-    (:func:`probe.assemble.fill_builds`, from the step's dispatch): the engine writes -1.
+    (:func:`probe.reader.assemble.fill_builds`, from the step's dispatch): the engine writes -1.
     """
 
     SPEC: ClassVar[RecordSpec]

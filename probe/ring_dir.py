@@ -5,7 +5,7 @@ before they import the ring's code, its records and the compiled hot path).
     >>> d = default_ring_dir()  # $PROBE_RUN_DIR or /dev/shm/..., checked  # doctest: +SKIP
     >>> fd = os.open(d / "ring-4242.shm", OPEN_FLAGS)                   # doctest: +SKIP
 
-:mod:`probe.ring` exports the same names.
+:mod:`probe.engine.ring_writer` and :mod:`probe.reader.ring_reader` use them.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def default_ring_dir(
 
 def private_tmp_dirs(tmp_root: str | None = None) -> list[Path]:
     """Our earlier private fallback folders (safe ones only), oldest first
-    (:func:`probe.control_server.run_dir`)."""
+    (:func:`probe.engine.control_server.run_dir`)."""
     import tempfile
 
     root = Path(tmp_root if tmp_root is not None else tempfile.gettempdir())

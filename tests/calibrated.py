@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from probe.recording import default_recording
+from probe.reader.recording import default_recording
 
 CALIBRATION: Mapping[str, Any] = {
     "hot_path": "compiled",

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from probe import accel
+from probe.engine import accel
+from probe.engine.ring_writer import RingWriter
+from probe.reader.ring_reader import RingReader
 from probe.records import Decoded, Decoder
-from probe.ring import RingReader, RingWriter
 
 MISSING = object()
 
@@ -23,7 +24,7 @@ HOT_PATHS = ["compiled", "python"] if accel.COMPILED else ["python"]
 
 @pytest.fixture(params=HOT_PATHS)
 def hot_path(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Runs the test once per hot path (probe.accel): the compiled one, when built, and
+    """Runs the test once per hot path (probe.engine.accel): the compiled one, when built, and
     pure Python. Ring writers, packers and wrappers made inside the test use it."""
     with accel.use(request.param):
         yield request.param
@@ -32,8 +33,8 @@ def hot_path(request: pytest.FixtureRequest) -> Iterator[str]:
 @pytest.fixture
 def clean_probe() -> Iterator[None]:
     """Leaves no hook installed and the runtime as in a fresh process, pass or fail."""
-    from probe import hooks
-    from probe.runtime import RT
+    from probe.engine import hooks
+    from probe.engine.runtime import RT
 
     RT.reset()
     yield

@@ -1,8 +1,9 @@
 """Sustained load on the real ring and the real Collector, with memory sampled in both.
 
 A writer process writes step-shaped records (the hooks' record mix) into a real
-:class:`~probe.ring.RingWriter` as fast as it can for ``seconds``; the calling process runs
-the real :class:`~probe.collector.Collector` on it (decode, assemble, a counting sink).
+:class:`~probe.engine.ring_writer.RingWriter` as fast as it can for ``seconds``; the calling
+process runs
+the real :class:`~probe.reader.collector.Collector` on it (decode, assemble, a counting sink).
 Both sample their resident set size from ``/proc`` once a second. The accounting must be
 exact: write calls = records read + records dropped.
 
@@ -23,9 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probe.collector import Collector, ProcessState
+from probe.engine.ring_writer import RingWriter
+from probe.reader.collector import Collector, ProcessState
 from probe.records import Mode, Phase, Reason, RecordKind, pack_pair
-from probe.ring import RingWriter
 from probe.step import Step
 
 

@@ -16,7 +16,7 @@ H200 = REPO / "benchmarks/results/h200-2026-11-30"
 
 def _probe(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "probe.cli", *args], capture_output=True, text=True, **kw
+        [sys.executable, "-m", "probe.cli.main", *args], capture_output=True, text=True, **kw
     )  # type: ignore[call-overload]
 
 

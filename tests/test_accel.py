@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from probe import accel
+from probe.engine import accel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,9 +42,9 @@ def test_ci_builds_the_extension() -> None:
 def test_a_missing_extension_falls_back_with_one_line() -> None:
     code = (
         "import sys, logging; logging.basicConfig(format='%(message)s')\n"
-        "sys.modules['probe._accel'] = None  # as when the build found no compiler\n"
-        "import probe.accel as a\n"
-        "from probe.runtime import RT\n"
+        "sys.modules['probe.engine.accel._accel'] = None  # as when the build found no compiler\n"
+        "import probe.engine.accel as a\n"
+        "from probe.engine.runtime import RT\n"
         "print('path', a.NAME, type(RT).__mro__[1].__name__)\n"
     )
     out = _child(code)
@@ -54,15 +54,18 @@ def test_a_missing_extension_falls_back_with_one_line() -> None:
 
 
 def test_probe_accel_0_forces_python_quietly() -> None:
-    out = _child("import probe.accel as a; print('path', a.NAME, a.WHY_NOT)", PROBE_ACCEL="0")
+    out = _child(
+        "import probe.engine.accel as a; print('path', a.NAME, a.WHY_NOT)", PROBE_ACCEL="0"
+    )
     assert "path python PROBE_ACCEL=0" in out and "pure-Python hot path" not in out
 
 
 @pytest.mark.skipif(not accel.COMPILED, reason=f"compiled path not built: {accel.WHY_NOT}")
 def test_the_runtime_says_which_path_its_writer_runs(tmp_path: Path) -> None:
+    from probe.engine.ring_writer import RingWriter
+    from probe.engine.runtime import RT
+    from probe.reader.ring_reader import RingReader
     from probe.records import Decoder
-    from probe.ring import RingReader, RingWriter
-    from probe.runtime import RT
 
     for name, expect in (("compiled", 1), ("python", 0)):
         RT.reset()
@@ -92,13 +95,13 @@ def test_the_hot_fields_are_typed_as_declared() -> None:
 @pytest.mark.skipif(not accel.COMPILED, reason=f"compiled path not built: {accel.WHY_NOT}")
 def test_the_python_core_has_the_compiled_cores_fields() -> None:
     """One table of hot fields: the C Core's members, PyCore and Runtime.reset agree."""
-    import probe._accel as c
+    import probe.engine.accel._accel as c
 
     members = {n for n, v in vars(c.Core).items() if type(v).__name__ == "member_descriptor"}
     assert members == set(accel.HOT_FIELDS)
     py = accel.PyCore()
     assert {n: getattr(py, n) for n in accel.HOT_FIELDS} == accel.HOT_FIELDS
-    from probe.runtime import RT
+    from probe.engine.runtime import RT
 
     RT.step, RT.sample_every = 41, 9
     RT.reset()
@@ -108,8 +111,8 @@ def test_the_python_core_has_the_compiled_cores_fields() -> None:
 @pytest.mark.skipif(not accel.COMPILED, reason=f"compiled path not built: {accel.WHY_NOT}")
 def test_a_compiled_span_takes_its_flags_as_a_byte() -> None:
     """The flags a Span sets on each record (Flag.FROM_DISPATCH) are one wire byte."""
+    from probe.engine.runtime import RT
     from probe.records import Flag
-    from probe.runtime import RT
 
     c = accel._compiled()
     assert c is not None and isinstance(RT, c.Core)
@@ -168,9 +171,10 @@ def test_a_compiled_span_on_the_tsc_clock_is_timed_in_boottime(
 ) -> None:
     """Attached with PROBE_CLOCK=tsc, a compiled span's record carries BOOTTIME ns: its
     start and end lie within the kernel's readings around the call, its length the call's."""
+    from probe.engine.ring_writer import RingWriter
+    from probe.engine.runtime import RT
+    from probe.reader.ring_reader import RingReader
     from probe.records import Decoder, Phase
-    from probe.ring import RingReader, RingWriter
-    from probe.runtime import RT
 
     _tsc_or_skip()
     monkeypatch.setenv("PROBE_CLOCK", "tsc")

@@ -1,4 +1,4 @@
-"""The verdicts of probe.analysis on real recordings: host-bound as DESIGN defines it,
+"""The verdicts of probe.analysis.summary on real recordings: host-bound as DESIGN defines it,
 warm-up apart from steady state, and the probe's own cost line.
 
 The recordings are the bundled H200 one (probe/data/default.probe.db) and the H200 TP=2
@@ -15,13 +15,14 @@ import pytest
 from calibrated import CALIBRATION, calibrated_copy
 from rich.console import Console
 
-from probe import analysis, cost
-from probe.live import LiveStats
-from probe.recording import Recording, default_recording
+from probe.analysis import cost
+from probe.analysis import summary as analysis
+from probe.cli.render_live import LiveStats
+from probe.cli.render_report import build_report, render_report
+from probe.reader.recording import Recording, default_recording
 from probe.records import Build, Dispatch, Flag, Mode, Phase, Reason, Reorder, ReplayKind
 from probe.records import Replay as ReplayRec
 from probe.records import Span as SpanRec
-from probe.report import build_report, render_report
 from probe.step import Step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -462,7 +463,7 @@ def test_report_prints_the_probe_cost_only_with_a_calibration(tmp_path: Path) ->
 def test_doctor_names_the_hot_path_with_its_warm_cold_and_code_evicted_costs() -> None:
     """``probe doctor``'s hot-path row: the calibration's per-call figures, the cold ones
     where it has them, and those with code evicted too where it has those."""
-    from probe.report import _hot_path_line
+    from probe.cli.render_report import _hot_path_line
 
     cal: dict[str, Any] = {"span_ns": 80.0, "hook_ns": 120.0, "dormant_ns": 20.0}
     probe = {"hot_path": "compiled", "calibration": cal}
@@ -476,7 +477,7 @@ def test_doctor_names_the_hot_path_with_its_warm_cold_and_code_evicted_costs() -
         "; cold: span 0.90 µs, hook 2.80 µs; with code evicted too: span 2.00 µs, hook 6.00 µs)"
     )
     assert _hot_path_line({"hot_path": "python"}) == "python"
-    # a damaged figure is left out, as in the report's cost line (probe.cost.has_timing)
+    # a damaged figure is left out, as in the report's cost line (probe.analysis.cost.has_timing)
     cal["hook_cold_code_ns"] = float("inf")
     assert _hot_path_line(probe).endswith("; cold: span 0.90 µs, hook 2.80 µs)")
     assert _hot_path_line({"hot_path": "compiled", "calibration": {**cal, "span_ns": "x"}}) == (
@@ -486,7 +487,7 @@ def test_doctor_names_the_hot_path_with_its_warm_cold_and_code_evicted_costs() -
 
 def test_doctor_names_the_hooks_clock() -> None:
     """The hot-path row says the TSC clock where it ran, and why not where it did not."""
-    from probe.report import _hot_path_line
+    from probe.cli.render_report import _hot_path_line
 
     cal: dict[str, Any] = {"span_ns": 80.0, "hook_ns": 120.0, "dormant_ns": 20.0}
     tsc = {"hot_path": "compiled", "clock": "tsc", "clock_why": "", "calibration": cal}
@@ -501,7 +502,7 @@ def test_doctor_names_the_hooks_clock() -> None:
 def test_the_report_names_reorder_thresholds_in_words() -> None:
     """The reorder row says each threshold with its decisions ("2 in 1,298", "none" for a
     builder that sets none, recorded as -1), not a Python dict."""
-    from probe.report import _thresholds
+    from probe.cli.render_report import _thresholds
 
     rep = build_report(Recording.open(default_recording()))
     text = " ".join(_text(rep).replace("│", " ").split())

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from probe import analysis
-from probe.assemble import Step, StepAssembler
-from probe.recording import Recording, RecordingError, RecordingWriter
+from probe.analysis import summary as analysis
+from probe.reader.assemble import Step, StepAssembler
+from probe.reader.recording import Recording, RecordingError, RecordingWriter
 from probe.records import (
     Build,
     BuildTag,

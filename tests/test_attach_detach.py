@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from probe import hooks
+from probe.engine import hooks
+from probe.engine.ring_writer import RingWriter
 from probe.records import Dispatch
-from probe.ring import RingWriter
 
 pytestmark = pytest.mark.usefixtures("clean_probe")
 
@@ -55,8 +55,8 @@ def test_a_re_attach_reuses_the_first_calibration(
 ) -> None:
     """The calibration holds the engine's GIL for milliseconds: the first attach of a process
     takes it, every later one on the same hot path reuses it (marked so)."""
-    from probe import calibrate
-    from probe.runtime import RT
+    from probe.engine import calibrate
+    from probe.engine.runtime import RT
 
     monkeypatch.setattr(calibrate, "_TAKEN", {})
     runs: list[int] = []
@@ -84,9 +84,9 @@ def test_a_calibration_taken_before_vllm_is_not_reused_after(
     """Without vLLM imported the dispatch hook has no FULL member to compare and the
     calibration times its Python record: that figure must not stand for the compiled one
     once vLLM is there."""
-    from probe import calibrate
-    from probe.hooks import dispatch
-    from probe.runtime import RT
+    from probe.engine import calibrate
+    from probe.engine.hooks import dispatch
+    from probe.engine.runtime import RT
 
     monkeypatch.setattr(calibrate, "_TAKEN", {})
     members = dispatch._mode_members
@@ -114,10 +114,10 @@ def test_the_calibration_leaves_the_engines_own_steps_alone(
     import threading
     import time
 
-    from probe import calibrate
-    from probe.hooks import step
-    from probe.hooks._base import Installer, Target
-    from probe.runtime import RT
+    from probe.engine import calibrate
+    from probe.engine.hooks import step
+    from probe.engine.hooks._base import Installer, Target
+    from probe.engine.runtime import RT
 
     seen_inside: list[int] = []
     stop = threading.Event()

@@ -21,18 +21,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from probe.control import request
-from probe.control_server import ControlServer
+from probe.engine.control_server import ControlServer
+from probe.reader.control import request
 
 ROOT = Path(__file__).resolve().parents[1]
 # not imported before the enable: the reader, and the ring's code (its records, the
 # compiled hot path): the rings are opened with os.open (probe.ring_dir.OPEN_FLAGS)
 READER = (
-    "probe.collector",
-    "probe.assemble",
-    "probe.live",
-    "probe.recording",
-    "probe.ring",
+    "probe.reader.collector",
+    "probe.reader.assemble",
+    "probe.cli.render_live",
+    "probe.reader.recording",
+    "probe.reader.ring_reader",
     "probe.records",
 )
 
@@ -40,7 +40,7 @@ READER = (
 @pytest.fixture
 def server(run_dir: Path, clean_probe: None) -> Iterator[ControlServer]:
     """An armed process (this one) as the plugin leaves it: the always-on hooks only."""
-    from probe import hooks
+    from probe.engine import hooks
 
     hooks.install(list(hooks.ALWAYS_ON))  # lazy: no vLLM import
     srv = ControlServer(run_dir, environ={"PROBE_GPU_TIMING": "0"})
@@ -51,7 +51,7 @@ def server(run_dir: Path, clean_probe: None) -> Iterator[ControlServer]:
 
 SPY = """
 import json, sys
-from probe.commands import attach
+from probe.cli.commands import attach
 
 enable = attach.Session.enable
 
@@ -61,7 +61,7 @@ def spy(self, *args, **kwargs):
     return enable(self, *args, **kwargs)
 
 attach.Session.enable = spy
-from probe import cli
+from probe.cli import main as cli
 sys.exit(cli.main(sys.argv[2:]))
 """
 
@@ -79,11 +79,11 @@ def test_the_enable_goes_out_before_the_readers_modules_are_imported(
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
     at_enable = set(json.loads(seen.read_text()))
-    assert "probe.discover" in at_enable  # the spy saw the start
+    assert "probe.reader.discover" in at_enable  # the spy saw the start
     assert [m for m in READER if m in at_enable] == []
     assert "probe: detached (duration reached)" in p.stderr
     assert p.stderr.rstrip().endswith(f"probe: recording written to {rec}")
-    from probe.recording import Recording
+    from probe.reader.recording import Recording
 
     meta = Recording.open(rec).meta()
     assert meta["stop_reason"] == "duration reached"
@@ -98,8 +98,9 @@ def test_a_recording_that_cannot_be_made_after_the_enable_disables_and_leaves_no
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from probe import cli, recording
-    from probe.runtime import RT
+    from probe.cli import main as cli
+    from probe.engine.runtime import RT
+    from probe.reader import recording
 
     states: list[bool] = []
 
@@ -124,9 +125,9 @@ def test_a_recording_that_cannot_be_made_after_the_enable_disables_and_leaves_no
 def test_a_fault_after_the_recording_was_opened_closes_and_removes_it(
     server: ControlServer, run_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from probe import cli
-    from probe.commands import attach
-    from probe.runtime import RT
+    from probe.cli import main as cli
+    from probe.cli.commands import attach
+    from probe.engine.runtime import RT
 
     def broken(self: attach.Session, sinks: object = ()) -> None:
         raise RuntimeError("a bug of the reader")
@@ -144,8 +145,8 @@ def test_an_enable_refused_leaves_no_recording(
     run_dir: Path, clean_probe: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The file made for ``--record`` before the enable goes when the enable fails."""
-    from probe import cli
-    from probe.control_server import ProbeHost
+    from probe.cli import main as cli
+    from probe.engine.control_server import ProbeHost
 
     full = OSError(28, "No space left on device")
 
@@ -172,8 +173,8 @@ def test_a_ring_unlinked_at_the_deadline_before_the_reader_started_is_read(
 ) -> None:
     """The rings are opened at the enable, the collector comes later: a process whose
     deadline came in between (it unlinked its ring) is read all the same."""
-    from probe.commands.attach import Session
-    from probe.runtime import RT
+    from probe.cli.commands.attach import Session
+    from probe.engine.runtime import RT
 
     clock = SimpleNamespace(now=10**12)
     srv = ControlServer(run_dir, environ={}, clock_ns=lambda: clock.now, watchdog_thread=False)

@@ -165,7 +165,7 @@ def _roles(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def test_ps_attach_detach_reattach(server: Server) -> None:
-    from probe.recording import Recording
+    from probe.reader.recording import Recording
 
     before = server.load()
     assert all(len(t) == 12 for t in before)
@@ -257,7 +257,7 @@ def test_a_stopped_attach_has_the_hooks_turned_off_at_its_deadline(server: Serve
     """The reader gets no CPU at all past its deadline (SIGSTOP): each process turns its
     hooks off at the deadline itself, within one collection interval (0.1 s), and the
     recording holds nothing from after it."""
-    from probe.recording import Recording
+    from probe.reader.recording import Recording
 
     trips = sum(r["watchdog_trips"] for r in server.ps())
     rec = server.run_dir / "stopped.probe.db"
@@ -321,7 +321,7 @@ def _in_a_terminal(
 ) -> tuple[str, dict[int, dict[str, Any]]]:
     """``sh -c CMD`` as a pseudo-terminal's session: sh has no job control, so the attach it
     starts is in sh's process group with the terminal as its own, the case where ``probe
-    attach`` forks (probe/session.py). Returns the terminal's output and the pids seen as
+    attach`` forks (probe/reader/session.py). Returns the terminal's output and the pids seen as
     the attacher while it was on (its session, whether its parent is an attach, its
     autogroup); ``ctrl_c``: a Ctrl-C typed once every process is on."""
     import pty
@@ -367,7 +367,7 @@ def test_from_a_terminal_the_attach_forks_draws_its_live_view_and_ctrl_c_detache
     """A terminal's job: the attach runs in a child in a session of its own (with CAP_SYS_NICE,
     by default), draws the live view on the terminal, and the parent that stayed in the
     terminal's job control returns its status; a Ctrl-C typed there reaches it and detaches."""
-    from probe.session import autogroups_on, may_raise
+    from probe.reader.session import autogroups_on, may_raise
 
     if not (may_raise() and autogroups_on()):
         pytest.skip("the default share needs CAP_SYS_NICE, the fork session groups")

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from probe.collector import Collector, RecordingSink, Spool
-from probe.recording import TABLES, Recording, RecordingWriter
+from probe.engine.ring_writer import RingWriter
+from probe.reader.collector import Collector, RecordingSink, Spool
+from probe.reader.recording import TABLES, Recording, RecordingWriter
 from probe.records import (
     BlobType,
     Build,
@@ -38,7 +39,6 @@ from probe.records import (
     pack,
     payload_records,
 )
-from probe.ring import RingWriter
 
 
 def _stream(steps: int, seed: int = 7) -> list[bytes]:
@@ -217,7 +217,7 @@ def test_rings_opened_at_the_enable_are_read_whole_after_their_unlink(
     once its modules are imported; a process that reached its deadline meanwhile has
     unlinked its ring. Mapped from the descriptor, every record is read; a descriptor
     never mapped is closed with the collector."""
-    from probe.ring import OPEN_FLAGS
+    from probe.ring_dir import OPEN_FLAGS
 
     ring_path = short_tmp / "ring-4242.shm"
     ring = RingWriter.create(ring_path, capacity=4096)
@@ -256,7 +256,7 @@ def test_spool_take_splits_blocks_in_order() -> None:
 def test_the_writer_gives_the_same_rows_however_the_steps_come(short_tmp: Path) -> None:
     """``add_steps`` writes one ``executemany`` per table: the rows, their order and the
     values read back do not depend on how many steps one call carries."""
-    from probe.recording import default_recording
+    from probe.reader.recording import default_recording
 
     steps = list(Recording.open(default_recording()).iter_steps())
     paths = []

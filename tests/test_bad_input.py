@@ -34,7 +34,7 @@ def probe(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "probe.cli", *args],
+        [sys.executable, "-m", "probe.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -69,8 +69,8 @@ def report_steps(path: Path) -> int:
 
 
 def forward_steps_among_first(n: int) -> int:
-    from probe import analysis
-    from probe.recording import Recording
+    from probe.analysis import summary as analysis
+    from probe.reader.recording import Recording
 
     rec = Recording.open(BUNDLED)
     try:
@@ -83,7 +83,7 @@ def small_recording(path: Path, steps: int, *, close: bool = True) -> None:
     """A real recording of the bundled one's first ``steps`` steps."""
     code = f"""
 import sys
-from probe.recording import Recording, RecordingWriter
+from probe.reader.recording import Recording, RecordingWriter
 src = Recording.open({str(BUNDLED)!r})
 w = RecordingWriter({str(path)!r})
 for p in src.processes():
@@ -166,7 +166,7 @@ def _killed_writer(path: Path, steps: int) -> None:
     """A writer that committed ``steps`` steps and was SIGKILLed before closing."""
     code = f"""
 import os, signal
-from probe.recording import Recording, RecordingWriter
+from probe.reader.recording import Recording, RecordingWriter
 src = Recording.open({str(BUNDLED)!r})
 w = RecordingWriter({str(path)!r})
 for p in src.processes():
@@ -282,7 +282,7 @@ def test_export_on_a_read_only_file_system_is_one_line(tmpfs: callable) -> None:
 def test_stdout_on_dev_full_is_one_error(cmd: list[str]) -> None:
     with open("/dev/full", "w") as full:
         r = subprocess.run(
-            [sys.executable, "-m", "probe.cli", *cmd],
+            [sys.executable, "-m", "probe.cli.main", *cmd],
             stdout=full,
             stderr=subprocess.PIPE,
             text=True,
@@ -391,7 +391,7 @@ def worker(run_dir):
     # as vLLM's engine core and workers do: SIGTERM raises SystemExit
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     os.environ["PROBE_RUN_DIR"] = run_dir
-    from probe.control_server import start_server
+    from probe.engine.control_server import start_server
     start_server()
     print(os.getpid(), flush=True)
     while True:
@@ -509,7 +509,7 @@ def _trickler(path: Path, stop: threading.Event) -> None:
 
 def _server(run_dir: Path, **kw: object):  # type: ignore[no-untyped-def]
     sys.path.insert(0, str(ROOT))
-    from probe import control_server
+    from probe.engine import control_server
 
     srv = control_server.ControlServer(run_dir, host=_Host(), **kw)  # type: ignore[arg-type]
     srv.open()
@@ -607,7 +607,7 @@ def test_an_unsafe_shared_run_dir_falls_back_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     sys.path.insert(0, str(ROOT))
-    from probe import control_server
+    from probe.engine import control_server
 
     shm = tmp_path / "shm"
     shm.mkdir()
@@ -750,11 +750,11 @@ def test_a_damaged_column_name_of_any_table_is_named(tmp_path: Path) -> None:
 
 
 def test_a_nul_byte_in_an_argument_is_a_usage_error() -> None:
-    """Only a caller of ``probe.cli.main`` can pass one (exec refuses it); os.stat raised."""
+    """Only a caller of ``probe.cli.main.main`` can pass one (exec refuses it); os.stat raised."""
     import contextlib
     import io
 
-    from probe import cli
+    from probe.cli import main as cli
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exc:

@@ -1,5 +1,5 @@
 """The metadata-build hook writes the same BUILD record on both hot paths, for every shape
-of input: the compiled common path (probe._accel.Build) and each case it hands to the
+of input: the compiled common path (probe.engine.accel._accel.Build) and each case it hands to the
 Python record (None fields, metadata without a split, a threshold under another name,
 values that do not fit). Inside vLLM it reads plain attributes only: never the
 ``query_start_loc_cpu`` tensor; the reader derives the real counts (``fill_builds``),
@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 import torch
 
-from probe import accel
-from probe.assemble import fill_builds
-from probe.hooks import builders
-from probe.hooks._base import Installer, Target
-from probe.recording import Recording
+from probe.engine import accel
+from probe.engine.hooks import builders
+from probe.engine.hooks._base import Installer, Target
+from probe.engine.ring_writer import RingWriter
+from probe.engine.runtime import RT
+from probe.reader.assemble import fill_builds
+from probe.reader.recording import Recording
 from probe.records import Build, BuildTag
-from probe.ring import RingWriter
-from probe.runtime import RT
 from tests.conftest import drain
 
 QSL = torch.tensor([0, 2, 4, 6, 8, 9, 12], dtype=torch.int32)

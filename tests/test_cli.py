@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from probe.cli import default_recording
+from probe.cli.main import default_recording
 
 
 def probe(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "probe.cli", *args],
+        [sys.executable, "-m", "probe.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=120,

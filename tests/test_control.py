@@ -19,11 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from probe import control_server as control
-from probe.control import request
-from probe.control_server import ControlError, ControlServer, PeerRefused, check_peer, peer_cred
+from probe.engine import control_server as control
+from probe.engine.control_server import (
+    ControlError,
+    ControlServer,
+    PeerRefused,
+    check_peer,
+    peer_cred,
+)
+from probe.reader.control import request
+from probe.reader.ring_reader import RingReader
 from probe.records import Decoder, Hello
-from probe.ring import RingReader
 
 
 class Clock:
@@ -36,7 +42,7 @@ class Clock:
 
 @pytest.fixture
 def server(run_dir: Path, clean_probe: None) -> Iterator[ControlServer]:
-    from probe import hooks
+    from probe.engine import hooks
 
     hooks.install(list(hooks.ALWAYS_ON))  # as the plugin does; lazy: no vLLM import
     srv = ControlServer(run_dir, environ={"PROBE_GPU_TIMING": "0"})
@@ -66,7 +72,7 @@ def rings(d: Path) -> list[str]:
 
 
 def test_status_enable_snapshot_disable_round_trip(server: ControlServer, run_dir: Path) -> None:
-    from probe.runtime import RT
+    from probe.engine.runtime import RT
 
     st = request(server.path, "status")
     assert st["pid"] == os.getpid() and st["enabled"] is False and st["attached_by"] is None
@@ -119,7 +125,7 @@ def test_status_enable_snapshot_disable_round_trip(server: ControlServer, run_di
 def test_bad_requests_get_an_error_and_change_nothing(
     server: ControlServer, run_dir: Path, payload: bytes, error: str
 ) -> None:
-    from probe.runtime import RT
+    from probe.engine.runtime import RT
 
     reply = raw(server.path, payload)
     assert reply["ok"] is False and error in str(reply["error"])
@@ -149,7 +155,7 @@ def test_socket_is_0600_and_dir_0700(server: ControlServer, run_dir: Path) -> No
 
 
 def test_unsafe_run_dir_is_refused(run_dir: Path) -> None:
-    from probe.ring import UnsafeRingDirError
+    from probe.ring_dir import UnsafeRingDirError
 
     os.chmod(run_dir, 0o777)
     with pytest.raises(UnsafeRingDirError):
@@ -190,7 +196,7 @@ def test_server_refuses_another_uid_on_the_real_connection(
 def _client(path: Path, cmd: str) -> subprocess.CompletedProcess[str]:
     code = (
         "import sys, json\n"
-        "from probe.control import request, ControlError\n"
+        "from probe.reader.control import request, ControlError\n"
         "try:\n"
         f"    print(json.dumps(request({str(path)!r}, {cmd!r})))\n"
         "except ControlError as e:\n"
@@ -216,7 +222,7 @@ def test_second_client_gets_attached_by(server: ControlServer, run_dir: Path) ->
 def test_watchdog_disables_when_a_stopped_readers_heartbeat_stops(
     run_dir: Path, clean_probe: None
 ) -> None:
-    from probe.runtime import RT
+    from probe.engine.runtime import RT
 
     clock = Clock()
     start = control.pid_stat(os.getpid())
@@ -253,7 +259,7 @@ def test_a_running_reader_waiting_for_a_cpu_keeps_the_hooks_on(
     # on a saturated host a live reader can go many seconds without a poll; turning the
     # hooks off under it lost the rest of its attachment (3 of 48 attaches under load);
     # it gets live_silence_s, and is caught at once when its process is gone
-    from probe.runtime import RT
+    from probe.engine.runtime import RT
 
     clock = Clock()
     gone: set[int] = set()
@@ -293,7 +299,7 @@ def test_a_running_reader_waiting_for_a_cpu_keeps_the_hooks_on(
 
 
 def test_a_reader_whose_pid_was_taken_over_is_gone(run_dir: Path, clean_probe: None) -> None:
-    from probe.runtime import RT
+    from probe.engine.runtime import RT
 
     clock = Clock()
     me = control.pid_stat(os.getpid())
@@ -313,7 +319,7 @@ def test_a_reader_whose_pid_was_taken_over_is_gone(run_dir: Path, clean_probe: N
 
 
 def test_watchdog_thread_disables_when_the_reader_is_gone(run_dir: Path, clean_probe: None) -> None:
-    from probe.runtime import RT
+    from probe.engine.runtime import RT
 
     gone: set[int] = set()
     srv = ControlServer(
@@ -336,7 +342,7 @@ def test_watchdog_thread_disables_when_the_reader_is_gone(run_dir: Path, clean_p
 def test_the_deadline_turns_the_hooks_off_however_fresh_the_heartbeat(
     run_dir: Path, clean_probe: None
 ) -> None:
-    from probe.runtime import RT
+    from probe.engine.runtime import RT
 
     clock = Clock()
     srv = ControlServer(run_dir, environ={}, clock_ns=clock, watchdog_thread=False)
@@ -370,7 +376,7 @@ def test_the_deadline_turns_the_hooks_off_however_fresh_the_heartbeat(
 def test_the_watchdog_thread_wakes_at_the_deadline_not_an_interval_later(
     run_dir: Path, clean_probe: None
 ) -> None:
-    from probe.runtime import RT
+    from probe.engine.runtime import RT
 
     # the default watchdog interval (0.5 s) is longer than the duration: the thread must
     # wake at the deadline itself, not at its next round
@@ -415,7 +421,7 @@ def test_a_stale_reader_is_taken_over(run_dir: Path, clean_probe: None) -> None:
 
 
 def test_close_removes_the_socket_and_disables(run_dir: Path, clean_probe: None) -> None:
-    from probe.runtime import RT
+    from probe.engine.runtime import RT
 
     srv = ControlServer(run_dir, environ={})
     srv.open()
@@ -429,7 +435,7 @@ def test_close_removes_the_socket_and_disables(run_dir: Path, clean_probe: None)
 def test_enable_attaches_the_families_asked_for_and_disable_removes_them(
     server: ControlServer,
 ) -> None:
-    from probe import hooks
+    from probe.engine import hooks
 
     request(server.path, "enable", hooks=["dispatch", "reorder"], gpu_timing=False)
     # (hooks.enable brings in every family when none of them could be installed yet, as
@@ -446,7 +452,7 @@ def test_enable_attaches_the_families_asked_for_and_disable_removes_them(
 def test_enable_with_sampling_and_disable_stops_it(server: ControlServer) -> None:
     """``sample_every`` reaches the runtime; disabling ends sampling too, so no later
     step can switch the hooks back on."""
-    from probe.runtime import RT
+    from probe.engine.runtime import RT
 
     request(server.path, "enable", sample_every=4, gpu_timing=False)
     assert RT.sampling and RT.sample_every == 4 and RT.sample_n == 0
@@ -498,8 +504,8 @@ def test_attach_enables_a_server_without_deadlines_without_one(
     reader enables it without, and turns the hooks off itself."""
     from types import SimpleNamespace
 
-    from probe.commands.attach import Session
-    from probe.runtime import RT
+    from probe.cli.commands.attach import Session
+    from probe.engine.runtime import RT
 
     old = dict(control.COMMANDS, enable=frozenset({"gpu_timing", "hooks", "sample_every"}))
     monkeypatch.setattr(control, "COMMANDS", old)
@@ -536,7 +542,7 @@ def test_attach_ends_with_its_output_and_recording_whole(
     assert "detached (duration reached)" in out.stderr
     assert out.stderr.rstrip().endswith(f"probe: recording written to {rec}")
     assert out.stdout.startswith("probe attach | ") and out.stdout.endswith("\n")
-    from probe.recording import Recording
+    from probe.reader.recording import Recording
 
     meta = Recording.open(rec).meta()
     assert meta["stop_reason"] == "duration reached" and int(meta["ended_epoch_ns"]) > 0

@@ -21,9 +21,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from probe import discover
-from probe.control import request, request_all
-from probe.control_server import ControlError, ControlServer
+from probe.engine.control_server import ControlError, ControlServer
+from probe.reader import discover
+from probe.reader.control import request, request_all
 
 
 def serve(path: Path, answer: Callable[[dict[str, object]], bytes | None]) -> threading.Thread:
@@ -105,9 +105,9 @@ def test_attach_enables_and_disables_every_process_and_undoes_a_failed_start(
 ) -> None:
     """One process refusing the enable: the one that accepted is disabled again and the
     error names the refusing pid (as when they were asked one after the other)."""
-    from probe.commands.attach import Session
+    from probe.cli.commands.attach import Session
+    from probe.engine.runtime import RT
     from probe.errors import UsageError
-    from probe.runtime import RT
 
     srv = ControlServer(run_dir, environ={"PROBE_GPU_TIMING": "0"})
     srv.open()

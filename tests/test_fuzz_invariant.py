@@ -111,7 +111,7 @@ def _listing(d: Path) -> dict[str, tuple[int, int, int]]:
 
 def _expected_report() -> dict[str, Any]:
     r = subprocess.run(
-        [sys.executable, "-m", "probe.cli", "report", "--json", str(BUNDLED)],
+        [sys.executable, "-m", "probe.cli.main", "report", "--json", str(BUNDLED)],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -130,7 +130,7 @@ def run_case(d: Path, args: list[str], *, output: str | None = None) -> str:
     before = _listing(d)
     t = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "probe.cli", *real],
+        [sys.executable, "-m", "probe.cli.main", *real],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=d,

@@ -132,7 +132,7 @@ def test_cpu_specs_and_deadline() -> None:
 
 
 def test_tp2_recording_from_the_h200_reads_per_rank() -> None:
-    from probe.recording import Recording
+    from probe.reader.recording import Recording
     from probe.records import Mode
 
     rec = Recording.open(ROOT / "benchmarks/results/h200x2-2026-11-30/serve-tp2.probe.db")
@@ -151,8 +151,8 @@ def test_reshape_leaves_out_and_plains_hooks_by_id() -> None:
     plain phase span, and the originals come back by identity afterwards."""
     import types
 
-    from probe.hooks import step
-    from probe.hooks._base import Installer, Target
+    from probe.engine.hooks import step
+    from probe.engine.hooks._base import Installer, Target
     from probe.records import Phase
 
     sys.path.insert(0, str(ROOT / "benchmarks/gpu"))
@@ -205,7 +205,7 @@ def test_crossover_pools_the_runs_of_a_variant() -> None:
 
 
 class _Hooks:
-    """Stands in for probe.hooks in the engine process: installed or not, on or off."""
+    """Stands in for probe.engine.hooks in the engine process: installed or not, on or off."""
 
     def __init__(self, rt: object) -> None:
         self.installed, self.rt = False, rt
@@ -519,7 +519,7 @@ class _Engine:
         self.llm_engine = self
 
     def step(self) -> None:
-        from probe.runtime import RT
+        from probe.engine.runtime import RT
 
         self.seen.append((bool(RT.enabled), self.attached[0]))
 
@@ -535,8 +535,8 @@ def test_crossover_switches_what_the_variant_names(variant: str, monkeypatch) ->
     none); ``"touch"`` leaves the hooks installed and modifies every hooked class at each
     switch, as an attach or detach does; ``"off": "reattach"`` keeps them in place in the
     off blocks and detaches and attaches afresh at the start of each on block."""
-    from probe import hooks
-    from probe.runtime import RT
+    from probe.engine import hooks
+    from probe.engine.runtime import RT
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks/gpu"))  # the harness's own modules
     attached = [True]
@@ -603,8 +603,8 @@ def test_a_clock_variant_records_the_clock_its_attaches_read(off: str, monkeypat
     clock they read, also where the end of an absent variant attaches once more on the
     process's own setting (s23's runs labelled their absent/tsc variants boottime); the
     process's setting is back afterwards."""
-    from probe import hooks
-    from probe.runtime import RT
+    from probe.engine import hooks
+    from probe.engine.runtime import RT
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks/gpu"))
     monkeypatch.delenv("PROBE_CLOCK", raising=False)
@@ -813,7 +813,7 @@ def test_an_engine_whose_reader_has_exited_is_refused() -> None:
         out = Path(d) / "r.probe.db"
         out.write_bytes(b"")
         reader = subprocess.Popen(
-            [sys.executable, "-m", "probe.cli", "collect", "--run-dir", d, "--out", str(out)],
+            [sys.executable, "-m", "probe.cli.main", "collect", "--run-dir", d, "--out", str(out)],
             cwd=ROOT, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         reader.wait(timeout=60)
@@ -831,10 +831,10 @@ def test_a_counted_variant_tells_the_calls_compiled_hooks_hand_to_python(monkeyp
     """``"count_python_calls"``: each compiled hook built during the variant (here a real
     ``accel.build_hook`` around a stand-in build) has its Python ``record`` counted: with
     no compiled ring bound, every call leaves C, and each one shows; a variant whose hooks
-    never leave C reports none; ``probe.accel`` is restored by identity, and crossover
+    never leave C reports none; ``probe.engine.accel`` is restored by identity, and crossover
     names the variant apart and pools the counts."""
-    from probe import accel, hooks
-    from probe.runtime import RT
+    from probe.engine import accel, hooks
+    from probe.engine.runtime import RT
 
     if accel.active() != "compiled":
         pytest.skip("the compiled hot path is not built here")

@@ -14,12 +14,12 @@ from typing import Any, ClassVar
 
 import pytest
 
-from probe import accel
-from probe.hooks import replay, step
-from probe.hooks._base import Installer, Target
+from probe.engine import accel
+from probe.engine.hooks import replay, step
+from probe.engine.hooks._base import Installer, Target
+from probe.engine.ring_writer import RingWriter
+from probe.engine.runtime import RT
 from probe.records import GpuTiming, Span
-from probe.ring import RingWriter
-from probe.runtime import RT
 from tests.conftest import drain
 
 PATHS = ["python"] + (["compiled"] if accel.COMPILED else [])

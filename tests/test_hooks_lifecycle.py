@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from probe import hooks
-from probe.hooks import dispatch as dispatch_hooks
-from probe.hooks._base import Target
+from probe.engine import hooks
+from probe.engine.hooks import dispatch as dispatch_hooks
+from probe.engine.hooks._base import Target
+from probe.engine.ring_writer import RingWriter
+from probe.engine.runtime import RT
 from probe.records import Dispatch, Flag, Mode, Phase, Reason, Reorder, Span
-from probe.ring import RingWriter
-from probe.runtime import RT
 
 pytestmark = pytest.mark.usefixtures("clean_probe", "hot_path")
 
@@ -154,7 +154,7 @@ def test_mrv2_prepare_inputs_end_says_it_starts_at_the_dispatch(
     PREPARE_INPUTS span the reader extends back)."""
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-    from probe.hooks import step
+    from probe.engine.hooks import step
 
     class State:
         def prepare_attn(self, batch: Any) -> Any:
@@ -168,7 +168,7 @@ def test_mrv2_prepare_inputs_end_says_it_starts_at_the_dispatch(
     runner.model_state = None if late_id == "phase.mrv2.prepare_attn" else State()
     [(target, owner)] = [(t, o) for t, o in step.late_targets(runner) if t.hook_id == late_id]
     owner = Runner if owner is GPUModelRunner else owner  # not vLLM's class, in this test
-    from probe.hooks._base import Installer
+    from probe.engine.hooks._base import Installer
 
     inst = Installer()
     assert inst.install_on(target, owner)
@@ -195,7 +195,7 @@ def test_mrv2_runner_prepare_attn_is_hooked_only_where_the_state_does_not_mark_i
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner as Mrv2
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner as V1
 
-    from probe.hooks import step
+    from probe.engine.hooks import step
 
     class State:
         def prepare_attn(self) -> None: ...
@@ -376,7 +376,7 @@ def test_v1_misses_record_the_same_on_both_hot_paths(
     """The compiled hook keeps the last miss's reason for the same inputs (the eager
     drafter's dispatch, every step); what it records is what the Python record writes,
     whatever changed in between."""
-    from probe import accel
+    from probe.engine import accel
 
     got = {}
     for path in ["python", "compiled"] if accel.COMPILED else ["python"]:
@@ -403,7 +403,7 @@ def test_a_repeated_v1_miss_is_recorded_in_c(
     any input (an argument, the dispatcher) sends the next one there again."""
     from vllm.config import CUDAGraphMode
 
-    from probe import accel
+    from probe.engine import accel
 
     if accel.active() != "compiled":
         pytest.skip("the compiled path's own behaviour")
@@ -452,7 +452,7 @@ def test_v1_model_forward_is_hooked_only_where_the_full_wrapper_is_not_the_launc
     from vllm.config import CUDAGraphMode
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from probe.hooks import step
+    from probe.engine.hooks import step
 
     runner = object.__new__(GPUModelRunner)
     wrapper = object.__new__(CUDAGraphWrapper)
@@ -487,9 +487,9 @@ def test_the_calibration_times_its_wrappers_as_the_installer_puts_them(
     which checks the switch itself, is timed without a second layer around it."""
     import types
 
-    from probe import accel, calibrate
-    from probe.hooks import step
-    from probe.hooks._base import as_installed
+    from probe.engine import accel, calibrate
+    from probe.engine.hooks import step
+    from probe.engine.hooks._base import as_installed
 
     def noop(self: object) -> None:
         return None
@@ -516,7 +516,7 @@ def test_the_calibration_times_the_span_and_hook_cold_within_its_budget(hot_path
     evicting the core's caches): both figures land in the calibration with the calls it
     made and the bytes it touched, at least 5 calls even with no time at all, at most the
     calls asked for; ``cold_calls=0`` leaves them out. The runtime is left as it was."""
-    from probe import calibrate
+    from probe.engine import calibrate
 
     saved = (RT.step, RT.in_step, RT.enabled)
     cal = calibrate.calibrate(
@@ -546,10 +546,10 @@ def test_the_cold_calls_are_timed_by_the_raw_counter_in_ns(monkeypatch: Any) -> 
     The calibration names its timer."""
     import time
 
-    from probe import calibrate
+    from probe.engine import calibrate
 
     try:
-        from probe import _accel
+        from probe.engine.accel import _accel
 
         expect = "tsc" if _accel.ticks() else "perf_counter"
     except ImportError:
@@ -568,7 +568,7 @@ def test_the_cold_calls_are_timed_by_the_raw_counter_in_ns(monkeypatch: Any) -> 
     assert got == 5 and 1.9e6 <= diff <= 2.6e6, diff
     cal = calibrate.calibrate(calls=5, rounds=1, cold_calls=5, cold_code_budget_s=0)
     assert cal["cold_timer"] == expect
-    monkeypatch.setitem(sys.modules, "probe._accel", None)  # no extension
+    monkeypatch.setitem(sys.modules, "probe.engine.accel._accel", None)  # no extension
     assert calibrate.cold_timer()[1] == "perf_counter"
     (diff,), _ = calibrate._cold_ns([(bare, wrapped)], 4096, 5, 0.0)
     assert 1.9e6 <= diff <= 2.6e6, diff
@@ -577,7 +577,7 @@ def test_the_cold_calls_are_timed_by_the_raw_counter_in_ns(monkeypatch: Any) -> 
 def test_the_code_eviction_compiles_before_each_timed_call(monkeypatch: Any) -> None:
     """``code=True`` runs CPython's compiler on the eviction source before every single
     call it times (bare and wrapped), after the data copy; without it, never."""
-    from probe import calibrate
+    from probe.engine import calibrate
 
     events: list[str] = []
 
@@ -610,7 +610,7 @@ def test_the_code_eviction_compiles_before_each_timed_call(monkeypatch: Any) -> 
 def test_cold_timings_touch_four_times_the_l2_within_4_to_16_mb(
     tmp_path: Path, files: dict[str, tuple[str, str]], want_mb: int
 ) -> None:
-    from probe import calibrate
+    from probe.engine import calibrate
 
     for name, (level, size) in files.items():
         (tmp_path / name).mkdir()

@@ -18,26 +18,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 READER_SIDE = (
-    "probe.analysis",
-    "probe.assemble",
-    "probe.cli",
-    "probe.collector",
-    "probe.commands",
-    "probe.control",
-    "probe.discover",
-    "probe.live",
-    "probe.recording",
-    "probe.recording_schema",
-    "probe.report",
+    "probe.analysis.summary",
+    "probe.reader.assemble",
+    "probe.cli.main",
+    "probe.reader.collector",
+    "probe.cli.commands",
+    "probe.reader.control",
+    "probe.reader.discover",
+    "probe.cli.render_live",
+    "probe.reader.recording",
+    "probe.reader.recording_schema",
+    "probe.cli.render_report",
     "probe.sqlite_errors",
     "probe.step",
 )
 
 ENGINE = """
 import json, os, sys, tempfile
-from probe import plugin, hooks, control_server, runtime
+from probe.engine import plugin, hooks, control_server, runtime
 ring = plugin.ring_path_for(os.getpid(), {"PROBE_RUN_DIR": tempfile.mkdtemp()})
-from probe.ring import RingWriter
+from probe.engine.ring_writer import RingWriter
 writer = RingWriter.create(ring, 1 << 16)
 hooks.attach(writer, gpu_timing=False)
 hooks.disable()
@@ -69,11 +69,11 @@ def _engine_modules(tmp_path: Path) -> list[str]:
 def test_the_engine_side_imports_hooks_and_records(tmp_path: Path) -> None:
     mods = _engine_modules(tmp_path)
     assert {
-        "probe.hooks",
+        "probe.engine.hooks",
         "probe.records",
-        "probe.runtime",
+        "probe.engine.runtime",
         "probe.ring",
-        "probe.control_server",
+        "probe.engine.control_server",
     } <= set(mods)
 
 
@@ -84,7 +84,7 @@ def test_the_engine_side_imports_no_exporter(tmp_path: Path) -> None:
 
 def test_the_engine_side_imports_nothing_of_the_reader_side(tmp_path: Path) -> None:
     mods = _engine_modules(tmp_path)
-    # "probe.control" (the client) must not match "probe.control_server" (the server)
+    # "probe.reader.control" (the client) must not match "probe.engine.control_server" (the server)
     reader = [
         m for m in mods if m in READER_SIDE or m.startswith(tuple(f"{r}." for r in READER_SIDE))
     ]

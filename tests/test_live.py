@@ -18,8 +18,8 @@ import pytest
 from rich.console import Console
 from rich.live import Live
 
-from probe import analysis
-from probe.live import LiveStats, header_line, plain_lines, rank_lines, render, sparkline
+from probe.analysis import summary as analysis
+from probe.cli.render_live import LiveStats, header_line, plain_lines, rank_lines, render, sparkline
 from probe.records import Mode, Reason, Reorder
 from probe.step import GpuSample, Step
 
@@ -27,7 +27,7 @@ PROBE = str(Path(sys.executable).with_name("probe"))
 
 
 class FakeProc:
-    """The parts of probe.collector.ProcessState a sink reads."""
+    """The parts of probe.reader.collector.ProcessState a sink reads."""
 
     def __init__(self, pid: int, snapshot: dict[str, Any] | None = None) -> None:
         self.pid = pid
@@ -202,7 +202,7 @@ def test_an_empty_view_says_it_waits() -> None:
 
 
 def test_port_and_listening_pid_and_tree() -> None:
-    from probe.discover import descendants, listening_pids, port_of, tree_of_url
+    from probe.reader.discover import descendants, listening_pids, port_of, tree_of_url
 
     assert port_of("http://127.0.0.1:8123/v1") == 8123
     assert port_of("127.0.0.1:9000") == 9000
@@ -222,7 +222,7 @@ def test_port_and_listening_pid_and_tree() -> None:
 
 
 def test_unknown_url_and_pid_are_clear_errors() -> None:
-    from probe.discover import DiscoveryError, tree_of_pid, tree_of_url
+    from probe.reader.discover import DiscoveryError, tree_of_pid, tree_of_url
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -234,8 +234,8 @@ def test_unknown_url_and_pid_are_clear_errors() -> None:
 
 
 def test_ps_lists_servers_and_cleans_stale_sockets(run_dir: Path, clean_probe: None) -> None:
-    from probe.control import ControlServer
-    from probe.discover import find_processes
+    from probe.reader.control import ControlServer
+    from probe.reader.discover import find_processes
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -273,8 +273,8 @@ def test_attach_with_nothing_to_attach_is_a_usage_error(run_dir: Path) -> None:
 
 
 def test_missing_exporter_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    from probe.cli import UsageError
-    from probe.commands.attach import exporter_sink
+    from probe.cli.commands.attach import exporter_sink
+    from probe.cli.main import UsageError
 
     monkeypatch.setitem(sys.modules, "exporters.nothere", None)
     with pytest.raises(UsageError, match=r"exporters.nothere is not available.*\[nothere\]"):

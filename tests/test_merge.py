@@ -24,8 +24,8 @@ from profiles_data import profile_path
 from exporters.timelines.align import AlignmentError, align
 from exporters.timelines.crosscheck import step_table
 from exporters.timelines.load import load_profile
-from probe.cli import main
-from probe.recording import Recording
+from probe.cli.main import main
+from probe.reader.recording import Recording
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "benchmarks/results/h200-2026-11-30"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from probe.markers import DEFAULT_DOMAIN, NvtxEmitter, NvtxUnavailableError
+from probe.engine.markers import DEFAULT_DOMAIN, NvtxEmitter, NvtxUnavailableError
 
 
 class FakeDomain:

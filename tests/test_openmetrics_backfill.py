@@ -29,10 +29,9 @@ from test_prometheus_real import LABEL_VALUES, _free_port, _wait
 from dashboards.generate import DASHBOARDS, queries
 from exporters.metrics import probe_cost_queries, ratio_queries
 from exporters.series import timelines
-from probe import analysis
-from probe.calibrate import cost_per_step_ns
-from probe.cost import TIMINGS
-from probe.recording import Recording, default_recording
+from probe.analysis import summary as analysis
+from probe.analysis.cost import TIMINGS, cost_per_step_ns
+from probe.reader.recording import Recording, default_recording
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(180)]
 
@@ -61,7 +60,7 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     cal = calibrated_copy(d / "calibrated.probe.db")
     # the user's first command, as they would type it
     out = subprocess.run(
-        [sys.executable, "-m", "probe.cli", "export", str(cal), "--openmetrics", str(om)],
+        [sys.executable, "-m", "probe.cli.main", "export", str(cal), "--openmetrics", str(om)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -155,7 +154,7 @@ def test_every_dashboard_query_has_data_over_the_recording(
 
 def _report() -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "probe.cli", "report", "--json"],
+        [sys.executable, "-m", "probe.cli.main", "report", "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -166,7 +165,7 @@ def _report() -> dict[str, Any]:
 
 
 def _reported(rep: dict[str, Any], name: str) -> float:
-    """``probe report --json``'s value of one ratio of probe.analysis.RATIOS, over every
+    """``probe report --json``'s value of one ratio of probe.analysis.summary.RATIOS, over every
     forward step (its ``ratios`` block: what the dashboards compute; the report's own
     timings and verdict are over steady-state steps only)."""
     if name not in rep["ratios"]:
@@ -198,7 +197,7 @@ def test_every_ratio_equals_the_reports(backfilled: tuple[str, float, float]) ->
 def test_the_probe_cost_over_the_recording(backfilled: tuple[str, float, float]) -> None:
     """The probe cost per step by each timing, its PromQL at the recording's end over a
     window that holds it whole: every forward step's hooked calls at the calibration's
-    cost per call, as ``probe.cost`` counts them."""
+    cost per call, as ``probe.analysis.cost`` counts them."""
     base, start, end = backfilled
     window = f"{int(end - start) + 2}s"
     rec = Recording.open(default_recording())

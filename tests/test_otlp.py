@@ -30,8 +30,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from exporters.base import MissingExtra, load_sink, replay
 from exporters.metrics import LAUNCH_BUCKETS
 from exporters.otlp import make_sink
-from probe.cli import default_recording
-from probe.recording import Recording
+from probe.cli.main import default_recording
+from probe.reader.recording import Recording
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -259,7 +259,7 @@ def test_missing_extra_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) ->
 def test_missing_extra_through_the_cli(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from probe.cli import main
+    from probe.cli.main import main
 
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.grpc.trace_exporter", None)
     monkeypatch.delitem(sys.modules, "exporters.otlp", raising=False)

@@ -13,8 +13,8 @@ import pytest
 from perfetto_read import read_trace
 
 from exporters.perfetto import BOOTTIME_CLOCK_ID, Slice, TraceBuilder, _lanes, write_recording
-from probe.cli import main
-from probe.recording import Recording
+from probe.cli.main import main
+from probe.reader.recording import Recording
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = ROOT / "benchmarks/results/h200-2026-11-30/groundtruth-window.probe.db"

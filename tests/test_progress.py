@@ -30,7 +30,7 @@ from rich.console import Console
 from terminal import read_terminal
 
 from probe.progress import Display, counted, display_for, wanted
-from probe.recording import Recording, default_recording
+from probe.reader.recording import Recording, default_recording
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -424,7 +424,7 @@ WRITER = """
 import os, sys
 from pathlib import Path
 from probe.records import Mode, Phase, Reason, RecordKind, pack_pair
-from probe.ring import RingWriter
+from probe.engine.ring_writer import RingWriter
 ring = RingWriter.create(Path(sys.argv[1]) / f"ring-{os.getpid()}.shm", 1 << 16)
 w = ring.write
 span, disp = int(RecordKind.SPAN), int(RecordKind.DISPATCH)
@@ -468,7 +468,7 @@ def test_collect_shows_a_status_line_and_records_the_same(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("command", ["export", "merge", "collect", "ab"])
 def test_every_command_takes_no_progress(command: str) -> None:
-    from probe.cli import build_parser
+    from probe.cli.main import build_parser
 
     rest = {
         "export": ["x.db", "--perfetto", "x"],

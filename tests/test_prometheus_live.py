@@ -104,8 +104,8 @@ def test_the_engines_probe_cost_reaches_prometheus(
     dashboard's panel) is what ``probe report`` prints for the same run, within 10% (the
     report takes the steady steps, the query every forward step of its window)."""
     from exporters.metrics import PROBE_COST
-    from probe.recording import Recording
-    from probe.report import build_report
+    from probe.cli.render_report import build_report
+    from probe.reader.recording import Recording
 
     base, at = run
     rec = next(tmp_path_factory.getbasetemp().glob("promlive*/run.probe.db"))

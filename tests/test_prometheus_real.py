@@ -30,10 +30,9 @@ from dashboards.generate import DASHBOARDS, queries
 from exporters.base import processes_from_recording, replay
 from exporters.metrics import PROBE_COST, ratio_queries
 from exporters.prometheus import ServingSink
-from probe import analysis
-from probe.calibrate import cost_per_step_ns
-from probe.cost import TIMINGS
-from probe.recording import Recording, default_recording
+from probe.analysis import summary as analysis
+from probe.analysis.cost import TIMINGS, cost_per_step_ns
+from probe.reader.recording import Recording, default_recording
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(120)]
 
@@ -262,7 +261,7 @@ def twice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.mark.parametrize("name", sorted(analysis.RATIOS))
 def test_every_ratio_agrees_with_its_promql(twice: str, name: str) -> None:
-    """Each ratio through probe.analysis on the recording's Steps, and through its PromQL
+    """Each ratio through probe.analysis.summary on the recording's Steps, and through its PromQL
     (the dashboards' text) on a real Prometheus loaded from the export: within 1%."""
     steps = list(Recording.open(default_recording()).iter_steps())
     want = analysis.ratio(name, steps)
@@ -353,7 +352,7 @@ def calibrated_twice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
 def test_the_probe_cost_agrees_with_its_promql(
     calibrated_twice: tuple[str, Any], timing: str
 ) -> None:
-    """The probe's cost per forward step, through ``probe.cost`` (each forward step's
+    """The probe's cost per forward step, through ``probe.analysis.cost`` (each forward step's
     hooked calls at the calibration's cost per call) and through its PromQL (the two
     exported factors) on a real Prometheus loaded from the export: within 1%; the cold
     and code-evicted ones are the range ``probe report`` prints, there over the steady

@@ -12,9 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe import accel, records
+from probe import records
+from probe.engine import accel
+from probe.engine.ring_writer import RingWriter
+from probe.reader.ring_reader import RingReader
 from probe.records import SPECS, FieldSpec, RecordKind, RecordSpec, decode, encode, pack, packers
-from probe.ring import RingReader, RingWriter
 
 KINDS = [s for s in SPECS.values() if s.kind != RecordKind.HELLO]
 

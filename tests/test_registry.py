@@ -13,8 +13,8 @@ import pytest
 
 from exporters import registry
 from exporters.base import ExportSink
-from probe.cli import main
-from probe.recording import Recording, default_recording
+from probe.cli.main import main
+from probe.reader.recording import Recording, default_recording
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,7 +108,7 @@ def test_a_plugin_distribution_adds_an_exporter(tmp_path: Path) -> None:
         )
     )
     env_path = f"{site}:{ROOT}"
-    run = [sys.executable, "-m", "probe.cli", "export", "--to"]
+    run = [sys.executable, "-m", "probe.cli.main", "export", "--to"]
     listed = subprocess.run(
         [*run, "list"],
         env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},

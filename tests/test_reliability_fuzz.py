@@ -42,10 +42,13 @@ from exporters.timelines.model import ProfileError
 from exporters.timelines.rocpd import read_rocpd
 from exporters.timelines.rocpd_writer import create_rocpd_db, write_rocpd_regions
 from exporters.timelines.rocprofv3_csv import read_rocprofv3_csv
-from probe import cli, config
-from probe.collector import Collector, RecordingSink
-from probe.hooks.snapshot import KNOWN_BUILDERS, SUPPORT_NAMES, OverrideError, parse_override
-from probe.recording import (
+from probe import config
+from probe.cli import main as cli
+from probe.cli.render_report import build_report, doctor
+from probe.engine.hooks.snapshot import KNOWN_BUILDERS, SUPPORT_NAMES, OverrideError, parse_override
+from probe.engine.ring_writer import RingWriter
+from probe.reader.collector import Collector, RecordingSink
+from probe.reader.recording import (
     APPLICATION_ID,
     SCHEMA_VERSION,
     Recording,
@@ -53,8 +56,6 @@ from probe.recording import (
     RecordingWriter,
 )
 from probe.records import Phase, RecordKind
-from probe.report import build_report, doctor
-from probe.ring import RingWriter
 
 EXAMPLES = int(os.environ.get("PROBE_FUZZ_EXAMPLES", "40"))
 # derandomize: the same cases every run, so a strict xfail below cannot flip by chance;
@@ -507,8 +508,8 @@ def test_cli_arguments_never_traceback(cmd: str, rest: list[str]) -> None:
     )
 )
 def test_plugin_register_never_raises_on_bad_env(env: dict[str, str]) -> None:
-    from probe import hooks, plugin
-    from probe.runtime import RT
+    from probe.engine import hooks, plugin
+    from probe.engine.runtime import RT
 
     env = {k: v.replace("\0", "") for k, v in env.items()}
     with tempfile.TemporaryDirectory() as d:
@@ -539,7 +540,7 @@ def test_probe_command_with_bad_env_values(value: str) -> None:
     for var in config.ALL:
         env[var.name] = value
     r = subprocess.run(
-        [sys.executable, "-m", "probe.cli", "env"],
+        [sys.executable, "-m", "probe.cli.main", "env"],
         env=env,
         capture_output=True,
         text=True,
@@ -556,7 +557,7 @@ def test_probe_subprocess_rejects_damaged_recording(data: Any) -> None:
     with _case("run.probe.db", blob) as p:
         try:
             r = subprocess.run(
-                [sys.executable, "-m", "probe.cli", "report", str(p)],
+                [sys.executable, "-m", "probe.cli.main", "report", str(p)],
                 capture_output=True,
                 text=True,
                 timeout=60,

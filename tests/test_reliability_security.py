@@ -37,7 +37,8 @@ def test_no_exporter_defaults_to_all_interfaces() -> None:
 
 
 def test_ring_and_its_directory_are_owner_only(tmp_path: Path) -> None:
-    from probe.ring import RingWriter, default_ring_dir
+    from probe.engine.ring_writer import RingWriter
+    from probe.ring_dir import default_ring_dir
 
     run_dir = default_ring_dir(environ={}, shm_root=tmp_path / "shm-missing", tmp_root=tmp_path)
     assert run_dir.stat().st_mode & 0o777 == 0o700

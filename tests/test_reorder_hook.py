@@ -1,5 +1,5 @@
 """The reorder hooks write the same REORDER record on both hot paths, for every shape of
-input: the compiled common path (probe._accel.Reorder: exact dicts, lists, str ids and
+input: the compiled common path (probe.engine.accel._accel.Reorder: exact dicts, lists, str ids and
 ints) and each case it hands to the Python hook or record (a tuple of ids, numpy counts, a
 mapping that is not a dict, int ids, a threshold of another type, a nested call, vLLM
 raising, a probe fault)."""
@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from probe import accel
-from probe.hooks import reorder
-from probe.hooks._base import Installer, Target
+from probe.engine import accel
+from probe.engine.hooks import reorder
+from probe.engine.hooks._base import Installer, Target
+from probe.engine.ring_writer import RingWriter
+from probe.engine.runtime import RT
 from probe.records import Flag, Reorder
-from probe.ring import RingWriter
-from probe.runtime import RT
 from tests.conftest import drain
 
 # -- MRV2: sort_batch_req_ids(num_tokens_per_req, [draft_tokens,] decode_query_len) -------

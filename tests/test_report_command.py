@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from probe.report import command_line
+from probe.cli.render_report import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ def test_the_probes_own_command_is_labelled_as_such() -> None:
 
 def test_the_bundled_report_says_who_recorded_it() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "probe.cli", "report"],
+        [sys.executable, "-m", "probe.cli.main", "report"],
         cwd=ROOT,
         capture_output=True,
         text=True,

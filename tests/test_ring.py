@@ -18,18 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from probe.engine.ring_writer import RingWriter
+from probe.reader.ring_reader import RingReader
 from probe.records import RECORD, RecordKind, payload_records
-from probe.ring import (
-    HEADER_SIZE,
-    MAGIC,
-    OPEN_FLAGS,
-    RingFormatError,
-    RingReader,
-    RingWriter,
-    UnsafeRingDirError,
-    check_ring_dir,
-    default_ring_dir,
-)
+from probe.ring import HEADER_SIZE, MAGIC, RingFormatError
+from probe.ring_dir import OPEN_FLAGS, UnsafeRingDirError, check_ring_dir, default_ring_dir
 
 pytestmark = pytest.mark.usefixtures("hot_path")
 

@@ -30,7 +30,7 @@ from exporters.timelines.rocpd_schema import (
 )
 from exporters.timelines.rocpd_writer import create_rocpd_db
 from exporters.timelines.rocprofv3_csv import read_rocprofv3_csv
-from probe.recording import Recording
+from probe.reader.recording import Recording
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = ROOT / "benchmarks/results/h200-2026-11-30/groundtruth-window.probe.db"

@@ -32,7 +32,7 @@ from exporters.timelines.rocpd_writer import (
 )
 from exporters.timelines.rocprofv3_csv import read_rocprofv3_csv
 from exporters.timelines.rocprofv3_json import read_rocprofv3_json
-from probe.markers import RoctxEmitter, RoctxUnavailableError
+from probe.engine.markers import RoctxEmitter, RoctxUnavailableError
 
 ROCPD_LAYOUTS = ("3", "4.1.0")  # one version of each layout the writer writes
 

@@ -12,7 +12,7 @@ from exporters.rocprof_sidecar import detect_rocpd_layout, sidecar_spans, write_
 from exporters.timelines.model import GpuKernel, ProfileError
 from exporters.timelines.rocpd import read_rocpd
 from exporters.timelines.rocpd_writer import create_rocpd_db
-from probe.recording import Recording
+from probe.reader.recording import Recording
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = ROOT / "benchmarks/results/h200-2026-11-30/groundtruth-window.probe.db"
@@ -80,7 +80,7 @@ def test_unknown_schema_in_the_rocprof_db(tmp_path: Path) -> None:
 def test_cli_export_and_merge_write_the_side_car(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from probe.cli import main
+    from probe.cli.main import main
 
     out = tmp_path / "probe_results.db"
     assert main(["export", str(WINDOW), "--rocpd", str(out)]) == 0

@@ -2,7 +2,7 @@
 
 ROCm is absent here; the stand-in has the real roctx Python API names (``rangePush``,
 ``rangePop``, ``mark``, ``rangeStart``, ``rangeStop``, as rocprofiler-sdk's bindings) and
-records each call. The probe's own step/phase wrappers (probe.hooks.step factories) are
+records each call. The probe's own step/phase wrappers (probe.engine.hooks.step factories) are
 installed on a small runner class with the probe's Installer, as the core does.
 """
 
@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from probe import markers as roctx_live
-from probe.hooks import step as step_hooks
-from probe.hooks._base import Installer, Target
+from probe.engine import markers as roctx_live
+from probe.engine.hooks import step as step_hooks
+from probe.engine.hooks._base import Installer, Target
+from probe.engine.runtime import RT
 from probe.records import Mode, Phase, Reason, RecordKind, ReplayKind
-from probe.runtime import RT
 
 ON = {"PROBE_ROCTX": "1"}
 
@@ -221,7 +221,7 @@ def test_nvtx_live_with_the_real_nvtx_package(probe: tuple[type, Installer, Writ
     (without Nsight attached its calls are no-ops, so the calls are not observable; the
     wrapping, the marks counted and the probe's records are)."""
     pytest.importorskip("nvtx")
-    from probe.markers import NvtxEmitter
+    from probe.engine.markers import NvtxEmitter
 
     runner, inst, writer = probe
     live = roctx_live.start(RT, inst, {"PROBE_NVTX": "1"})
@@ -249,7 +249,7 @@ def test_mrv2_full_launch_has_its_forward_launch_range(
     """MRV2's target FULL launch is the base ``run_fullgraph`` hook's call (the subclass's
     replay through ``super()``): a ``forward_launch`` range there, and none around the
     drafter's replays or a replay outside a step."""
-    from probe.hooks import replay as replay_hooks
+    from probe.engine.hooks import replay as replay_hooks
 
     _runner, inst, _ = probe
 

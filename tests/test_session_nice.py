@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from probe import session
-from probe.session import AUTO_NICE, early, may_raise
+from probe.reader import session
+from probe.reader.session import AUTO_NICE, early, may_raise
 
 ROOT = Path(__file__).resolve().parents[1]
 AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
@@ -28,8 +28,8 @@ needs_autogroups = pytest.mark.skipif(
 
 CHILD = """
 import os, signal, sys, time
-import probe.cli
-from probe import session
+import probe.cli.main
+from probe.reader import session
 started = os.getpid()
 args = ["attach", "--url", "http://127.0.0.1:1"]
 if sys.argv[1] != "default":
@@ -39,7 +39,7 @@ if len(sys.argv) > 4:  # a kernel without session groups (its switch in a file)
 else:
     rc = session.early(args)
 if rc is None:  # where the attach would run
-    light = "probe.recording" not in sys.modules  # moved before the heavy imports
+    light = "probe.reader.recording" not in sys.modules  # moved before the heavy imports
     group = open("/proc/self/autogroup").read().split() or ["root", "nice", "-"]
     signal.signal(signal.SIGWINCH, lambda *a: open(sys.argv[2] + ".winch", "w").close())
     signal.signal(signal.SIGINT, lambda *a: os._exit(9))  # as the attach handles it
@@ -269,7 +269,7 @@ def test_the_command_takes_its_share_before_the_parser_is_imported(command: str)
         "import sys\nfrom probe import entry, session\n"
         "raise_share = session.raise_share\n"
         "def spy(*a, **k):\n"
-        "    heavy = ('probe.cli', 'argparse', 'probe.commands', 'sqlite3')\n"
+        "    heavy = ('probe.cli.main', 'argparse', 'probe.cli.commands', 'sqlite3')\n"
         "    seen = [m for m in heavy if m in sys.modules]\n"
         "    r = raise_share(*a, **k)\n"
         "    print('before', seen, open('/proc/self/autogroup').read().split()[2], flush=True)\n"

@@ -1,6 +1,6 @@
 """Steps are the only way out of a recording: no module but the codec reads its rows.
 
-``probe/recording.py`` is the one codec between :class:`probe.step.Step` and SQLite.
+``probe/reader/recording.py`` is the one codec between :class:`probe.step.Step` and SQLite.
 Everything else in ``probe/``, ``exporters/`` and ``dashboards/`` reads a recording
 through ``Recording.iter_steps()`` (and the per-process tables: ``meta()``,
 ``processes()``, ``builder_names()``, ``faults()``, ``outside()``, ``anomalies()``).
@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from probe.cli import main
-from probe.recording import Recording
+from probe.cli.main import main
+from probe.reader.recording import Recording
 
 ROOT = Path(__file__).resolve().parents[1]
 CODEC = ROOT / "probe" / "recording.py"

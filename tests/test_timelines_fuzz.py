@@ -37,7 +37,7 @@ from profiles_data import profile_path
 from exporters.timelines.load import load_profiles
 from exporters.timelines.rocpd_writer import create_rocpd_db
 from exporters.timelines.rocprofv3_csv import read_rocprofv3_csv
-from probe.cli import main
+from probe.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = ROOT / "benchmarks/results/h200-2026-11-30/groundtruth-window.probe.db"

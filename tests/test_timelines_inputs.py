@@ -25,7 +25,7 @@ from exporters.timelines.model import ProfileError
 from exporters.timelines.rocpd import read_rocpd
 from exporters.timelines.rocpd_writer import create_rocpd_db
 from exporters.timelines.rocprofv3_csv import read_rocprofv3_csv
-from probe.recording import Recording
+from probe.reader.recording import Recording
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = ROOT / "benchmarks/results/h200-2026-11-30/groundtruth-window.probe.db"
@@ -38,7 +38,7 @@ KERNEL_HEADER = (
 def _probe(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "probe.cli", *args],
+        [sys.executable, "-m", "probe.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -4,7 +4,7 @@ From CPython 3.13 a class may use at most 1,000 type-version tags, and every wri
 of its attributes (each hook installed or removed) can spend one; past the cap the class
 is never cached or specialized on again (``benchmarks/reattach_cost.py``: 3.7x slower
 ``self.x`` loops after ~500 install/uninstall cycles on 3.13.0). The probe counts its own
-writes per class and, past :data:`probe.hooks.TAG_BUDGET`, a detach leaves that class's
+writes per class and, past :data:`probe.engine.hooks.TAG_BUDGET`, a detach leaves that class's
 hooks in place, dormant. The cap is switched on here whatever Python runs the tests."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from probe import hooks
-from probe.hooks._base import Installer, Target
+from probe.engine import hooks
+from probe.engine.hooks._base import Installer, Target
+from probe.engine.ring_writer import RingWriter
 from probe.records import Dispatch
-from probe.ring import RingWriter
 
 pytestmark = pytest.mark.usefixtures("clean_probe")
 
@@ -48,7 +48,7 @@ def test_cycles_stop_writing_the_class_at_the_budget(
     assert seen[0] is original  # removed while the budget allowed
     parked = seen[-1]
     assert parked is not original and all(w is parked for w in seen[5:])
-    from probe.control_server import ProbeHost
+    from probe.engine.control_server import ProbeHost
 
     assert ProbeHost({}).parked_hooks() == len(hooks.PARKED) > 0  # probe ps --json
     records, _ = kit.drain(ring)

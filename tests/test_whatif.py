@@ -29,10 +29,10 @@ from whatif_cases import (
     load,
 )
 
-from probe.capture_sizes import padding_of, suggest_capture_sizes
-from probe.cli import main
-from probe.recording import Recording, RecordingWriter
-from probe.whatif import Replayer, Setting, Vllm, load_vllm, whatif
+from probe.analysis.capture_sizes import padding_of, suggest_capture_sizes
+from probe.analysis.whatif import Replayer, Setting, Vllm, load_vllm, whatif
+from probe.cli.main import main
+from probe.reader.recording import Recording, RecordingWriter
 
 STOCK = RECORDINGS["stock_mrv2_k1"]
 DEFAULT = RECORDINGS["default_mrv2_ustd"]

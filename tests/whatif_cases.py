@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from probe import analysis
-from probe.recording import Recording
+from probe.analysis import summary as analysis
+from probe.analysis.whatif import KEPT, Replayer, Setting, Vllm
+from probe.reader.recording import Recording
 from probe.records import Mode, Reason
 from probe.step import Step
-from probe.whatif import KEPT, Replayer, Setting, Vllm
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks/results/h200-2026-11-30"

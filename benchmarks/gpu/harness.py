@@ -15,7 +15,7 @@ through probe attached / detached / absent (hooks uninstalled: originals restore
 torch profiler, interleaved, compares greedy tokens across the modes, and takes a ground
 truth window: the torch profiler (Kineto, with Python stacks) and the probe on the same
 steps. Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and load the probe as
-vLLM's plugin loader would (``probe.plugin.register``); a ``probe collect`` reader process
+vLLM's plugin loader would (``probe.engine.plugin.register``); a ``probe collect`` reader process
 per engine drains the ring into a recording.
 """
 
@@ -109,8 +109,8 @@ def engine_main(args: argparse.Namespace) -> None:
     os.environ["PROBE_ENABLE"] = "1"
     os.environ["PROBE_RUN_DIR"] = args.run_dir
     os.environ["PROBE_CONTROL"] = "0"
-    from probe import hooks, plugin
-    from probe.runtime import RT, boottime_ns
+    from probe.engine import hooks, plugin
+    from probe.engine.runtime import RT, boottime_ns
 
     plugin.register()  # what vLLM's plugin loader does in each process
     writer = RT.writer
@@ -256,8 +256,8 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     ``generates`` workloads run, and every ``LLMEngine.step`` is timed from outside the
     probe. Blocks next to each other see the same machine state, so the drift that makes
     throughput ratios noisy (+-15% between repetitions) cancels in the per-block pairs."""
-    from probe import hooks
-    from probe.runtime import RT
+    from probe.engine import hooks
+    from probe.engine.runtime import RT
 
     families = cmd.get("families")
     gpu_timing = cmd.get("gpu_timing", True)
@@ -271,7 +271,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
     from reshape import Reshape
 
     try:
-        from probe import accel
+        from probe.engine import accel
     except Exception:  # a probe from before the accelerator (the 59e55d7 baseline)
         accel = None
 
@@ -358,7 +358,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             if st is not None and i == 2 * block:
                 st.reset()
             if touch and on != attached["now"]:
-                from probe.hooks import INSTALLER
+                from probe.engine.hooks import INSTALLER
 
                 for owner in {id(h.owner): h.owner for h in INSTALLER.hooks.values()}.values():
                     if isinstance(owner, type):
@@ -510,7 +510,7 @@ def bare_timer(rows: list[tuple[int, ...]], tag: Any = None) -> Any:
     row (the crossover design compares both arms by position)."""
     import importlib
 
-    from probe.runtime import RT
+    from probe.engine.runtime import RT
 
     clock = time.clock_gettime_ns
     boot = time.CLOCK_BOOTTIME
@@ -722,7 +722,7 @@ class Engine:
             [
                 sys.executable,
                 "-m",
-                "probe.cli",
+                "probe.cli.main",
                 "collect",
                 "--run-dir",
                 str(self.run_dir),

@@ -4,7 +4,7 @@ On the compiled hot path a hook writes its record from C when vLLM's objects are
 the types it reads in place (exact dicts, lists, str ids, ints); anything else goes to
 the hook's Python ``record`` or ``impl``, at several µs a call inside the engine. A
 variant with ``"count_python_calls": true`` wraps, while its hooks are built, the Python
-callables each compiled hook is given (``probe.accel.*_hook``'s ``record``/``impl``), so
+callables each compiled hook is given (``probe.engine.accel.*_hook``'s ``record``/``impl``), so
 every call from C into Python is counted by hook and role: ``{"build_hook.record
 FlashMLASparseMetadataBuilder.build": 1536}`` over 1,536 on steps says that build never
 took its C path. What C does itself is untouched (the packers, the ring); the counter
@@ -29,7 +29,7 @@ ROLES = {
     "forward_hook": ("impl", "record"),
     "replay_hook": ("impl", "record", "fwd_record"),
 }
-"""``probe.accel``'s compiled-hook builders and their Python callables, by parameter."""
+"""``probe.engine.accel``'s compiled-hook builders and their Python callables, by parameter."""
 
 
 class PythonCalls:
@@ -52,7 +52,7 @@ class PythonCalls:
         return counted
 
     def patch(self) -> None:
-        from probe import accel
+        from probe.engine import accel
 
         for name, roles in ROLES.items():
             plain = getattr(accel, name, None)
@@ -85,7 +85,7 @@ class PythonCalls:
         return build
 
     def unpatch(self) -> None:
-        from probe import accel
+        from probe.engine import accel
 
         for name, plain in self._plain.items():
             setattr(accel, name, plain)

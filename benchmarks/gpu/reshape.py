@@ -37,8 +37,8 @@ class Reshape:
         return bool(self.exclude) or self.wrap_only
 
     def patch(self) -> None:
-        from probe.hooks import step
-        from probe.hooks._base import Installer
+        from probe.engine.hooks import step
+        from probe.engine.hooks._base import Installer
         from probe.records import Phase
 
         plain = Installer.install_on

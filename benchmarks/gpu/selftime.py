@@ -39,8 +39,8 @@ class SelfTime:
     # -- install ------------------------------------------------------------------------
 
     def patch(self) -> None:
-        from probe.hooks import step
-        from probe.hooks._base import Installer
+        from probe.engine.hooks import step
+        from probe.engine.hooks._base import Installer
 
         st = self
         plain = Installer.install_on
@@ -56,7 +56,7 @@ class SelfTime:
         enter, exit_ = cls.__enter__, cls.__exit__
         # not in the totals: it includes vLLM's own forward-context enter and exit
         a = self.acc.setdefault(EXTRA + "phase.mrv2.forward_context.enter_exit", [0, 0, 0])
-        from probe.runtime import RT
+        from probe.engine.runtime import RT
 
         def t_enter(ctx: Any) -> Any:
             t0 = _pc()
@@ -85,8 +85,8 @@ class SelfTime:
         """Wrap ``RT.write`` (call after the writer is attached). ``stand_in`` (diagnosis
         only, the records are lost): ``"local"`` packs each record into a private buffer
         instead of the shared ring (no lock, no shared memory), ``"noop"`` drops it."""
+        from probe.engine.runtime import RT
         from probe.records import RECORD
-        from probe.runtime import RT
 
         write = RT.write
         if stand_in == "local":
@@ -120,7 +120,7 @@ class SelfTime:
             self._undo.pop()()
 
     def timed_factory(self, target: Any) -> Callable[[Callable[..., Any], Any], Any]:
-        from probe.runtime import RT
+        from probe.engine.runtime import RT
 
         a = self.acc.setdefault(target.hook_id, [0, 0, 0])
         factory = target.factory
@@ -193,8 +193,8 @@ class SelfTime:
 def floor_ns(n: int = 20000) -> float:
     """Self time the two timing layers report around a wrapper that does nothing."""
     st = SelfTime()
-    from probe.hooks._base import Target
-    from probe.runtime import RT
+    from probe.engine.hooks._base import Target
+    from probe.engine.runtime import RT
 
     def passthrough(orig: Callable[..., Any], hook: Any) -> Callable[..., Any]:
         def w(*args: Any, **kwargs: Any) -> Any:

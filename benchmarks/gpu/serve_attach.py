@@ -63,7 +63,7 @@ def write_plugin_shim(root: Path) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     (d / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-graph-probe\nVersion: 0.1.0\n")
     (d / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nvllm_graph_probe = probe.plugin:register\n"
+        "[vllm.general_plugins]\nvllm_graph_probe = probe.engine.plugin:register\n"
     )
     return root
 
@@ -141,7 +141,7 @@ class Load:
 def probe_cmd(args: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
     t0 = time.monotonic()
     p = subprocess.run(
-        [sys.executable, "-m", "probe.cli", *args],
+        [sys.executable, "-m", "probe.cli.main", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -3,7 +3,7 @@
     python3 benchmarks/gpu/timer_record.py [--n 2000] [--json OUT]
 
 ``torch.cuda.Event.record()`` builds a ``Stream`` through ``torch.cuda.current_stream()``
-on every call; the timer's record (``probe.hooks.step._current_stream_record``) makes one
+on every call; the timer's record (``probe.engine.hooks.step._current_stream_record``) makes one
 per current stream. This prints the host cost of each per call (hot loop, median of
 rounds), the cost of a whole timed step through ``GpuTimer.tick`` (five events and a
 query), and checks that both records time the same device work: the elapsed time across
@@ -32,8 +32,8 @@ def main() -> None:
 
     import torch
 
-    from probe.hooks import step
-    from probe.runtime import RT
+    from probe.engine.hooks import step
+    from probe.engine.runtime import RT
 
     if not torch.cuda.is_available():
         raise SystemExit("timer_record: no CUDA/ROCm device")

@@ -11,8 +11,8 @@ from typing import Any
 
 from rich.console import Console
 
-from probe.live import LiveStats, render
-from probe.recording import Recording
+from probe.cli.render_live import LiveStats, render
+from probe.reader.recording import Recording
 
 
 class _Proc:

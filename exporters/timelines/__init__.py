@@ -17,5 +17,5 @@ One module per job, so each can be read (and imported) alone:
   :mod:`~exporters.timelines.merge` (one Perfetto timeline).
 
 Nothing here runs inside vLLM; the live roctx and NVTX markers are the engine side's
-:mod:`probe.markers`.
+:mod:`probe.engine.markers`.
 """

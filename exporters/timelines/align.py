@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from exporters.timelines.load import profile_path
 from exporters.timelines.model import CLOCK_BOOTTIME, CLOCK_UNIX_EPOCH, Marker, Profile
-from probe.recording import Recording
+from probe.reader.recording import Recording
 from probe.records import Flag, Phase
 from probe.step import Step
 

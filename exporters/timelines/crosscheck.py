@@ -24,7 +24,7 @@ from typing import Any
 from exporters.timelines.align import Alignment, profile_range, shift_profile
 from exporters.timelines.analyses import gpu_busy_idle, launch_delays
 from exporters.timelines.model import GpuKernel, HostCall, Profile, is_graph_launch
-from probe.recording import Recording
+from probe.reader.recording import Recording
 from probe.records import Flag, Mode, Phase, ReplayKind
 from probe.step import Step
 

@@ -8,7 +8,7 @@ monkeypatches probe internals before the vLLM plugin runs:
 
 ``PROBE_FAULT_RAISE_IN=<module>``
     every record packer (``RT.put.<kind>``) raises ``RuntimeError`` when called from
-    ``probe.hooks.<module>`` (a probe bug inside one hook family). The hook must be removed
+    ``probe.engine.hooks.<module>`` (a probe bug inside one hook family). The hook must be removed
     and counted; vLLM unaffected. The compiled hooks of the teed kinds (dispatch, replay,
     forward, reorder) stage their records in C, past ``RT.put``; the Core's ``tee`` field
     is set so they hand every record to their Python record function instead (as under
@@ -41,9 +41,9 @@ def sitecustomize(engine_dir: str) -> str:
 
 
 def _raise_in(module: str) -> None:
-    from probe.runtime import Runtime
+    from probe.engine.runtime import Runtime
 
-    family = f"probe.hooks.{module}"
+    family = f"probe.engine.hooks.{module}"
     attach = Runtime.attach
 
     def faulty(real: Callable[..., Any]) -> Callable[..., Any]:
@@ -61,7 +61,7 @@ def _raise_in(module: str) -> None:
 
     Runtime.attach = attach_with_fault  # type: ignore[method-assign]
 
-    from probe import markers
+    from probe.engine import markers
 
     start = markers.start
 
@@ -74,9 +74,9 @@ def _raise_in(module: str) -> None:
 
 
 def _bad_targets() -> None:
-    from probe import hooks
-    from probe.hooks._base import Target
-    from probe.hooks.step import TARGETS as STEP
+    from probe.engine import hooks
+    from probe.engine.hooks._base import Target
+    from probe.engine.hooks.step import TARGETS as STEP
 
     factory = STEP[0].factory
     renamed = Target(

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from probe import hooks
+from probe.engine import hooks
+from probe.engine.ring_writer import RingWriter
+from probe.engine.runtime import RT
 from probe.reasons import mrv2_reason, v1_reason
 from probe.records import Dispatch
-from probe.ring import RingWriter
-from probe.runtime import RT
 
 from .test_reasons import _mrv2_dispatch, _uniform_decode
 from .vllm_env import ENGINES, Vllm, make_manager, resolve
@@ -101,7 +101,7 @@ def test_mrv2_rebuilt_managers_get_their_own_reasons(
 ) -> None:
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
 
-    from probe.hooks import dispatch
+    from probe.engine.hooks import dispatch
 
     hooks.install(["dispatch"], lazy=False)
     assert hooks.INSTALLER.install_on(dispatch.MANAGER, CudaGraphManager)  # as under DP > 1

@@ -1,4 +1,4 @@
-"""The doctor's traps (probe.doctor) on snapshots taken from the real vLLM classes.
+"""The doctor's traps (probe.analysis.traps) on snapshots taken from the real vLLM classes.
 
 Each snapshot is made by ``take_snapshot`` from a runner-shaped holder of the real
 VllmConfig (graph settings resolved by vLLM's own resolver where it matters) and the
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from probe.doctor import findings
-from probe.hooks.snapshot import take_snapshot
+from probe.analysis.traps import findings
+from probe.engine.hooks.snapshot import take_snapshot
 
 from .vllm_env import ENGINES, Vllm, resolve
 
@@ -137,7 +137,7 @@ def test_doctor_readable_at_80_columns(vl: Vllm, monkeypatch: pytest.MonkeyPatch
         ROCMAiterMLASparseMetadataBuilder,
     )
 
-    from probe.report import doctor, render_doctor
+    from probe.cli.render_report import doctor, render_doctor
 
     ustd = vl.AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
     monkeypatch.setattr(ROCMAiterMLASparseMetadataBuilder, "_cudagraph_support", ustd)

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from probe import hooks
-from probe.hooks import builders, step
-from probe.hooks._base import Installer
+from probe.engine import hooks
+from probe.engine.hooks import builders, step
+from probe.engine.hooks._base import Installer
 
 pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
 

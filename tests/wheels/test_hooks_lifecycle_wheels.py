@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from probe import hooks
-from probe.hooks._base import Target
+from probe.engine import hooks
+from probe.engine.hooks._base import Target
+from probe.engine.ring_writer import RingWriter
+from probe.engine.runtime import RT
 from probe.reasons import mrv2_reason, v1_reason
 from probe.records import Dispatch, Flag
-from probe.ring import RingWriter
-from probe.runtime import RT
 
 from .test_reasons import _mrv2_dispatch, _uniform_decode, _uniform_token_count
 from .vllm_env import Resolved, mrv2_runner
@@ -83,10 +83,10 @@ def test_dispatch_targets_resolve(vllm_version: str) -> None:
 
 def _hook_manager() -> Any:
     """The real ``CudaGraphManager.dispatch`` hooked, as the dispatch family's late targets
-    do under DP > 1 (:func:`probe.hooks.dispatch.late_targets`); returns vLLM's own."""
+    do under DP > 1 (:func:`probe.engine.hooks.dispatch.late_targets`); returns vLLM's own."""
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
 
-    from probe.hooks import dispatch
+    from probe.engine.hooks import dispatch
 
     own = vars(CudaGraphManager)["dispatch"]
     assert hooks.INSTALLER.install_on(dispatch.MANAGER, CudaGraphManager)
@@ -120,7 +120,7 @@ def test_dispatch_late_targets_on_the_real_runner(vllm_version: str) -> None:
     installs and is restored by identity."""
     import sys
 
-    from probe.hooks import dispatch
+    from probe.engine.hooks import dispatch
 
     specs = _speculator_classes()
     assert specs, "no MRV2 speculator class found"
@@ -161,7 +161,7 @@ def test_mrv2_prepare_inputs_ends_where_the_real_state_builds(vllm_version: str)
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
     from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 
-    from probe.hooks import step
+    from probe.engine.hooks import step
 
     src = inspect.getsource(GPUModelRunner.execute_model)
     at = [src.index(s) for s in ("dispatch_cg_and_sync_dp(", "self.prepare_attn(",
@@ -278,7 +278,7 @@ def test_v1_dispatch_with_a_mode_set_is_memoized(
     miss reason is still computed once."""
     from vllm.config import CUDAGraphMode
 
-    from probe.hooks import dispatch as hook_module
+    from probe.engine.hooks import dispatch as hook_module
 
     computed = []
     real = hook_module._reasons
@@ -393,7 +393,7 @@ def test_v1_forward_launch_in_the_real_classes(kit: Any, vllm_version: str) -> N
     from vllm.config import CUDAGraphMode
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from probe.hooks import step
+    from probe.engine.hooks import step
 
     original = vars(GPUModelRunner)["_model_forward"]
     runner = object.__new__(GPUModelRunner)
@@ -436,7 +436,7 @@ def test_mrv2_fast_prefill_dispatch_is_not_the_step_decision(
     import torch
     from vllm.v1.worker.gpu import model_runner
 
-    from probe.assemble import StepAssembler
+    from probe.reader.assemble import StepAssembler
 
     m, res = mrv2_managers("fap_ub_k1")
     helper = FastPrefillHelper(m, 8192)
@@ -484,7 +484,7 @@ def test_mrv2_decode_calls_stay_in_c(
     from vllm.config import CUDAGraphMode
     from vllm.v1.worker.gpu import model_runner
 
-    from probe import accel
+    from probe.engine import accel
     from probe.records import Forward, Reorder, Replay
 
     if accel.active() != "compiled":

@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
-from probe import hooks
+from probe.engine import hooks
+from probe.engine.ring_writer import RingWriter
+from probe.engine.runtime import RT
 from probe.reasons import mrv2_reason
 from probe.records import Dispatch, Flag
-from probe.ring import RingWriter
-from probe.runtime import RT
 
 from .vllm_env import (
     ENGINES,
@@ -317,7 +317,7 @@ def test_drafter_prefill_dispatch_record_has_vllm_shape(
     monkeypatch.setattr(mod, "prepare_prefill_inputs", lambda *a, **k: None)
     hooks.install(["dispatch"], lazy=False)
     # the speculator's dispatch phase, as the first enabled step installs it (DP 1)
-    from probe.hooks import dispatch
+    from probe.engine.hooks import dispatch
 
     late = dispatch.late_targets(mrv2_runner(spec))
     assert [t.hook_id for t, _ in late] == ["dispatch.mrv2.draft_sync_dp"]

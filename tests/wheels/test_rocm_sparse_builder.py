@@ -29,13 +29,13 @@ from typing import Any
 
 import pytest
 
-from probe import hooks
-from probe.assemble import fill_builds
-from probe.doctor import findings
-from probe.hooks import snapshot
+from probe.analysis.traps import findings
+from probe.engine import hooks
+from probe.engine.hooks import snapshot
+from probe.engine.ring_writer import RingWriter
+from probe.engine.runtime import RT
+from probe.reader.assemble import fill_builds
 from probe.records import Build, Dispatch, Reason
-from probe.ring import RingWriter
-from probe.runtime import RT
 
 from . import aiter_standin
 from .vllm_env import CAPTURE_SIZES, MAX_NUM_SEQS, Vllm
@@ -304,7 +304,7 @@ def test_builds_through_the_probe_match_the_builders_metadata(
 def _doctor_text(snap: dict[str, Any]) -> str:
     from rich.console import Console
 
-    from probe.report import doctor, render_doctor
+    from probe.cli.render_report import doctor, render_doctor
 
     console = Console(width=100, record=True, color_system=None)
     render_doctor(doctor(snap), console)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from whatif_cases import RECORDINGS, UB, USTD, check_prediction, check_reproduces_every_step
 
-from probe.whatif import Vllm, load_vllm
+from probe.analysis.whatif import Vllm, load_vllm
 
 pytestmark = pytest.mark.wheels
 

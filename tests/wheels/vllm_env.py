@@ -235,7 +235,7 @@ def uniform_token_count(num_reqs: int, num_tokens: int, max_q: int, prefill: boo
 
 def mrv2_runner(speculator: Any = None, dp_size: int = 1) -> Any:
     """The tree's own MRV2 ``GPUModelRunner``, uninitialized, with what the dispatch
-    family's late targets read (:func:`probe.hooks.dispatch.late_targets`): its
+    family's late targets read (:func:`probe.engine.hooks.dispatch.late_targets`): its
     speculator and DP size (0.33: a property over the parallel config, which elastic EP
     rewrites)."""
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner

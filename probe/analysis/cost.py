@@ -1,0 +1,277 @@
+"""The probe's own cost per step: how many hooked calls each step's records stand for
+(:func:`hooked_calls`), the calibration taken at attach (:func:`calibration_of`), and the
+two together (:func:`probe_cost`, :func:`cost_line`). Re-exported by :mod:`probe.analysis.summary`,
+whose reports print it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from probe.reader.assemble import derived_prepare
+from probe.records import Flag, Mode, Phase, ReplayKind
+from probe.step import Step
+
+_BRACKET = (Phase.EXECUTE, Phase.SAMPLE_TOKENS)
+_DRAFTER_FLAG = int(Flag.DRAFTER)
+
+
+def hooked_calls(
+    s: Step,
+    launch_is_replay: bool = False,
+    v1_launch_is_replay: bool = False,
+    dispatch_in_phase: bool = False,
+) -> tuple[int, int]:
+    """(plain span calls, Python-bodied hook calls) the probe made in this step, from its
+    records: phase spans other than the step bracket and the forward launch are span
+    calls; the step bracket (execute_model, sample_tokens), the forward launch, each
+    replay or piecewise pass inside it, each dispatch, build and reorder are hook calls
+    (a dispatch that also carries its phase span counts as both); MRV2's ``prepare_inputs``
+    span that the reader derived from the metadata build's (:func:`probe.reader.assemble.
+    derived_prepare`) is none. ``launch_is_replay``
+    (:func:`calibration_of`): an MRV2 FULL launch and the target replay counted in it are
+    one call, as the hooks since ``3792259`` make them; ``v1_launch_is_replay`` the same
+    for V1, whose model's FULL wrapper is the launch when ``_model_forward`` is left
+    unhooked. ``dispatch_in_phase``: MRV2's dispatch phase read the decision from what
+    ``dispatch_cg_and_sync_dp`` returned (the manager unhooked, DP 1), so a dispatch
+    carrying its phase span is one call, not two."""
+    spans = sum(1 for sp in s.spans if sp.phase not in (*_BRACKET, Phase.FORWARD_LAUNCH))
+    spans -= len(derived_prepare(s.spans))  # added by the reader, not a call
+    hooks = (
+        sum(1 for sp in s.spans if sp.phase in (*_BRACKET, Phase.FORWARD_LAUNCH))
+        + sum(1 for r in s.replays if r.kind != ReplayKind.CAPTURE)
+        + len(s.dispatches)
+        + len(s.builds)
+        + len(s.reorders)
+    )
+    if dispatch_in_phase and s.runner == "mrv2":
+        # the target's decision and its phase span, one record (a recording keeps them
+        # apart, the same times): one call
+        phase = {
+            (sp.t0, sp.t1)
+            for sp in s.spans
+            if sp.phase == Phase.DISPATCH and not sp.flags & _DRAFTER_FLAG
+        }
+        spans -= sum(
+            1 for d in s.dispatches if not d.flags & _DRAFTER_FLAG and (d.t0, d.t1) in phase
+        )
+    merged = launch_is_replay if s.runner == "mrv2" else v1_launch_is_replay
+    if merged and s.mode == Mode.FULL and s.replayed:
+        launches = any(
+            sp.phase == Phase.FORWARD_LAUNCH and not sp.flags & _DRAFTER_FLAG for sp in s.spans
+        )
+        hooks -= 1 if launches else 0
+    return spans, hooks
+
+
+def calls_with(s: Step, cal: Mapping[str, Any]) -> tuple[int, int]:
+    """:func:`hooked_calls` of a step with the hooks' shape a calibration carries
+    (:func:`calibration_of`: ``launch_is_replay``, ``v1_launch_is_replay``,
+    ``dispatch_in_phase``), as the report, the metrics and the dashboards' render count."""
+    return hooked_calls(
+        s,
+        bool(cal.get("launch_is_replay")),
+        bool(cal.get("v1_launch_is_replay")),
+        bool(cal.get("dispatch_in_phase")),
+    )
+
+
+def calibration_of(snapshot: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The calibration a snapshot carries (``snapshot["probe"]["calibration"]``), or None
+    when it has none (recorded before calibration, or calibration failed). With it,
+    ``launch_is_replay``: whether the hooks that wrote the recording made MRV2's FULL
+    launch one call (``replay.mrv2.run_fullgraph`` installed without the earlier
+    ``phase.mrv2.forward_full``), and ``v1_launch_is_replay`` V1's (``replay.wrapper``
+    installed, V1's step hooks too, ``phase.v1.forward_launch`` not), for
+    :func:`hooked_calls`; ``dispatch_in_phase`` whether MRV2's dispatch phase read the
+    decision itself (``dispatch.mrv2.sync_dp`` installed, ``dispatch.mrv2.manager``
+    not: DP 1 since the sixteenth session)."""
+    cal = ((snapshot or {}).get("probe") or {}).get("calibration")
+    if not isinstance(cal, Mapping):
+        return None
+    if not has_timing(cal, ""):
+        return None
+    hooks = (snapshot or {}).get("hooks")
+    installed = hooks.get("installed") if isinstance(hooks, Mapping) else None
+    ids = {h for h in installed if isinstance(h, str)} if isinstance(installed, list) else set()
+    out = dict(cal)
+    out["launch_is_replay"] = "replay.mrv2.run_fullgraph" in ids and (
+        "phase.mrv2.forward_full" not in ids
+    )
+    out["dispatch_in_phase"] = "dispatch.mrv2.sync_dp" in ids and "dispatch.mrv2.manager" not in ids
+    out["v1_launch_is_replay"] = (
+        "replay.wrapper" in ids
+        and "step.v1.execute_model" in ids
+        and "phase.v1.forward_launch" not in ids
+    )
+    return out
+
+
+def probe_cost(
+    steps: Iterable[Step], calibrations: Mapping[int, Mapping[str, Any] | None]
+) -> dict[str, Any] | None:
+    """The probe's cost per forward step by each rank's calibration (``pid ->``
+    :func:`calibration_of`), and its share of the CPU launch overhead of the same steps
+    (the sums' ratio). None when no step's rank has a calibration."""
+    cal_steps = [(s, c) for s in steps if s.forward and (c := calibrations.get(s.pid)) is not None]
+    if not cal_steps:
+        return None
+    cold_ok = all(has_timing(c, "_cold") for _, c in cal_steps)
+    code_ok = cold_ok and all(has_timing(c, "_cold_code") for _, c in cal_steps)
+    cost = cold_cost = code_cost = 0.0
+    spans = hooks = 0
+    launch = [s.cpu_launch_overhead_ns for s, _ in cal_steps if s.cpu_launch_overhead_ns]
+    for s, c in cal_steps:
+        n_span, n_hook = calls_with(s, c)
+        spans += n_span
+        hooks += n_hook
+        cost += cost_per_step_ns(dict(c), n_span, n_hook)
+        if cold_ok:
+            cold_cost += cost_per_step_ns(dict(c), n_span, n_hook, "_cold")
+        if code_ok:
+            code_cost += cost_per_step_ns(dict(c), n_span, n_hook, "_cold_code")
+    n = len(cal_steps)
+    per_step = cost / n
+    per_step_cold = cold_cost / n if cold_ok else None
+    mean_launch = sum(launch) / len(launch) if launch else None
+    cals = list({id(c): c for _, c in cal_steps}.values())
+    return {
+        "steps": n,
+        "span_calls_per_step": spans / n,
+        "hook_calls_per_step": hooks / n,
+        "span_ns": [float(c["span_ns"]) for c in cals],
+        "hook_ns": [float(c["hook_ns"]) for c in cals],
+        "hot_path": sorted({str(c.get("hot_path")) for c in cals}),
+        "per_step_ns": per_step,
+        "cpu_launch_overhead_mean_ns": mean_launch,
+        "share_of_cpu_launch_overhead": per_step / mean_launch if mean_launch else None,
+        "span_cold_ns": [float(c["span_cold_ns"]) for c in cals] if cold_ok else None,
+        "hook_cold_ns": [float(c["hook_cold_ns"]) for c in cals] if cold_ok else None,
+        "per_step_cold_ns": per_step_cold,
+        "share_cold_of_cpu_launch_overhead": (
+            per_step_cold / mean_launch if mean_launch and per_step_cold is not None else None
+        ),
+        "span_cold_code_ns": ([float(c["span_cold_code_ns"]) for c in cals] if code_ok else None),
+        "hook_cold_code_ns": ([float(c["hook_cold_code_ns"]) for c in cals] if code_ok else None),
+        "per_step_cold_code_ns": code_cost / n if code_ok else None,
+        "share_cold_code_of_cpu_launch_overhead": (
+            code_cost / n / mean_launch if mean_launch and code_ok else None
+        ),
+    }
+
+
+TIMINGS: Mapping[str, str] = {"warm": "", "cold": "_cold", "cold_code": "_cold_code"}
+"""The calibration's timings by name (a hot loop; data evicted; code evicted too) and
+their key suffixes there (``span{suffix}_ns``, :func:`cost_per_step_ns`);
+the metrics' ``timing`` label."""
+
+
+def has_timing(cal: Mapping[str, Any], timing: str) -> bool:
+    """Whether a calibration carries usable span and hook figures of one timing: ``""``
+    (warm), ``"_cold"`` (none before the nineteenth session), ``"_cold_code"`` (none
+    before the twentieth)."""
+    try:
+        values = [float(cal[f"{k}{timing}_ns"]) for k in ("span", "hook")]
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return False
+    # a damaged recording's NaN, infinity or absurd figure (over a second a call) is no
+    # calibration, rather than a cost line of that size
+    return all(0 <= v < 1e9 for v in values)
+
+
+IN_ENGINE_NOTE = (
+    "a lower bound: in a real engine the hooks cost more than around a no-op"
+    " (one H200, MRV2 k=1: 34-37 µs per step end to end, docs/evidence.md)"
+)
+"""What a warm-only calibration leaves out, as measured end to end
+(benchmarks/gpu/crossover.py); printed for recordings without cold timings."""
+
+COLD_NOTE = "calibrated with cold caches: a floor, end to end 1-5x this (docs/evidence.md)"
+"""How the data-only cold estimate was taken (:mod:`probe.engine.calibrate`) and what it is worth
+alone, measured end to end (``benchmarks/gpu/crossover.py``, same runs): on the real CPU
+engine it read 15.3-16.8 µs per V1 step where the crossover measured +14.3 [+10.8, +17.0]
+(benchmarks/results/cpu-2026-12-04-s19/); on one H200 (MRV2 k=1, a KVM guest with a 300 MB
+shared L3) 10.9-26.6 µs where the crossover measured 28-62 µs per run
+(benchmarks/results/h200-2026-12-04-s20/). So a floor: printed for recordings whose
+calibration has no code-evicted figures (before the twentieth session)."""
+
+RANGE_NOTE = (
+    "calibrated at attach with cold caches, data evicted to code evicted too;"
+    " end to end an attach measured 1.3-2.4x the top (H200 MRV2, H100 V1; docs/evidence.md)"
+)
+"""What the cold range is worth, measured end to end in the same runs. The calibration
+times a wrapped no-op against a bare one, so it stands for what attaching costs: the
+crossover's attached-afresh-against-absent design, which on one H200 (MRV2 k=1) measured
++84.9 [+69.7, +102.3] µs per step against a range of 26.1 to 50.1 (the runs' means,
+benchmarks/results/h200-2026-12-04-s21/) and +50.4 [+38.7, +61.0] against 18.2 to 29.5
+(h200-2026-12-04-s22/): 1.69x and 1.71x the code-evicted top. Enabled against dormant
+leaves out the wrappers' own presence (+16.1 [+7.4, +24.1] µs of it, s18-s22): +48.9 and
++39.5, 1.0x and 1.3x the top. On the real CPU engine (V1) enabled against dormant measured
++24.3 [+11.4, +36.6] against 5.8 to 35.1 (benchmarks/results/cpu-2026-12-04-s21/). Later
+runs of the same design: one H200, MRV2 k=1, +56.0 [+37.0, +92.9] against tops of 38.9-53.2
+(mean 43.8: 1.3x; h200-2026-12-05-s25/); one H100, V1 k=1, +111.1 [+49.6, +195.8] against
+tops of 47.0 and 44.0 (2.4x; h100-2026-12-05-s27/). So the range is the calibration's, and
+the note says how far above it the GPU machines measured."""
+
+
+def cost_line(cost: Mapping[str, Any] | None, short: bool = False) -> str | None:
+    """The probe's cost per step, in words, from the best figures the calibration has:
+
+    - with code-evicted timings (since the twentieth session): a range, "probe cost X-Y µs
+      per step (A-B% of CPU launch overhead; ... :data:`RANGE_NOTE`; Z µs warm)", from the
+      data-only cold figure to the code-evicted one;
+    - with data-only cold timings: "probe cost ≥ X µs per step (Y% ...; :data:`COLD_NOTE`;
+      Z µs warm)";
+    - warm only: "probe cost ≥ X µs per step (Y% ...; :data:`IN_ENGINE_NOTE`)", a hot loop
+      around a no-op, where inside vLLM's step the same hooks cost several times that.
+
+    None without a calibration. ``short``: the same figures within 80 columns, for the live
+    view ("probe cost X-Y µs/step, A-B% of launch (cold range; Z warm)")."""
+    if not cost:
+        return None
+    cold = cost.get("per_step_cold_ns")
+    code = cost.get("per_step_cold_code_ns")
+    warm = cost["per_step_ns"] / 1e3
+    if cold is not None and code is not None:
+        lo, hi = sorted((cold, code))
+        shares = sorted(
+            s
+            for s in (
+                cost.get("share_cold_of_cpu_launch_overhead"),
+                cost.get("share_cold_code_of_cpu_launch_overhead"),
+            )
+            if s is not None
+        )
+        span = f"{lo / 1e3:.1f}-{hi / 1e3:.1f} µs"
+        pct = f"{100 * shares[0]:.1f}-{shares[-1]:.1%}" if len(shares) == 2 else None
+        if short:
+            of = f", {pct} of launch" if pct else ""
+            return f"probe cost {span}/step{of} (cold range; {warm:.1f} warm)"
+        of = f"{pct} of CPU launch overhead; " if pct else ""
+        return f"probe cost {span} per step ({of}{RANGE_NOTE}; {warm:.1f} µs warm)"
+    if short:
+        if cold is None:
+            share = cost.get("share_of_cpu_launch_overhead")
+            pct = f", {share:.1%} of launch" if share is not None else ""
+            return f"probe cost ≥ {warm:.1f} µs/step{pct} (warm calibration: a lower bound)"
+        share = cost.get("share_cold_of_cpu_launch_overhead")
+        pct = f", {share:.1%} of launch" if share is not None else ""
+        return f"probe cost ≥ {cold / 1e3:.1f} µs/step{pct} (cold floor; {warm:.1f} warm)"
+    if cold is not None:
+        share = cost.get("share_cold_of_cpu_launch_overhead")
+        note = f"{share:.1%} of CPU launch overhead; " if share is not None else ""
+        return f"probe cost ≥ {cold / 1e3:.1f} µs per step ({note}{COLD_NOTE}; {warm:.1f} µs warm)"
+    line = f"probe cost ≥ {warm:.1f} µs per step"
+    share = cost.get("share_of_cpu_launch_overhead")
+    note = f"{share:.1%} of CPU launch overhead; " if share is not None else ""
+    return line + f" ({note}{IN_ENGINE_NOTE})"
+
+
+def cost_per_step_ns(cal: dict[str, Any], spans: float, hooks: float, timing: str = "") -> float:
+    """The probe's cost for one step that made ``spans`` plain span calls and ``hooks``
+    Python-bodied hook calls, by the calibration's hot-loop figures (``timing=""``), its
+    cold ones (``"_cold"``) or those with code evicted too (``"_cold_code"``)."""
+    return (
+        float(cal.get(f"span{timing}_ns", 0.0)) * spans
+        + float(cal.get(f"hook{timing}_ns", 0.0)) * hooks
+    )

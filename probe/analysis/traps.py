@@ -1,0 +1,158 @@
+"""The doctor's checks: known ways a configuration keeps steps off FULL graphs.
+
+Plain functions over the static snapshot (``probe.engine.hooks.snapshot.take_snapshot``: a dict
+of facts taken once per process at attach). Each returns findings, ``{"code": ...,
+"message": ...}`` dicts; :func:`findings` runs them all. Standard library only, so the
+engine side (where the snapshot is taken) and the reader side (``probe doctor`` on a
+recording) share them.
+
+    from probe.analysis.traps import findings
+    for f in findings(snapshot):
+        print(f["code"], f["message"])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+Finding = dict[str, str]
+
+# A reorder threshold this many times the decode query length or more counts prefills
+# of up to that many tokens as decodes (FlashMLA sparse on Hopper: 256 against 1 + k).
+FAR_ABOVE_FACTOR = 4
+
+
+def _uq(snap: Mapping[str, Any]) -> int:
+    return int(snap.get("uniform_decode_query_len") or 1)
+
+
+def capture_sizes_for_mtp(snap: Mapping[str, Any]) -> list[Finding]:
+    """Capture sizes that make MTP decode batches pad or miss.
+
+    A decode batch of ``n`` requests has ``n * (1 + k)`` tokens. A capture size that is
+    not a multiple of ``1 + k`` never fits a decode batch exactly (it pads, or under
+    V1's FULL keys gets no decode key at all), and a largest size below
+    ``max_num_seqs * (1 + k)`` leaves the biggest decode batches without a FULL graph.
+    """
+    uq = _uq(snap)
+    comp = snap.get("compilation") or {}
+    sizes = sorted(int(s) for s in comp.get("cudagraph_capture_sizes") or [])
+    out: list[Finding] = []
+    if uq <= 1 or not sizes:
+        return out
+    odd = [s for s in sizes if s >= uq and s % uq]  # smaller ones never hold a decode batch
+    if odd:
+        shown = ", ".join(map(str, odd[:8])) + (", ..." if len(odd) > 8 else "")
+        out.append(
+            {
+                "code": "capture_sizes_not_multiple_of_decode_len",
+                "message": f"{len(odd)} of {len(sizes)} capture sizes are not multiples of "
+                f"the decode query length {uq} ({shown}): decode batches padded to them "
+                "waste tokens",
+            }
+        )
+    largest = int(comp.get("max_cudagraph_capture_size") or sizes[-1])
+    mns = snap.get("max_num_seqs")
+    if mns and int(mns) * uq > largest:
+        fits = largest // uq
+        out.append(
+            {
+                "code": "decode_batches_above_largest_capture_size",
+                "message": f"the largest capture size {largest} is below max_num_seqs x "
+                f"{uq} = {int(mns) * uq}: decode batches above {fits} requests will not "
+                "replay FULL",
+            }
+        )
+    return out
+
+
+def ignored_support_setting(snap: Mapping[str, Any]) -> list[Finding]:
+    """``_cudagraph_support`` set where vLLM does not read it.
+
+    vLLM asks each builder's ``get_cudagraph_support()``. A class whose method decides
+    by itself (the V3.2 indexer) ignores the attribute, and an attribute on the backend
+    or impl class is never read at all.
+    """
+    out: list[Finding] = []
+    seen: set[tuple[str, str]] = set()
+    for g in snap.get("groups", []) or []:
+        builder = str(g.get("builder"))
+        if g.get("support_set_on_class") and g.get("support_follows_attribute") is False:
+            key = ("ignored", builder)
+            if key not in seen:
+                seen.add(key)
+                out.append(
+                    {
+                        "code": "support_attribute_ignored",
+                        "message": f"{builder}._cudagraph_support is "
+                        f"{g.get('declared_support')}, but its get_cudagraph_support() "
+                        f"ignores it and returns {g.get('support')}: patch the method",
+                    }
+                )
+        for where in g.get("support_on_non_builder", []) or []:
+            key = ("elsewhere", str(where))
+            if key not in seen:
+                seen.add(key)
+                out.append(
+                    {
+                        "code": "support_set_on_backend_not_builder",
+                        "message": f"{where}._cudagraph_support is never read: vLLM asks "
+                        f"the metadata builder ({builder}, {g.get('support')})",
+                    }
+                )
+    return out
+
+
+def reorder_threshold_far_above_decode(snap: Mapping[str, Any]) -> list[Finding]:
+    """A reorder threshold far above the decode query length: short prefills are
+    reordered and built as decodes."""
+    uq = _uq(snap)
+    out: list[Finding] = []
+    seen: set[tuple[str, int]] = set()
+    for g in snap.get("groups", []) or []:
+        thr = g.get("reorder_batch_threshold")
+        if not isinstance(thr, int) or thr < FAR_ABOVE_FACTOR * uq:
+            continue
+        key = (str(g.get("builder")), thr)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(
+            {
+                "code": "reorder_threshold_far_above_decode",
+                "message": f"{g.get('builder')} ({g.get('backend')}) reorders requests of up "
+                f"to {thr} tokens as decodes, against a decode query length of {uq}: "
+                f"prefills of <= {thr} tokens take the decode path",
+            }
+        )
+    return out
+
+
+def full_decode_only_with_chunked_prefill(snap: Mapping[str, Any]) -> list[Finding]:
+    """FULL_DECODE_ONLY with chunked prefill: every step that mixes a prefill chunk with
+    decodes runs eager (the mode has no graph for mixed batches)."""
+    comp = snap.get("compilation") or {}
+    if comp.get("cudagraph_mode") != "FULL_DECODE_ONLY" or not snap.get("chunked_prefill"):
+        return []
+    return [
+        {
+            "code": "full_decode_only_with_chunked_prefill",
+            "message": "cudagraph_mode FULL_DECODE_ONLY with chunked prefill: every step "
+            "that mixes a prefill chunk with decodes runs eager (FULL_AND_PIECEWISE gives "
+            "them piecewise graphs)",
+        }
+    ]
+
+
+CHECKS: tuple[Callable[[Mapping[str, Any]], list[Finding]], ...] = (
+    capture_sizes_for_mtp,
+    ignored_support_setting,
+    reorder_threshold_far_above_decode,
+    full_decode_only_with_chunked_prefill,
+)
+
+
+def findings(snap: Mapping[str, Any]) -> list[Finding]:
+    """Every check's findings, in the order of :data:`CHECKS`."""
+    return [f for check in CHECKS for f in check(snap)]

@@ -1,0 +1,106 @@
+"""``probe collect``: the reader alone, for rings some other process armed.
+
+PROBE_ENABLE=1 PROBE_RUN_DIR=/dev/shm/run1 vllm serve MODEL &
+probe collect --run-dir /dev/shm/run1 --out run.probe.db
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sqlite3
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from probe import config, progress
+from probe.cli.commands import boottime_ns, positive_float, probe_version, storage_guard
+from probe.errors import RuntimeFailure, UsageError
+
+if TYPE_CHECKING:
+    from probe.reader.collector import ProcessState
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    """Reader only: record the rings in --run-dir until their writers have exited."""
+    from probe.output import check_target, new_file_in_place
+    from probe.reader.collector import Collector, RecordingSink
+    from probe.reader.recording import RecordingWriter
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"collect: --run-dir {run_dir} is not a directory")
+    out = check_target(args.out, force=args.force, flag="--out")
+    if out is None:
+        raise UsageError("collect: --out -: a recording is a file (it is written while it grows)")
+    new_file_in_place(out)
+    try:
+        writer = RecordingWriter(out)
+    except (OSError, sqlite3.Error) as exc:
+        out.unlink(missing_ok=True)
+        raise RuntimeFailure(f"collect: cannot write {out}: {' '.join(str(exc).split())}") from None
+    writer.set_meta(
+        command=["probe", *sys.argv[1:]],
+        host=socket.gethostname(),
+        probe_version=probe_version(),
+        started_epoch_ns=time.time_ns(),
+    )
+    col = Collector(run_dir, [RecordingSink(writer)], now_ns=boottime_ns)
+    config.lower_reader_priority()
+    stop = {"now": False}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    seen_writer = False
+    failed: str | None = None
+    try:
+        with progress.display_for(args, bar=False) as status:
+            status.stage(f"collect: waiting for rings in {run_dir}", None, "")
+            while not stop["now"] and failed is None:
+                failed = storage_guard(col.poll, out)
+                alive = [p for p in col.procs.values() if p.reader.writer_alive()]
+                if status.on:
+                    status.describe(status_line(col.procs.values(), len(alive)))
+                seen_writer = seen_writer or bool(col.procs)
+                if seen_writer and not alive:
+                    failed = failed or storage_guard(col.poll, out)
+                    break
+                time.sleep(args.interval)
+    finally:
+
+        def finish() -> None:
+            writer.set_meta(ended_epoch_ns=time.time_ns())
+            col.close()
+
+        failed = failed or storage_guard(finish, out)
+    if failed is not None:
+        print(f"probe: error: {failed}; what was committed before is readable", file=sys.stderr)
+        return 1
+    return 0
+
+
+def status_line(procs: Iterable[ProcessState], alive: int) -> str:
+    """``collect: 1,204 steps · 2 processes (2 running) · 0 dropped``."""
+    ps = list(procs)
+    steps = sum(p.steps_seen for p in ps)
+    dropped = sum(p.dropped for p in ps)
+    return (
+        f"collect: {steps:,} steps · {len(ps)} process{'es' if len(ps) != 1 else ''} "
+        f"({alive} running) · {dropped:,} dropped"
+    )
+
+
+def add_parser(sub: Any) -> None:
+    c = sub.add_parser("collect", help="read the rings of a run directory into a recording")
+    c.add_argument("--run-dir", required=True, help="the directory the rings are in")
+    c.add_argument("--out", "-o", required=True, help="recording file to write (.probe.db)")
+    c.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    c.add_argument("--interval", type=positive_float, default=0.05, help="ring poll interval, s")
+    progress.add_flag(c, "steps, processes, drops, elapsed")
+    c.set_defaults(func=cmd_collect)

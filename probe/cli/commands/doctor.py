@@ -1,0 +1,71 @@
+"""``probe doctor``: the static graph-support picture and known traps.
+
+probe doctor run.probe.db                  # from a recording's snapshot
+probe doctor --url http://127.0.0.1:8000   # from a running server, live
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from probe.cli.commands import console, open_recording
+from probe.errors import UsageError
+
+
+def _live_snapshots(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Snapshots of a running server's processes, over their control sockets."""
+    from probe.cli.commands.ps import discover
+    from probe.reader.control import request_all
+
+    procs = [p for p in discover(args) if not p.error]
+    snaps = []
+    for proc, reply in zip(
+        procs, request_all([p.socket for p in procs], "snapshot"), strict=True
+    ):  # asked together, as the attach does
+        if isinstance(reply, Exception):
+            print(f"probe: warning: pid {proc.pid}: {reply}", file=sys.stderr)
+            continue
+        snap = reply.get("snapshot")
+        if reply.get("complete") and snap:
+            snaps.append(snap)
+    if not snaps:
+        raise UsageError(
+            "doctor: no process of that server has a snapshot yet (it is taken on the first "
+            "step while attached: run `probe attach --duration 5` under load, then again)"
+        )
+    return snaps
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from probe.cli.render_report import doctor, render_doctor
+
+    if args.pid or args.url:
+        if args.recording:
+            raise UsageError("doctor: give a recording or --pid/--url, not both")
+        snaps = _live_snapshots(args)
+    else:
+        rec = open_recording(args.recording)
+        snaps = [p["snapshot"] for p in rec.processes() if p.get("snapshot")]
+        if not snaps:
+            raise UsageError(f"doctor: {rec.path} holds no static snapshot (no step was recorded)")
+    out = [doctor(s) for s in snaps]
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        con = console(args)
+        for s in out:
+            render_doctor(s, con)
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    from probe.cli.commands.ps import add_target_args
+    from probe.cli.commands.report import add_recording_args
+
+    q = sub.add_parser("doctor", help="static graph-support picture and known traps")
+    add_recording_args(q)
+    add_target_args(q)
+    q.set_defaults(func=cmd_doctor)

@@ -1,0 +1,252 @@
+"""``probe record``: run a command with the probe on and write its recording.
+
+probe record --out run.probe.db -- vllm serve MODEL
+probe record --out run.probe.db --duration 60 --sample 4 -- python bench.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from probe import config
+from probe.cli.commands import (
+    address,
+    boottime_ns,
+    endpoint,
+    positive_float,
+    probe_version,
+    storage_guard,
+)
+from probe.errors import RuntimeFailure, UsageError
+
+
+def check_command(cmd: list[str], who: str) -> list[str]:
+    """The command after ``--``, checked: it exists and can be executed."""
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError(
+            f"{who}: give the command to run after --, e.g. "
+            "probe record --out run.probe.db -- vllm serve MODEL"
+        )
+    exe = cmd[0]
+    found = shutil.which(exe) if os.sep not in exe else exe
+    if found is None or not Path(found).exists():
+        raise UsageError(f"{who}: command not found: {exe}")
+    if Path(found).is_dir():
+        raise UsageError(f"{who}: {exe} is a directory, not a command")
+    if not os.access(found, os.X_OK):
+        raise UsageError(f"{who}: {exe} is not executable")
+    return cmd
+
+
+def check_probe_env(env: dict[str, str], who: str) -> None:
+    """Every ``PROBE_*`` value the probed command will read, checked here and now."""
+    from probe.engine import hooks
+    from probe.engine.hooks.snapshot import OverrideError, parse_override
+
+    try:
+        config.validate(env)
+    except config.ConfigError as exc:
+        raise UsageError(f"{who}: {exc}") from None
+    fams = config.get(config.HOOKS, env)
+    if fams:
+        unknown = sorted({f.strip() for f in fams.split(",")} - set(hooks.FAMILIES))
+        if unknown:
+            raise UsageError(
+                f"{who}: unknown hook families {unknown}; known: {', '.join(hooks.FAMILIES)}"
+            )
+    override = config.get(config.CG_SUPPORT_OVERRIDE, env)
+    if override:
+        try:
+            parse_override(override)
+        except OverrideError as exc:
+            raise UsageError(f"{who}: --override {exc}") from None
+
+
+def session_parent(run_dir: str | None, who: str) -> Path | None:
+    """``--run-dir``, checked: an existing directory of ours (or one we can create)."""
+    if run_dir is None:
+        return None
+    from probe.ring_dir import UnsafeRingDirError, check_ring_dir
+
+    p = Path(run_dir)
+    if not p.exists():
+        if not p.parent.is_dir():
+            raise UsageError(f"{who}: --run-dir {p}: directory {p.parent} does not exist")
+        return p
+    try:
+        return check_ring_dir(p)
+    except UnsafeRingDirError as exc:
+        raise UsageError(f"{who}: --run-dir {exc}") from None
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from probe.cli.commands.attach import sample_every_arg
+    from probe.output import check_target, new_file_in_place
+    from probe.reader.collector import Collector, RecordingSink, ring_dir_for_session
+    from probe.reader.recording import RecordingWriter
+
+    sample = sample_every_arg(args)
+    cmd = check_command(list(args.command), "record")
+    out = check_target(args.out, force=args.force, flag="--out")
+    if out is None:
+        raise UsageError("record: --out -: a recording is a file (it is written while it grows)")
+    parent = session_parent(args.run_dir, "record")
+    env = dict(os.environ)
+    env[config.ENABLE.name] = "1"
+    env.setdefault(config.CONTROL.name, "0")
+    if args.override:
+        env[config.CG_SUPPORT_OVERRIDE.name] = args.override
+    if args.hooks:
+        env[config.HOOKS.name] = args.hooks
+    if args.no_gpu_timing:
+        env[config.GPU_TIMING.name] = "0"
+    if sample > 1:
+        env[config.SAMPLE_EVERY.name] = str(sample)
+    check_probe_env(env, "record")
+    sinks: list[Any] = []
+    if args.prometheus or args.otlp:
+        from probe.cli.commands.attach import exporter_sink
+
+        if args.prometheus:
+            sinks.append(exporter_sink("prometheus", "--prometheus", args.prometheus))
+        if args.otlp:
+            sinks.append(exporter_sink("otlp", "--otlp", args.otlp))
+    # everything is checked: from here on a failure is the command's or the disk's
+    new_file_in_place(out)
+    try:
+        writer = RecordingWriter(out)
+    except (OSError, sqlite3.Error) as exc:
+        out.unlink(missing_ok=True)
+        raise RuntimeFailure(f"record: cannot write {out}: {' '.join(str(exc).split())}") from None
+    writer.set_meta(
+        command=cmd,
+        probe_command=["probe", *sys.argv[1:]],
+        host=socket.gethostname(),
+        probe_version=probe_version(),
+        override=args.override or "",
+        sample_every=sample,
+        started_epoch_ns=time.time_ns(),
+    )
+    sinks.insert(0, RecordingSink(writer))
+    run_dir = ring_dir_for_session(parent)
+    env[config.RUN_DIR.name] = str(run_dir)
+    try:
+        return _run(args, cmd, env, out, writer, Collector(run_dir, sinks, now_ns=boottime_ns))
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _run(
+    args: argparse.Namespace,
+    cmd: list[str],
+    env: dict[str, str],
+    out: Path,
+    writer: Any,
+    col: Any,
+) -> int:
+    err = sys.stderr
+    print(f"probe: recording {' '.join(cmd)} -> {out}", file=err)
+    try:
+        child = subprocess.Popen(cmd, env=env)
+    except OSError as exc:
+        storage_guard(col.close, out)
+        raise RuntimeFailure(f"record: cannot start {cmd[0]}: {exc.strerror or exc}") from None
+    config.lower_reader_priority()  # after the fork: the command keeps the user's priority
+    stop = {"n": 0}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop["n"] += 1
+        sig = signal.SIGINT if stop["n"] == 1 else signal.SIGKILL
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(sig)
+
+    old = signal.signal(signal.SIGINT, on_signal)
+    old_term = signal.signal(signal.SIGTERM, on_signal)
+    t_end = time.monotonic() + args.duration if args.duration else None
+    failed: str | None = None
+    try:
+        while child.poll() is None:
+            if failed is None:
+                failed = storage_guard(col.poll, out)
+                if failed is not None:  # the command keeps running; recording stops
+                    print(
+                        f"probe: error: {failed}; recording stopped, the command goes on",
+                        file=sys.stderr,
+                    )
+            if t_end is not None and time.monotonic() > t_end:
+                child.send_signal(signal.SIGINT)
+                t_end = None
+            time.sleep(args.interval)
+        if failed is None:
+            failed = storage_guard(col.poll, out)
+    finally:
+        signal.signal(signal.SIGINT, old)
+        signal.signal(signal.SIGTERM, old_term)
+
+        def finish() -> None:
+            writer.set_meta(exit_code=child.returncode, ended_epoch_ns=time.time_ns())
+            col.close()
+
+        end_failed = storage_guard(finish, out)
+        failed = failed or end_failed
+    steps = sum(p.steps_seen for p in col.procs.values())
+    dropped = sum(p.dropped for p in col.procs.values())
+    print(
+        f"probe: {steps:,} steps from {sum(1 for p in col.procs.values() if p.steps_seen)} "
+        f"process(es) recorded to {out} ({dropped:,} records dropped)",
+        file=err,
+    )
+    for e in col.errors[:5]:
+        print(f"probe: warning: {e}", file=err)
+    if failed is not None:
+        print(f"probe: error: {failed}; what was committed before is readable", file=err)
+        return int(child.returncode or 1)
+    return int(child.returncode or 0)
+
+
+def add_parser(sub: Any) -> None:
+    from probe.cli.commands.attach import add_sample_arg
+
+    r = sub.add_parser("record", help="run a command with the probe on; write a recording")
+    r.add_argument("--out", "-o", required=True, help="recording file to write (.probe.db)")
+    r.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    r.add_argument(
+        "--override",
+        help="what-if graph support, e.g. "
+        "FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE",
+    )
+    r.add_argument("--hooks", help="comma-separated hook families (default: all)")
+    r.add_argument(
+        "--duration", type=positive_float, help="stop the command after S seconds (SIGINT)"
+    )
+    r.add_argument("--interval", type=positive_float, default=0.05, help="ring poll interval, s")
+    r.add_argument("--run-dir", help="directory for the session's rings")
+    r.add_argument("--no-gpu-timing", action="store_true", help="no device events")
+    add_sample_arg(r)
+    r.add_argument(
+        "--prometheus",
+        metavar="ADDR",
+        type=address,
+        help="also serve /metrics on ADDR (host:port)",
+    )
+    r.add_argument(
+        "--otlp",
+        metavar="ENDPOINT",
+        type=endpoint,
+        help="also export spans and metrics over OTLP",
+    )
+    r.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    r.set_defaults(func=cmd_record)

@@ -1,0 +1,187 @@
+"""``probe whatif``: a recording's batch shapes through the installed vLLM's real dispatcher.
+
+    probe whatif run.probe.db                          # replay check + capture-size suggestion
+    probe whatif run.probe.db --support FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE
+    probe whatif run.probe.db --capture-sizes 1,2,4,8,16,32,64,128 --mode FULL_DECODE_ONLY
+    probe whatif run.probe.db --max-capture-size 64 --json
+
+Columns: what was recorded; the recording's own settings replayed (every step's mode and
+reason must come out as recorded); the what-if; the suggested capture sizes. Needs vLLM
+(0.26 to 0.33) importable; it runs on CPU (``VLLM_TARGET_DEVICE=cpu`` for a GPU build).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from probe.cli.commands import console, open_recording, positive_int, width
+from probe.errors import RuntimeFailure, UsageError
+from probe.reasons import MODE_NAMES, SUPPORT_NAMES
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    from probe.analysis.whatif import WhatIfError, parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except WhatIfError as exc:
+        raise argparse.ArgumentTypeError(str(exc).partition(": ")[2]) from None
+
+
+def _mode(text: str) -> str:
+    if text.upper() not in MODE_NAMES:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one of {', '.join(MODE_NAMES)}")
+    return text.upper()
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from probe.analysis.whatif import Setting, VllmError, WhatIfError, parse_support, whatif
+    from probe.reader.recording import RecordingError
+
+    rec = open_recording(args.recording)
+    try:
+        setting = Setting(
+            mode=args.mode,
+            capture_sizes=args.capture_sizes,
+            max_capture_size=args.max_capture_size,
+            support=parse_support(args.support or ()),
+        )
+        steps = list(rec.iter_steps())
+        snaps = {p["pid"]: p["snapshot"] for p in rec.processes() if p.get("snapshot")}
+        result = whatif(steps, snaps, setting, suggest_count=args.suggest_count)
+    except (WhatIfError, RecordingError) as exc:
+        raise UsageError(f"whatif: {rec.path}: {exc}") from None
+    except VllmError as exc:
+        raise RuntimeFailure(f"whatif: {exc}") from None
+    result = {"recording": str(rec.path), **result}
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        render(result, console(args))
+    return 0
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{v:.1%}"
+
+
+def _sizes_text(sizes: list[int]) -> str:
+    if len(sizes) <= 8:
+        return ", ".join(map(str, sizes))
+    return f"{sizes[0]}..{sizes[-1]} ({len(sizes)} sizes)"
+
+
+def render(r: dict[str, Any], con: Any) -> None:
+    """The what-if as a settings block and one table, readable at 80 columns."""
+    from rich.table import Table
+
+    cols = r["columns"]
+    by = {c["column"]: c for c in cols}
+    ranks = f"{r['ranks']} rank" + ("s" if r["ranks"] != 1 else "")
+    con.print(
+        f"[bold]what-if[/] {r['recording']}: {cols[0]['steps']} forward steps, {ranks}, "
+        f"{'/'.join(r['runner'])}, recorded on vLLM {', '.join(r['vllm_recorded'])}; "
+        f"replayed through the installed vLLM {r['vllm_installed']}'s own dispatcher"
+    )
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="bold", min_width=9)
+    grid.add_column()
+    for c in cols:
+        own = c["column"] in ("recorded", "replay")
+        asked = r["requested_mode"] if own else r["what_if_requested_mode"]
+        support = r["min_support"]["recorded" if own else "what_if"]
+        lines = [] if c["column"] == "recorded" else [c["setting"]]
+        lines.append(f"mode {asked} → {c['resolved_mode']}")
+        lines.append(f"capture sizes {_sizes_text(c['capture_sizes'])}")
+        lines.append(f"min support {support}")
+        if c["column"] != "suggested":
+            lines += [f"vLLM: {m}" for m in c["vllm_messages"]]
+        grid.add_row(c["column"], "\n".join(lines))
+    con.print(grid)
+    t = Table(title="per setting (forward steps of the target model)", title_justify="left")
+    t.add_column("")
+    for c in cols:
+        t.add_column(c["column"], justify="right")
+    for label, key in (
+        ("FULL share", "full_share"),
+        ("graph share (FULL+PIECEWISE)", "graph_share"),
+        ("decode FULL share", "decode_full_share"),
+        ("padding waste", "padding_waste"),
+    ):
+        t.add_row(label, *(_pct(c[key]) for c in cols))
+    t.add_row("padded − real tokens", *(f"{c['padded_tokens'] - c['real_tokens']}" for c in cols))
+    reasons: list[str] = []
+    for c in cols:
+        reasons += [k for k in c["reasons"] if k not in reasons]
+    for k in reasons:
+        t.add_row(k, *(str(c["reasons"].get(k, 0)) for c in cols))
+    con.print(t)
+    rep = r["reproduction"]
+    con.print(
+        f"replay check: the recording's settings give the recorded mode and reason on "
+        f"{rep['mode_and_reason_match']} of {rep['steps']} steps (padding too: "
+        f"{rep['padding_match']}); {r['kept_as_recorded']} kept as recorded (not decided "
+        "by the batch shape)"
+    )
+    for m in rep["mismatches"]:
+        con.print(
+            f"  [red]differs[/] pid {m['pid']} step {m['step']}: recorded {m['recorded']}, "
+            f"replayed {m['replayed']} ({m['num_tokens']} tokens, {m['num_reqs']} reqs)"
+        )
+    if "what-if" in by:
+        w, rc = by["what-if"], by["recorded"]
+        con.print("[bold]expected change[/] (what-if against the recording):")
+        for ch in r["changes"] or [{"from": "", "to": "", "steps": 0}]:
+            if ch["steps"]:
+                con.print(f"  {ch['steps']} steps: {ch['from']} → {ch['to']}")
+            else:
+                con.print("  no step changes its mode or reason")
+        for label, key in (("FULL share", "full_share"), ("padding waste", "padding_waste")):
+            a, b = rc[key], w[key]
+            delta = ""
+            if a is not None and b is not None:
+                delta = " (unchanged)" if a == b else f" ({(b - a) * 100:+.1f} points)"
+            con.print(f"  {label} {_pct(a)} → {_pct(b)}{delta}")
+    s = r["suggestion"]
+    if s.get("sizes") and s.get("verified"):
+        con.print(
+            f"[bold]suggested capture sizes[/] (at most {s['limit']}, keeping the largest "
+            f"{s['largest']}, for the {s['settings']} settings): {', '.join(map(str, s['sizes']))}"
+            f" — padding {s['padding_tokens']} tokens (now {s['padding_tokens_now']})"
+        )
+    elif s.get("sizes"):
+        con.print("suggested capture sizes: none verified better than the current ones")
+    else:
+        con.print(f"suggested capture sizes: none ({s.get('why', '')})")
+
+
+def add_parser(sub: Any) -> None:
+    q = sub.add_parser(
+        "whatif",
+        help="a recording's batch shapes through vLLM's real dispatcher under other settings",
+    )
+    q.add_argument("recording", nargs="?", help="recording (default: the bundled one)")
+    q.add_argument("--mode", type=_mode, help=f"requested cudagraph_mode: {', '.join(MODE_NAMES)}")
+    q.add_argument(
+        "--capture-sizes", type=_sizes, metavar="N,N,...", help="cudagraph_capture_sizes"
+    )
+    q.add_argument(
+        "--max-capture-size", type=positive_int, metavar="N", help="max_cudagraph_capture_size"
+    )
+    q.add_argument(
+        "--support",
+        action="append",
+        metavar="BUILDER=LEVEL",
+        help=f"a builder's graph support ({', '.join(SUPPORT_NAMES)}); repeatable",
+    )
+    q.add_argument(
+        "--suggest-count",
+        type=positive_int,
+        metavar="N",
+        help="at most N suggested capture sizes (default: as many as there are now)",
+    )
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+    q.add_argument("--width", type=width, help="terminal width in columns (20..1000)")
+    q.set_defaults(func=cmd_whatif)

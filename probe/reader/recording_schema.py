@@ -1,0 +1,180 @@
+"""The recording's schema, declared once: its version and application id, every detail
+table (one record kind per step) with its columns and the record attributes they hold,
+and the DDL made from them (:mod:`probe.reader.recording` writes and reads by it; the checks at
+open compare a file's tables and columns with it)."""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from probe.records import (
+    Build,
+    BuildTag,
+    Dispatch,
+    Flag,
+    Mode,
+    Phase,
+    Reason,
+    Reorder,
+    Replay,
+    ReplayKind,
+    Span,
+)
+from probe.step import STEP_COLUMNS
+
+SCHEMA_VERSION = 1
+APPLICATION_ID = 0x56475052  # "VGPR"
+
+
+# -- the per-step detail tables ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DetailColumn:
+    """One column of a detail table and the record attribute it holds.
+
+    ``kind``: ``int``, ``bool``, an enum class (stored as its lower-case name), a
+    :class:`~probe.records.Flag` bit of the record's ``flags`` (stored 0/1), or ``str``
+    for the builder's class name (the record holds the ring's string id).
+    """
+
+    name: str
+    attr: str
+    kind: Any = int
+    min: int | None = 0
+
+    @property
+    def sql_type(self) -> str:
+        text = self.kind is str or (
+            isinstance(self.kind, type) and issubclass(self.kind, enum.Enum)
+        )
+        return "TEXT" if text and not isinstance(self.kind, Flag) else "INTEGER"
+
+
+@dataclass(frozen=True)
+class DetailTable:
+    """A table of one record kind per step (``pid``, ``step`` first, then ``columns``)."""
+
+    name: str
+    record: type
+    step_field: str
+    columns: tuple[DetailColumn, ...]
+
+
+def _c(name: str, attr: str | None = None, kind: Any = int, min: int | None = 0) -> DetailColumn:
+    return DetailColumn(name, attr or name, kind, min)
+
+
+_T0, _T1 = _c("t0_ns", "t0"), _c("t1_ns", "t1")
+_DRAFTER = _c("drafter", "flags", Flag.DRAFTER)
+DETAIL_TABLES: tuple[DetailTable, ...] = (
+    DetailTable("spans", Span, "spans", (_c("phase", kind=Phase), _T0, _T1, _DRAFTER)),
+    DetailTable(
+        "dispatches",
+        Dispatch,
+        "dispatches",
+        (
+            _DRAFTER,
+            _c("mode", kind=Mode),
+            _c("reason", kind=Reason),
+            _T0,
+            _T1,
+            _c("num_tokens"),
+            _c("padded_tokens"),
+            _c("num_reqs"),
+            _c("padded_reqs"),
+            _c("max_query_len"),
+            _c("uniform_decode_query_len"),
+            _c("uniform", "flags", Flag.UNIFORM),
+        ),
+    ),
+    DetailTable(
+        "replays",
+        Replay,
+        "replays",
+        (
+            _DRAFTER,
+            _c("mode", kind=Mode),
+            _c("kind", kind=ReplayKind),
+            _T0,
+            _T1,
+            _c("num_tokens"),
+            _c("breakable", "flags", Flag.BREAKABLE),
+        ),
+    ),
+    DetailTable(
+        "builds",
+        Build,
+        "builds",
+        (
+            _c("builder", "builder_id", str),
+            _c("tag", kind=BuildTag),
+            _DRAFTER,
+            _T0,
+            _T1,
+            _c("padded_tokens"),
+            _c("real_tokens"),
+            _c("padded_reqs"),
+            _c("real_reqs"),
+            _c("max_query_len"),
+            # -1: the builder has no threshold, or the split was unavailable
+            _c("reorder_batch_threshold", min=-1),
+            _c("num_decodes", min=-1),
+            _c("num_prefills", min=-1),
+            _c("num_decode_tokens", min=-1),
+            _c("num_prefill_tokens", min=-1),
+        ),
+    ),
+    DetailTable(
+        "reorders",
+        Reorder,
+        "reorders",
+        (
+            _T0,
+            _T1,
+            _c("threshold", min=-1),
+            _c("spec_as_decode", kind=bool),
+            _c("num_reqs"),
+            _c("num_decodes"),
+            _c("num_decode_tokens"),
+            _c("changed", kind=bool),
+            _c("moved"),
+        ),
+    ),
+)
+
+
+def _ddl() -> str:
+    steps = ", ".join(f"{c.name} {c.sql_type}" for c in STEP_COLUMNS)
+    details = "\n".join(
+        f"CREATE TABLE IF NOT EXISTS {t.name} (pid INTEGER, step INTEGER, "
+        + ", ".join(f"{c.name} {c.sql_type}" for c in t.columns)
+        + ");"
+        for t in DETAIL_TABLES
+    )
+    return f"""
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS processes (
+  pid INTEGER PRIMARY KEY, role TEXT, tp_rank INTEGER, pp_rank INTEGER, dp_rank INTEGER,
+  vllm_version TEXT, runner TEXT, model TEXT, boottime_ns INTEGER, epoch_ns INTEGER,
+  perf_counter_ns INTEGER, dropped INTEGER DEFAULT 0, snapshot TEXT);
+CREATE TABLE IF NOT EXISTS steps ({steps}, PRIMARY KEY (pid, step));
+{details}
+CREATE TABLE IF NOT EXISTS faults (pid INTEGER, hook TEXT, count INTEGER, disabled INTEGER,
+  PRIMARY KEY (pid, hook));
+CREATE TABLE IF NOT EXISTS outside (pid INTEGER, kind TEXT, count INTEGER,
+  PRIMARY KEY (pid, kind));
+CREATE TABLE IF NOT EXISTS anomalies (pid INTEGER, message TEXT);
+CREATE TABLE IF NOT EXISTS gpu (pid INTEGER, step INTEGER, busy_ns INTEGER,
+  idle_before_ns INTEGER, step_ns INTEGER, PRIMARY KEY (pid, step));
+CREATE INDEX IF NOT EXISTS spans_step ON spans (pid, step);
+CREATE INDEX IF NOT EXISTS builds_step ON builds (pid, step);
+"""
+
+
+DDL = _ddl()
+TABLES = tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", DDL))
+INDEXES = tuple(re.findall(r"CREATE INDEX IF NOT EXISTS (\w+)", DDL))
