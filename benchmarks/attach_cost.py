@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", default=str(HERE.parent / "tests/engine/tiny_llama"))
+    ap.add_argument("--model", default=str(HERE.parent / "tests/real_engine/tiny_llama"))
     ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()
     run_dir = tempfile.mkdtemp(prefix="probe-attach-cost-")

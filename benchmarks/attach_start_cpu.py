@@ -117,7 +117,7 @@ def main() -> None:
             for t in trees:
                 env = dict(os.environ, PYTHONPATH=str(t), PROBE_RUN_DIR=str(run_dir))
                 one = attach_once(
-                    [sys.executable, "-m", "probe.cli.main", "attach", "--url", srv.url,
+                    [sys.executable, "-m", "probe", "attach", "--url", srv.url,
                      "--duration", str(a.duration), "--no-live",
                      "--record", str(run_dir / "x.probe.db"), "--force"],
                     env,

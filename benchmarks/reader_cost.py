@@ -5,7 +5,7 @@
 Everything after the ring runs in the reader (``probe attach``/``record``), and on a host
 whose CPUs vLLM keeps busy it competes with the engine and waits for a CPU in proportion
 to what it needs (docs/reliability.md). This runs the real CPU engine once under ``probe
-record`` (``tests/engine/run_llm.py``, in this process, with the ring reader tapped to
+record`` (``tests/real_engine/run_llm.py``, in this process, with the ring reader tapped to
 keep every block it copies), then replays the engine process's records through the
 reader's stages, each round from scratch, and reports the least CPU time of ``--rounds``
 per stage: ``decode`` (records -> objects), ``assemble`` (decode + steps), ``live``
@@ -50,7 +50,7 @@ def capture(rounds: int) -> bytes:
     try:
         main([
             "record", "--out", f"{d}/r.probe.db", "--force", "--",
-            sys.executable, str(ROOT / "tests/engine/run_llm.py"),
+            sys.executable, str(ROOT / "tests/real_engine/run_llm.py"),
             "--rounds", str(rounds), "--requests", "32", "--out", f"{d}/tokens.json",
         ])  # fmt: skip
     finally:

@@ -12,7 +12,7 @@ Grafana >= 10.4; datasource variable ``${datasource}``; ``$__rate_interval``. As
 own dashboards (``examples/observability``): ``job``, ``instance``, ``engine``,
 ``model_name`` and rank variables (two scrape paths of one engine would otherwise double
 every count); ratio denominators guarded with ``> 0`` and no data, null and NaN shown
-as "No traffic"; stat panels for the headline ratios. ``tests/test_dashboards_schema.py``
+as "No traffic"; stat panels for the headline ratios. ``tests/exporters/test_dashboards_schema.py``
 type-checks the JSON against Grafana's published ``@grafana/schema`` with ``tsc --strict``.
 """
 

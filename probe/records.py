@@ -38,7 +38,7 @@ Example::
     Span(step=7, phase=<Phase.DISPATCH: 4>, t0=100, t1=250, flags=0, v0=0, v1=0)
 
 Adding a field: add it to the dataclass with :func:`at` naming a free slot (or half
-slot); the packers, the decoder, the round-trip test (``tests/test_records.py``) and the
+slot); the packers, the decoder, the round-trip test (``tests/engine/test_records.py``) and the
 compiled path follow from the declaration. Then write it at the hook's ``RT.put`` call.
 """
 

@@ -143,7 +143,7 @@ def new_step(**kw: typing.Any) -> Step:
     """``Step(**kw)``, built without the frozen dataclass's ``__init__``, which sets its 32
     fields one ``object.__setattr__`` at a time (once per step in the reader; this takes
     about half as long). The same fields, defaults and errors for a missing or unknown
-    field; ``tests/test_assemble.py`` compares the two."""
+    field; ``tests/reader/test_assemble.py`` compares the two."""
     d = _STEP_TEMPLATE | kw
     if len(d) != len(_STEP_TEMPLATE) or not kw.keys() >= _STEP_REQUIRED:
         bad = sorted((kw.keys() - _STEP_TEMPLATE.keys()) or (_STEP_REQUIRED - kw.keys()))

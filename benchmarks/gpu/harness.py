@@ -722,7 +722,7 @@ class Engine:
             [
                 sys.executable,
                 "-m",
-                "probe.cli.main",
+                "probe",
                 "collect",
                 "--run-dir",
                 str(self.run_dir),

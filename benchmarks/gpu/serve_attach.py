@@ -141,7 +141,7 @@ class Load:
 def probe_cmd(args: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
     t0 = time.monotonic()
     p = subprocess.run(
-        [sys.executable, "-m", "probe.cli.main", *args],
+        [sys.executable, "-m", "probe", *args],
         env=env,
         capture_output=True,
         text=True,

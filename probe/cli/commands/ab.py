@@ -181,7 +181,7 @@ def run_arms(
         for arm in order:
             override = args.a_override if arm == "A" else args.b_override
             rec = out / f"{arm}-{i}.probe.db"
-            argv = [sys.executable, "-m", "probe.cli.main", "record", "--force", "--out", str(rec)]
+            argv = [sys.executable, "-m", "probe", "record", "--force", "--out", str(rec)]
             if override:
                 argv += ["--override", override]
             t = time.monotonic()

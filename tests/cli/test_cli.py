@@ -1,0 +1,99 @@
+"""The ``probe`` command as a user runs it: a subprocess, exit status and output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from probe.cli.main import default_recording
+
+
+def probe(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "probe", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+needs_bundled = pytest.mark.skipif(
+    not default_recording().exists(), reason="bundled recording not there yet"
+)
+
+
+@needs_bundled
+def test_report_default_recording() -> None:
+    r = probe("report", "--width", "160")
+    assert r.returncode == 0, r.stderr
+    assert "backend_support_too_low" in r.stdout
+    assert "Traceback" not in r.stderr
+
+
+@needs_bundled
+def test_report_json() -> None:
+    r = probe("report", "--json")
+    assert r.returncode == 0, r.stderr
+    assert isinstance(json.loads(r.stdout), dict)
+
+
+@needs_bundled
+def test_doctor() -> None:
+    r = probe("doctor")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+
+
+def _usage_error(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("probe: error: ")]
+    assert len(errors) == 1, r.stderr
+    return errors[0]
+
+
+def test_report_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.probe.db"
+    line = _usage_error(probe("report", str(path)))
+    assert str(path) in line
+    assert probe("report", str(path)).stderr.strip() == line
+
+
+def test_report_text_file(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("not a recording\n")
+    line = _usage_error(probe("report", str(path)))
+    assert str(path) in line and "SQLite" in line
+    assert probe("doctor", str(path)).stderr.strip() == line
+
+
+def test_record_without_command(tmp_path: Path) -> None:
+    r = probe("record", "--out", str(tmp_path / "x.probe.db"))
+    line = _usage_error(r)
+    assert "command" in line
+    assert r.stderr.strip() == line
+    _usage_error(probe("record"))  # argparse: --out is required
+
+
+def test_record_bad_override(tmp_path: Path) -> None:
+    out = tmp_path / "x.probe.db"
+    r = probe("record", "--out", str(out), "--override", "Foo=BAR", "--", "true")
+    line = _usage_error(r)
+    assert "override" in line
+    assert r.stderr.strip() == line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("spec", [":=NEVER", "vllm.x:=NEVER", ":Builder=NEVER", "a..b:C=NEVER"])
+def test_an_override_without_a_module_or_class_is_refused(tmp_path: Path, spec: str) -> None:
+    """``module:Class`` with either side empty or not a dotted name (found by the fuzz:
+    ``:=NEVER`` parsed as module "" and class "", and failed only in the child)."""
+    out = tmp_path / "x.probe.db"
+    line = _usage_error(probe("record", "--out", str(out), "--override", spec, "--", "true"))
+    assert "expected module:Class" in line
+    assert not out.exists()
