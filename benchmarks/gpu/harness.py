@@ -134,8 +134,12 @@ def engine_main(args: argparse.Namespace) -> None:
     if cuda:
         kw["gpu_memory_utilization"] = sc.get("gpu_mem", 0.3)
         kw["compilation_config"] = {"cudagraph_mode": sc.get("cg_mode", "FULL_AND_PIECEWISE")}
+        if sc.get("capture_sizes"):  # the graph sizes, in tokens (vLLM's own setting)
+            kw["compilation_config"]["cudagraph_capture_sizes"] = list(sc["capture_sizes"])
     if sc.get("max_num_batched_tokens"):
         kw["max_num_batched_tokens"] = sc["max_num_batched_tokens"]
+    if "prefix_caching" in sc:
+        kw["enable_prefix_caching"] = bool(sc["prefix_caching"])
     if backend:
         kw["attention_config"] = {"backend": backend}
     k = int(sc.get("k", 1))
@@ -150,16 +154,40 @@ def engine_main(args: argparse.Namespace) -> None:
     wl = sc.get("workload", {})
     n_req, plen, olen = wl.get("requests", 64), wl.get("prompt_len", 256), wl.get("out_len", 128)
 
+    # a mixed workload: each request's prompt and output length drawn from a range, and a
+    # share of the requests opening with a prefix they share (what prefix caching serves)
+    plen_range = wl.get("prompt_len_range")
+    olen_range = wl.get("out_len_range")
+    shared = float(wl.get("shared_prefix_share", 0.0))
+    shared_len = int(wl.get("shared_prefix_len", 0))
+
     def prompts(seed: int, n: int = n_req, pl: int = plen) -> list[dict[str, Any]]:
         rng = random.Random(seed)
+        prefix = [rng.randrange(2, vocab) for _ in range(shared_len)]
+        out = []
+        for _ in range(n):
+            length = rng.randint(*plen_range) if plen_range else pl
+            head = prefix if shared and rng.random() < shared else []
+            body = [rng.randrange(2, vocab) for _ in range(max(1, length - len(head)))]
+            out.append({"prompt_token_ids": head + body})
+        return out
+
+    def sp(n: int = olen, seed: int = 0, count: int = n_req) -> Any:
+        if not olen_range:
+            return SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, detokenize=False)
+        rng = random.Random(seed + 1)
         return [
-            {"prompt_token_ids": [rng.randrange(2, vocab) for _ in range(pl)]} for _ in range(n)
+            SamplingParams(
+                max_tokens=rng.randint(*olen_range),
+                ignore_eos=True,
+                temperature=0.0,
+                detokenize=False,
+            )
+            for _ in range(count)
         ]
 
-    def sp(n: int = olen) -> Any:
-        return SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, detokenize=False)
-
-    llm.generate(prompts(999), sp(16), use_tqdm=False)  # warm-up (JIT, allocator)
+    warm = SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.0, detokenize=False)
+    llm.generate(prompts(999), warm, use_tqdm=False)  # warm-up (JIT, allocator)
     installed = True
     pinned: dict[str, Any] | None = None
     if args.main_cpu is not None:  # after the engine started its threads (they stay off it)
@@ -204,7 +232,7 @@ def engine_main(args: argparse.Namespace) -> None:
                 prof.__enter__()
             b0 = boottime_ns()
             t0 = time.perf_counter()
-            outs = llm.generate(ps, sp(cmd.get("out_len", olen)), use_tqdm=False)
+            outs = llm.generate(ps, sp(cmd.get("out_len", olen), seed, len(ps)), use_tqdm=False)
             if cuda:
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0

@@ -20,8 +20,8 @@ if ! python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') i
        "machine this one is bare: stage and install again (../shared/gpu/NOTES.md)" >&2
   exit 3
 fi
-ls probe/_accel*.so >/dev/null 2>&1 || \
-  echo "run_device: warning: probe/_accel is not built here, so the runs take the pure-Python" \
+ls probe/engine/accel/_accel*.so >/dev/null 2>&1 || \
+  echo "run_device: warning: probe.engine.accel._accel is not built here, so the runs take the pure-Python" \
        "hot path (python3 setup.py build_ext --inplace builds it)" >&2
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
 if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
