@@ -203,7 +203,7 @@ def engine_main(args: argparse.Namespace) -> None:
             "init_s": init_s,
             "scenario": sc,
             "pid": os.getpid(),
-            "probe_path": str(Path(hooks.__file__).parents[1]),
+            "probe_path": str(Path(hooks.__file__).parents[2]),
             "snapshot": RT.static.get("snapshot"),
             "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name() if cuda else "cpu",
