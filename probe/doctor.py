@@ -377,6 +377,12 @@ def _missing(snap: Mapping[str, Any], need: str) -> bool:
     return False
 
 
+def _fact(need: str) -> str:
+    if need.startswith("groups[]."):
+        return f"{need.removeprefix('groups[].')} on any attention group"
+    return need
+
+
 def traps(snap: Mapping[str, Any], steps: Iterable[Any] | None = None) -> dict[str, list[Finding]]:
     """Every check of :data:`CHECKS` over one process's snapshot (and its steps, where a
     recording has them): ``{"traps": [...], "not_checked": [...]}``, each a list of
@@ -386,9 +392,15 @@ def traps(snap: Mapping[str, Any], steps: Iterable[Any] | None = None) -> dict[s
     found: list[Finding] = []
     skipped: list[Finding] = []
     for c in CHECKS:
-        absent = [n for n in c.needs if _missing(snap, n)]
+        absent = [_fact(n) for n in c.needs if _missing(snap, n)]
         if absent:
-            skipped.append({"code": c.code, "message": f"the snapshot has no {', '.join(absent)}"})
+            skipped.append(
+                {
+                    "code": c.code,
+                    "message": f"the snapshot has no {', '.join(absent)} (taken by a probe "
+                    "that did not record it, or before the moment it is read)",
+                }
+            )
             continue
         try:
             found += c.fn(snap, rows) if c.steps else c.fn(snap)
