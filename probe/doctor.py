@@ -392,7 +392,11 @@ def traps(snap: Mapping[str, Any], steps: Iterable[Any] | None = None) -> dict[s
     found: list[Finding] = []
     skipped: list[Finding] = []
     for c in CHECKS:
-        absent = [_fact(n) for n in c.needs if _missing(snap, n)]
+        try:
+            absent = [_fact(n) for n in c.needs if _missing(snap, n)]
+        except (TypeError, AttributeError) as exc:  # a snapshot of the wrong shape
+            skipped.append({"code": c.code, "message": f"the snapshot is malformed ({exc})"})
+            continue
         if absent:
             skipped.append(
                 {
@@ -406,6 +410,10 @@ def traps(snap: Mapping[str, Any], steps: Iterable[Any] | None = None) -> dict[s
             found += c.fn(snap, rows) if c.steps else c.fn(snap)
         except NotChecked as exc:
             skipped.append({"code": c.code, "message": str(exc)})
+        except (TypeError, AttributeError, ValueError, KeyError) as exc:
+            skipped.append(
+                {"code": c.code, "message": f"the snapshot is malformed ({type(exc).__name__})"}
+            )
     return {"traps": found, "not_checked": skipped}
 
 

@@ -137,3 +137,13 @@ def test_each_check_without_its_facts_says_not_checked(check: Any) -> None:
         got = traps(bare)
         (row,) = [r for r in got["not_checked"] if r["code"] == check.code]
         assert need.removeprefix("groups[].") in row["message"]
+
+
+def test_a_malformed_snapshot_is_not_checked_rather_than_a_crash() -> None:
+    snap, _ = _load(BUNDLED)
+    bad = copy.deepcopy(snap)
+    bad["groups"] = ["not a group"]
+    bad["compilation"] = {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": 7}
+    got = traps(bad)
+    assert "malformed" in " ".join(r["message"] for r in got["not_checked"])
+    assert {r["code"] for r in got["not_checked"]} <= {c.code for c in CHECKS}
