@@ -320,3 +320,11 @@ def test_costs_from_a_file_that_is_not_a_recording(
     bad.write_text("not sqlite")
     assert "notes.probe.db" in _error(capsys, 2, str(STOCK), "--costs-from", str(bad))
     assert "no such" in _error(capsys, 2, str(STOCK), "--costs-from", str(tmp_path / "x.db"))
+
+
+def test_costs_from_a_recording_without_steady_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _copy(tmp_path / "idle.probe.db", lambda s: s.mode is None, snapshot=True)
+    line = _error(capsys, 2, str(STOCK), "--costs-from", str(tmp_path / "idle.probe.db"))
+    assert "no steady forward step to cost" in line

@@ -4,9 +4,14 @@
     probe whatif run.probe.db --support FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE
     probe whatif run.probe.db --capture-sizes 1,2,4,8,16,32,64,128 --mode FULL_DECODE_ONLY
     probe whatif run.probe.db --max-capture-size 64 --json
+    probe whatif a.probe.db --support FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE \
+        --costs-from b.probe.db                        # host time from the run that ran it
 
 Columns: what was recorded; the recording's own settings replayed (every step's mode and
-reason must come out as recorded); the what-if; the suggested capture sizes. Needs vLLM
+reason must come out as recorded); the what-if; the suggested capture sizes. Each with its
+steady host time per step and CPU launch overhead (recorded: measured; the others
+predicted by :mod:`probe.costmodel` from the per-(mode, shape) costs of the recording, then
+of ``--costs-from``), or the shapes it has no cost for. Needs vLLM
 (0.26 to 0.33) importable; it runs on CPU (``VLLM_TARGET_DEVICE=cpu`` for a GPU build).
 """
 
