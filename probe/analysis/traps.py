@@ -1,22 +1,37 @@
-"""The doctor's checks: known ways a configuration keeps steps off FULL graphs.
+"""Traps: known ways a configuration keeps steps off FULL graphs, from one function.
 
-Plain functions over the static snapshot (``probe.engine.hooks.snapshot.take_snapshot``: a dict
-of facts taken once per process at attach). Each returns findings, ``{"code": ...,
-"message": ...}`` dicts; :func:`findings` runs them all. Standard library only, so the
-engine side (where the snapshot is taken) and the reader side (``probe doctor`` on a
-recording) share them.
+:func:`traps` runs every check of :data:`CHECKS` over one process's static snapshot
+(``probe.engine.hooks.snapshot.take_snapshot``: a dict of facts taken once per process at attach)
+and, where a recording has them, that process's steps. ``probe report`` and ``probe
+doctor`` (on a recording or live) both call it, so they print the same traps; the engine
+stores the snapshot-only answer with the snapshot. A check whose facts the snapshot does
+not hold (an older recording, a hook that did not see the moment) is **not checked**, and
+says why, instead of passing silently. Each check returns findings, ``{"code": ...,
+"message": ...}`` dicts. Standard library and the shared declarations only, so the engine
+side and the reader side share them.
 
-    from probe.analysis.traps import findings
-    for f in findings(snapshot):
+    from probe.analysis.traps import traps
+    got = traps(snapshot)
+    for f in got["traps"]:
         print(f["code"], f["message"])
+    for f in got["not_checked"]:
+        print("not checked:", f["code"], f["message"])
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from probe.records import Mode, Reason
+
 Finding = dict[str, str]
+
+
+class NotChecked(Exception):
+    """A check cannot run on this snapshot; the message says why."""
+
 
 # A reorder threshold this many times the decode query length or more counts prefills
 # of up to that many tokens as decodes (FlashMLA sparse on Hopper: 256 against 1 + k).
@@ -129,30 +144,291 @@ def reorder_threshold_far_above_decode(snap: Mapping[str, Any]) -> list[Finding]
     return out
 
 
-def full_decode_only_with_chunked_prefill(snap: Mapping[str, Any]) -> list[Finding]:
-    """FULL_DECODE_ONLY with chunked prefill: every step that mixes a prefill chunk with
-    decodes runs eager (the mode has no graph for mixed batches)."""
-    comp = snap.get("compilation") or {}
-    if comp.get("cudagraph_mode") != "FULL_DECODE_ONLY" or not snap.get("chunked_prefill"):
+def misspelled_support_attribute(snap: Mapping[str, Any]) -> list[Finding]:
+    """A builder sets a misspelled attribute (``cudagraph_support``): vLLM never reads
+    it, and the builder keeps the support it inherits."""
+    out: list[Finding] = []
+    for g in snap.get("groups", []) or []:
+        for attr in g.get("misspelled", []) or []:
+            out.append(
+                {
+                    "code": "misspelled_support_attribute",
+                    "message": f"{attr} is not read by vLLM; the builder's support is "
+                    f"{g.get('support')} (set _cudagraph_support or get_cudagraph_support)",
+                }
+            )
+    return out
+
+
+def one_group_limits_engine(snap: Mapping[str, Any]) -> list[Finding]:
+    """One attention group of the target model has a lower support than the others and
+    sets the whole engine's graph mode."""
+    target = [g for g in snap.get("groups", []) or [] if g.get("role") == "target"]
+    values = {g.get("support_value") for g in target if "support_value" in g}
+    if snap.get("min_support_value") is None or len(values) <= 1:
         return []
+    lim = snap.get("limiting_group") or {}
     return [
         {
-            "code": "full_decode_only_with_chunked_prefill",
-            "message": "cudagraph_mode FULL_DECODE_ONLY with chunked prefill: every step "
-            "that mixes a prefill chunk with decodes runs eager (FULL_AND_PIECEWISE gives "
-            "them piecewise graphs)",
+            "code": "one_group_limits_engine",
+            "message": f"{lim.get('builder')} ({lim.get('backend')}) has "
+            f"{snap.get('min_support')}, the lowest of {len(target)} attention groups: "
+            "it sets the engine's graph mode",
         }
     ]
 
 
-CHECKS: tuple[Callable[[Mapping[str, Any]], list[Finding]], ...] = (
-    capture_sizes_for_mtp,
-    ignored_support_setting,
-    reorder_threshold_far_above_decode,
-    full_decode_only_with_chunked_prefill,
+def spec_decode_needs_uniform_batch(snap: Mapping[str, Any]) -> list[Finding]:
+    """MTP decode batches (query length 1 + k) with a minimum support below
+    UNIFORM_BATCH: no FULL decode graph."""
+    low = snap.get("min_support_value")
+    if _uq(snap) <= 1 or low is None or low >= 2:
+        return []
+    return [
+        {
+            "code": "spec_decode_needs_uniform_batch",
+            "message": f"decode batches have query length {_uq(snap)} (MTP) but the minimum "
+            f"support is {snap.get('min_support')}: FULL decode graphs are unavailable "
+            "(needs UNIFORM_BATCH)",
+        }
+    ]
+
+
+def mode_downgraded(snap: Mapping[str, Any]) -> list[Finding]:
+    """vLLM resolved a lower ``cudagraph_mode`` than the one asked for."""
+    res = snap.get("resolve") or {}
+    if res.get("requested_mode") == res.get("resolved_mode"):
+        return []
+    return [
+        {
+            "code": "mode_downgraded",
+            "message": f"cudagraph_mode {res.get('requested_mode')} was resolved to "
+            f"{res.get('resolved_mode')} (min support {res.get('min_cg_support')} from "
+            f"{res.get('min_cg_attn_backend')})",
+        }
+    ]
+
+
+def max_num_batched_tokens_outside_capture_sizes(snap: Mapping[str, Any]) -> list[Finding]:
+    """``max_num_batched_tokens`` below the largest capture size but not one of them: a
+    full batch pads to the next size up."""
+    comp = snap.get("compilation") or {}
+    max_size = comp.get("max_cudagraph_capture_size")
+    mnbt = snap.get("max_num_batched_tokens")
+    sizes = comp.get("cudagraph_capture_sizes") or []
+    if max_size and mnbt and sizes and mnbt < max_size and mnbt not in sizes:
+        return [
+            {
+                "code": "max_num_batched_tokens_outside_capture_sizes",
+                "message": f"max_num_batched_tokens={mnbt} is not a capture size",
+            }
+        ]
+    return []
+
+
+def mtp_decodes_split_as_prefills(snap: Mapping[str, Any]) -> list[Finding]:
+    """MTP with a builder whose reorder threshold is below 1 + k: a decode of query
+    length 1 + k is reordered and built as a prefill (the builder asked for a threshold
+    of 1 without counting speculative tokens as decodes, ``supports_spec_as_decode``
+    false, or a smaller one outright). A builder with no threshold (None: it does not
+    split decodes from prefills by one, e.g. the V3.2 indexer) is not a finding; one that
+    asked without counting speculative tokens but for a threshold of 1 + k or more is not
+    either (nothing is split wrong)."""
+    uq = _uq(snap)
+    out: list[Finding] = []
+    if uq <= 1:
+        return out
+    seen: set[tuple[str, str, int]] = set()
+    for g in snap.get("groups", []) or []:
+        thr = g.get("reorder_batch_threshold")
+        if not isinstance(thr, int) or thr >= uq:
+            continue
+        key = (str(g.get("role")), str(g.get("builder")), thr)
+        if key in seen:
+            continue
+        seen.add(key)
+        why = (
+            f" (it asked for {g.get('reorder_threshold_requested')} with speculative tokens "
+            "not counted as decodes: supports_spec_as_decode false)"
+            if g.get("spec_as_decode") is False
+            else ""
+        )
+        out.append(
+            {
+                "code": "mtp_decodes_split_as_prefills",
+                "message": f"{g.get('builder')} ({g.get('backend')}, {g.get('role')}) has "
+                f"reorder threshold {thr}, below the decode query length {uq} (1 + k){why}: "
+                "MTP decodes are reordered and built as prefills",
+            }
+        )
+    return out
+
+
+def full_decode_only_eager_mixed_steps(
+    snap: Mapping[str, Any], steps: Sequence[Any] | None
+) -> list[Finding]:
+    """FULL_DECODE_ONLY where steps mix a prefill chunk with decodes: they run eager (the
+    mode has no graph for mixed batches). Fires on the snapshot's chunked prefill, or on
+    the recording's own eager mixed steps (``mixed_batch_in_full_decode_only``); not
+    checked where the snapshot does not say whether chunked prefill is on and no steps
+    are given."""
+    comp = snap.get("compilation") or {}
+    if comp.get("cudagraph_mode") != "FULL_DECODE_ONLY":
+        return []
+    chunked = snap.get("chunked_prefill")
+    eager = None
+    if steps is not None:
+        eager = sum(
+            1
+            for s in steps
+            if s.reason == Reason.MIXED_BATCH_IN_FULL_DECODE_ONLY and s.mode in (None, Mode.NONE)
+        )
+    if chunked is None and eager is None:
+        raise NotChecked(
+            "the snapshot does not record whether chunked prefill is on (taken before the "
+            "probe kept it), and no steps were given to count eager mixed steps"
+        )
+    if not chunked and not eager:
+        return []
+    because = "with chunked prefill" if chunked else "with mixed prefill/decode batches"
+    seen = f": {eager} eager mixed steps in this recording" if eager else ""
+    return [
+        {
+            "code": "full_decode_only_with_chunked_prefill",
+            "message": f"cudagraph_mode FULL_DECODE_ONLY {because}: every step that mixes "
+            "a prefill chunk with decodes runs eager (FULL_AND_PIECEWISE gives them "
+            f"piecewise graphs){seen}",
+        }
+    ]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check: its function, the code it is known by, and the snapshot facts it needs
+    (``a.b``: key ``b`` of mapping ``a``; ``groups[].x``: key ``x`` on at least one
+    attention group). ``steps``: the function also takes the process's steps (or None)."""
+
+    fn: Callable[..., list[Finding]]
+    code: str
+    needs: tuple[str, ...] = ()
+    steps: bool = False
+
+
+CHECKS: tuple[Check, ...] = (
+    Check(misspelled_support_attribute, "misspelled_support_attribute", ("groups[].misspelled",)),
+    Check(
+        one_group_limits_engine,
+        "one_group_limits_engine",
+        ("min_support_value", "groups[].support_value"),
+    ),
+    Check(
+        spec_decode_needs_uniform_batch,
+        "spec_decode_needs_uniform_batch",
+        ("uniform_decode_query_len", "min_support_value"),
+    ),
+    Check(mode_downgraded, "mode_downgraded", ("resolve.requested_mode", "resolve.resolved_mode")),
+    Check(
+        max_num_batched_tokens_outside_capture_sizes,
+        "max_num_batched_tokens_outside_capture_sizes",
+        (
+            "max_num_batched_tokens",
+            "compilation.cudagraph_capture_sizes",
+            "compilation.max_cudagraph_capture_size",
+        ),
+    ),
+    Check(
+        capture_sizes_for_mtp,
+        "capture_sizes_for_mtp",
+        ("uniform_decode_query_len", "compilation.cudagraph_capture_sizes", "max_num_seqs"),
+    ),
+    Check(
+        ignored_support_setting,
+        "support_attribute_ignored",
+        ("groups[].support_follows_attribute", "groups[].support_on_non_builder"),
+    ),
+    Check(
+        reorder_threshold_far_above_decode,
+        "reorder_threshold_far_above_decode",
+        ("uniform_decode_query_len", "groups[].reorder_batch_threshold"),
+    ),
+    Check(
+        mtp_decodes_split_as_prefills,
+        "mtp_decodes_split_as_prefills",
+        ("uniform_decode_query_len", "groups[].reorder_batch_threshold"),
+    ),
+    Check(
+        full_decode_only_eager_mixed_steps,
+        "full_decode_only_with_chunked_prefill",
+        ("compilation.cudagraph_mode",),
+        steps=True,
+    ),
 )
 
 
+def _missing(snap: Mapping[str, Any], need: str) -> bool:
+    if need.startswith("groups[]."):
+        key = need.removeprefix("groups[].")
+        return not any(key in g for g in snap.get("groups", []) or [])
+    cur: Any = snap
+    for part in need.split("."):
+        if not isinstance(cur, Mapping) or cur.get(part) is None:
+            return True
+        cur = cur[part]
+    return False
+
+
+def _fact(need: str) -> str:
+    if need.startswith("groups[]."):
+        return f"{need.removeprefix('groups[].')} on any attention group"
+    return need
+
+
+def traps(snap: Mapping[str, Any], steps: Iterable[Any] | None = None) -> dict[str, list[Finding]]:
+    """Every check of :data:`CHECKS` over one process's snapshot (and its steps, where a
+    recording has them): ``{"traps": [...], "not_checked": [...]}``, each a list of
+    ``{"code", "message"}`` in the order of :data:`CHECKS`; a not-checked entry's code is
+    the check's and its message says why."""
+    rows = list(steps) if steps is not None else None
+    found: list[Finding] = []
+    skipped: list[Finding] = []
+    for c in CHECKS:
+        try:
+            absent = [_fact(n) for n in c.needs if _missing(snap, n)]
+        except (TypeError, AttributeError) as exc:  # a snapshot of the wrong shape
+            skipped.append({"code": c.code, "message": f"the snapshot is malformed ({exc})"})
+            continue
+        if absent:
+            skipped.append(
+                {
+                    "code": c.code,
+                    "message": f"the snapshot has no {', '.join(absent)} (taken by a probe "
+                    "that did not record it, or before the moment it is read)",
+                }
+            )
+            continue
+        try:
+            found += c.fn(snap, rows) if c.steps else c.fn(snap)
+        except NotChecked as exc:
+            skipped.append({"code": c.code, "message": str(exc)})
+        except (TypeError, AttributeError, ValueError, KeyError) as exc:
+            skipped.append(
+                {"code": c.code, "message": f"the snapshot is malformed ({type(exc).__name__})"}
+            )
+    return {"traps": found, "not_checked": skipped}
+
+
 def findings(snap: Mapping[str, Any]) -> list[Finding]:
-    """Every check's findings, in the order of :data:`CHECKS`."""
-    return [f for check in CHECKS for f in check(snap)]
+    """The traps :func:`traps` finds on the snapshot alone."""
+    return traps(snap)["traps"]
+
+
+def over_processes(
+    procs: Iterable[tuple[Mapping[str, Any], Iterable[Any] | None]],
+) -> dict[str, list[Finding]]:
+    """:func:`traps` of several processes (snapshot, steps), each finding once, in order:
+    what ``probe report`` shows for a whole recording."""
+    out: dict[str, list[Finding]] = {"traps": [], "not_checked": []}
+    for snap, steps in procs:
+        for kind, rows in traps(snap, steps).items():
+            out[kind] += [f for f in rows if f not in out[kind]]
+    return out

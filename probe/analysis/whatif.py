@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from probe.analysis import costmodel
 from probe.analysis import summary as analysis
 from probe.analysis.capture_sizes import padding_of, suggest_capture_sizes
 from probe.reasons import SUPPORT_NAMES
@@ -620,15 +621,20 @@ def whatif(
     *,
     suggest_count: int | None = None,
     vl: Vllm | None = None,
+    costs_from: costmodel.Costs | None = None,
 ) -> dict[str, Any]:
     """Replay ``steps`` (a recording's) under its own settings and under ``setting``.
 
     ``snapshots``: each pid's static snapshot. Returns plain data: the recorded and the
     replayed columns (:func:`summary` each), the per-step reproduction check of the
     recording's own settings, the what-if's changes against the recording, and the
-    suggested capture sizes. Raises :class:`WhatIfError` for input it cannot use (before
-    vLLM is imported) and :class:`VllmError` when vLLM is not importable.
+    suggested capture sizes. Each column's ``worth`` is its steady host time per step and
+    CPU launch overhead, predicted by :mod:`probe.analysis.costmodel` from the costs measured in
+    the recording (then in ``costs_from``, another recording's; the recorded column:
+    measured). Raises :class:`WhatIfError` for input it cannot use (before vLLM is
+    imported) and :class:`VllmError` when vLLM is not importable.
     """
+    steps = list(steps)
     r = Replayer(steps, snapshots)
     fw, engines = r.steps, r.engines
     own_a, target_a = r.applied(Setting()), r.applied(setting)
@@ -648,11 +654,13 @@ def whatif(
             },
             _column("replay", "the recording's settings", own, own_steps),
         ]
+        replayed = {"recorded": fw, "replay": own_steps}
         target, target_steps = own, own_steps
         if not setting.empty:
             target = r.graphs(target_a)
             target_steps = r.replay(target)
             columns.append(_column("what-if", setting.label, target, target_steps))
+            replayed["what-if"] = target_steps
         on = "what-if" if not setting.empty else "recorded"
         suggestion = _suggest(engines, target, target_steps, suggest_count, on)
         if suggestion.get("sizes"):
@@ -673,6 +681,7 @@ def whatif(
             )
             if suggestion["verified"]:
                 columns.append(col)
+                replayed["suggested"] = sug_steps
     pairs = list(zip(fw, own_steps, strict=True))
     same = [(a, b) for a, b in pairs if (a.mode, a.reason) == (b.mode, b.reason)]
     mismatched = [
@@ -682,6 +691,7 @@ def whatif(
         for a, b in pairs
         if (a.mode, a.reason) != (b.mode, b.reason)
     ]  # fmt: skip
+    sources = _worth(steps, columns, replayed, costs_from)
     return {
         "vllm_installed": next(iter(own.values())).vllm_version,
         "vllm_recorded": sorted({e.vllm_version for e in engines.values()}),
@@ -706,7 +716,31 @@ def whatif(
         "columns": columns,
         "changes": _changes(fw, target_steps) if not setting.empty else [],
         "suggestion": suggestion,
+        "costs": sources,
     }
+
+
+def _worth(
+    steps: Sequence[Step],
+    columns: list[dict[str, Any]],
+    replayed: Mapping[str, Sequence[Step]],
+    costs_from: costmodel.Costs | None,
+) -> list[dict[str, Any]]:
+    """Each column's ``worth`` (see :func:`whatif`); returns the cost sources used."""
+    keys = costmodel.steady_keys(steps)
+    own = costmodel.Costs.of(steps, "the recording", keys)
+    costs = [own] if costs_from is None else [own, costs_from]
+    base = costmodel.measured(replayed["recorded"], keys)
+    for c in columns:
+        if c["column"] == "recorded":
+            w = {**base, "measured": True, "priced": {}, "no_cost": []}
+        else:
+            w = {**costmodel.predict(replayed[c["column"]], keys, costs), "measured": False}
+        for k in ("host_ns_per_step", "cpu_launch_overhead_ns"):
+            a, b = base[k], w[k]
+            w[f"{k}_vs_recorded"] = b / a if a and b is not None else None
+        c["worth"] = w
+    return [{"source": c.source, "shapes": c.shapes} for c in costs]
 
 
 def _count(steps: Iterable[Step], mode: Mode) -> int:

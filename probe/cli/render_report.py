@@ -3,7 +3,7 @@ machines (``--json``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -14,6 +14,7 @@ from rich.text import Text
 from probe.analysis import summary as analysis
 from probe.analysis.cost import has_timing
 from probe.reader.recording import Recording
+from probe.step import Step
 
 
 def _us(ns: float | None) -> str:
@@ -84,8 +85,21 @@ def build_report(rec: Recording) -> dict[str, Any]:
         "anomalies": rec.anomalies(),
         "per_rank": per_rank,
         "verdict": analysis.verdict(steady, main_snap, warm=warm, cost=cost),
-        "traps": main_snap.get("traps", []),
+        **_traps(procs, steps),
     }
+
+
+def _traps(procs: Sequence[Mapping[str, Any]], steps: Sequence[Step]) -> dict[str, Any]:
+    """``traps`` and ``not_checked`` of every process with a snapshot, each once
+    (:func:`probe.analysis.traps.over_processes`: what ``probe doctor`` prints per process)."""
+    from probe.analysis.traps import over_processes
+
+    by_pid: dict[int, list[Step]] = {}
+    for s in steps:
+        by_pid.setdefault(s.pid, []).append(s)
+    return over_processes(
+        (p["snapshot"], by_pid.get(p["pid"], [])) for p in procs if p.get("snapshot")
+    )
 
 
 def command_line(meta: Mapping[str, Any]) -> tuple[str, str]:
@@ -145,6 +159,8 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
         verdict.append("• " + line + "\n")
     for trap in rep.get("traps", []):
         verdict.append("⚠ " + trap["message"] + "\n", style="yellow")
+    for skipped in rep.get("not_checked", []):
+        verdict.append(f"not checked: {skipped['code']}: {skipped['message']}\n", style="dim")
     for a in rep.get("anomalies", [])[:5]:
         verdict.append("‼ " + a + "\n", style="bold red")
     console.print(Panel(verdict, title="verdict (steady state)", title_align="left"))
@@ -327,12 +343,13 @@ def _thresholds(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{'none' if k == '-1' else k} in {n:,}" for k, n in counts.items())
 
 
-def doctor(snapshot: Mapping[str, Any]) -> dict[str, Any]:
-    """The static view, with traps, from one process's snapshot."""
-    from probe.engine.hooks.snapshot import traps
+def doctor(snapshot: Mapping[str, Any], steps: Iterable[Step] | None = None) -> dict[str, Any]:
+    """The static view from one process's snapshot, with ``traps`` and ``not_checked``
+    from :func:`probe.analysis.traps.traps` (``steps``: that process's, from a recording)."""
+    from probe.analysis.traps import traps
 
     out = dict(snapshot)
-    out["traps"] = traps(snapshot)
+    out.update(traps(snapshot, steps))
     return out
 
 
@@ -429,6 +446,8 @@ def render_doctor(snap: Mapping[str, Any], console: Console) -> None:
             console.print(f"[yellow]⚠ {t['code']}[/yellow]: {t['message']}")
     else:
         console.print("[green]no known traps[/green]")
+    for t in snap.get("not_checked") or []:
+        console.print(f"[dim]not checked: {t['code']}: {t['message']}[/dim]")
     missing = (snap.get("hooks") or {}).get("missing") or []
     if missing:
         console.print(

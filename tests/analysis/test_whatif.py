@@ -30,6 +30,7 @@ from whatif_cases import (
 )
 
 from probe.analysis.capture_sizes import padding_of, suggest_capture_sizes
+from probe.analysis.costmodel import Costs
 from probe.analysis.whatif import Replayer, Setting, Vllm, load_vllm, whatif
 from probe.cli.main import main
 from probe.reader.recording import Recording, RecordingWriter
@@ -238,3 +239,92 @@ def test_replayer_refuses_graphs_outside_a_session() -> None:
     r = Replayer(steps, snaps)
     with pytest.raises(RuntimeError):
         r.graphs(r.applied(Setting()))
+
+
+# -- what it is worth: host time from the per-(mode, shape) costs ------------------------------
+
+
+def _steady_mean(path: Path) -> tuple[float, float]:
+    """The recording's own steady host time and CPU launch overhead per step, counted
+    here from analysis's steady split (not through probe.analysis.costmodel)."""
+    from probe.analysis import summary as analysis
+
+    steady, _ = analysis.split_steady(load(path)[0])
+    rows = [s for s in steady if s.num_tokens > 0]
+    launch = [s.cpu_launch_overhead_ns for s in rows if s.cpu_launch_overhead_ns is not None]
+    return sum(s.host_ns for s in rows) / len(rows), sum(launch) / len(launch)
+
+
+@pytest.mark.parametrize(
+    ("source", "support", "target"),
+    [(STOCK, USTD, DEFAULT), (DEFAULT, UB, STOCK)],
+    ids=["stock-with-ustd", "ustd-with-uniform-batch"],
+)
+def test_costs_from_the_other_run_predict_its_steady_host_time(
+    source: Path, support: Any, target: Path, vl: Vllm
+) -> None:
+    steps, snaps = load(source)
+    rec = Recording.open(target)
+    costs = Costs.of(list(rec.iter_steps()), str(target))
+    rec.close()
+    r = whatif(steps, snaps, Setting(support=support), vl=vl, costs_from=costs)
+    cols = {c["column"]: c["worth"] for c in r["columns"]}
+    host, launch = _steady_mean(target)
+    own_host, _ = _steady_mean(source)
+    w = cols["what-if"]
+    assert not w["no_cost"] and w["steady_steps"] == cols["recorded"]["steady_steps"]
+    assert w["host_ns_per_step"] == pytest.approx(host, rel=0.05)
+    assert w["cpu_launch_overhead_ns"] == pytest.approx(launch, rel=0.05)
+    # the predicted B/A points the way the two runs differ (about 2x, docs/evidence.md)
+    assert w["host_ns_per_step_vs_recorded"] == pytest.approx(host / own_host, rel=0.05)
+    assert abs(w["host_ns_per_step_vs_recorded"] - 1) > 0.4
+    # the recording's own settings, priced by its own costs, are what it measured
+    assert cols["replay"]["host_ns_per_step"] == pytest.approx(own_host, rel=1e-9)
+    assert cols["recorded"]["host_ns_per_step"] == pytest.approx(own_host, rel=1e-9)
+
+
+def test_without_costs_from_it_names_the_shapes_it_has_no_cost_for(vl: Vllm) -> None:
+    steps, snaps = load(STOCK)
+    r = whatif(steps, snaps, Setting(support=USTD), vl=vl)
+    w = next(c["worth"] for c in r["columns"] if c["column"] == "what-if")
+    assert w["host_ns_per_step"] is None and w["cpu_launch_overhead_ns"] is None
+    decode = [s for s in forward(steps) if s.uniform]
+    (gap,) = w["no_cost"]
+    assert (gap["mode"], gap["uniform"]) == ("PIECEWISE", True)
+    assert (gap["tokens"], gap["reqs"]) == (decode[0].num_tokens, decode[0].num_reqs)
+    assert 0 < gap["steps"] <= len(decode)
+
+
+def test_the_command_says_what_it_has_no_cost_for(
+    capsys: pytest.CaptureFixture[str], vl: Vllm
+) -> None:
+    support = "FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE"
+    rc, out, _ = _run(capsys, str(STOCK), "--support", support, "--width", "80")
+    assert rc == 0 and max(len(line) for line in out.splitlines()) <= 80
+    text = " ".join(out.split())
+    assert "no cost for PIECEWISE uniform decode 128 tokens × 64 requests" in text
+    rc, out, _ = _run(capsys, str(STOCK), "--support", support, "--costs-from", str(DEFAULT))
+    assert rc == 0
+    text = " ".join(out.split())
+    assert "no cost for" not in text and f"measured in {DEFAULT}" in text
+    host, _ = _steady_mean(DEFAULT)
+    row = next(line for line in out.splitlines() if "steady host time per step" in line)
+    predicted = float(row.split("│")[4].split()[0].replace(",", ""))
+    assert predicted == pytest.approx(host / 1e3, rel=0.05)
+
+
+def test_costs_from_a_file_that_is_not_a_recording(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "notes.probe.db"
+    bad.write_text("not sqlite")
+    assert "notes.probe.db" in _error(capsys, 2, str(STOCK), "--costs-from", str(bad))
+    assert "no such" in _error(capsys, 2, str(STOCK), "--costs-from", str(tmp_path / "x.db"))
+
+
+def test_costs_from_a_recording_without_steady_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _copy(tmp_path / "idle.probe.db", lambda s: s.mode is None, snapshot=True)
+    line = _error(capsys, 2, str(STOCK), "--costs-from", str(tmp_path / "idle.probe.db"))
+    assert "no steady forward step to cost" in line

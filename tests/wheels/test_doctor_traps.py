@@ -152,3 +152,87 @@ def test_doctor_readable_at_80_columns(vl: Vllm, monkeypatch: pytest.MonkeyPatch
     for g in snap["groups"]:
         assert f"support {g['support']}" in text
     assert "UNIFORM_SINGLE_TOKEN_DECODE" in text
+
+
+def _threshold_builder(vl: Vllm, backend: Any, k: int, spec_as_decode: bool) -> Any:
+    """The real builder class, its threshold set by its own ``_init_reorder_batch_threshold``
+    (through the probe's always-on hook, which keeps what it was asked): the seed's
+    ``(1, supports_spec_as_decode=False)`` or the fixed ``(1, True)``. The builder's
+    ``__init__`` needs a model; the speculative config here carries only the two fields
+    the method reads (a real SpeculativeConfig needs the target model too)."""
+    from probe.engine import hooks
+
+    hooks.install(["static"], lazy=False)
+    vc = vl.VllmConfig()
+    vc.speculative_config = SimpleNamespace(num_speculative_tokens=k, parallel_drafting=False)
+    builder = object.__new__(backend.get_builder_cls())
+    builder.vllm_config = vc
+    builder._init_reorder_batch_threshold(1, supports_spec_as_decode=spec_as_decode)
+    return builder
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_mtp_decodes_split_as_prefills_in_the_seeds_before_state(vl: Vllm, k: int) -> None:
+    from vllm.v1.attention.backends.mla.rocm_aiter_mla_sparse import ROCMAiterMLASparseBackend
+
+    from probe.analysis.traps import traps
+
+    uq = 1 + k
+    before = _threshold_builder(vl, ROCMAiterMLASparseBackend, k, spec_as_decode=False)
+    assert before.reorder_batch_threshold == 1  # vLLM's own method left it at 1
+    group = SimpleNamespace(
+        backend=ROCMAiterMLASparseBackend,
+        kv_cache_spec=None,
+        layer_names=["l0"],
+        metadata_builders=[before],
+    )
+    snap = take_snapshot(_runner(before.vllm_config, uq, [group]))
+    (g,) = snap["groups"]
+    assert (g["reorder_batch_threshold"], g["spec_as_decode"]) == (1, False)
+    got = traps(snap)
+    (f,) = [t for t in got["traps"] if t["code"] == "mtp_decodes_split_as_prefills"]
+    assert f"reorder threshold 1, below the decode query length {uq}" in f["message"]
+    assert "supports_spec_as_decode false" in f["message"]
+    assert "mtp_decodes_split_as_prefills" not in {t["code"] for t in got["not_checked"]}
+
+    after = _threshold_builder(vl, ROCMAiterMLASparseBackend, k, spec_as_decode=True)
+    assert after.reorder_batch_threshold == uq  # counted as decodes: raised to 1 + k
+    group.metadata_builders = [after]
+    fixed = take_snapshot(_runner(after.vllm_config, uq, [group]))
+    assert "mtp_decodes_split_as_prefills" not in _codes(fixed)
+    # no MTP: a threshold of 1 splits nothing wrong
+    plain = take_snapshot(_runner(before.vllm_config, 1, [group]))
+    assert "mtp_decodes_split_as_prefills" not in _codes(plain)
+
+
+def test_full_decode_only_eager_mixed_steps_counted_from_the_replayed_steps(vl: Vllm) -> None:
+    """FULL_DECODE_ONLY with chunked prefill, the mixed steps from vLLM's own dispatcher:
+    the chunked-prefill MRV2 recording's shapes replayed under FULL_DECODE_ONLY; the
+    snapshot is the real resolved config's, without the chunked-prefill fact (as
+    recordings taken before the probe kept it)."""
+    from probe.analysis.traps import traps
+    from probe.analysis.whatif import Replayer, Setting, load_vllm
+    from probe.reader.recording import Recording
+
+    path = H200_RECORDING.parents[1] / "h200-2026-12-01-s5/chunked_mrv2_k1.probe.db"
+    rec = Recording.open(path)
+    steps = list(rec.iter_steps())
+    snaps = {p["pid"]: p["snapshot"] for p in rec.processes() if p.get("snapshot")}
+    rec.close()
+    r = Replayer(steps, snaps)
+    with r.session(load_vllm()):
+        replayed = r.replay(r.graphs(r.applied(Setting(mode="FULL_DECODE_ONLY"))))
+    eager = [s for s in replayed if s.reason is not None and s.reason.label.startswith("mixed")]
+    assert eager and all(s.mode is not None and s.mode.name == "NONE" for s in eager)
+
+    res = resolve(vl, ENGINES["fdo_ub_k1"], v2=True)
+    assert res.mode.name == "FULL_DECODE_ONLY"
+    snap = take_snapshot(_runner(res.vllm_config, 2))
+    del snap["chunked_prefill"]
+    code = "full_decode_only_with_chunked_prefill"
+    alone = traps(snap)
+    assert code in {t["code"] for t in alone["not_checked"]}
+    assert code not in {t["code"] for t in alone["traps"]}
+    got = traps(snap, replayed)
+    (f,) = [t for t in got["traps"] if t["code"] == code]
+    assert f"{len(eager)} eager mixed steps" in f["message"]

@@ -10,7 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from whatif_cases import RECORDINGS, UB, USTD, check_prediction, check_reproduces_every_step
+from whatif_cases import (
+    RECORDINGS,
+    UB,
+    USTD,
+    check_prediction,
+    check_reproduces_every_step,
+    load,
+)
 
 from probe.analysis.whatif import Vllm, load_vllm
 
@@ -41,3 +48,29 @@ def test_the_override_predicts_the_run_recorded_under_it(
     source: str, support: Any, target: str, tree_vllm: Vllm
 ) -> None:
     assert check_prediction(RECORDINGS[source], support, RECORDINGS[target], tree_vllm) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("source", "support", "target"),
+    [
+        ("stock_mrv2_k1", USTD, "default_mrv2_ustd"),
+        ("default_mrv2_ustd", UB, "stock_mrv2_k1"),
+    ],
+)
+def test_costs_from_the_run_recorded_under_it_predict_its_steady_host_time(
+    source: str, support: Any, target: str, tree_vllm: Vllm
+) -> None:
+    from probe.analysis import summary as analysis
+    from probe.analysis.costmodel import Costs
+    from probe.analysis.whatif import Setting, whatif
+
+    steps, snaps = load(RECORDINGS[source])
+    other = load(RECORDINGS[target])[0]
+    r = whatif(
+        steps, snaps, Setting(support=support), vl=tree_vllm, costs_from=Costs.of(other, target)
+    )
+    (w,) = [c["worth"] for c in r["columns"] if c["column"] == "what-if"]
+    steady, _ = analysis.split_steady(other)
+    host = [s.host_ns for s in steady if s.num_tokens > 0]
+    assert not w["no_cost"]
+    assert w["host_ns_per_step"] == pytest.approx(sum(host) / len(host), rel=0.05)

@@ -45,13 +45,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.pid or args.url:
         if args.recording:
             raise UsageError("doctor: give a recording or --pid/--url, not both")
-        snaps = _live_snapshots(args)
+        out = [doctor(s) for s in _live_snapshots(args)]
     else:
         rec = open_recording(args.recording)
-        snaps = [p["snapshot"] for p in rec.processes() if p.get("snapshot")]
-        if not snaps:
+        procs = [p for p in rec.processes() if p.get("snapshot")]
+        if not procs:
             raise UsageError(f"doctor: {rec.path} holds no static snapshot (no step was recorded)")
-    out = [doctor(s) for s in snaps]
+        # the recording's steps too: a trap the snapshot alone cannot decide is counted
+        # from them, as `probe report` does (probe.analysis.traps.traps)
+        by_pid: dict[int, list[Any]] = {}
+        for step in rec.iter_steps():
+            by_pid.setdefault(step.pid, []).append(step)
+        out = [doctor(p["snapshot"], by_pid.get(p["pid"], [])) for p in procs]
     if args.json:
         print(json.dumps(out, indent=2, default=str))
     else:

@@ -4,9 +4,14 @@
     probe whatif run.probe.db --support FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE
     probe whatif run.probe.db --capture-sizes 1,2,4,8,16,32,64,128 --mode FULL_DECODE_ONLY
     probe whatif run.probe.db --max-capture-size 64 --json
+    probe whatif a.probe.db --support FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE \
+        --costs-from b.probe.db                        # host time from the run that ran it
 
 Columns: what was recorded; the recording's own settings replayed (every step's mode and
-reason must come out as recorded); the what-if; the suggested capture sizes. Needs vLLM
+reason must come out as recorded); the what-if; the suggested capture sizes. Each with its
+steady host time per step and CPU launch overhead (recorded: measured; the others
+predicted by :mod:`probe.analysis.costmodel` from the per-(mode, shape) costs of the recording, then
+of ``--costs-from``), or the shapes it has no cost for. Needs vLLM
 (0.26 to 0.33) importable; it runs on CPU (``VLLM_TARGET_DEVICE=cpu`` for a GPU build).
 """
 
@@ -36,6 +41,25 @@ def _mode(text: str) -> str:
     return text.upper()
 
 
+def _costs_from(path: str | None) -> Any:
+    """The host-time costs measured in the ``--costs-from`` recording (None: not given)."""
+    from probe.analysis.costmodel import Costs
+    from probe.reader.recording import RecordingError
+
+    if path is None:
+        return None
+    other = open_recording(path)
+    try:
+        costs = Costs.of(list(other.iter_steps()), str(other.path))
+    except RecordingError as exc:
+        raise UsageError(f"whatif: --costs-from {other.path}: {exc}") from None
+    finally:
+        other.close()
+    if not costs.shapes:
+        raise UsageError(f"whatif: --costs-from {other.path}: no steady forward step to cost")
+    return costs
+
+
 def cmd_whatif(args: argparse.Namespace) -> int:
     from probe.analysis.whatif import Setting, VllmError, WhatIfError, parse_support, whatif
     from probe.reader.recording import RecordingError
@@ -50,7 +74,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         )
         steps = list(rec.iter_steps())
         snaps = {p["pid"]: p["snapshot"] for p in rec.processes() if p.get("snapshot")}
-        result = whatif(steps, snaps, setting, suggest_count=args.suggest_count)
+        costs = _costs_from(args.costs_from)
+        result = whatif(steps, snaps, setting, suggest_count=args.suggest_count, costs_from=costs)
     except (WhatIfError, RecordingError) as exc:
         raise UsageError(f"whatif: {rec.path}: {exc}") from None
     except VllmError as exc:
@@ -65,6 +90,41 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 def _pct(v: float | None) -> str:
     return "–" if v is None else f"{v:.1%}"
+
+
+def _us(ns: float | None) -> str:
+    return "no cost" if ns is None else f"{ns / 1e3:,.0f} µs"
+
+
+def _ratio(v: float | None) -> str:
+    return "–" if v is None else f"{v:.3f}"
+
+
+def render_worth(r: dict[str, Any], con: Any) -> None:
+    """Where the host-time figures come from, and the shapes that have no cost."""
+    sources = " then ".join(f"{c['source']} ({c['shapes']} shapes)" for c in r["costs"])
+    con.print(
+        "[bold]host time[/] (steady steps; recorded: measured; the others predicted from "
+        f"the per-(mode, shape) costs measured in {sources}):"
+    )
+    for c in r["columns"]:
+        w = c["worth"]
+        if w["measured"]:
+            continue
+        priced = ", ".join(f"{n} {how}" for how, n in w["priced"].items()) or "none"
+        con.print(f"  {c['column']}: {w['steady_steps']} steady steps priced: {priced}")
+        if w["no_cost"]:
+            shown = w["no_cost"][:6]
+            con.print(
+                f"  [yellow]{c['column']}: no cost for[/] "
+                + "; ".join(f"{m['shape']} ({m['steps']} steps)" for m in shown)
+                + (f"; and {len(w['no_cost']) - 6} more shapes" if len(w["no_cost"]) > 6 else "")
+            )
+    if any(c["worth"]["no_cost"] for c in r["columns"]):
+        con.print(
+            "  (no guess is made for a mode or shape the recording never ran: give "
+            "--costs-from a recording that ran it)"
+        )
 
 
 def _sizes_text(sizes: list[int]) -> str:
@@ -112,6 +172,14 @@ def render(r: dict[str, Any], con: Any) -> None:
     ):
         t.add_row(label, *(_pct(c[key]) for c in cols))
     t.add_row("padded − real tokens", *(f"{c['padded_tokens'] - c['real_tokens']}" for c in cols))
+    for label, key in (
+        ("steady host time per step", "host_ns_per_step"),
+        ("steady CPU launch overhead", "cpu_launch_overhead_ns"),
+    ):
+        t.add_row(label, *(_us(c["worth"][key]) for c in cols))
+        t.add_row(
+            "  B/A against recorded", *(_ratio(c["worth"][f"{key}_vs_recorded"]) for c in cols)
+        )
     reasons: list[str] = []
     for c in cols:
         reasons += [k for k in c["reasons"] if k not in reasons]
@@ -144,6 +212,7 @@ def render(r: dict[str, Any], con: Any) -> None:
             if a is not None and b is not None:
                 delta = " (unchanged)" if a == b else f" ({(b - a) * 100:+.1f} points)"
             con.print(f"  {label} {_pct(a)} → {_pct(b)}{delta}")
+    render_worth(r, con)
     s = r["suggestion"]
     if s.get("sizes") and s.get("verified"):
         con.print(
@@ -181,6 +250,12 @@ def add_parser(sub: Any) -> None:
         type=positive_int,
         metavar="N",
         help="at most N suggested capture sizes (default: as many as there are now)",
+    )
+    q.add_argument(
+        "--costs-from",
+        metavar="B.probe.db",
+        help="host-time costs for the modes and shapes this recording never ran, measured "
+        "in another recording",
     )
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q.add_argument("--width", type=width, help="terminal width in columns (20..1000)")

@@ -387,65 +387,11 @@ def live_ranks() -> dict[str, Any]:
 
 
 def traps(snap: Mapping[str, Any]) -> list[dict[str, str]]:
-    """Known ways the graph path silently degrades, as (code, message) dicts."""
-    out: list[dict[str, str]] = []
-    for g in snap.get("groups", []):
-        for attr in g.get("misspelled", []) or []:
-            out.append(
-                {
-                    "code": "misspelled_support_attribute",
-                    "message": f"{attr} is not read by vLLM; the builder's support is "
-                    f"{g.get('support')} (set _cudagraph_support or get_cudagraph_support)",
-                }
-            )
-    target = [g for g in snap.get("groups", []) if g.get("role") == "target"]
-    values = {g.get("support_value") for g in target if "support_value" in g}
-    uq = snap.get("uniform_decode_query_len") or 1
-    low = snap.get("min_support_value")
-    if low is not None and len(values) > 1:
-        lim = snap.get("limiting_group") or {}
-        out.append(
-            {
-                "code": "one_group_limits_engine",
-                "message": f"{lim.get('builder')} ({lim.get('backend')}) has "
-                f"{snap.get('min_support')}, the lowest of {len(target)} attention groups: "
-                "it sets the engine's graph mode",
-            }
-        )
-    if low is not None and uq > 1 and low < 2:
-        out.append(
-            {
-                "code": "spec_decode_needs_uniform_batch",
-                "message": f"decode batches have query length {uq} (MTP) but the minimum support "
-                f"is {snap.get('min_support')}: FULL decode graphs are unavailable "
-                "(needs UNIFORM_BATCH)",
-            }
-        )
-    res = snap.get("resolve") or {}
-    if res and res.get("requested_mode") != res.get("resolved_mode"):
-        out.append(
-            {
-                "code": "mode_downgraded",
-                "message": f"cudagraph_mode {res.get('requested_mode')} was resolved to "
-                f"{res.get('resolved_mode')} (min support {res.get('min_cg_support')} from "
-                f"{res.get('min_cg_attn_backend')})",
-            }
-        )
-    comp = snap.get("compilation") or {}
-    max_size = comp.get("max_cudagraph_capture_size")
-    mnbt = snap.get("max_num_batched_tokens")
-    sizes = comp.get("cudagraph_capture_sizes") or []
-    if max_size and mnbt and sizes and mnbt < max_size and mnbt not in sizes:
-        out.append(
-            {
-                "code": "max_num_batched_tokens_outside_capture_sizes",
-                "message": f"max_num_batched_tokens={mnbt} is not a capture size",
-            }
-        )
+    """The traps on the snapshot alone, stored with it: :func:`probe.analysis.traps.traps`, the
+    one function ``probe report`` and ``probe doctor`` call too."""
     from probe.analysis.traps import findings
 
-    out.extend(findings(snap))
-    return out
+    return findings(snap)
 
 
 def snapshot_json(runner: Any) -> bytes:
