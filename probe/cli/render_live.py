@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from probe.analysis import summary as analysis
+from probe.analysis.traps import traps
 from probe.reader.collector import ProcessState
 from probe.records import Mode
 from probe.step import GpuSample, Step
@@ -216,7 +217,7 @@ class LiveStats:
             "probe_cost": cost,
             "trend": self.trend(v),
             "reorder": analysis.reorder_summary(v.steps),
-            "traps": [t["message"] for t in snap.get("traps", []) or []],
+            "traps": [t["message"] for t in traps(snap)["traps"]],
             "verdict": analysis.verdict(fw, snap, warm=warm, cost=cost) if all_fw else [],
             "dropped": v.dropped,
             "faults": v.faults,

@@ -363,5 +363,5 @@ def test_whatif_override_demotes_decode_to_piecewise(
     assert rec.mode.name == "PIECEWISE" and rec.reason == Reason.BACKEND_SUPPORT_TOO_LOW
     assert g["support"] == override and snap["override"][0]["support"] == override
     assert snap["resolve"]["requested_mode"] == "FULL_AND_PIECEWISE"
-    codes = {t["code"] for t in snap["traps"]}
+    codes = {t["code"] for t in findings(snap)}
     assert {"spec_decode_needs_uniform_batch", "mode_downgraded"} <= codes

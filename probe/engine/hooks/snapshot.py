@@ -325,7 +325,6 @@ def take_snapshot(runner: Any) -> dict[str, Any]:
         snap["min_support"] = low["support"]
         snap["min_support_value"] = low["support_value"]
         snap["limiting_group"] = {"backend": low["backend"], "builder": low["builder"]}
-    snap["traps"] = traps(snap)
     return snap
 
 
@@ -384,14 +383,6 @@ def live_ranks() -> dict[str, Any]:
     except Exception:
         pass
     return out
-
-
-def traps(snap: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The traps on the snapshot alone, stored with it: :func:`probe.analysis.traps.traps`, the
-    one function ``probe report`` and ``probe doctor`` call too."""
-    from probe.analysis.traps import findings
-
-    return findings(snap)
 
 
 def snapshot_json(runner: Any) -> bytes:
