@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -349,8 +348,13 @@ class _Peek:
         return n
 
 
-def _median(xs: Sequence[int]) -> float:
-    return float(statistics.median(xs))
+def _lead(x: int, xs: Sequence[int]) -> float:
+    """``x`` minus the median of ``xs``, exactly: epoch-ns values are past a float's 53
+    bits, so the median is taken doubled, in integers."""
+    ys = sorted(xs)
+    m = len(ys) // 2
+    twice = 2 * ys[m] if len(ys) % 2 else ys[m - 1] + ys[m]
+    return (2 * x - twice) / 2
 
 
 def _match(
@@ -385,7 +389,7 @@ def _match(
         ]
         last = max(range(len(ends)), key=lambda i: (ends[i], -i))
         others = [i for i in range(len(ends)) if i != last]
-        skew = ends[last] - _median([ends[i] for i in others])
+        skew = _lead(ends[last], [ends[i] for i in others])
         skew_ns = round(skew)
         if sync_launch:
             wait: int | None = sum(ends[last] - ends[i] for i in others)
@@ -399,10 +403,10 @@ def _match(
             named = None
         else:
             starts = [s.t0 + sh for s, sh in zip(steps, shifts, strict=True)]
-            cands = {START: starts[last] - _median([starts[i] for i in others])}
+            cands = {START: _lead(starts[last], [starts[i] for i in others])}
             for p in cand_phases:
-                cands[p] = steps[last].phases.get(p, 0) - _median(
-                    [steps[i].phases.get(p, 0) for i in others]
+                cands[p] = _lead(
+                    steps[last].phases.get(p, 0), [steps[i].phases.get(p, 0) for i in others]
                 )
             phase = max(cands, key=lambda k: cands[k])  # first listed wins a tie
             excess = round(cands[phase])
