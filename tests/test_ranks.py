@@ -283,3 +283,35 @@ def test_data_parallel_costs_per_rank() -> None:
 
 def ranks_fields(s: Step) -> dict[str, Any]:
     return dict(s.__dict__)
+
+
+class _Proc:
+    """The parts of probe.collector.ProcessState the live view reads."""
+
+    def __init__(self, pid: int, snapshot: dict[str, Any] | None) -> None:
+        self.pid, self.snapshot, self.dropped, self.hook_faults = pid, snapshot, 0, 0
+
+    @property
+    def rank_label(self) -> str:
+        return f"tp{(self.snapshot or {}).get('tp_rank') or 0}"
+
+
+def test_live_view_has_a_skew_line_per_rank(engine: ranks.EngineRanks) -> None:
+    from probe.live import LiveStats, plain_lines, skew_lines
+
+    rec = Recording.open(TP2)
+    stats = LiveStats(window=2048, clock_ns=lambda: 0)
+    for p in rec.processes():
+        proc = _Proc(p["pid"], p["snapshot"])
+        stats.on_process(proc)  # type: ignore[arg-type]
+        steps = list(rec.iter_steps(p["pid"]))
+        if steps:
+            stats.on_steps(proc, steps)  # type: ignore[arg-type]
+    lines = skew_lines(stats)
+    assert set(lines) == {3602, 3603}
+    # the window holds the whole recording: the same figures as the report's
+    assert lines[3602] == (
+        "  skew: last on 75% of 1,193 matched steps, p50 11,612 µs when last (start)"
+    )
+    assert lines[3603].startswith("  skew: last on 25% of 1,193 matched steps")
+    assert lines[3602] in plain_lines(stats)
