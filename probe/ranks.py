@@ -77,9 +77,11 @@ __all__ = [
     "RankFigures",
     "RankId",
     "RankInput",
+    "RankMatcher",
     "RanksSummary",
     "StepRanks",
     "align_offsets",
+    "compare",
     "engine_ranks",
     "per_step",
     "ranks_of_recording",
@@ -107,6 +109,8 @@ ARRIVAL = {
 ALIGN_WINDOW = 256
 MAX_OFFSET = 8
 ALIGN_MIN_AGREE = 0.9
+#: steps each rank holds before a live matcher reads the offsets
+LIVE_ALIGN = 32
 #: the hosts' wall clocks are taken to agree within this (NTP on a LAN); pass what
 #: ``chronyc tracking`` or PTP reports for the hosts instead
 DEFAULT_EPOCH_SYNC_NS = 1_000_000
@@ -152,7 +156,8 @@ class RankInput:
 class StepRanks:
     """One matched step across an engine's ranks (tuples in the engine's rank order).
 
-    ``step`` is the first rank's step number, ``steps`` each rank's; ``end_ns`` each
+    ``step`` is the first rank's step number, ``steps`` each rank's; ``start_ns`` each
+    rank's step start and ``end_ns`` each
     rank's arrival (its enqueue end, or its forward's start under ``sync_launch``) on the
     aligned clock. ``last`` is an index into the ranks, None
     when the skew is within the clock uncertainty; ``phase`` and ``phase_excess_ns`` say
@@ -161,6 +166,7 @@ class StepRanks:
 
     step: int
     steps: tuple[int, ...]
+    start_ns: tuple[int, ...]
     end_ns: tuple[int, ...]
     forward_launch_ns: tuple[int, ...]
     cpu_launch_overhead_ns: tuple[int, ...]
@@ -357,11 +363,63 @@ def _lead(x: int, xs: Sequence[int]) -> float:
     return (2 * x - twice) / 2
 
 
+def compare(
+    steps: Sequence[Step],
+    shifts: Sequence[int] | None = None,
+    *,
+    uncertainty_ns: int = 0,
+    sync_launch: bool = False,
+) -> StepRanks | None:
+    """One step of every rank of an engine (in the engine's rank order), side by side;
+    None when a rank has no launch time (no forward). ``shifts`` put each rank's BOOTTIME
+    on the common clock (none: one host)."""
+    if any(s.cpu_launch_overhead_ns is None for s in steps):
+        return None
+    sh = list(shifts) if shifts is not None else [0] * len(steps)
+    clo = [int(s.cpu_launch_overhead_ns or 0) for s in steps]
+    fl = [s.phases.get(_FL, 0) for s in steps]
+    starts = [s.t0 + x for s, x in zip(steps, sh, strict=True)]
+    ends = [t + c - (f if sync_launch else 0) for t, c, f in zip(starts, clo, fl, strict=True)]
+    last = max(range(len(ends)), key=lambda i: (ends[i], -i))
+    others = [i for i in range(len(ends)) if i != last]
+    skew_ns = round(_lead(ends[last], [ends[i] for i in others]))
+    phase: str | None = None
+    excess = 0
+    wait: int | None = None
+    named: int | None = last
+    if skew_ns <= uncertainty_ns:
+        named = None
+    else:
+        cands = {START: _lead(starts[last], [starts[i] for i in others])}
+        for p in PHASES_BEFORE_FORWARD:
+            if not (sync_launch and p == _FL):
+                mine = steps[last].phases.get(p, 0)
+                cands[p] = _lead(mine, [steps[i].phases.get(p, 0) for i in others])
+        phase = max(cands, key=lambda k: cands[k])  # first listed wins a tie
+        excess = round(cands[phase])
+        if sync_launch:
+            wait = sum(ends[last] - ends[i] for i in others)
+        elif (idle := steps[last].gpu_idle_before_ns) is not None:
+            wait = sum(min(ends[last] - ends[i], idle) for i in others)
+    return StepRanks(
+        step=steps[0].step,
+        steps=tuple(s.step for s in steps),
+        start_ns=tuple(starts),
+        end_ns=tuple(ends),
+        forward_launch_ns=tuple(fl),
+        cpu_launch_overhead_ns=tuple(clo),
+        last=named,
+        skew_ns=skew_ns,
+        phase=phase,
+        phase_excess_ns=excess,
+        wait_ns=wait,
+    )
+
+
 def _match(
     ranks: Sequence[RankInput], shifts: Sequence[int], unc: int, offsets: Sequence[int],
     peeks: Sequence[_Peek], tally: Counter[str], sync_launch: bool,
 ) -> Iterator[StepRanks]:  # fmt: skip
-    cand_phases = tuple(p for p in PHASES_BEFORE_FORWARD if not (sync_launch and p == _FL))
     ref = peeks[0]
     while ref.head is not None:
         s0 = ref.head
@@ -378,52 +436,65 @@ def _match(
         steps = [g for g in got if g is not None]
         if any(_batch(s) != _batch(s0) for s in steps[1:]):
             tally["batch_mismatches"] += 1
-        if any(s.cpu_launch_overhead_ns is None for s in steps):
+        sr = compare(steps, shifts, uncertainty_ns=unc, sync_launch=sync_launch)
+        if sr is None:
             tally["no_launch"] += 1
             continue
-        clo = [int(s.cpu_launch_overhead_ns or 0) for s in steps]
-        fl = [s.phases.get(_FL, 0) for s in steps]
-        ends = [
-            s.t0 + c - (f if sync_launch else 0) + sh
-            for s, c, f, sh in zip(steps, clo, fl, shifts, strict=True)
-        ]
-        last = max(range(len(ends)), key=lambda i: (ends[i], -i))
-        others = [i for i in range(len(ends)) if i != last]
-        skew = _lead(ends[last], [ends[i] for i in others])
-        skew_ns = round(skew)
-        if sync_launch:
-            wait: int | None = sum(ends[last] - ends[i] for i in others)
-        else:
-            idle = steps[last].gpu_idle_before_ns
-            wait = None if idle is None else sum(min(ends[last] - ends[i], idle) for i in others)
-        phase: str | None = None
-        excess = 0
-        named: int | None = last
-        if skew_ns <= unc:
-            named = None
-        else:
-            starts = [s.t0 + sh for s, sh in zip(steps, shifts, strict=True)]
-            cands = {START: _lead(starts[last], [starts[i] for i in others])}
-            for p in cand_phases:
-                cands[p] = _lead(
-                    steps[last].phases.get(p, 0), [steps[i].phases.get(p, 0) for i in others]
-                )
-            phase = max(cands, key=lambda k: cands[k])  # first listed wins a tie
-            excess = round(cands[phase])
-        yield StepRanks(
-            step=s0.step,
-            steps=tuple(s.step for s in steps),
-            end_ns=tuple(ends),
-            forward_launch_ns=tuple(fl),
-            cpu_launch_overhead_ns=tuple(clo),
-            last=named,
-            skew_ns=skew_ns,
-            phase=phase,
-            phase_excess_ns=excess,
-            wait_ns=wait if named is not None else None,
-        )
+        yield sr
     for i, pk in enumerate(peeks[1:], 1):
         tally[f"unmatched{i}"] += pk.skipped + pk.rest()
+
+
+class RankMatcher:
+    """Ranks side by side for a live sink: steps arrive per process, in batches, in any
+    order across processes; :meth:`add` returns the steps it could match so far.
+
+    One host (shared BOOTTIME). An engine's ranks are the processes of one data-parallel
+    rank that sent steps; their offsets are read (:func:`align_offsets`) once each has
+    :data:`LIVE_ALIGN` steps, and read again when a rank joins. Holds at most ``pending``
+    unmatched steps per rank (the oldest go first).
+    """
+
+    def __init__(self, *, sync_launch: bool = False, pending: int = 4096) -> None:
+        self.sync_launch = sync_launch
+        self.pending = pending
+        self._ranks: dict[int, list[RankId]] = {}
+        self._steps: dict[int, dict[int, Step]] = {}
+        self._offsets: dict[int, tuple[int, ...]] = {}
+
+    def add(self, rank: RankId, steps: Sequence[Step]) -> list[tuple[list[RankId], StepRanks]]:
+        """Matched steps, each with its engine's ranks (in the order of its tuples)."""
+        members = self._ranks.setdefault(rank.dp_rank, [])
+        if all(r.pid != rank.pid for r in members):
+            members.append(rank)
+            members.sort(key=lambda r: (r.pp_rank, r.tp_rank, r.pid))
+            self._offsets.pop(rank.dp_rank, None)
+        mine = self._steps.setdefault(rank.pid, {})
+        for s in steps:
+            mine[s.step] = s
+        while len(mine) > self.pending:
+            del mine[min(mine)]
+        if len(members) < 2:
+            return []
+        offsets = self._offsets.get(rank.dp_rank)
+        if offsets is None:
+            held = [sorted(self._steps[r.pid].values(), key=lambda s: s.step) for r in members]
+            if any(len(h) < LIVE_ALIGN for h in held):
+                return []
+            offsets = self._offsets[rank.dp_rank] = align_offsets(held)[0]
+        ref = self._steps[members[0].pid]
+        out: list[tuple[list[RankId], StepRanks]] = []
+        for k in sorted(ref):
+            keys = [k + d for d in offsets]
+            held_steps = [self._steps[r.pid].get(x) for r, x in zip(members, keys, strict=True)]
+            if any(h is None for h in held_steps):
+                continue
+            for r, x in zip(members, keys, strict=True):
+                del self._steps[r.pid][x]
+            sr = compare([h for h in held_steps if h is not None], sync_launch=self.sync_launch)
+            if sr is not None:
+                out.append((list(members), sr))
+        return out
 
 
 def per_step(
