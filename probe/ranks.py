@@ -79,6 +79,7 @@ __all__ = [
     "RankInput",
     "RankMatcher",
     "RanksSummary",
+    "RecordingRanks",
     "StepRanks",
     "align_offsets",
     "compare",
@@ -86,6 +87,7 @@ __all__ = [
     "per_step",
     "ranks_of_recording",
     "ranks_summary",
+    "recording_ranks",
 ]
 
 #: the phases that run before a step's forward is fully enqueued (the ones that can make a
@@ -668,16 +670,29 @@ def ranks_summary(
     )
 
 
-def ranks_of_recording(rec: Any, *, epoch_sync_ns: int = DEFAULT_EPOCH_SYNC_NS) -> RanksSummary:
-    """:func:`ranks_summary` of a :class:`probe.recording.Recording`'s workers: one engine
-    per data-parallel rank, ranks in (pp, tp) order, all on the recording's host;
-    ``sync_launch`` where the workers run on the CPU platform."""
+@dataclass(frozen=True)
+class RecordingRanks:
+    """A recording's workers as inputs: one list per data-parallel rank (each in (pp, tp)
+    order; step iterators not yet started), and whether they run on the CPU platform."""
+
+    by_dp: dict[int, list[RankInput]]
+    sync_launch: bool
+
+    @property
+    def engines(self) -> list[list[RankInput]]:
+        """The data-parallel ranks with two workers or more."""
+        return [e for e in self.by_dp.values() if len(e) >= 2]
+
+
+def recording_ranks(rec: Any) -> RecordingRanks:
+    """The inputs of :func:`engine_ranks` from a :class:`probe.recording.Recording`: its
+    workers with steps, all on the recording's host."""
     host = str(rec.meta().get("host") or "")
     counts = rec.step_counts()
     outside: dict[int, dict[str, int]] = {}
     for o in rec.outside():
         outside.setdefault(int(o["pid"]), {})[str(o["kind"])] = int(o["count"] or 0)
-    inputs: list[tuple[tuple[int, int, int], RankInput]] = []
+    inputs: list[RankInput] = []
     sync_launch = False
     for p in rec.processes():
         if not counts.get(p["pid"]):
@@ -690,25 +705,34 @@ def ranks_of_recording(rec: Any, *, epoch_sync_ns: int = DEFAULT_EPOCH_SYNC_NS) 
             dp_rank=int(p.get("dp_rank") or 0),
             host=host,
         )
+        steps = rec.iter_steps(rid.pid)
         inputs.append(
-            (
-                (rid.dp_rank, rid.pp_rank, rid.tp_rank),
-                RankInput(
-                    rid,
-                    rec.iter_steps(rid.pid),
-                    p.get("boottime_ns"),
-                    p.get("epoch_ns"),
-                    p.get("perf_counter_ns"),
-                    outside.get(rid.pid, {}),
-                ),
+            RankInput(
+                rid,
+                steps,
+                p.get("boottime_ns"),
+                p.get("epoch_ns"),
+                p.get("perf_counter_ns"),
+                outside.get(rid.pid, {}),
             )
         )
-    inputs.sort(key=lambda kv: kv[0])
+    inputs.sort(key=lambda r: (r.rank.dp_rank, r.rank.pp_rank, r.rank.tp_rank, r.rank.pid))
     by_dp: dict[int, list[RankInput]] = {}
-    for key, r in inputs:
-        by_dp.setdefault(key[0], []).append(r)
-    engines = [e for e in by_dp.values() if len(e) >= 2]
-    summary = ranks_summary(engines, epoch_sync_ns=epoch_sync_ns, sync_launch=sync_launch)
-    multi_dp = len(by_dp) > 1
-    dp = tuple(dp_rank(r, rec.iter_steps(r.rank.pid)) for _, r in inputs) if multi_dp else ()
+    for r in inputs:
+        by_dp.setdefault(r.rank.dp_rank, []).append(r)
+    return RecordingRanks(by_dp, sync_launch)
+
+
+def ranks_of_recording(rec: Any, *, epoch_sync_ns: int = DEFAULT_EPOCH_SYNC_NS) -> RanksSummary:
+    """:func:`ranks_summary` of a :class:`probe.recording.Recording`'s workers: one engine
+    per data-parallel rank, ranks in (pp, tp) order, all on the recording's host;
+    ``sync_launch`` where the workers run on the CPU platform. With several
+    data-parallel ranks, each rank's data-parallel costs too."""
+    rr = recording_ranks(rec)
+    summary = ranks_summary(rr.engines, epoch_sync_ns=epoch_sync_ns, sync_launch=rr.sync_launch)
+    dp = (
+        tuple(dp_rank(r, rec.iter_steps(r.rank.pid)) for e in rr.by_dp.values() for r in e)
+        if len(rr.by_dp) > 1
+        else ()
+    )
     return RanksSummary(summary.engines, dp)
