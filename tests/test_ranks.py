@@ -315,3 +315,42 @@ def test_live_view_has_a_skew_line_per_rank(engine: ranks.EngineRanks) -> None:
     )
     assert lines[3603].startswith("  skew: last on 25% of 1,193 matched steps")
     assert lines[3602] in plain_lines(stats)
+
+
+def test_perfetto_has_the_ranks_as_aligned_tracks_with_the_late_rank_marked(
+    tmp_path: Path, engine: ranks.EngineRanks
+) -> None:
+    pytest.importorskip("perfetto", reason="the perfetto extra is not installed")
+    from perfetto_read import read_trace
+
+    from exporters.perfetto import write_recording
+
+    t = read_trace(write_recording(Recording.open(TP2), tmp_path / "tp2.pftrace"))
+    names = {u: t.track_name(u) for u in t.tracks}
+    (top,) = [u for u, n in names.items() if n == "ranks side by side (engine dp0)"]
+    per_track: dict[str, list[Any]] = {}
+    for s in t.slices:
+        if s.category in ("rank", "rank_last"):
+            per_track.setdefault(names[s.track], []).append(s)
+    assert sorted(per_track) == ["tp0 pid 3602", "tp1 pid 3603"]
+    assert all(len(v) == engine.matched for v in per_track.values())
+    last = {k: sum(s.category == "rank_last" for s in v) for k, v in per_track.items()}
+    assert last == {"tp0 pid 3602": 899, "tp1 pid 3603": 294}
+    marks = [s for s in t.by_category("rank_mark") if s.track == top]
+    assert len(marks) == engine.matched and all(s.start_ns == s.end_ns for s in marks)
+    # one step, from the raw rows: tp1's step 299 is tp0's step 300 (same batch)
+    db = sqlite3.connect(f"file:{TP2}?mode=ro", uri=True)
+    want = {
+        pid: db.execute(
+            "SELECT t0_ns, t0_ns + cpu_launch_overhead_ns FROM steps WHERE pid = ? AND step = ?",
+            (pid, n),
+        ).fetchone()
+        for pid, n in ((3602, 300), (3603, 299))
+    }
+    db.close()
+    for track, pid in (("tp0 pid 3602", 3602), ("tp1 pid 3603", 3603)):
+        (s,) = [x for x in per_track[track] if x.name.startswith("step 300")]
+        assert (s.start_ns, s.end_ns) == want[pid]
+    late = 3602 if want[3602][1] > want[3603][1] else 3603
+    (mark,) = [m for m in marks if m.args["step"] in (300, 299) and m.end_ns == want[late][1]]
+    assert mark.args["skew_ns"] == abs(want[3602][1] - want[3603][1])
