@@ -48,12 +48,13 @@ def sql() -> dict[str, Any]:
     counts = dict(db.execute("SELECT pid, count(*) FROM steps GROUP BY pid").fetchall())
 
     def agree(d: int) -> tuple[int, int]:
-        return db.execute(
+        n, same = db.execute(
             "SELECT count(*), coalesce(sum(a.num_tokens = b.num_tokens AND "
             "a.num_reqs = b.num_reqs), 0) FROM steps a JOIN steps b "
             "ON a.pid = ? AND b.pid = ? AND b.step = a.step + ?",
             (p0, p1, d),
         ).fetchone()
+        return int(n), int(same)
 
     by_offset = {d: agree(d) for d in range(-8, 9)}
     diffs = " UNION ALL ".join(
@@ -354,3 +355,49 @@ def test_perfetto_has_the_ranks_as_aligned_tracks_with_the_late_rank_marked(
     late = 3602 if want[3602][1] > want[3603][1] else 3603
     (mark,) = [m for m in marks if m.args["step"] in (300, 299) and m.end_ns == want[late][1]]
     assert mark.args["skew_ns"] == abs(want[3602][1] - want[3603][1])
+
+
+def test_live_otlp_sink_sends_the_rank_series_on_the_last_ranks_resource() -> None:
+    pytest.importorskip("opentelemetry.sdk", reason="the otlp extra is not installed")
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from exporters.base import replay
+    from exporters.otlp import OtlpSink
+
+    got: list[Any] = []
+
+    class Keep(MetricExporter):
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kw: Any) -> Any:
+            got.append(metrics_data)
+            return MetricExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return True
+
+        def shutdown(self, timeout_millis: float = 30_000, **kw: Any) -> None:
+            pass
+
+    sink = OtlpSink(InMemorySpanExporter, Keep, sampling=0.0, export_interval_s=3600)
+    replay(Recording.open(TP2), sink)
+    sink.close()
+    last: dict[tuple[str, str], float] = {}
+    skews: dict[str, int] = {}
+    for md in got:
+        for rm in md.resource_metrics:
+            pid = str(rm.resource.attributes.get("process.pid"))
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    for p in m.data.data_points:
+                        a = dict(p.attributes)
+                        assert a["pid"] == pid or m.name not in (
+                            "vllm_graph_probe_rank_last_steps",
+                            "vllm_graph_probe_rank_skew_seconds",
+                        )
+                        if m.name == "vllm_graph_probe_rank_last_steps":
+                            last[(a["tp_rank"], a["phase"])] = p.value
+                        elif m.name == "vllm_graph_probe_rank_skew_seconds":
+                            skews[a["tp_rank"]] = p.count
+    assert last == {("0", "start"): 894, ("0", "prepare_inputs"): 4,
+                    ("0", "forward_launch"): 1, ("1", "start"): 294}  # fmt: skip
+    assert skews == {"0": 899, "1": 294}

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -43,7 +44,8 @@ def main() -> None:
         tensor_parallel_size=2,
         distributed_executor_backend="mp",
     )
-    res = llm.generate(prompts(args.requests), greedy(args.max_tokens), use_tqdm=False)
+    ps: Any = prompts(args.requests)  # token-id prompts (TokensPrompt dicts)
+    res = llm.generate(ps, greedy(args.max_tokens), use_tqdm=False)
     Path(args.out).write_text(json.dumps([list(r.outputs[0].token_ids) for r in res]))
 
 
