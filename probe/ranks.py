@@ -163,7 +163,7 @@ class StepRanks:
     rank's arrival (its enqueue end, or its forward's start under ``sync_launch``) on the
     aligned clock. ``last`` is an index into the ranks, None
     when the skew is within the clock uncertainty; ``phase`` and ``phase_excess_ns`` say
-    what made it late; ``wait_ns`` is the other ranks' GPU wait attributable to it.
+    what made it late; ``wait_ns`` is the other ranks' wait attributable to it.
     """
 
     step: int
@@ -191,7 +191,7 @@ class RankFigures:
     skew_p50_ns: float | None
     """the rank's skew on the steps it was last"""
     wait_caused_ns: int
-    """the others' GPU wait attributable to this rank, over ``wait_steps``"""
+    """the others' wait attributable to this rank, over ``wait_steps``"""
     wait_steps: int
     """the steps it was last that have a wait figure (device timing, or ``sync_launch``)"""
     mean_forward_launch_ns: float | None
@@ -223,7 +223,7 @@ class EngineRanks:
     skew_p99_ns: float | None
     skew_max_ns: int | None
     wait_ns: int
-    """the others' GPU wait attributable to the last rank, summed over ``wait_steps``"""
+    """the others' wait attributable to the last rank, summed over ``wait_steps``"""
     wait_steps: int
     verdict: str | None
     rule: str = VERDICT_RULE
@@ -623,11 +623,11 @@ def _verdict(figures: Sequence[RankFigures], named: int) -> str | None:
     f = max(heavy, key=lambda x: x.last)
     phase, count = f.phases[0] if f.phases else (START, 0)
     wait = (
-        f"the others' GPU wait attributable to it {f.wait_caused_ns / 1e6:,.1f} ms over "
+        f"the others' wait attributable to it {f.wait_caused_ns / 1e6:,.1f} ms over "
         f"{f.wait_steps:,} steps with a figure "
         f"({f.wait_caused_ns / f.wait_steps / 1e3:,.1f} us a step)"
         if f.wait_steps
-        else "no device timing to say what the others' GPUs waited"
+        else "no device timing to say what the others waited"
     )
     return (
         f"{f.rank.label} (pid {f.rank.pid}) holds the step: last on {f.last:,} of {named:,} "

@@ -304,7 +304,7 @@ def render_ranks(rr: Mapping[str, Any], console: Console) -> None:
         t = Table(box=None, padding=(0, 1))
         for c in ("rank", "pid", "last", "share", "skew p50 µs", "phase behind it"):
             t.add_column(c, justify="left" if c in ("rank", "phase behind it") else "right")
-        for c in ("others' GPU wait ms", "launch µs", "fwd launch µs"):
+        for c in ("others' wait ms", "launch µs", "fwd launch µs"):
             t.add_column(c, justify="right")
         for lab, r in zip(e["labels"], e["ranks"], strict=True):
             named = sum(n for _, n in r["phases"]) or 1
