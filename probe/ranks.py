@@ -454,7 +454,9 @@ class RankMatcher:
     One host (shared BOOTTIME). An engine's ranks are the processes of one data-parallel
     rank that sent steps; their offsets are read (:func:`align_offsets`) once each has
     :data:`LIVE_ALIGN` steps, and read again when a rank joins. Holds at most ``pending``
-    unmatched steps per rank (the oldest go first).
+    unmatched steps per rank (the oldest go first): a replay that feeds one process's
+    steps after another's (:func:`exporters.base.replay`) is matched whole only up to
+    that many steps per rank; :func:`per_step` has no such bound.
     """
 
     def __init__(self, *, sync_launch: bool = False, pending: int = 4096) -> None:
