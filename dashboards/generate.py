@@ -382,6 +382,46 @@ def graph_path() -> dict[str, Any]:
     )
 
 
+def rank_panels(rank: str) -> list[dict[str, Any]]:
+    """Ranks side by side (probe.analysis.ranks): which rank arrives last at the step, why, and by
+    how much; empty for an engine with one worker."""
+    last = f"sum by ({rank}, phase) (rate({m('rank_last_steps_total')}[{RI}]))"
+    per_engine = f"sum by (dp_rank) (rate({m('rank_last_steps_total')}[{RI}]))"
+    return [
+        panel(
+            "Who holds the step: last rank by phase",
+            "Share of an engine's steps at which each rank was the last to finish enqueuing "
+            "its forward (the others' GPUs wait for it in the step's collectives), by the "
+            "phase whose time differed most on it (start: it began the step later). A "
+            "rank well above 1/n of the steps holds the engine back.",
+            [
+                target(
+                    f"{last}\n  / on (dp_rank) group_left () ({per_engine} > 0)",
+                    "tp{{tp_rank}} pp{{pp_rank}} dp{{dp_rank}} {{phase}}",
+                )
+            ],
+            ratio=True,
+            stacked=True,
+        ),
+        panel(
+            "Rank skew when last (p50, p99)",
+            "The last rank's lead over the median of the other ranks of its engine, on the "
+            "steps it was last; skew within the clock uncertainty names no rank.",
+            [
+                target(
+                    quantile(0.5, "rank_skew_seconds", rank),
+                    "p50 tp{{tp_rank}} pp{{pp_rank}} dp{{dp_rank}}",
+                ),
+                target(
+                    quantile(0.99, "rank_skew_seconds", rank),
+                    "p99 tp{{tp_rank}} pp{{pp_rank}} dp{{dp_rank}}",
+                ),
+            ],
+            unit="s",
+        ),
+    ]
+
+
 def host_overhead() -> dict[str, Any]:
     rank = "tp_rank, pp_rank, dp_rank"
     panels = [
@@ -505,6 +545,7 @@ def host_overhead() -> dict[str, Any]:
             ],
             unit="s",
         ),
+        *rank_panels(rank),
         panel(
             "Probe health",
             "Records dropped by the rings (reader behind) and hook faults; both should be 0.",

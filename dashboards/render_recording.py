@@ -32,6 +32,7 @@ from dashboards.generate import COST_LABELS, DASHBOARDS, R
 from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import LAUNCH_BUCKETS
 from probe.analysis.cost import TIMINGS, has_timing, probe_cost
+from probe.analysis.ranks import StepRanks, per_step, recording_ranks
 from probe.analysis.summary import PHASES, RATIOS, percentile
 from probe.reader.recording import Recording, default_recording
 from probe.records import Build, BuildTag, Reorder
@@ -62,6 +63,7 @@ class Data:
             for b in s.builds
         ]
         self.reorders = [At(s.t0, s, o) for s in steps for o in s.reorders]
+        self.rank_rows = rank_rows(rec)
 
     def bins(self, rows: Iterable[At]) -> dict[float, list[At]]:
         out: dict[float, list[At]] = defaultdict(list)
@@ -317,12 +319,63 @@ def draw(title: str, ax: Axes, d: Data) -> None:
             for name, label in COST_LABELS.items():
                 if has_timing(cal, TIMINGS[name]):
                     _line(ax, d, mine, _probe_cost(p.pid, cal, TIMINGS[name]), f"{label} {p.pid}")
+    elif title in RANK_PANELS:
+        _draw_ranks(title, ax, d)
     else:
         raise KeyError(f"no rendering for panel {title!r}")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=6, loc="best")
     ax.set_xlabel("s since first step")
     ax.grid(alpha=0.3)
+
+
+RANK_PANELS = ("Who holds the step: last rank by phase", "Rank skew when last (p50, p99)")
+
+
+def rank_rows(rec: Recording) -> list[tuple[int, str, StepRanks]]:
+    """Each matched step that names a last rank (:mod:`probe.analysis.ranks`): its first rank's
+    start (BOOTTIME ns), the last rank's label, the comparison."""
+    rr = recording_ranks(rec)
+    out: list[tuple[int, str, StepRanks]] = []
+    for e in rr.engines:
+        labels = [r.rank.label for r in e]
+        it, _ = per_step(e, sync_launch=rr.sync_launch)
+        out.extend((sr.start_ns[0], labels[sr.last], sr) for sr in it if sr.last is not None)
+    return out
+
+
+def _draw_ranks(title: str, ax: Axes, d: Data) -> None:
+    """The ranks panels: per window, each (last rank, phase)'s share of the steps that
+    name a last rank; each last rank's skew p50 and p99."""
+    if not d.rank_rows:
+        _text(ax, ["one worker per engine: no ranks side by side"])
+        return
+    bins: dict[float, list[tuple[str, StepRanks]]] = defaultdict(list)
+    for t, label, sr in d.rank_rows:
+        bins[((t - d.t_start) // d.window_ns) * d.window_s].append((label, sr))
+    xs = sorted(bins)
+    if title == RANK_PANELS[0]:
+        keys = sorted({(lab, sr.phase or "start") for lab, sr in (r[1:] for r in d.rank_rows)})
+        ys = [
+            [sum(1 for lab, sr in bins[t] if (lab, sr.phase or "start") == k) / len(bins[t])
+             for t in xs]
+            for k in keys
+        ]  # fmt: skip
+        ax.stackplot(xs, ys, labels=[f"{lab} {ph}" for lab, ph in keys], alpha=0.8)
+        ax.set_ylim(0, 1.05)
+        return
+    for lab in sorted({r[1] for r in d.rank_rows}):
+        for q in (50, 99):
+            pts = [
+                (t, percentile([sr.skew_ns / 1e9 for la, sr in bins[t] if la == lab], q))
+                for t in xs
+            ]
+            ax.plot(
+                [t for t, v in pts if v is not None],
+                [v for _, v in pts if v is not None],
+                marker=".",
+                label=f"p{q} {lab}",
+            )
 
 
 def _probe_cost(

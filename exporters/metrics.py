@@ -33,6 +33,7 @@ from typing import Literal
 from exporters.base import ProcessInfo
 from probe.analysis import summary as analysis
 from probe.analysis.cost import TIMINGS, calls_with, has_timing
+from probe.analysis.ranks import StepRanks
 from probe.records import BuildTag, Mode
 from probe.step import PHASES, GpuSample, Step
 
@@ -64,6 +65,12 @@ GPU_BUCKETS = (
     0.25, 1.0, 5.0,
 )  # fmt: skip
 BUILD_BUCKETS = PHASE_BUCKETS
+# a rank's lead over the others at a step: tens of microseconds (one host, graphs) to a
+# step period and more (a rank's host a step behind)
+SKEW_BUCKETS = (
+    10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05,
+    0.1, 0.25, 1.0,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -216,6 +223,25 @@ _DEFS = (
         "{step}",
         f"Steps whose GPU sat idle before them for more than {analysis.HOST_BOUND_SHARE:.0%} "
         "of the step period (idle gap + the step's span on the device): the host was late.",
+    ),
+    # -- ranks side by side (probe.analysis.ranks): the series of the rank that was last
+    _m(
+        "rank_last_steps_total",
+        "counter",
+        "{step}",
+        "Steps at which this rank was the last of its engine's ranks to arrive (finish "
+        "enqueuing its forward), by the phase behind it (start, or a phase up to the "
+        "forward launch); steps within the clock uncertainty name no rank.",
+        ("phase",),
+    ),
+    _m(
+        "rank_skew_seconds",
+        "histogram",
+        "s",
+        "The last rank's lead over the median of its engine's other ranks at a step, "
+        "observed on the last rank's series.",
+        (),
+        SKEW_BUCKETS,
     ),
     # -- reorder
     _m(
@@ -419,6 +445,19 @@ def updates(
             bound = analysis.host_bound(g)
             if bound is not None:
                 yield u("host_bound_steps_total", 1.0 if bound else 0.0)
+
+
+def rank_updates(infos: Sequence[ProcessInfo], matched: StepRanks) -> Iterator[Update]:
+    """The metric updates of one step of an engine's ranks side by side
+    (:func:`probe.analysis.ranks.compare`; ``infos`` in the order of its tuples): the last rank's
+    counter and skew; nothing when no rank is named."""
+    if matched.last is None:
+        return
+    base = process_labels(infos[matched.last])
+    yield Update(
+        f"{NAMESPACE}_rank_last_steps_total", {**base, "phase": matched.phase or "start"}, 1
+    )
+    yield Update(f"{NAMESPACE}_rank_skew_seconds", base, matched.skew_ns / 1e9)
 
 
 def process_updates(info: ProcessInfo, previous: ProcessInfo | None) -> Iterator[Update]:

@@ -487,6 +487,52 @@ def recording_tracks(
     return RecordingTracks(process, thread, counts)
 
 
+def rank_tracks(builder: TraceBuilder, recording: Recording) -> dict[str, int]:
+    """Add ranks side by side (:mod:`probe.analysis.ranks`) as aligned tracks.
+
+    Per engine with two workers or more: a top-level track ``ranks side by side (engine
+    dpN)`` with one child track per rank (``tp0 pid 3602``); on each, one slice per matched
+    step from the rank's step start to its arrival (its forward fully enqueued; its
+    forward's start on a CPU engine), named ``step N`` (category ``rank``). The last
+    rank's slice is ``step N last +X us (phase)`` (category ``rank_last``) and an instant
+    on the engine's track marks when it arrived (``rank_mark``). One host's recording:
+    the tracks share its BOOTTIME. Returns the slices added per category.
+    """
+    from probe.analysis.ranks import per_step, recording_ranks
+
+    rr = recording_ranks(recording)
+    counts = dict.fromkeys(("rank", "rank_last", "rank_mark"), 0)
+    for e in rr.engines:
+        labels = [r.rank.label for r in e]
+        top = builder.child_track(None, f"ranks side by side (engine dp{e[0].rank.dp_rank})")
+        tracks = [builder.child_track(top, f"{r.rank.label} pid {r.rank.pid}") for r in e]
+        it, _ = per_step(e, sync_launch=rr.sync_launch)
+        for sr in it:
+            for i, track in enumerate(tracks):
+                args: dict[str, ArgValue] = {"step": sr.steps[i], "rank": labels[i]}
+                if i != sr.last:
+                    builder.add(track, Slice(f"step {sr.step}", sr.start_ns[i], sr.end_ns[i],
+                                             "rank", args))  # fmt: skip
+                    counts["rank"] += 1
+                    continue
+                why: dict[str, ArgValue] = {"skew_ns": sr.skew_ns, "phase": sr.phase or "",
+                       "phase_excess_ns": sr.phase_excess_ns}  # fmt: skip
+                if sr.wait_ns is not None:
+                    why["others_gpu_wait_ns"] = sr.wait_ns
+                name = f"step {sr.step} last +{sr.skew_ns / 1e3:,.1f} us ({sr.phase})"
+                builder.add(
+                    track, Slice(name, sr.start_ns[i], sr.end_ns[i], "rank_last", args | why)
+                )
+                builder.add(
+                    top,
+                    Slice(f"{labels[i]} last ({sr.phase})", sr.end_ns[i], sr.end_ns[i],
+                          "rank_mark", args | why),
+                )  # fmt: skip
+                counts["rank_last"] += 1
+                counts["rank_mark"] += 1
+    return counts
+
+
 def write_recording(
     recording: Recording, path: str | os.PathLike[str], *, progress: Progress = SILENT
 ) -> Path:
@@ -499,6 +545,7 @@ def write_recording(
     """
     builder = TraceBuilder()
     recording_tracks(builder, recording, progress)
+    rank_tracks(builder, recording)
     return builder.write(path, progress)
 
 

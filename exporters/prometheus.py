@@ -31,7 +31,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 
 from exporters.base import ExportSink, GpuSample, ProcessInfo
-from exporters.metrics import METRICS, Update, process_updates, updates
+from exporters.metrics import METRICS, Update, process_updates, rank_updates, updates
+from probe.analysis.ranks import RankId, RankMatcher
 from probe.progress import SILENT, Progress
 from probe.step import Step
 
@@ -67,6 +68,7 @@ class PrometheusSink(ExportSink):
         self.exposed = CollectorRegistry(auto_describe=False)
         self.exposed.register(_WithoutCreated(self.registry, self._lock))  # type: ignore[arg-type]
         self._known: dict[int, ProcessInfo] = {}
+        self._ranks: RankMatcher | None = None
         self.metrics: dict[str, Any] = {}
         for m in METRICS.values():
             if m.kind == "counter":
@@ -102,6 +104,19 @@ class PrometheusSink(ExportSink):
                 self._known[info.pid] = info
             for u in updates(info, steps, gpu):
                 self.apply(u)
+            for u in self._rank_updates(info, steps):
+                self.apply(u)
+
+    def _rank_updates(self, info: ProcessInfo, steps: Sequence[Step]) -> Iterator[Update]:
+        """The ranks-side-by-side series (:mod:`probe.analysis.ranks`) of the steps that this batch
+        lets the matcher pair with the other workers' steps."""
+        if info.role != "worker":
+            return
+        if self._ranks is None:
+            self._ranks = RankMatcher(sync_launch=info.platform == "cpu")
+        rid = RankId(info.pid, info.tp_rank, info.pp_rank, info.dp_rank)
+        for members, sr in self._ranks.add(rid, steps):
+            yield from rank_updates([self._known[r.pid] for r in members], sr)
 
     def exposition(self) -> bytes:
         """The current text exposition (what ``/metrics`` serves)."""

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from probe.analysis import ranks
 from probe.analysis import summary as analysis
 from probe.analysis.traps import traps
 from probe.reader.collector import ProcessState
@@ -349,6 +350,45 @@ def rank_lines(s: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def skew_lines(stats: LiveStats) -> dict[int, str]:
+    """Per pid, its line of ranks side by side (:mod:`probe.analysis.ranks`) over the window: how
+    often it was last to arrive at the step, its skew p50 then, and the phase behind it.
+    Ranks of one engine (data-parallel rank) on this host; none for a single worker."""
+    engines: dict[int, list[RankView]] = {}
+    for v in stats.active():
+        snap = v.snapshot or {}
+        if snap.get("role", "worker") == "worker":
+            engines.setdefault(int(snap.get("dp_rank") or 0), []).append(v)
+    out: dict[int, str] = {}
+    for views in engines.values():
+        if len(views) < 2:
+            continue
+        views.sort(key=lambda v: (int((v.snapshot or {}).get("pp_rank") or 0),
+                                  int((v.snapshot or {}).get("tp_rank") or 0)))  # fmt: skip
+        inputs = [
+            ranks.RankInput(
+                ranks.RankId(
+                    v.pid,
+                    int((v.snapshot or {}).get("tp_rank") or 0),
+                    int((v.snapshot or {}).get("pp_rank") or 0),
+                    int((v.snapshot or {}).get("dp_rank") or 0),
+                ),
+                list(v.steps),
+            )
+            for v in views
+        ]
+        sync = any((v.snapshot or {}).get("platform") == "cpu" for v in views)
+        e = ranks.engine_ranks(inputs, sync_launch=sync)
+        named = sum(r.last for r in e.ranks)
+        for v, r in zip(views, e.ranks, strict=True):
+            phase = f" ({r.phases[0][0]})" if r.phases else ""
+            out[v.pid] = (
+                f"  skew: last on {_pct(r.share)} of {named:,} matched steps, "
+                f"p50 {_us(r.skew_p50_ns)} µs when last{phase}"
+            )
+    return out
+
+
 def header_line(stats: LiveStats, title: str, agg: Mapping[str, Any] | None = None) -> str:
     """The first line; ``agg``: :meth:`LiveStats.aggregate` when the caller has it."""
     agg = stats.aggregate() if agg is None else agg
@@ -368,8 +408,11 @@ def plain_lines(stats: LiveStats, title: str = "probe") -> list[str]:
     out = [header_line(stats, title, agg)]
     if agg["verdict"]:
         out.append(f"verdict: {agg['verdict'][0]}")
+    skews = skew_lines(stats)
     for v in stats.active():
         out.extend(rank_lines(stats.summary(v)))
+        if v.pid in skews:
+            out.append(skews[v.pid])
     if not stats.active():
         out.append("waiting for engine steps (send requests to the server)")
     return out
@@ -387,9 +430,10 @@ def render(stats: LiveStats, title: str = "probe") -> RenderableType:
     if agg["verdict"]:
         head.append("\n" + agg["verdict"][0], style="cyan")
     parts: list[RenderableType] = [head]
+    skews = skew_lines(stats)
     for v in stats.active():
         s = stats.summary(v)
-        lines = rank_lines(s)
+        lines = rank_lines(s) + ([skews[v.pid]] if v.pid in skews else [])
         grid = Table.grid(padding=(0, 1))
         grid.add_column()
         for line in lines[1:]:

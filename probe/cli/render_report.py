@@ -11,6 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from probe.analysis import ranks
 from probe.analysis import summary as analysis
 from probe.analysis.cost import has_timing
 from probe.reader.recording import Recording
@@ -86,6 +87,7 @@ def build_report(rec: Recording) -> dict[str, Any]:
         "per_rank": per_rank,
         "verdict": analysis.verdict(steady, main_snap, warm=warm, cost=cost),
         **_traps(procs, steps),
+        "ranks": ranks_report(rec),
     }
 
 
@@ -100,6 +102,11 @@ def _traps(procs: Sequence[Mapping[str, Any]], steps: Sequence[Step]) -> dict[st
     return over_processes(
         (p["snapshot"], by_pid.get(p["pid"], [])) for p in procs if p.get("snapshot")
     )
+
+
+def ranks_report(rec: Recording) -> dict[str, Any]:
+    """The ranks section as plain data (:class:`probe.analysis.ranks.RanksSummary`)."""
+    return ranks.ranks_of_recording(rec).as_dict()
 
 
 def command_line(meta: Mapping[str, Any]) -> tuple[str, str]:
@@ -295,6 +302,89 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
                 g.get("host_bound_top_phase") or "-",
             )
         console.print(rt)
+    render_ranks(rep.get("ranks") or {}, console)
+
+
+def render_ranks(rr: Mapping[str, Any], console: Console) -> None:
+    """The ranks section: per engine, who was last to arrive at each step, by how much,
+    and which phase made it late (:mod:`probe.analysis.ranks`); the data-parallel costs per rank."""
+    for e in rr.get("engines") or ():
+        body = Text()
+        offs = ", ".join(f"{lab} {o:+d}" for lab, o in zip(e["labels"], e["offsets"], strict=True))
+        body.append(
+            f"{e['matched']:,} steps matched {e['alignment']} (step-number offsets {offs}); "
+            f"unmatched {', '.join(f'{n:,}' for n in e['unmatched'])}; "
+            f"batch mismatches {e['batch_mismatches']:,}\n"
+            f"arrival: {e['arrival']}; clock: {e['clock']}\n",
+            style="dim",
+        )
+        t = Table(box=None, padding=(0, 1))
+        for c in ("rank", "pid", "last", "share", "skew p50 µs", "phase behind it"):
+            t.add_column(c, justify="left" if c in ("rank", "phase behind it") else "right")
+        for c in ("others' wait ms", "launch µs", "fwd launch µs"):
+            t.add_column(c, justify="right")
+        for lab, r in zip(e["labels"], e["ranks"], strict=True):
+            named = sum(n for _, n in r["phases"]) or 1
+            t.add_row(
+                lab,
+                str(r["rank"]["pid"]),
+                f"{r['last']:,}",
+                _pct(r["share"]),
+                _us(r["skew_p50_ns"]),
+                ", ".join(f"{p} {n / named:.0%}" for p, n in r["phases"][:2] if n / named >= 0.1)
+                or "-",
+                f"{r['wait_caused_ns'] / 1e6:,.1f} ({r['wait_steps']:,} st)"
+                if r["wait_steps"]
+                else "-",
+                _us(r["mean_cpu_launch_overhead_ns"]),
+                _us(r["mean_forward_launch_ns"]),
+            )
+        skew = (
+            f"skew (the last rank's lead over the median of the others): p50 "
+            f"{_us(e['skew_p50_ns'])} µs, p90 {_us(e['skew_p90_ns'])} µs, p99 "
+            f"{_us(e['skew_p99_ns'])} µs, max {_us(e['skew_max_ns'])} µs over "
+            f"{e['matched'] - e['within_uncertainty']:,} steps"
+            + (
+                f"; {e['within_uncertainty']:,} within the clock uncertainty "
+                f"({_us(e['uncertainty_ns'])} µs), no rank named"
+                if e["within_uncertainty"]
+                else ""
+            )
+        )
+        tail = Text(skew + "\n")
+        tail.append(
+            ("• " + e["verdict"]) if e["verdict"] else "• no rank holds more than its share",
+            style="bold" if e["verdict"] else None,
+        )
+        tail.append("\n" + e["rule"], style="dim")
+        from rich.console import Group
+
+        console.print(
+            Panel(
+                Group(body, t, tail),
+                title=f"ranks side by side (engine dp{e['dp_rank']})",
+                title_align="left",
+            )
+        )
+    dp = rr.get("dp") or ()
+    if dp:
+        t = Table(title="data-parallel costs per rank", title_justify="left")
+        for c in ("rank", "steps", "forced eager", "host ms", "GPU ms", "padded", "host ms",
+                  "GPU ms", "dummy-run records"):  # fmt: skip
+            t.add_column(c, justify="left" if c == "rank" else "right")
+        for d in dp:
+            t.add_row(
+                d["label"],
+                f"{d['steps']:,}",
+                f"{d['forced_eager']:,}",
+                f"{d['forced_eager_host_ns'] / 1e6:,.1f}",
+                f"{d['forced_eager_gpu_ns'] / 1e6:,.1f}",
+                f"{d['padded']:,}",
+                f"{d['padded_host_ns'] / 1e6:,.1f}",
+                f"{d['padded_gpu_ns'] / 1e6:,.1f}",
+                f"{d['outside_records']:,}",
+            )
+        console.print(t)
 
 
 def _ns_pair(cost: Mapping[str, Any], timing: str) -> str:
