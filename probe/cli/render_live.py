@@ -15,6 +15,7 @@ CPU launch overhead in time buckets) is drawn as sparklines.
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
@@ -344,7 +345,10 @@ def rank_lines(s: Mapping[str, Any]) -> list[str]:
     cost = analysis.cost_line(s.get("probe_cost"), short=True)
     if cost:
         out.append(f"  {cost}")
-    out.extend(f"  warning: {t}" for t in s["traps"])
+    for t in s["traps"]:  # a trap's message is a sentence: wrapped to the 80 columns
+        out.extend(
+            textwrap.wrap(f"warning: {t}", 80, initial_indent="  ", subsequent_indent="    ")
+        )
     if s["verdict"]:
         out.append(f"  verdict: {s['verdict'][0]}")
     return out

@@ -72,7 +72,10 @@ def stats() -> LiveStats:
     for pid, rank in ((11, 0), (12, 1)):
         snap = {
             "tp_rank": rank,
-            "traps": [{"code": "x", "message": "builder Foo sets cudagraph_support"}],
+            # a builder that set the misspelled attribute: the one trap these facts make
+            "groups": [
+                {"builder": "Foo", "support": "NEVER", "misspelled": ["Foo.cudagraph_support"]}
+            ],
         }
         proc: Any = FakeProc(pid, snap)
         st.on_process(proc)
@@ -120,7 +123,10 @@ def test_summary_per_rank_and_aggregate(stats: LiveStats) -> None:
     assert s["miss_reasons"][0][:2] == ("full", "hit")
     assert s["launch"][0][0] == "cpu_launch_overhead"
     assert s["reorder"]["decisions"] == 40 and s["reorder"]["changed"] == 20
-    assert s["traps"] == ["builder Foo sets cudagraph_support"]
+    assert s["traps"] == [
+        "Foo.cudagraph_support is not read by vLLM; the builder's support is NEVER "
+        "(set _cudagraph_support or get_cudagraph_support)"
+    ]
     assert s["verdict"]
     agg = stats.aggregate()
     assert agg["ranks"] == 2 and agg["hit_rates"]["steps"] == 80
@@ -171,7 +177,9 @@ def test_plain_lines_fit_80_columns(stats: LiveStats) -> None:
     assert "tp0 pid 11 worker" in text and "tp1 pid 12 worker" in text
     assert "FULL 75%" in text and "PIECEWISE not_uniform" in text
     assert "phase p50/p99 µs: forward_launch 150/150, prepare_inputs 100/100" in text
-    assert "CPU launch overhead p50" in text and "warning: builder Foo" in text
+    assert (
+        "CPU launch overhead p50" in text and "warning: Foo.cudagraph_support is not read" in text
+    )
     assert "verdict:" in text and "reorder: 40 decisions" in text
     long = [ln for ln in lines if len(ln) > 80 and "verdict" not in ln]
     assert not long, long
