@@ -12,6 +12,7 @@ setup(
             "probe._accel",
             ["probe/_accel.c"],
             depends=[
+                "probe/_accel_gen.h",  # generated from probe/records.py: python -m probe.gen_header
                 "probe/_accel_ring.h",
                 "probe/_accel_wrap.h",
                 "probe/_accel_build.h",

@@ -6,6 +6,7 @@ from typing import Any
 RECORD_SIZE: int
 HEADER_SIZE: int
 STAGE_RECORDS: int
+DECLARATION: str  # digest of the declaration its generated header came from (probe.gen_header)
 
 def boottime_ns() -> int: ...
 def set_clock(name: str) -> str: ...
