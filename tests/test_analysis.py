@@ -2,7 +2,7 @@
 warm-up apart from steady state, and the probe's own cost line.
 
 The recordings are the bundled H200 one (probe/data/default.probe.db) and the H200 TP=2
-``vllm serve`` recording under benchmarks/results/; Steps built here stand in only where
+``vllm serve`` recording under tests/data/; Steps built here stand in only where
 a rule must be pinned to exact inputs (the warm-up rule's cases, the call count).
 """
 
@@ -25,7 +25,7 @@ from probe.report import build_report, render_report
 from probe.step import Step
 
 ROOT = Path(__file__).resolve().parents[1]
-TP2 = ROOT / "benchmarks/results/h200x2-2026-11-30/serve-tp2.probe.db"
+TP2 = ROOT / "tests/data/serve-tp2.probe.db"
 
 
 def _steps(path: Path) -> list[Step]:

@@ -761,3 +761,18 @@ def test_a_nul_byte_in_an_argument_is_a_usage_error() -> None:
         cli.main(["report", "\x00"])
     assert exc.value.code == 2
     assert err.getvalue().splitlines()[-1] == "probe: error: recording: a value with a NUL byte"
+
+
+def test_export_without_the_perfetto_extra_is_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from probe.cli import main
+
+    monkeypatch.setitem(sys.modules, "perfetto.protos.perfetto.trace", None)  # -> ImportError
+    out = tmp_path / "x.pftrace"
+    assert main(["export", "--perfetto", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "pip install 'vllm-graph-probe[perfetto]'" in err[0]
+    assert "Traceback" not in err[0]
+    assert not out.exists()

@@ -17,7 +17,7 @@ from probe.cli import main
 from probe.recording import Recording
 
 ROOT = Path(__file__).resolve().parents[1]
-WINDOW = ROOT / "benchmarks/results/h200-2026-11-30/groundtruth-window.probe.db"
+WINDOW = ROOT / "tests/data/groundtruth-window.probe.db"
 BUNDLED = ROOT / "probe/data/default.probe.db"
 
 

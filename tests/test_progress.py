@@ -35,7 +35,7 @@ from probe.recording import Recording, default_recording
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[1]
-H200 = ROOT / "benchmarks/results/h200-2026-11-30"
+H200 = ROOT / "tests/data"
 WINDOW = H200 / "groundtruth-window.probe.db"
 KINETO = H200 / "run3-groundtruth.kineto.trimmed.json.gz"
 STEPS = 1305  # the bundled recording's steps

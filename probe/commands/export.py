@@ -217,6 +217,14 @@ def _write_targets(
             raise UsageError(
                 "export: --perfetto is unavailable (exporters.perfetto has no write_recording)"
             )
+        protos = getattr(mod, "_protos", None)
+        if protos is not None:  # the extra's library, before anything is written
+            from exporters.base import MissingExtra
+
+            try:
+                protos()
+            except MissingExtra as exc:
+                raise UsageError(f"export: {exc}") from None
         bars.section("perfetto")
         with path_for(perfetto_out) as tmp:
             write(rec, tmp, progress=bars)

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
 
 H200_RECORDING = (
     Path(__file__).resolve().parents[2]
-    / "benchmarks/results/h200-2026-11-30/stock_mrv2_k1.probe.db"
+    / "tests/data/stock_mrv2_k1.probe.db"
 )
 
 
