@@ -91,3 +91,15 @@ def model_from_argv(argv: Sequence[str]) -> str | None:
         if a == "serve" and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
             return argv[i + 1]
     return None
+
+
+def model_name(model: str) -> str:
+    """The model as the recording keeps it: a Hub id as it is, a local folder by its name
+    (the recording machine's directories are not the reader's business).
+
+    >>> model_name("/home/me/models/tinyv32/"), model_name("deepseek-ai/DeepSeek-V3.2")
+    ('tinyv32', 'deepseek-ai/DeepSeek-V3.2')
+    """
+    if model.startswith(("/", "~", "./", "../")):
+        return model.rstrip("/").rsplit("/", 1)[-1] or model
+    return model

@@ -117,7 +117,7 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
         head.add_row(label, line)
     head.add_row(
         "forward steps",
-        f"{hr['steps']:,}  (FULL {hr['full']:,} · PIECEWISE "
+        f"{hr['steps']:,} incl. warm-up  (FULL {hr['full']:,} · PIECEWISE "
         f"{hr['piecewise']:,} · NONE {hr['none']:,})",
     )
     head.add_row("full hit rate", _pct(hr["full_hit_rate"]))
@@ -125,7 +125,7 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
     head.add_row(
         "decode FULL hit rate",
         f"{_pct(hr['decode_full_hit_rate'])}  "
-        f"({hr['decode_full']:,} of {hr['decode_steps']:,} uniform decode steps)",
+        f"({hr['decode_full']:,} of {hr['decode_steps']:,} uniform decode steps incl. warm-up)",
     )
     head.add_row("replay confirmed", f"{_pct(hr['replay_confirmed_rate'])} of graph steps")
     head.add_row("padding waste", _pct(hr["padding_waste"]))

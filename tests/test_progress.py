@@ -525,7 +525,7 @@ def test_on_a_terminal_only_unless_plain_output_is_asked_for(
     )
     assert rc == 0 and out == b""
     text = tty.decode(errors="replace")
-    assert "probe: 1305 steps -> t.prom" in text
+    assert "probe: 1,305 engine steps -> t.prom" in text
     assert ("replaying steps" in text) is drawn, text[-500:]
 
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from probe.hooks._base import Family, Hook, Target, resolve_owner
+from probe.identity import model_name
 from probe.runtime import RT
 
 SUPPORT_NAMES = ("NEVER", "UNIFORM_SINGLE_TOKEN_DECODE", "UNIFORM_BATCH", "ALWAYS")
@@ -253,7 +254,9 @@ def take_snapshot(runner: Any) -> dict[str, Any]:
         snap["platform"] = "unknown"
     snap.update(live_ranks())
     mc = getattr(vc, "model_config", None)
-    snap["model"] = str(getattr(mc, "served_model_name", None) or getattr(mc, "model", ""))
+    snap["model"] = model_name(
+        str(getattr(mc, "served_model_name", None) or getattr(mc, "model", ""))
+    )
     cc = getattr(vc, "compilation_config", None)
     sc = getattr(vc, "scheduler_config", None)
     spec = getattr(vc, "speculative_config", None)
