@@ -155,7 +155,7 @@ class Flag(enum.IntFlag):
     # METADATA_BUILD span (the model state's prepare_attn): the phase ends where this span
     # begins (the reader adds its span); on a PREPARE_INPUTS span (the runner's
     # prepare_attn, where the state's is not called every step; every MRV2 recording
-    # before the seventeenth session): the phase ends with it (the reader extends it back)
+    # from before the model state's span was hooked): the phase ends with it (extended back)
     FROM_DISPATCH = 128
 
 

@@ -341,7 +341,7 @@ def _hot_path_line(probe: Any) -> str:
     if not isinstance(probe, Mapping) or not probe.get("hot_path"):
         return "unknown (recorded before the probe said)"
     path = str(probe["hot_path"])
-    if probe.get("clock") == "tsc":  # recorded since the twenty-second session
+    if probe.get("clock") == "tsc":  # recordings from before the clock choice carry none
         path += ", TSC clock"
     elif probe.get("clock") == "boottime" and isinstance(probe.get("clock_why"), str):
         path += f", clock_gettime ({probe['clock_why']})" if probe["clock_why"] else ""

@@ -1,4 +1,4 @@
-"""Issue 14: every bad input a clear error, every failed write handled, nothing lost.
+"""Every bad input a clear error, every failed write handled, nothing lost.
 
 One test (or a parametrized set) per class of the issue, each run the way a user meets
 it: the ``probe`` command in a subprocess, real files, FIFOs, a real tmpfs where a full
@@ -721,7 +721,7 @@ def test_a_rocpd_database_whose_schema_name_is_not_utf8_is_a_profile_error(
     assert not (tmp_path / "m.pftrace").exists()
 
 
-# -- what quick_check passes: a damaged snapshot, a damaged column name (the fuzz, s22) ---------
+# -- what quick_check passes: a damaged snapshot, a damaged column name (found by the fuzz) ---
 
 
 @pytest.mark.parametrize("cmd", [["report"], ["doctor"], ["export", "--perfetto", "{d}/x.pftrace"]])

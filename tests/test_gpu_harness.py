@@ -601,7 +601,7 @@ def test_crossover_switches_what_the_variant_names(variant: str, monkeypatch) ->
 def test_a_clock_variant_records_the_clock_its_attaches_read(off: str, monkeypatch) -> None:
     """A variant with ``"clock"`` sets ``PROBE_CLOCK`` for its attaches and records the
     clock they read, also where the end of an absent variant attaches once more on the
-    process's own setting (s23's runs labelled their absent/tsc variants boottime); the
+    process's own setting (older runs labelled their absent/tsc variants boottime); the
     process's setting is back afterwards."""
     from probe import hooks
     from probe.runtime import RT

@@ -1,4 +1,4 @@
-"""Hostile foreign inputs: each class of issue 14 is a clear ProfileError, at once.
+"""Hostile foreign inputs: each class of bad input is a clear ProfileError, at once.
 
 Every case here hung, took memory, raised a parser exception, created files beside the
 input or passed silently before the readers went through ``exporters.timelines.inputs``.
