@@ -272,7 +272,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
 
     try:
         from probe import accel
-    except Exception:  # a probe from before the accelerator (the 59e55d7 baseline)
+    except Exception:  # a probe tree from before the accelerator (a baseline)
         accel = None
 
     from pycalls import PythonCalls
