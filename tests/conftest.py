@@ -174,3 +174,28 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Any:
             )
             report.result = []
     return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A test (or its fixture) that imports an optional package which is not installed at
+    all is skipped with the package's name, like a module that needs one; a package that is
+    installed but fails to import still fails."""
+    report = yield
+    exc = call.excinfo
+    if report.failed and exc is not None and exc.errisinstance(ModuleNotFoundError):
+        top = (getattr(exc.value, "name", None) or "").split(".")[0]
+        if top in OPTIONAL_PACKAGES and _absent(top):
+            report.outcome = "skipped"
+            report.longrepr = (
+                str(item.path),
+                item.location[1],
+                f"Skipped: needs {top} ({OPTIONAL_PACKAGES[top]}), not installed",
+            )
+    return report
+
+
+def _absent(package: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(package) is None
