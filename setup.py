@@ -13,6 +13,8 @@ setup(
             "probe.engine.accel._accel",
             ["probe/engine/accel/_accel.c"],
             depends=[
+                # generated from probe/records.py: python -m probe.engine.gen_header
+                "probe/engine/accel/_accel_gen.h",
                 "probe/engine/accel/_accel_ring.h",
                 "probe/engine/accel/_accel_wrap.h",
                 "probe/engine/accel/_accel_build.h",

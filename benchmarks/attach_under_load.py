@@ -1,4 +1,4 @@
-"""Wall time of ``probe attach --duration D`` on a saturated CPU ``vllm serve`` (issue 14).
+"""Wall time of ``probe attach --duration D`` on a saturated CPU ``vllm serve``.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/attach_under_load.py \
         [--clients 6] [--durations 3 30] [--repeat 2] [--attach-session own shared]

@@ -1,4 +1,4 @@
-"""The table of docs/reliability.md from ``attach_under_load.py`` results (issue 14).
+"""The table of docs/reliability.md from ``attach_under_load.py`` results.
 
     python benchmarks/attach_under_load_table.py RESULT.json [RESULT.json ...]
 

@@ -2,7 +2,7 @@
 
     python benchmarks/derived_phases.py RECORDING.probe.db [RECORDING.probe.db ...]
 
-Issue 12's last lever is fewer hooked calls per step, and "nothing the reader can derive
+The last lever on the cost is fewer hooked calls per step, and "nothing the reader can derive
 is computed in vLLM". Two of a step's hooked calls time phases that sit between other
 recorded spans, so the reader could take them from those spans' edges:
 

@@ -152,7 +152,7 @@ def _cases(reqs: int) -> list[tuple[str, Any, Callable[[], Any], Callable[[], An
         i.install_on(Target("dispatch.mrv2.sync_dp", "", "", "dispatch_cg_and_sync_dp",
                             dispatch.mrv2_sync_dp), mr)  # fmt: skip
 
-    def install_mrv2(i: Any) -> None:  # the manager hooked too (DP > 1; before s16: always)
+    def install_mrv2(i: Any) -> None:  # the manager hooked too (DP > 1)
         i.install_on(Target("dispatch.mrv2.manager", "", "", "dispatch", dispatch.mrv2_dispatch),
                      ModelCudaGraphManager)  # fmt: skip
         sync_dp_hook(i)

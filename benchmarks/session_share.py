@@ -1,4 +1,4 @@
-"""What a session's CPU weight buys against a load of fast wakers (issue 14, docs/reliability.md).
+"""What a session's CPU weight buys against a load of fast wakers (docs/reliability.md).
 
     python benchmarks/session_share.py --load 200:100x6 --load hog:0x1pin0 \
         --prober=0:0 --prober=-5:0 --prober=0:100 --prober=-5:100 [--seconds 4]

@@ -155,7 +155,7 @@ class Flag(enum.IntFlag):
     # METADATA_BUILD span (the model state's prepare_attn): the phase ends where this span
     # begins (the reader adds its span); on a PREPARE_INPUTS span (the runner's
     # prepare_attn, where the state's is not called every step; every MRV2 recording
-    # before the seventeenth session): the phase ends with it (the reader extends it back)
+    # from before the model state's span was hooked): the phase ends with it (extended back)
     FROM_DISPATCH = 128
 
 
@@ -736,3 +736,9 @@ def payload_records(kind: RecordKind, ident: int, data: bytes, sub: int = 0) -> 
         used = len(chunk) if len(chunk) < PAYLOAD_BYTES else 0
         out.append(PAYLOAD.pack(kind, used, sub, last, ident, chunk))
     return out
+
+
+# The points of a timed step at which the hooks tick the GPU timer
+# (probe.engine.hooks.step.GpuTimer.tick); the C reads the same numbers from the
+# generated header.
+TICK_STEP_START, TICK_FORWARD_START, TICK_FORWARD_END, TICK_STEP_END, TICK_PREV_END = range(5)

@@ -15,7 +15,7 @@ from probe.records import Mode, Reason
 from probe.step import Step
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "benchmarks/results/h200-2026-11-30"
+BENCH = ROOT / "tests/data"
 #: every recording of real runs in the repository (H200, vLLM 0.26.0)
 RECORDINGS = {
     "default_mrv2_ustd": ROOT / "probe/data/default.probe.db",

@@ -300,7 +300,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
 
     try:
         from probe.engine import accel
-    except Exception:  # a probe from before the accelerator (the 59e55d7 baseline)
+    except Exception:  # a probe tree from before the accelerator (a baseline)
         accel = None
 
     from pycalls import PythonCalls
@@ -437,7 +437,7 @@ def stepwise(llm: Any, cmd: dict[str, Any], prompts: Any, sp: Any, writer: Any) 
             outs = llm.generate(work, sp(cmd.get("out_len", 256)), use_tqdm=False)
             digests.append(token_digest(outs))
         # the clock the variant's attaches read (the finally may attach again afresh, on
-        # the process's own setting: the s23 runs labelled absent/tsc variants boottime)
+        # the process's own setting: older runs labelled absent/tsc variants boottime)
         ran_clock = getattr(RT, "clock", "boottime")
     finally:
         del eng.step  # back to the class's method

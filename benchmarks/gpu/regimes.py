@@ -10,7 +10,7 @@ between two steps (one ``llm.generate`` each). Per repetition: the number of ste
 median step wall time, and the medians of consecutive ``--window`` steps (prefill steps,
 those over 4x the repetition's median, left out); over all repetitions, the window medians
 in 0.25 ms bins. One speed shows as one narrow bin group, two as two groups apart and
-repetitions whose window medians jump between them (the H200 runs of 2026-12-01: about 2.4
+repetitions whose window medians jump between them (some H200 runs: about 2.4
 and 3.8 ms). With ``--results``, the engine main thread's CPU migrations per repetition
 (``benchmarks._proc``) go beside each, and where the harness recorded them its CPU time as a
 share of the repetition's wall time, its run-queue wait and the steal time of its CPUs (a

@@ -1,6 +1,6 @@
 """Summarize harness results (and, when present, their recordings) as Markdown tables.
 
-    python benchmarks/gpu/summarize.py benchmarks/results/h200-2026-11-30/run*-results.json \
+    python benchmarks/gpu/summarize.py benchmarks/results/ab-graph-support-h200/run*-results.json \
         [--recordings DIR ...]
 
 For each A/B: output tok/s per arm (median, min-max over interleaved repetitions), the ratio

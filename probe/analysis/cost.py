@@ -85,7 +85,7 @@ def calibration_of(snapshot: Mapping[str, Any] | None) -> dict[str, Any] | None:
     installed, V1's step hooks too, ``phase.v1.forward_launch`` not), for
     :func:`hooked_calls`; ``dispatch_in_phase`` whether MRV2's dispatch phase read the
     decision itself (``dispatch.mrv2.sync_dp`` installed, ``dispatch.mrv2.manager``
-    not: DP 1 since the sixteenth session)."""
+    not: DP 1, where the manager is not hooked)."""
     cal = ((snapshot or {}).get("probe") or {}).get("calibration")
     if not isinstance(cal, Mapping):
         return None
@@ -168,8 +168,8 @@ the metrics' ``timing`` label."""
 
 def has_timing(cal: Mapping[str, Any], timing: str) -> bool:
     """Whether a calibration carries usable span and hook figures of one timing: ``""``
-    (warm), ``"_cold"`` (none before the nineteenth session), ``"_cold_code"`` (none
-    before the twentieth)."""
+    (warm), ``"_cold"`` (absent from the oldest calibrations), ``"_cold_code"`` (absent from
+    calibrations older than the code-evicted timing)."""
     try:
         values = [float(cal[f"{k}{timing}_ns"]) for k in ("span", "hook")]
     except (KeyError, TypeError, ValueError, OverflowError):
@@ -190,10 +190,10 @@ COLD_NOTE = "calibrated with cold caches: a floor, end to end 1-5x this (docs/ev
 """How the data-only cold estimate was taken (:mod:`probe.engine.calibrate`) and what it is worth
 alone, measured end to end (``benchmarks/gpu/crossover.py``, same runs): on the real CPU
 engine it read 15.3-16.8 µs per V1 step where the crossover measured +14.3 [+10.8, +17.0]
-(benchmarks/results/cpu-2026-12-04-s19/); on one H200 (MRV2 k=1, a KVM guest with a 300 MB
+(docs/evidence.md); on one H200 (MRV2 k=1, a KVM guest with a 300 MB
 shared L3) 10.9-26.6 µs where the crossover measured 28-62 µs per run
-(benchmarks/results/h200-2026-12-04-s20/). So a floor: printed for recordings whose
-calibration has no code-evicted figures (before the twentieth session)."""
+(docs/evidence.md). So a floor: printed for recordings whose
+calibration has no code-evicted figures (the older ones)."""
 
 RANGE_NOTE = (
     "calibrated at attach with cold caches, data evicted to code evicted too;"
@@ -202,22 +202,17 @@ RANGE_NOTE = (
 """What the cold range is worth, measured end to end in the same runs. The calibration
 times a wrapped no-op against a bare one, so it stands for what attaching costs: the
 crossover's attached-afresh-against-absent design, which on one H200 (MRV2 k=1) measured
-+84.9 [+69.7, +102.3] µs per step against a range of 26.1 to 50.1 (the runs' means,
-benchmarks/results/h200-2026-12-04-s21/) and +50.4 [+38.7, +61.0] against 18.2 to 29.5
-(h200-2026-12-04-s22/): 1.69x and 1.71x the code-evicted top. Enabled against dormant
-leaves out the wrappers' own presence (+16.1 [+7.4, +24.1] µs of it, s18-s22): +48.9 and
-+39.5, 1.0x and 1.3x the top. On the real CPU engine (V1) enabled against dormant measured
-+24.3 [+11.4, +36.6] against 5.8 to 35.1 (benchmarks/results/cpu-2026-12-04-s21/). Later
-runs of the same design: one H200, MRV2 k=1, +56.0 [+37.0, +92.9] against tops of 38.9-53.2
-(mean 43.8: 1.3x; h200-2026-12-05-s25/); one H100, V1 k=1, +111.1 [+49.6, +195.8] against
-tops of 47.0 and 44.0 (2.4x; h100-2026-12-05-s27/). So the range is the calibration's, and
-the note says how far above it the GPU machines measured."""
+1.3-1.7x the code-evicted top of the range, and on one H100 (V1 k=1) 2.4x it. Enabled
+against dormant, which leaves out the dormant wrappers' own presence, measured 1.0-1.3x
+the top on the H200, and inside the range on the real CPU engine (V1). So the range is
+the calibration's, and the note says how far above it the GPU machines measured (the
+figures, their methods and data: docs/evidence.md, "The probe's overhead")."""
 
 
 def cost_line(cost: Mapping[str, Any] | None, short: bool = False) -> str | None:
     """The probe's cost per step, in words, from the best figures the calibration has:
 
-    - with code-evicted timings (since the twentieth session): a range, "probe cost X-Y µs
+    - with code-evicted timings (every current calibration): a range, "probe cost X-Y µs
       per step (A-B% of CPU launch overhead; ... :data:`RANGE_NOTE`; Z µs warm)", from the
       data-only cold figure to the code-evicted one;
     - with data-only cold timings: "probe cost ≥ X µs per step (Y% ...; :data:`COLD_NOTE`;

@@ -614,13 +614,13 @@ def verdict(
         what = f"decode steps with MTP (query length {uq})" if uq > 1 else "decode steps"
         if top_mode == "full":
             out.append(
-                f"{what} replayed FULL graphs: {rates['decode_full_hit_rate']:.0%} of {len(dec)}"
+                f"{what} replayed FULL graphs: {rates['decode_full_hit_rate']:.0%} of {len(dec):,}"
             )
         else:
             reason, _ = reasons.most_common(1)[0] if reasons else ("unknown", 0)
             out.append(
                 f"{what} ran {top_mode.upper()} because {why(reason)} "
-                f"({by_mode[top_mode]} of {len(dec)} decode steps)"
+                f"({by_mode[top_mode]:,} of {len(dec):,} steady-state decode steps)"
             )
     others = Counter(label(s) for s in fw if not s.decode and s.mode != Mode.FULL)
     for reason, n in others.most_common(2):
@@ -633,8 +633,8 @@ def verdict(
     lo = phase_breakdown(fw, by_mode=False)["all"]["cpu_launch_overhead_ns"]
     if lo["p50"] is not None:
         out.append(
-            f"CPU launch overhead median {lo['p50'] / 1e3:.0f} µs, p99 "
-            f"{(lo['p99'] or 0) / 1e3:.0f} µs per step (steady state)"
+            f"CPU launch overhead median {lo['p50'] / 1e3:,.0f} µs, p99 "
+            f"{(lo['p99'] or 0) / 1e3:,.0f} µs per step (steady state)"
         )
     line = cost_line(cost)
     if line:
@@ -653,14 +653,15 @@ def verdict(
         rule = f"the GPU waiting for the host over {thr:.0%} of the step period"
         if gpu["host_bound_steps"]:
             line = (
-                f"host-bound: {gpu['host_bound_share']:.0%} of {n} timed steps ({rule}); "
+                f"host-bound: {gpu['host_bound_share']:.0%} of {n:,} steady-state timed steps "
+                f"({rule}); "
                 "their largest host phases: "
                 + ", ".join(f"{p['phase']} {p['share']:.0%}" for p in gpu["host_bound_phases"][:2])
                 + " of their phase time"
             )
         else:
             line = (
-                f"not host-bound: 0 of {n} timed steps had {rule} "
+                f"not host-bound: 0 of {n:,} steady-state timed steps had {rule} "
                 f"(GPU idle share {gpu['idle_share']:.1%})"
             )
         out.append(line)

@@ -138,7 +138,7 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
         head.add_row(label, line)
     head.add_row(
         "forward steps",
-        f"{hr['steps']:,}  (FULL {hr['full']:,} · PIECEWISE "
+        f"{hr['steps']:,} incl. warm-up  (FULL {hr['full']:,} · PIECEWISE "
         f"{hr['piecewise']:,} · NONE {hr['none']:,})",
     )
     head.add_row("full hit rate", _pct(hr["full_hit_rate"]))
@@ -146,7 +146,7 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
     head.add_row(
         "decode FULL hit rate",
         f"{_pct(hr['decode_full_hit_rate'])}  "
-        f"({hr['decode_full']:,} of {hr['decode_steps']:,} uniform decode steps)",
+        f"({hr['decode_full']:,} of {hr['decode_steps']:,} uniform decode steps incl. warm-up)",
     )
     head.add_row("replay confirmed", f"{_pct(hr['replay_confirmed_rate'])} of graph steps")
     head.add_row("padding waste", _pct(hr["padding_waste"]))
@@ -448,7 +448,7 @@ def _hot_path_line(probe: Any) -> str:
     if not isinstance(probe, Mapping) or not probe.get("hot_path"):
         return "unknown (recorded before the probe said)"
     path = str(probe["hot_path"])
-    if probe.get("clock") == "tsc":  # recorded since the twenty-second session
+    if probe.get("clock") == "tsc":  # recordings from before the clock choice carry none
         path += ", TSC clock"
     elif probe.get("clock") == "boottime" and isinstance(probe.get("clock_why"), str):
         path += f", clock_gettime ({probe['clock_why']})" if probe["clock_why"] else ""

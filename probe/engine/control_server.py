@@ -57,11 +57,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from probe import config
-from probe.engine.identity import cmdline, model_from_argv, ranks_of, role_from, stack_modules
+from probe.engine.identity import (
+    cmdline,
+    model_from_argv,
+    model_name,
+    ranks_of,
+    role_from,
+    stack_modules,
+)
 from probe.ring_dir import candidate_run_dirs  # for readers; re-exported from here
 
 if TYPE_CHECKING:
     import logging
+
+
+def _model(name: str | None) -> str | None:
+    """The model by its name, never the engine machine's folder (identity.model_name)."""
+    return model_name(name) if name else None
 
 
 def _log() -> logging.Logger:
@@ -496,7 +508,9 @@ class ControlServer:
             "ranks": ranks_of(snap, title),
             "vllm_version": getattr(vllm, "__version__", None) or snap.get("vllm_version"),
             "runner": snap.get("runner"),
-            "model": snap.get("model") or model_from_argv(title) or model_from_argv(sys.argv),
+            "model": _model(
+                snap.get("model") or model_from_argv(title) or model_from_argv(sys.argv)
+            ),
             "enabled": self.host.enabled,
             "attached_by": self.attached_by,
             "reader_heartbeat_age_s": (

@@ -39,8 +39,6 @@ def ranks_of(snap: Mapping[str, Any], title: Sequence[str]) -> dict[str, int | N
         return ranks
     live: dict[str, Any] = {}
     if "vllm.distributed.parallel_state" in sys.modules:  # never import vLLM from here
-        from probe.engine.hooks.snapshot import live_ranks
-
         live = live_ranks()
     text = " ".join(title)
     for key, pattern in _RANK_IN_TITLE.items():
@@ -91,3 +89,36 @@ def model_from_argv(argv: Sequence[str]) -> str | None:
         if a == "serve" and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
             return argv[i + 1]
     return None
+
+
+def model_name(model: str) -> str:
+    """The model as the recording keeps it: a Hub id as it is, a local folder by its name
+    (the recording machine's directories are not the reader's business).
+
+    >>> model_name("/home/me/models/tinyv32/"), model_name("deepseek-ai/DeepSeek-V3.2")
+    ('tinyv32', 'deepseek-ai/DeepSeek-V3.2')
+    """
+    if model.startswith(("/", "~", "./", "../")):
+        return model.rstrip("/").rsplit("/", 1)[-1] or model
+    return model
+
+
+def live_ranks() -> dict[str, Any]:
+    """TP/PP/DP ranks from vLLM's parallel state (None where it is not initialized)."""
+    out: dict[str, Any] = {}
+    try:
+        from vllm.distributed import parallel_state as ps
+
+        for key, fn in (
+            ("tp_rank", "get_tensor_model_parallel_rank"),
+            ("pp_rank", "get_pp_group"),
+            ("dp_rank", "get_dp_group"),
+        ):
+            try:
+                v = getattr(ps, fn)()
+                out[key] = v if isinstance(v, int) else getattr(v, "rank_in_group", None)
+            except Exception:
+                out[key] = None
+    except Exception:
+        pass
+    return out

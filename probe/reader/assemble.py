@@ -96,7 +96,7 @@ def _from_dispatch(recs: list[Decoded]) -> list[Decoded]:
     - of the ``prepare_inputs`` phase (the runner's ``prepare_attn`` hook) is extended back
       to that start;
     - of another phase (the model state's ``prepare_attn``, the metadata build, since the
-      seventeenth session) ends the phase where it begins: the reader adds the
+      recordings that hook it) ends the phase where it begins: the reader adds the
       ``prepare_inputs`` span from that start to the marked span's start, marked
       ``FROM_DISPATCH`` as a recorded one extended back is (:func:`derived_prepare`).
 

@@ -2,7 +2,7 @@
 warm-up apart from steady state, and the probe's own cost line.
 
 The recordings are the bundled H200 one (probe/data/default.probe.db) and the H200 TP=2
-``vllm serve`` recording under benchmarks/results/; Steps built here stand in only where
+``vllm serve`` recording under tests/data/; Steps built here stand in only where
 a rule must be pinned to exact inputs (the warm-up rule's cases, the call count).
 """
 
@@ -25,8 +25,8 @@ from probe.records import Replay as ReplayRec
 from probe.records import Span as SpanRec
 from probe.step import Step
 
-ROOT = Path(__file__).resolve().parents[2]
-TP2 = ROOT / "benchmarks/results/h200x2-2026-11-30/serve-tp2.probe.db"
+ROOT = Path(__file__).resolve().parents[1]
+TP2 = ROOT / "tests/data/serve-tp2.probe.db"
 
 
 def _steps(path: Path) -> list[Step]:
@@ -356,14 +356,14 @@ def _bundled_cost(span_ns: float, hook_ns: float) -> tuple[float, float]:
 
 
 def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path) -> None:
-    """A calibration that timed its span and hook cold (since the nineteenth session) gives
+    """A calibration that timed its span and hook cold (every calibration but the oldest) gives
     "probe cost ≥ X µs per step" from the cold figures (a floor: on the H200 the crossover
     measured 2-5x it), with the warm figure beside it; one that also timed them with code
-    evicted (since the twentieth) gives the range between the two. The report's panel and
+    evicted (the current calibration) gives the range between the two. The report's panel and
     JSON carry every figure. A damaged cold value falls back to the warm-only lower bound,
     never to a wrong estimate."""
     # the shared figures (80/120 ns warm, 900/2800 cold, 2000/6000 code evicted too),
-    # first without the code-evicted ones, as recorded before the twentieth session
+    # first without the code-evicted ones, as the older calibrations recorded
     cal = {k: v for k, v in CALIBRATION.items() if "_cold_code" not in k}
     cal |= {"cold_calls": 24, "cold_evict_bytes": 8 << 20}
     rep = build_report(Recording.open(_calibrated_copy(tmp_path, cal)))
@@ -382,9 +382,9 @@ def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path
     text = " ".join(_text(rep).replace("│", " ").split())  # as read, whatever the wrapping
     assert "900 and 2800 ns cold" in text
     assert c["per_step_cold_code_ns"] is None and "code evicted" not in text
-    # since the twentieth session the calibration also times with code evicted: the line
+    # the current calibration also times with code evicted: the line
     # is the range from the data-only figure to that one (both ends measured against the
-    # crossover in the twenty-first session), the per-call figures in the panel
+    # crossover of the same runs), the per-call figures in the panel
     coded = {**cal, **CALIBRATION}
     assert coded["span_cold_code_ns"] == 2000.0 and coded["hook_cold_code_ns"] == 6000.0
     rep = build_report(Recording.open(_calibrated_copy(tmp_path, coded)))

@@ -17,8 +17,8 @@ from probe.records import Mode
 from probe.step import Step
 
 ROOT = Path(__file__).resolve().parents[2]
-CHUNKED = ROOT / "benchmarks/results/h200-2026-12-01-s5/chunked_mrv2_k1.probe.db"
-SERVE = ROOT / "benchmarks/results/h200x2-2026-11-30/serve-tp2.probe.db"
+CHUNKED = ROOT / "tests/data/chunked_mrv2_k1.probe.db"
+SERVE = ROOT / "tests/data/serve-tp2.probe.db"
 
 
 def _steps(path: Path) -> list[Step]:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = subprocess.run(
     ["git", "ls-files", "*.probe.db"], cwd=ROOT, capture_output=True, text=True, check=True
 ).stdout.split()
-STOCK = ROOT / "benchmarks/results/h200-2026-11-30/stock_mrv2_k1.probe.db"
+STOCK = ROOT / "tests/data/stock_mrv2_k1.probe.db"
 BUNDLED = ROOT / "probe/data/default.probe.db"
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from benchmarks.derived_phases import COLUMNS, medians
 
-ROOT = Path(__file__).resolve().parents[2]
-H200_MRV2 = ROOT / "benchmarks/results/h200-2026-11-30/stock_mrv2_k1.probe.db"
+ROOT = Path(__file__).resolve().parents[1]
+H200_MRV2 = ROOT / "tests/data/stock_mrv2_k1.probe.db"
 
 
 def test_a_derived_sample_takes_in_the_gaps_around_the_hooked_one() -> None:

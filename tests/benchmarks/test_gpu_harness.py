@@ -135,7 +135,7 @@ def test_tp2_recording_from_the_h200_reads_per_rank() -> None:
     from probe.reader.recording import Recording
     from probe.records import Mode
 
-    rec = Recording.open(ROOT / "benchmarks/results/h200x2-2026-11-30/serve-tp2.probe.db")
+    rec = Recording.open(ROOT / "tests/data/serve-tp2.probe.db")
     procs = {p["pid"]: p for p in rec.processes() if p["tp_rank"] is not None}
     assert sorted(p["tp_rank"] for p in procs.values()) == [0, 1]
     steps = [s for s in rec.iter_steps() if s.forward]
@@ -601,7 +601,7 @@ def test_crossover_switches_what_the_variant_names(variant: str, monkeypatch) ->
 def test_a_clock_variant_records_the_clock_its_attaches_read(off: str, monkeypatch) -> None:
     """A variant with ``"clock"`` sets ``PROBE_CLOCK`` for its attaches and records the
     clock they read, also where the end of an absent variant attaches once more on the
-    process's own setting (s23's runs labelled their absent/tsc variants boottime); the
+    process's own setting (older runs labelled their absent/tsc variants boottime); the
     process's setting is back afterwards."""
     from probe.engine import hooks
     from probe.engine.runtime import RT
@@ -666,7 +666,7 @@ def _crossover_run(rows: list, off: str | None = None, on: str | None = None) ->
 
 def test_a_paused_reader_and_no_gpu_timer_pool_apart() -> None:
     """Variants with the reader paused (``pause_reader``) and without the GPU timer pool
-    apart from the plain one (the split plan, ``plan_s18_mrv2_split.json``)."""
+    apart from the plain one (the split plan, ``plan_mrv2_timer_reader_split.json``)."""
     crossover = _crossover()
     rng = random.Random(3)
     rows = _crossover_rows(
@@ -680,7 +680,7 @@ def test_a_paused_reader_and_no_gpu_timer_pool_apart() -> None:
     pooled = crossover.pooled(crossover.summarize(res))
     got = {(r["variant"], r["gpu_timing"]) for r in pooled}
     assert got == {("all", 8), ("all paused", 8), ("all", False), ("all paused off=absent", 8)}
-    plan = json.loads((ROOT / "benchmarks/gpu/plan_s18_mrv2_split.json").read_text())
+    plan = json.loads((ROOT / "benchmarks/gpu/plan_mrv2_timer_reader_split.json").read_text())
     variants = plan["experiments"][0]["variants"]
     assert sum(bool(v.get("pause_reader")) for v in variants) == 3
     assert sum(v.get("gpu_timing") is False for v in variants) == 3
@@ -1009,7 +1009,7 @@ def test_the_tsc_clock_pools_apart_and_the_clock_plan_alternates_the_two() -> No
     assert {(r["variant"], r["runs"]) for r in pooled} == {("all", 2), ("all clock=tsc", 1)}
     (d,) = crossover.differences(pooled, [("all clock=tsc", "all")])
     assert abs(d["median_us"] + 10) < 3
-    plan = json.loads((ROOT / "benchmarks/gpu/plan_s23_mrv2_clock.json").read_text())
+    plan = json.loads((ROOT / "benchmarks/gpu/plan_mrv2_clock.json").read_text())
     clocks = [(v.get("off"), v["clock"]) for v in plan["experiments"][0]["variants"]]
     assert (
         clocks

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-H200 = REPO / "benchmarks/results/h200-2026-11-30"
+REPO = Path(__file__).resolve().parents[1]
+H200 = REPO / "tests/data"
 
 
 def _probe(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:

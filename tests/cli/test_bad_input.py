@@ -1,4 +1,4 @@
-"""Issue 14: every bad input a clear error, every failed write handled, nothing lost.
+"""Every bad input a clear error, every failed write handled, nothing lost.
 
 One test (or a parametrized set) per class of the issue, each run the way a user meets
 it: the ``probe`` command in a subprocess, real files, FIFOs, a real tmpfs where a full
@@ -721,7 +721,7 @@ def test_a_rocpd_database_whose_schema_name_is_not_utf8_is_a_profile_error(
     assert not (tmp_path / "m.pftrace").exists()
 
 
-# -- what quick_check passes: a damaged snapshot, a damaged column name (the fuzz, s22) ---------
+# -- what quick_check passes: a damaged snapshot, a damaged column name (found by the fuzz) ---
 
 
 @pytest.mark.parametrize("cmd", [["report"], ["doctor"], ["export", "--perfetto", "{d}/x.pftrace"]])
@@ -761,3 +761,18 @@ def test_a_nul_byte_in_an_argument_is_a_usage_error() -> None:
         cli.main(["report", "\x00"])
     assert exc.value.code == 2
     assert err.getvalue().splitlines()[-1] == "probe: error: recording: a value with a NUL byte"
+
+
+def test_export_without_the_perfetto_extra_is_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from probe.cli.main import main
+
+    monkeypatch.setitem(sys.modules, "perfetto.protos.perfetto.trace", None)  # -> ImportError
+    out = tmp_path / "x.pftrace"
+    assert main(["export", "--perfetto", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "pip install 'vllm-graph-probe[perfetto]'" in err[0]
+    assert "Traceback" not in err[0]
+    assert not out.exists()

@@ -97,3 +97,42 @@ def test_an_override_without_a_module_or_class_is_refused(tmp_path: Path, spec: 
     line = _usage_error(probe("record", "--out", str(out), "--override", spec, "--", "true"))
     assert "expected module:Class" in line
     assert not out.exists()
+
+
+@pytest.mark.parametrize("cmd", ["ab", "attach", "env"])
+def test_help_says_what_the_command_does(cmd: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from probe.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main([cmd, "--help"])
+    out = capsys.readouterr().out
+    # argparse prints the description between the usage and the options
+    between = out.split("\n\n")[1]
+    assert not between.startswith(("options:", "positional arguments:")), out
+    assert len(between.split()) >= 8
+
+
+def test_the_version_is_the_packages() -> None:
+    import tomllib
+
+    import probe
+    from probe.cli.commands import probe_version
+
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    assert "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "probe.__version__"}
+    assert probe_version() == probe.__version__
+    assert probe.__version__[0].isdigit() and "unknown" not in probe.__version__
+
+
+def test_the_bundled_recording_names_no_machine_path() -> None:
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{default_recording()}?mode=ro", uri=True)
+    try:
+        dump = "\n".join(db.iterdump())
+    finally:
+        db.close()
+    for prefix in ("/home/", "/root/", "/tmp/", "/work/"):
+        assert prefix not in dump

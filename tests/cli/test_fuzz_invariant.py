@@ -1,4 +1,4 @@
-"""Issue 14's invariant, fuzzed: whatever the arguments and the recording, ``probe``
+"""The bad-input invariant, fuzzed: whatever the arguments and the recording, ``probe``
 exits 0 with the report of the valid input, or exits 1/2 with one ``probe: error:``
 line; never a traceback, never longer than 10 s, never a file created or changed
 outside the named output.

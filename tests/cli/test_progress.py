@@ -34,8 +34,8 @@ from probe.reader.recording import Recording, default_recording
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parents[2]
-H200 = ROOT / "benchmarks/results/h200-2026-11-30"
+ROOT = Path(__file__).resolve().parents[1]
+H200 = ROOT / "tests/data"
 WINDOW = H200 / "groundtruth-window.probe.db"
 KINETO = H200 / "run3-groundtruth.kineto.trimmed.json.gz"
 STEPS = 1305  # the bundled recording's steps
@@ -525,7 +525,7 @@ def test_on_a_terminal_only_unless_plain_output_is_asked_for(
     )
     assert rc == 0 and out == b""
     text = tty.decode(errors="replace")
-    assert "probe: 1305 steps -> t.prom" in text
+    assert "probe: 1,305 engine steps -> t.prom" in text
     assert ("replaying steps" in text) is drawn, text[-500:]
 
 

@@ -265,9 +265,8 @@ def test_damaged_recording_is_a_recording_error(data: Any) -> None:
             _read_recording(p)
         except RecordingError as exc:
             assert str(p) in str(exc)
-        # a mutation that leaves the database readable is fine; anything else fails
-        for extra in ("run.probe.db-wal", "run.probe.db-shm"):
-            (p.parent / extra).unlink(missing_ok=True)  # see the xfail above
+        # a mutation that leaves the database readable is fine; anything else fails, and
+        # _case fails on any file left beside the input (-wal, -shm included)
 
 
 @FUZZ
@@ -333,11 +332,7 @@ def test_cli_rejects_a_damaged_recording_in_one_line(data: Any) -> None:
     blob = data.draw(mutated(_seeds()["recording"]))
     cmd = data.draw(st.sampled_from(["report", "doctor"]))
     with _case("run.probe.db", blob) as p:
-        try:
-            code, _, err = _cli(cmd, str(p), "--json")
-        finally:
-            for extra in ("run.probe.db-wal", "run.probe.db-shm"):
-                (p.parent / extra).unlink(missing_ok=True)
+        code, _, err = _cli(cmd, str(p), "--json")
         if code != 0:
             _assert_one_line_usage_error(code, err, str(p))
 
@@ -555,16 +550,12 @@ def test_probe_command_with_bad_env_values(value: str) -> None:
 def test_probe_subprocess_rejects_damaged_recording(data: Any) -> None:
     blob = data.draw(mutated(_seeds()["recording"]))
     with _case("run.probe.db", blob) as p:
-        try:
-            r = subprocess.run(
-                [sys.executable, "-m", "probe", "report", str(p)],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-        finally:
-            for extra in ("run.probe.db-wal", "run.probe.db-shm"):
-                (p.parent / extra).unlink(missing_ok=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "probe.cli.main", "report", str(p)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if r.returncode != 0:
             _assert_one_line_usage_error(r.returncode, r.stderr, str(p))
 

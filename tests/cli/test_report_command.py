@@ -38,3 +38,11 @@ def test_the_bundled_report_says_who_recorded_it() -> None:
     assert out.returncode == 0, out.stderr
     assert "recorded by" in out.stdout and "probe collect" in out.stdout
     assert "['collect'" not in out.stdout
+
+
+def test_a_local_model_folder_is_kept_by_its_name() -> None:
+    from probe.engine.identity import model_name
+
+    assert model_name("/home/me/models/tinyv32/") == "tinyv32"
+    assert model_name("./tinyv32") == "tinyv32"
+    assert model_name("deepseek-ai/DeepSeek-V3.2") == "deepseek-ai/DeepSeek-V3.2"

@@ -167,10 +167,10 @@ def test_a_failing_build_propagates_and_records_nothing(hot_path: str, tmp_path:
 
 RECORDINGS = [
     "probe/data/default.probe.db",
-    "benchmarks/results/h200-2026-12-01-s5/chunked_mrv2_k1.probe.db",
-    "benchmarks/results/h200-2026-11-30/stock_mrv2_k1.probe.db",
-    "benchmarks/results/h200x2-2026-11-30/serve-tp2.probe.db",
-    "benchmarks/results/h200-2026-11-30/groundtruth-window.probe.db",
+    "tests/data/chunked_mrv2_k1.probe.db",
+    "tests/data/stock_mrv2_k1.probe.db",
+    "tests/data/serve-tp2.probe.db",
+    "tests/data/groundtruth-window.probe.db",
 ]
 # FlashMLASparseMetadata has no num_prefill_tokens: the engine-side hook used to fill it in
 LEAVES_OUT_PREFILL_TOKENS = {"FlashMLASparseMetadataBuilder"}

@@ -78,8 +78,15 @@ def test_missing_nvtx_names_the_install() -> None:
 
 
 def test_real_nvtx_without_nsight() -> None:
-    pytest.importorskip("nvtx")
+    nvtx = pytest.importorskip("nvtx", reason="the nvtx extra is not installed")
     nv = NvtxEmitter()
+    # the real package's domain, and its event attributes, one per message (cached)
+    assert nv.module is nvtx and nv.domain_name == DEFAULT_DOMAIN
     for i in range(3):
         with nv.range(f"step {i}"):
             nv.mark("decision")
+    assert set(nv._attrs) == {"step 0", "step 1", "step 2", "decision"}
+    assert nv._attrs["decision"] is nv._attributes("decision")
+    # a range is popped when its block raises, and the exception goes through
+    with pytest.raises(KeyError), nv.range("failing step"):
+        raise KeyError("inside")

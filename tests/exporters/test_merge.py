@@ -1,7 +1,7 @@
 """``probe merge`` on real data: the H200 window recording with its real Kineto trace,
 the real rocprofv3 CSV set, and broken inputs.
 
-The H200 files (benchmarks/results/h200-2026-11-30/): ``groundtruth-window.probe.db`` is
+The H200 files (tests/data/): ``groundtruth-window.probe.db`` is
 run3's ``stock_v1_k1`` recording cut to the 25 steps of the torch-profiler window, and
 ``run3-groundtruth.kineto.trimmed.json.gz`` that profiler's trace of the same steps.
 ``run3-groundtruth.json`` says 23 cudaGraphLaunch calls fell inside ``_model_forward``
@@ -27,8 +27,8 @@ from exporters.timelines.load import load_profile
 from probe.cli.main import main
 from probe.reader.recording import Recording
 
-ROOT = Path(__file__).resolve().parents[2]
-H200 = ROOT / "benchmarks/results/h200-2026-11-30"
+ROOT = Path(__file__).resolve().parents[1]
+H200 = ROOT / "tests/data"
 WINDOW = H200 / "groundtruth-window.probe.db"
 KINETO = H200 / "run3-groundtruth.kineto.trimmed.json.gz"
 GROUNDTRUTH = json.loads((H200 / "run3-groundtruth.json").read_text())

@@ -19,9 +19,7 @@ from exporters.prometheus import ServingSink
 from probe.analysis.ranks import ranks_of_recording
 from probe.reader.recording import Recording
 
-TP2 = (
-    Path(__file__).resolve().parents[2] / "benchmarks/results/h200x2-2026-11-30/serve-tp2.probe.db"
-)
+TP2 = Path(__file__).resolve().parents[2] / "tests/data/serve-tp2.probe.db"
 LAST = "vllm_graph_probe_rank_last_steps_total"
 
 

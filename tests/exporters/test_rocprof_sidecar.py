@@ -14,8 +14,8 @@ from exporters.timelines.rocpd import read_rocpd
 from exporters.timelines.rocpd_writer import create_rocpd_db
 from probe.reader.recording import Recording
 
-ROOT = Path(__file__).resolve().parents[2]
-WINDOW = ROOT / "benchmarks/results/h200-2026-11-30/groundtruth-window.probe.db"
+ROOT = Path(__file__).resolve().parents[1]
+WINDOW = ROOT / "tests/data/groundtruth-window.probe.db"
 
 
 def _key(m: object) -> tuple[object, ...]:

@@ -1,4 +1,4 @@
-"""Hostile foreign inputs: each class of issue 14 is a clear ProfileError, at once.
+"""Hostile foreign inputs: each class of bad input is a clear ProfileError, at once.
 
 Every case here hung, took memory, raised a parser exception, created files beside the
 input or passed silently before the readers went through ``exporters.timelines.inputs``.
@@ -27,8 +27,8 @@ from exporters.timelines.rocpd_writer import create_rocpd_db
 from exporters.timelines.rocprofv3_csv import read_rocprofv3_csv
 from probe.reader.recording import Recording
 
-ROOT = Path(__file__).resolve().parents[2]
-WINDOW = ROOT / "benchmarks/results/h200-2026-11-30/groundtruth-window.probe.db"
+ROOT = Path(__file__).resolve().parents[1]
+WINDOW = ROOT / "tests/data/groundtruth-window.probe.db"
 KERNEL_HEADER = (
     "Kind,Agent_Id,Queue_Id,Kernel_Id,Kernel_Name,Correlation_Id,Start_Timestamp,"
     "End_Timestamp,Thread_Id\n"

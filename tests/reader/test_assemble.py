@@ -164,7 +164,7 @@ def test_a_span_from_dispatch_begins_where_the_dispatch_phase_ended() -> None:
 
 
 def test_a_metadata_build_from_dispatch_ends_the_prepare_inputs_phase(tmp_path: Path) -> None:
-    """Since the seventeenth session MRV2's prepare_inputs phase is told by the metadata
+    """MRV2's prepare_inputs phase is told by the metadata
     build's span (the model state's prepare_attn), marked FROM_DISPATCH: the reader adds
     the prepare_inputs span from the end of the step's target dispatch phase to the
     build's start, one span in the step like a recorded one, and no call of the probe."""

@@ -27,9 +27,9 @@ import pytest
 from probe.cli.main import main
 from probe.reader.recording import Recording
 
-ROOT = Path(__file__).resolve().parents[2]
-CODEC = ROOT / "probe" / "reader" / "recording.py"
-H200 = ROOT / "benchmarks/results/h200-2026-11-30"
+ROOT = Path(__file__).resolve().parents[1]
+CODEC = ROOT / "probe" / "recording.py"
+H200 = ROOT / "tests/data"
 WINDOW = H200 / "groundtruth-window.probe.db"
 KINETO = H200 / "run3-groundtruth.kineto.trimmed.json.gz"
 BUNDLED = ROOT / "probe/data/default.probe.db"

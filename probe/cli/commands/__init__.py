@@ -70,13 +70,11 @@ def boottime_ns() -> int:
 
 
 def probe_version() -> str:
-    """The installed vllm-graph-probe's version (``0+unknown`` from a bare checkout)."""
-    try:
-        from importlib.metadata import version
+    """The package's version (``probe.__version__``, which pyproject.toml reads too), the same
+    from an install and from a checkout."""
+    from probe import __version__
 
-        return version("vllm-graph-probe")
-    except Exception:
-        return "0+unknown"
+    return __version__
 
 
 # -- argument types: a bad value is argparse's one-line usage error (exit 2) --------------

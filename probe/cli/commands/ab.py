@@ -252,7 +252,13 @@ def cmd_ab(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("ab", help="A/B the graph-support mode on the same workload")
+    p = sub.add_parser(
+        "ab",
+        help="A/B the graph-support mode on the same workload",
+        description="Compare two arms, A and B: run a workload alternately with each arm's "
+        "graph-support override (-- WORKLOAD) or compare recordings (--a/--b), and print "
+        "throughput, graph mode and CPU launch overhead side by side.",
+    )
     from probe.cli.commands import positive_int, width
 
     p.add_argument("--a", nargs="+", help="recordings of arm A (compare mode)")

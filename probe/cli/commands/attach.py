@@ -457,7 +457,13 @@ def add_session_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("attach", help="enable the probe in a running vLLM server and watch it")
+    p = sub.add_parser(
+        "attach",
+        help="enable the probe in a running vLLM server and watch it",
+        description="Enable the probe in a running vLLM server (no restart) for --duration "
+        "seconds or until Ctrl-C, show its steps live, optionally record them (--record) or "
+        "serve them to Prometheus/OTLP, then detach: the hooks go dormant again.",
+    )
     add_session_args(p)
     p.add_argument("--record", metavar="FILE", help="also write a recording")
     p.add_argument("--force", action="store_true", help="overwrite --record")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from probe import config, progress
 from probe.cli.commands import boottime_ns, positive_float, probe_version, storage_guard
+from probe.engine.identity import model_name
 from probe.errors import RuntimeFailure, UsageError
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
         out.unlink(missing_ok=True)
         raise RuntimeFailure(f"collect: cannot write {out}: {' '.join(str(exc).split())}") from None
     writer.set_meta(
-        command=["probe", *sys.argv[1:]],
+        command=["probe", *(model_name(a) if a.startswith("/") else a for a in sys.argv[1:])],
         host=socket.gethostname(),
         probe_version=probe_version(),
         started_epoch_ns=time.time_ns(),

@@ -14,5 +14,10 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("env", help="list PROBE_* environment variables")
+    p = sub.add_parser(
+        "env",
+        help="list PROBE_* environment variables",
+        description="List every PROBE_* environment variable the probe reads: its value "
+        "here, its default and what it does.",
+    )
     p.set_defaults(func=cmd_env)

@@ -180,7 +180,7 @@ def _write_targets(
         bars.section("prometheus textfile")
         n = replay(rec, sink, progress=bars)
         write_bytes(textfile, sink.exposition())
-        say(f"probe: {n} steps -> {textfile or 'standard output'}")
+        say(f"probe: {n:,} engine steps -> {textfile or 'standard output'}")
     if args.otlp:
         otlp = _sink_module("otlp")
         # one line at the end says what failed; the SDK's per-batch retry warnings do not
@@ -205,8 +205,8 @@ def _write_targets(
                 f"{w.metric_exports_failed} of {w.metric_exports} metric exports failed"
             )
         say(
-            f"probe: {w.steps} steps -> {w.spans_exported} spans and {w.metric_exports} "
-            f"metric samples -> {args.otlp} ({args.otlp_protocol})"
+            f"probe: {w.steps:,} engine steps -> {w.spans_exported:,} spans and "
+            f"{w.metric_exports:,} metric samples -> {args.otlp} ({args.otlp_protocol})"
         )
     if args.perfetto:
         if importlib.util.find_spec("exporters.perfetto") is None:
@@ -217,6 +217,14 @@ def _write_targets(
             raise UsageError(
                 "export: --perfetto is unavailable (exporters.perfetto has no write_recording)"
             )
+        protos = getattr(mod, "_protos", None)
+        if protos is not None:  # the extra's library, before anything is written
+            from exporters.base import MissingExtra
+
+            try:
+                protos()
+            except MissingExtra as exc:
+                raise UsageError(f"export: {exc}") from None
         bars.section("perfetto")
         with path_for(perfetto_out) as tmp:
             write(rec, tmp, progress=bars)

@@ -14,7 +14,7 @@ environment of the vLLM process forces pure Python. One log line says when the e
 is missing; the ring's HELLO record carries which path ran, so the recording's meta and
 ``probe doctor`` show it.
 
-    >>> from probe import accel
+    >>> from probe.engine import accel
     >>> accel.NAME in ("compiled", "python")
     True
 
@@ -56,6 +56,15 @@ def _load() -> tuple[ModuleType | None, str]:
         import probe.engine.accel._accel as _accel
     except ImportError as exc:
         return None, f"the extension probe.engine.accel._accel is not built ({exc})"
+    # the C writes records from the header generated off probe.records: a build from
+    # another declaration would put fields in the wrong slots
+    from probe.engine import gen_header
+
+    if getattr(_accel, "DECLARATION", None) != gen_header.declaration_digest():
+        return None, (
+            "the extension probe.engine.accel._accel was built from another record declaration "
+            "(rebuild it: python setup.py build_ext --inplace)"
+        )
     return _accel, ""
 
 
@@ -397,61 +406,3 @@ def replay_hook(
     if c is None or not isinstance(rt, c.Core):
         return None
     return c.Replay(orig, impl, record, rt, which, fcm, fwd_record, full)
-
-
-def _check_wire_layout() -> None:
-    """The compiled Span, Step, Dispatch, Phase, Reorder, Forward and Replay write SPAN,
-    DISPATCH, REORDER, FORWARD and REPLAY records themselves: those declarations must keep
-    the wire slots the C code uses, with no ``unknown_as`` bias (the C writes the values
-    as they are)."""
-    wire = {
-        records.RecordKind.SPAN: {
-            "step": ("step", ""), "phase": ("a", ""), "flags": ("c", ""), "t0": ("t0", ""),
-            "t1": ("t1", ""), "v0": ("v0", ""), "v1": ("v1", ""),
-        },
-        records.RecordKind.DISPATCH: {
-            "step": ("step", ""), "mode": ("a", ""), "reason": ("b", ""), "flags": ("c", ""),
-            "t0": ("t0", ""), "t1": ("t1", ""), "num_tokens": ("v0", ""),
-            "padded_tokens": ("v1", ""), "num_reqs": ("v2", ""), "padded_reqs": ("v3", ""),
-            "max_query_len": ("v4", "hi"), "uniform_decode_query_len": ("v4", "lo"),
-        },
-        records.RecordKind.REORDER: {
-            "step": ("step", ""), "changed": ("a", ""), "spec_as_decode": ("b", ""),
-            "flags": ("c", ""), "t0": ("t0", ""), "t1": ("t1", ""), "threshold": ("v0", ""),
-            "num_reqs": ("v1", ""), "num_decodes": ("v2", ""), "num_decode_tokens": ("v3", ""),
-            "moved": ("v4", ""),
-        },
-        records.RecordKind.FORWARD: {
-            "step": ("step", ""), "mode": ("a", ""), "flags": ("c", ""), "t0": ("t0", ""),
-            "t1": ("t1", ""), "full_replays": ("v0", "hi"), "pieces": ("v0", "lo"),
-            "captures": ("v1", "hi"), "passes": ("v1", "lo"), "num_tokens": ("v2", ""),
-            "replay_t0": ("v3", ""), "replay_t1": ("v4", ""),
-        },
-        records.RecordKind.REPLAY: {
-            "step": ("step", ""), "mode": ("a", ""), "kind": ("b", ""), "flags": ("c", ""),
-            "t0": ("t0", ""), "t1": ("t1", ""), "num_tokens": ("v0", ""),
-        },
-    }  # fmt: skip
-    # the compiled Build passes the BUILD fields positionally, in this order
-    order = (
-        "step", "tag", "builder_id", "flags", "t0", "t1", "padded_tokens", "real_tokens",
-        "padded_reqs", "real_reqs", "max_query_len", "reorder_batch_threshold", "num_decodes",
-        "num_prefills", "num_decode_tokens", "num_prefill_tokens",
-    )  # fmt: skip
-    got_order = tuple(f.name for f in records.SPECS[records.RecordKind.BUILD].fields)
-    if got_order != order:
-        raise ImportError(
-            f"probe.engine.accel: the BUILD declaration {got_order} no longer matches the field "
-            "order probe.engine.accel._accel's Build passes"
-        )
-    for kind, want in wire.items():
-        fields = records.SPECS[kind].fields
-        got = {f.name: (f.slot, f.part) for f in fields}
-        if got != want or any(f.unknown_as is not None for f in fields):
-            raise ImportError(
-                f"probe.engine.accel: the {kind.name} declaration {got} no longer "
-                "matches the records probe.engine.accel._accel writes itself"
-            )
-
-
-_check_wire_layout()

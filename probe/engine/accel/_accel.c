@@ -33,16 +33,9 @@
 #include <string.h>
 #include <time.h>
 
-#define REC 64
-#define HEADER 128
-#define W_WRITE 4
-#define W_DROPPED 5
-#define W_READ 8
-#define STAGE_N 256
+#include "_accel_gen.h" /* generated from probe/records.py: python -m probe.engine.gen_header */
 
-#define KIND_SPAN 1
-#define FLAG_DRAFTER 1
-#define FLAG_OUTSIDE 2
+#define STAGE_N 256
 
 static inline int64_t kernel_boottime(void) {
     struct timespec ts;
@@ -326,14 +319,14 @@ PyMODINIT_FUNC PyInit__accel(void) {
     INTERN(S_total, "total_num_scheduled_tokens");
     INTERN(S_num_sched, "num_scheduled_tokens");
     INTERN(S_on_first_step, "on_first_step");
-    INTERN(S_num_reqs, "num_reqs");
-    INTERN(S_num_tokens, "num_tokens");
+    INTERN(S_num_reqs, ARG_NUM_REQS);
+    INTERN(S_num_tokens, ARG_NUM_TOKENS);
     INTERN(S_cg_mode, "cg_mode");
-    INTERN(S_uniform_decode, "uniform_decode");
+    INTERN(S_uniform_decode, ARG_UNIFORM_DECODE);
     INTERN(S_udql, "uniform_decode_query_len");
     INTERN(S_dql, "decode_query_len");
-    INTERN(S_uniform_token_count, "uniform_token_count");
-    INTERN(S_max_query_len, "max_query_len");
+    INTERN(S_uniform_token_count, ARG_UNIFORM_TOKEN_COUNT);
+    INTERN(S_max_query_len, ARG_MAX_QUERY_LEN);
     INTERN(S_dummy_run, "dummy_run");
     INTERN(S_is_profile, "is_profile");
     INTERN(S_timer_tick, "timer_tick");
@@ -370,5 +363,6 @@ PyMODINIT_FUNC PyInit__accel(void) {
     PyModule_AddIntConstant(m, "RECORD_SIZE", REC);
     PyModule_AddIntConstant(m, "HEADER_SIZE", HEADER);
     PyModule_AddIntConstant(m, "STAGE_RECORDS", STAGE_N);
+    PyModule_AddStringConstant(m, "DECLARATION", DECLARATION);
     return m;
 }

@@ -7,6 +7,9 @@ from typing import Any
 RECORD_SIZE: int
 HEADER_SIZE: int
 STAGE_RECORDS: int
+DECLARATION: (
+    str  # digest of the declaration its generated header came from (probe.engine.gen_header)
+)
 
 def boottime_ns() -> int: ...
 def set_clock(name: str) -> str: ...

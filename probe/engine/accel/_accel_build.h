@@ -13,8 +13,6 @@
 /* The real token/request counts are the reader's (probe.reader.assemble.fill_builds).         */
 /* ---------------------------------------------------------------------------------- */
 
-#define KIND_BUILD 4
-
 static PyObject *S_cam, *S_nat, *S_rbt, *S_dth, *S_nd, *S_np, *S_ndt, *S_npt, *S_put, *S_build,
     *S_intern, *S_name;
 
@@ -132,14 +130,21 @@ static PyObject *build_call(WrapObject *self, PyObject *const *args, size_t narg
         self->last_ident = ident;
     }
     long long ident = self->last_ident < 256 ? self->last_ident : 0;
-    int f = (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
+    int f = (c->in_step > 0 ? 0 : FLAG_OUTSIDE_STEP) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
     long long t = tag ? tag : (c->drafter > 0 ? 2 : 0);
     PackerObject *packer = build_packer(self, c);
     if (packer == NULL) goto slow;
-    /* the BUILD fields in declaration order (accel._check_wire_layout holds it); the real
-       token and request counts are the reader's: -1 */
-    long long vals[16] = {c->step, t, ident, f, t0, t1, padded_tokens, -1, padded_reqs,
-                          -1, mql, thr, nd, npf, ndt, npt};
+    /* the BUILD fields at their declared places (the generated BUILD_F_*); the real token
+       and request counts are the reader's: -1 */
+    long long vals[BUILD_FIELDS] = {
+        [BUILD_F_STEP] = c->step,           [BUILD_F_TAG] = t,
+        [BUILD_F_BUILDER_ID] = ident,       [BUILD_F_FLAGS] = f,
+        [BUILD_F_T0] = t0,                  [BUILD_F_T1] = t1,
+        [BUILD_F_PADDED_TOKENS] = padded_tokens, [BUILD_F_REAL_TOKENS] = -1,
+        [BUILD_F_PADDED_REQS] = padded_reqs, [BUILD_F_REAL_REQS] = -1,
+        [BUILD_F_MAX_QUERY_LEN] = mql,      [BUILD_F_REORDER_BATCH_THRESHOLD] = thr,
+        [BUILD_F_NUM_DECODES] = nd,         [BUILD_F_NUM_PREFILLS] = npf,
+        [BUILD_F_NUM_DECODE_TOKENS] = ndt,  [BUILD_F_NUM_PREFILL_TOKENS] = npt};
     if (packer_put(packer, vals) < 0) goto slow_clear;
     return md;
 slow_clear:

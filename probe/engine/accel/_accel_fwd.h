@@ -15,16 +15,6 @@
 /* counts the same fault as the Python hook would.                                     */
 /* ---------------------------------------------------------------------------------- */
 
-#define KIND_REPLAY 3
-#define KIND_FORWARD 11
-#define PHASE_FORWARD 7
-#define MODE_PIECEWISE 1
-#define MODE_FULL 2
-#define RK_REPLAY 0
-#define RK_CAPTURE 1
-#define RK_PASS 2
-#define FLAG_BREAKABLE 16
-
 static PyObject *S_desc, *S_fctx, *S_rt_mode, *S_runtime_mode, *S_value, *S_bdesc, *S_entries,
     *S_cudagraph, *S_use_bcg;
 
@@ -77,7 +67,7 @@ static inline void scope_count(CoreObject *c, long long mode, int captured, long
 }
 
 static inline int outside_flags(CoreObject *c) {
-    return (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
+    return (c->in_step > 0 ? 0 : FLAG_OUTSIDE_STEP) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
 }
 
 /* fn(*fmt values) with vLLM's exception (if any) kept as it was; its own faults are the
@@ -106,10 +96,10 @@ static inline int stage_forward(CoreObject *c, RingObject *r, int f, int64_t t0,
     if (r == NULL || m < 0 || m > 255 || full < INT32_MIN || full > INT32_MAX ||
         caps < INT32_MIN || caps > INT32_MAX)
         return -1;
-    ring_stage_wire(r, KIND_FORWARD, (int)m, 0, f, c->step, t0, t1,
-                    (int64_t)(((uint64_t)full << 32) | (uint32_t)c->fwd.pieces),
-                    (int64_t)(((uint64_t)caps << 32) | (uint32_t)c->fwd.passes), c->fwd.tokens,
-                    c->fwd.t0, c->fwd.t1);
+    STAGE_FORWARD(r, .step = c->step, .mode = m, .flags = f, .t0 = t0, .t1 = t1,
+                  .full_replays = full, .pieces = c->fwd.pieces, .captures = caps,
+                  .passes = c->fwd.passes, .num_tokens = c->fwd.tokens, .replay_t0 = c->fwd.t0,
+                  .replay_t1 = c->fwd.t1);
     return 0;
 }
 
@@ -147,7 +137,8 @@ static PyObject *forward_call(FwdObject *self, PyObject *const *args, size_t nar
             record_slow(self->w.impl, "(LLii)", (long long)t0, (long long)t1, opened, outer);
     } else if (!outer) {
         if (r != NULL)
-            ring_stage_span(r, PHASE_FORWARD, f, c->step, t0, t1);
+            STAGE_SPAN(r, .step = c->step, .phase = PHASE_FORWARD_LAUNCH, .flags = f, .t0 = t0,
+                       .t1 = t1);
         else
             record_slow(self->w.impl, "(LLii)", (long long)t0, (long long)t1, opened, outer);
     }
@@ -246,15 +237,15 @@ static PyObject *replay_mrv2(FwdObject *self, PyObject *const *args, size_t narg
     if (r == NULL || nargs < 1) goto slow;
     PyObject *me = args[0];
     int drafter = mrv2_drafter(c, me);
-    int f = FLAG_MRV2 | (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (drafter ? FLAG_DRAFTER : 0);
+    int f = FLAG_MRV2 | (c->in_step > 0 ? 0 : FLAG_OUTSIDE_STEP) | (drafter ? FLAG_DRAFTER : 0);
     if (self->w.which == 0) { /* run_fullgraph(self, desc) */
         long long n;
         if (replay_tokens(args, nargs, kwnames, &n) < 0) goto slow;
         if (c->fwd.open && !drafter)
             scope_count(c, MODE_FULL, 1, n, t0, t1);
         else
-            ring_stage_wire(r, KIND_REPLAY, MODE_FULL, RK_REPLAY, f, c->step, t0, t1, n, 0, 0,
-                            0, 0);
+            STAGE_REPLAY(r, .step = c->step, .mode = MODE_FULL, .kind = RK_REPLAY, .flags = f,
+                         .t0 = t0, .t1 = t1, .num_tokens = n);
         return res;
     }
     /* run_pw_graph(self, model, inputs) */
@@ -272,7 +263,8 @@ static PyObject *replay_mrv2(FwdObject *self, PyObject *const *args, size_t narg
         if (t < 0) goto slow_clear;
         if (t) f |= FLAG_BREAKABLE;
     }
-    ring_stage_wire(r, KIND_REPLAY, MODE_PIECEWISE, RK_PASS, f, c->step, t0, t1, 0, 0, 0, 0, 0);
+    STAGE_REPLAY(r, .step = c->step, .mode = MODE_PIECEWISE, .kind = RK_PASSTHROUGH, .flags = f,
+                 .t0 = t0, .t1 = t1);
     return res;
 slow_clear:
     PyErr_Clear();
@@ -421,8 +413,8 @@ static PyObject *replay_wrapper(FwdObject *self, PyObject *const *args, size_t n
         scope_count(c, mv, captured, n, t0, t1);
     } else if (ok && r != NULL && mv <= 255 && mv >= 0) {
         int f = outside_flags(c);
-        ring_stage_wire(r, KIND_REPLAY, (int)mv, captured ? RK_REPLAY : RK_CAPTURE, f, c->step,
-                        t0, t1, n, 0, 0, 0, 0);
+        STAGE_REPLAY(r, .step = c->step, .mode = mv, .kind = captured ? RK_REPLAY : RK_CAPTURE,
+                     .flags = f, .t0 = t0, .t1 = t1, .num_tokens = n);
     } else {
         record_slow(self->w.impl, "(LLLOO)", (long long)t0, (long long)t1, mv,
                         captured ? Py_True : Py_False, desc);

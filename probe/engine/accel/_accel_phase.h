@@ -33,11 +33,6 @@
 /* (phase_open, the V1 runner's num_reqs/max_q, the decision ``dec_*``), never a dict.   */
 /* ---------------------------------------------------------------------------------- */
 
-#define KIND_REORDER 5
-#define PHASE_DISPATCH 4
-#define FLAG_SPAN 64
-#define REASON_FORCED_EAGER 5
-
 static PyObject *S_input_batch, *S_req_ids, *S_sched_out, *S_mnst, *S_need_eager;
 
 typedef struct {
@@ -57,8 +52,8 @@ static int phase_init(void) {
     PINTERN(S_input_batch, "input_batch");
     PINTERN(S_req_ids, "req_ids");
     PINTERN(S_sched_out, "scheduler_output");
-    PINTERN(S_mnst, "max_num_scheduled_tokens");
-    PINTERN(S_need_eager, "need_eager");
+    PINTERN(S_mnst, ARG_MAX_NUM_SCHEDULED_TOKENS);
+    PINTERN(S_need_eager, ARG_NEED_EAGER);
 #undef PINTERN
     return 0;
 }
@@ -145,9 +140,10 @@ static PyObject *reorder_mrv2(PhaseObject *self, PyObject *const *args, size_t n
         }
         i++;
     }
-    int f = FLAG_MRV2 | (c->in_step ? 0 : FLAG_OUTSIDE);
-    ring_stage_wire(r, KIND_REORDER, moved > 0, dql > 1, f, c->step, t0, t1, dql, i, nd,
-                    nd * dql, moved);
+    int f = FLAG_MRV2 | (c->in_step ? 0 : FLAG_OUTSIDE_STEP);
+    STAGE_REORDER(r, .step = c->step, .changed = moved > 0, .spec_as_decode = dql > 1, .flags = f,
+                  .t0 = t0, .t1 = t1, .threshold = dql, .num_reqs = i, .num_decodes = nd,
+                  .num_decode_tokens = nd * dql, .moved = moved);
     return res;
 slow:
     call_record(self->record, res, t0, t1, args, nargs, kwnames);
@@ -197,10 +193,11 @@ static int reorder_v1_fast(PhaseObject *self, CoreObject *c, PyObject *me, PyObj
         if (d < 0) goto done;
         moved += d;
     }
-    int f = c->in_step ? 0 : FLAG_OUTSIDE;
+    int f = c->in_step ? 0 : FLAG_OUTSIDE_STEP;
     int spec = has_thr && uq > 1 && thr >= uq;
-    ring_stage_wire(r, KIND_REORDER, moved > 0, spec, f, c->step, t0, t1, has_thr ? thr : -1,
-                    n, nd, ndt, moved);
+    STAGE_REORDER(r, .step = c->step, .changed = moved > 0, .spec_as_decode = spec, .flags = f,
+                  .t0 = t0, .t1 = t1, .threshold = has_thr ? thr : -1, .num_reqs = n,
+                  .num_decodes = nd, .num_decode_tokens = ndt, .moved = moved);
     ok = 0;
 done:
     Py_XDECREF(tv);
@@ -310,8 +307,8 @@ static int phase_close(PhaseObject *self, CoreObject *c, PyObject *res, int64_t 
         }
         if (t && c->in_step) {
             long long nr, nt;
-            if (arg_ll(args, nargs, kwnames, 1, S_num_reqs, 0, &nr) < 0 ||
-                arg_ll(args, nargs, kwnames, 2, S_num_tokens, 0, &nt) < 0)
+            if (arg_ll(args, nargs, kwnames, self->w.pos[0], S_num_reqs, 0, &nr) < 0 ||
+                arg_ll(args, nargs, kwnames, self->w.pos[1], S_num_tokens, 0, &nt) < 0)
                 return -1;
             c->dec_mode = 0;
             c->dec_reason = REASON_FORCED_EAGER;
@@ -330,7 +327,7 @@ static int phase_close(PhaseObject *self, CoreObject *c, PyObject *res, int64_t 
                 PyErr_Clear();
                 return -1;
             }
-            int f = h.f | (c->in_step ? 0 : FLAG_OUTSIDE) |
+            int f = h.f | (c->in_step ? 0 : FLAG_OUTSIDE_STEP) |
                     (c->drafter || draft ? FLAG_DRAFTER : 0);
             core_decide(c, 2, REASON_HIT, f, h.num_tokens, h.padded, h.num_reqs, h.padded_reqs,
                         h.max_q, h.uq);
@@ -341,14 +338,15 @@ static int phase_close(PhaseObject *self, CoreObject *c, PyObject *res, int64_t 
         if (c->dec_mode < 0 || c->dec_mode > 255 || c->dec_reason < 0 || c->dec_reason > 255 ||
             fl < 0 || fl > 255 || c->dec_max_q < INT32_MIN || c->dec_max_q > INT32_MAX)
             return -1; /* set by a Python record: its packer says what is wrong */
-        ring_stage_wire(r, KIND_DISPATCH, (int)c->dec_mode, (int)c->dec_reason, (int)fl, c->step,
-                        t0, t1, c->dec_num_tokens, c->dec_padded_tokens, c->dec_num_reqs,
-                        c->dec_padded_reqs,
-                        (int64_t)((uint64_t)c->dec_max_q << 32) | (uint32_t)c->dec_uq);
+        STAGE_DISPATCH(r, .step = c->step, .mode = c->dec_mode, .reason = c->dec_reason,
+                       .flags = fl, .t0 = t0, .t1 = t1, .num_tokens = c->dec_num_tokens,
+                       .padded_tokens = c->dec_padded_tokens, .num_reqs = c->dec_num_reqs,
+                       .padded_reqs = c->dec_padded_reqs, .max_query_len = c->dec_max_q,
+                       .uniform_decode_query_len = c->dec_uq);
     } else if (!draft) {
-        int f = (mrv2 ? FLAG_MRV2 : 0) | (c->in_step ? 0 : FLAG_OUTSIDE) |
+        int f = (mrv2 ? FLAG_MRV2 : 0) | (c->in_step ? 0 : FLAG_OUTSIDE_STEP) |
                 (c->drafter ? FLAG_DRAFTER : 0);
-        ring_stage_span(r, PHASE_DISPATCH, f, c->step, t0, t1);
+        STAGE_SPAN(r, .step = c->step, .phase = PHASE_DISPATCH, .flags = f, .t0 = t0, .t1 = t1);
     }
     phase_reset(c);
     return 0;

@@ -78,35 +78,6 @@ static inline void put_u64(uint8_t *p, int64_t v) { memcpy(p, &v, 8); }
    tees RT.put, so the live marks see every decision. */
 static inline RingObject *direct_ring(CoreObject *c) { return c->tee ? NULL : c->ring; }
 
-static void ring_stage_span(RingObject *r, int phase, int flags, long long step, int64_t t0,
-                            int64_t t1) {
-    uint8_t *p = ring_slot(r);
-    memset(p, 0, REC);
-    p[0] = KIND_SPAN;
-    p[1] = (uint8_t)phase;
-    p[3] = (uint8_t)flags;
-    uint32_t s = (uint32_t)step;
-    memcpy(p + 4, &s, 4);
-    put_u64(p + 8, t0);
-    put_u64(p + 16, t1);
-    ring_staged(r);
-}
-
-static void ring_stage_wire(RingObject *r, int kind, int a, int b, int c, long long step,
-                            int64_t t0, int64_t t1, int64_t v0, int64_t v1, int64_t v2,
-                            int64_t v3, int64_t v4) {
-    uint8_t *p = ring_slot(r);
-    p[0] = (uint8_t)kind;
-    p[1] = (uint8_t)a;
-    p[2] = (uint8_t)b;
-    p[3] = (uint8_t)c;
-    uint32_t s = (uint32_t)step;
-    memcpy(p + 4, &s, 4);
-    int64_t v[7] = {t0, t1, v0, v1, v2, v3, v4};
-    memcpy(p + 8, v, 56);
-    ring_staged(r);
-}
-
 static int ring_init(RingObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"buffer", "capacity", NULL};
     PyObject *buf;
@@ -174,8 +145,8 @@ static int pack_wire(uint8_t *p, PyObject *const *args) {
         p[i] = (uint8_t)v[i];
     }
     uint32_t s = (uint32_t)v[4];
-    memcpy(p + 4, &s, 4);
-    for (int i = 5; i < 12; i++) put_u64(p + 8 + (i - 5) * 8, v[i]);
+    memcpy(p + OFF_STEP, &s, 4);
+    for (int i = 5; i < 12; i++) put_u64(p + OFF_T0 + (i - 5) * 8, v[i]);
     return 0;
 }
 
@@ -406,13 +377,13 @@ static int packer_put(PackerObject *self, const long long *vals) {
     }
     RingObject *r = self->ring;
     uint8_t *p = ring_slot(r);
-    p[0] = (uint8_t)self->kind;
-    p[1] = (uint8_t)w[0];
-    p[2] = (uint8_t)w[1];
-    p[3] = (uint8_t)w[2];
+    p[OFF_KIND] = (uint8_t)self->kind;
+    p[OFF_A] = (uint8_t)w[0];
+    p[OFF_B] = (uint8_t)w[1];
+    p[OFF_C] = (uint8_t)w[2];
     uint32_t st = (uint32_t)w[3];
-    memcpy(p + 4, &st, 4);
-    for (int s = 4; s < 11; s++) put_u64(p + 8 + (s - 4) * 8, w[s]);
+    memcpy(p + OFF_STEP, &st, 4);
+    for (int s = 4; s < 11; s++) put_u64(p + OFF_T0 + (s - 4) * 8, w[s]);
     ring_staged(r);
     return 0;
 }

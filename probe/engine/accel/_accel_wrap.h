@@ -66,9 +66,10 @@ static PyObject *span_call(WrapObject *self, PyObject *const *args, size_t nargs
     int64_t t1 = now_ns(c);
     if (self->drafter) c->drafter--;
     RingObject *r = c->ring;
-    int f = self->flags | (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
+    int f = self->flags | (c->in_step > 0 ? 0 : FLAG_OUTSIDE_STEP) |
+            (c->drafter > 0 ? FLAG_DRAFTER : 0);
     if (r != NULL)
-        ring_stage_span(r, self->phase, f, c->step, t0, t1);
+        STAGE_SPAN(r, .step = c->step, .phase = self->phase, .flags = f, .t0 = t0, .t1 = t1);
     else
         span_fallback(c, self->phase, f, c->step, t0, t1);
     return res;
@@ -213,13 +214,6 @@ static PyTypeObject GateType =
 /* cannot read), so both write the same records.                                       */
 /* ---------------------------------------------------------------------------------- */
 
-#define KIND_DISPATCH 2
-#define FLAG_UNIFORM 4
-#define FLAG_MRV2 8
-#define PHASE_EXECUTE 1
-#define PHASE_SAMPLE_TOKENS 2
-#define REASON_HIT 1
-
 static PyObject *S_total, *S_num_sched, *S_on_first_step, *S_num_reqs, *S_num_tokens,
     *S_cg_mode, *S_uniform_decode, *S_udql, *S_dql, *S_uniform_token_count, *S_max_query_len,
     *S_dummy_run, *S_is_profile, *S_timer_tick, *S_graph_ctx, *S_keys_init, *S_cudagraph_mode;
@@ -243,12 +237,7 @@ static PyObject *kwarg(PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
 
 /* The GPU timer (probe.engine.hooks.step.GpuTimer): the compiled hooks stay on their fast path on
    its steps and hand it each point through ``RT.timer_tick(point)``, its ``tick`` (which
-   never raises). The points, as TICK_* in probe/engine/hooks/step.py: */
-#define TICK_STEP_START 0
-#define TICK_FORWARD_START 1
-#define TICK_FORWARD_END 2
-#define TICK_STEP_END 3
-#define TICK_PREV_END 4
+   never raises). The points are TICK_* of probe/engine/hooks/step.py, in the generated header. */
 
 /* the timer's tick, a new reference, or NULL when there is none (the timer off, or a
    Python hot path without one: the Python hook then takes the step) */
@@ -302,8 +291,8 @@ static PyObject *in_step_call(WrapObject *self, PyObject *const *args, size_t na
     int64_t t1 = now_ns(c);
     c->in_step--;
     if (c->ring != NULL)
-        ring_stage_wire(c->ring, KIND_SPAN, phase, 0, self->mrv2 ? FLAG_MRV2 : 0, c->step, t0,
-                        t1, v0, v1, 0, 0, 0);
+        STAGE_SPAN(c->ring, .step = c->step, .phase = phase, .flags = self->mrv2 ? FLAG_MRV2 : 0,
+                   .t0 = t0, .t1 = t1, .v0 = v0, .v1 = v1);
     return res;
 }
 
@@ -634,7 +623,7 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
     int bad = 0;
     long long num_tokens, num_reqs = 0, max_q = 0, uq, padded, padded_reqs;
     int m = 2, reason = REASON_HIT;
-    int f = (c->in_step > 0 ? 0 : FLAG_OUTSIDE) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
+    int f = (c->in_step > 0 ? 0 : FLAG_OUTSIDE_STEP) | (c->drafter > 0 ? FLAG_DRAFTER : 0);
     if (self->which == 0) { /* V1: (mode, BatchDescriptor) */
         if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) < 2) goto slow;
         mode = PyTuple_GET_ITEM(res, 0);
@@ -646,10 +635,13 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
             m = self->miss_m;
             reason = self->miss_reason;
         }
-        PyObject *nt = nargs > 1 ? args[1] : kwarg(args, nargs, kwnames, S_num_tokens);
+        PyObject *nt = nargs > 1 + V1_DISPATCH_AT_NUM_TOKENS ? args[1 + V1_DISPATCH_AT_NUM_TOKENS]
+                                                            : kwarg(args, nargs, kwnames, S_num_tokens);
         if (nt == NULL) goto slow;
         num_tokens = obj_ll(nt, &bad);
-        PyObject *un = nargs > 2 ? args[2] : kwarg(args, nargs, kwnames, S_uniform_decode);
+        PyObject *un = nargs > 1 + V1_DISPATCH_AT_UNIFORM_DECODE
+                           ? args[1 + V1_DISPATCH_AT_UNIFORM_DECODE]
+                           : kwarg(args, nargs, kwnames, S_uniform_decode);
         if (un != NULL) {
             int t = PyObject_IsTrue(un);
             if (t < 0) goto slow_clear;
@@ -680,8 +672,10 @@ static PyObject *dispatch_call(WrapObject *self, PyObject *const *args, size_t n
     if (c->phase_open) { /* the phase writes it with its span; the last re-dispatch wins */
         core_decide(c, m, reason, f, num_tokens, padded, num_reqs, padded_reqs, max_q, uq);
     } else {
-        ring_stage_wire(r, KIND_DISPATCH, m, reason, f, c->step, t0, t1, num_tokens, padded,
-                        num_reqs, padded_reqs, (int64_t)((uint64_t)max_q << 32) | (uint32_t)uq);
+        STAGE_DISPATCH(r, .step = c->step, .mode = m, .reason = reason, .flags = f, .t0 = t0,
+                       .t1 = t1, .num_tokens = num_tokens, .padded_tokens = padded,
+                       .num_reqs = num_reqs, .padded_reqs = padded_reqs, .max_query_len = max_q,
+                       .uniform_decode_query_len = uq);
     }
     return res;
 slow_clear:

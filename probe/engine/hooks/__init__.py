@@ -17,7 +17,7 @@ Installing is lazy: a target whose module is not imported yet is wrapped when vL
 it (a post-import hook), so a process that never loads the model runner (the API server)
 never pays for it.
 
-    >>> from probe import hooks
+    >>> from probe.engine import hooks
     >>> report = hooks.install()            # dormant: one attribute check per call
     >>> hooks.enable(writer)                # doctest: +SKIP
     >>> hooks.disable(); hooks.uninstall()  # doctest: +SKIP

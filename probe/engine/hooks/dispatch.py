@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from operator import index
 from typing import Any
 
+from probe import calls
 from probe.engine import accel
 from probe.engine.hooks._base import Family, Hook, Target, loaded_runner_class, timed
 from probe.engine.runtime import BOOTTIME, RT
@@ -153,8 +154,9 @@ def v1_runner_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., An
     """``GPUModelRunner._determine_batch_execution_and_padding``: batch facts + DISPATCH span."""
     sig = inspect.signature(orig)
     names = list(sig.parameters)
-    i_reqs = names.index("num_reqs") if "num_reqs" in names else -1
-    i_maxq = names.index("max_num_scheduled_tokens") if "max_num_scheduled_tokens" in names else -1
+    n_reqs, n_maxq = calls.V1_RUNNER_PHASE
+    i_reqs = names.index(n_reqs) if n_reqs in names else -1
+    i_maxq = names.index(n_maxq) if n_maxq in names else -1
 
     def close(t0: int, t1: int, /, *args: Any, **kwargs: Any) -> None:
         try:
@@ -168,12 +170,8 @@ def v1_runner_dispatch(orig: Callable[..., Any], hook: Hook) -> Callable[..., An
         try:
             n = len(args)
             rt = RT
-            rt.phase_num_reqs = _int_or_0(
-                args[i_reqs] if 0 <= i_reqs < n else kwargs.get("num_reqs")
-            )
-            rt.phase_max_q = _int_or_0(
-                args[i_maxq] if 0 <= i_maxq < n else kwargs.get("max_num_scheduled_tokens")
-            )
+            rt.phase_num_reqs = _int_or_0(args[i_reqs] if 0 <= i_reqs < n else kwargs.get(n_reqs))
+            rt.phase_max_q = _int_or_0(args[i_maxq] if 0 <= i_maxq < n else kwargs.get(n_maxq))
             rt.decided = 0
             rt.phase_open = 1
         except Exception as exc:
@@ -269,6 +267,9 @@ def _mode_members() -> tuple[Any, Any]:
         return None, None
 
 
+_V1_NT, _V1_UD = (calls.V1_DISPATCH.index(n) for n in ("num_tokens", "uniform_decode"))
+
+
 def v1_dispatch(orig: Callable[..., Any], hook: Hook, rt: Any = RT) -> Callable[..., Any]:
     """``CudagraphDispatcher.dispatch``: mode, padding and (on a miss) the reason; ``rt``
     the runtime it reads and writes (the process's own, or the calibration's)."""
@@ -286,8 +287,10 @@ def v1_dispatch(orig: Callable[..., Any], hook: Hook, rt: Any = RT) -> Callable[
         try:
             mode, desc = result[0], result[1]
             m = 2 if mode is full else 1 if mode is piecewise else int(mode.value)
-            num_tokens = args[0] if args else kwargs["num_tokens"]
-            uniform = args[1] if len(args) > 1 else kwargs.get("uniform_decode", False)
+            num_tokens = args[_V1_NT] if len(args) > _V1_NT else kwargs[calls.V1_DISPATCH[_V1_NT]]
+            uniform = (
+                args[_V1_UD] if len(args) > _V1_UD else kwargs.get(calls.V1_DISPATCH[_V1_UD], False)
+            )
             if m == 2:
                 reason = hit
             else:
@@ -369,7 +372,7 @@ def _caller_max_query_len(depth: int = 6, above: int = 2) -> int:
     return 0
 
 
-_MRV2_INPUTS = ("num_reqs", "num_tokens", "uniform_token_count", "max_query_len")
+_MRV2_INPUTS = calls.MRV2_DISPATCH
 """The inputs of an MRV2 dispatch the decision is read with (the manager's ``dispatch``
 and ``dispatch_cg_and_sync_dp`` name them alike)."""
 
@@ -499,7 +502,7 @@ def _mrv2_phase(orig: Callable[..., Any], hook: Hook, draft: bool) -> Callable[.
         try:
             rt = RT
             num_reqs, num_tokens, utc, maxq = _mrv2_inputs(positions, args, kwargs)
-            if kwargs.get("need_eager"):
+            if kwargs.get(calls.NEED_EAGER):
                 if rt.in_step:
                     f = extra | (_DRAFTER if rt.drafter else 0)
                     _decide(0, eager, f, t0, t1, num_tokens, num_tokens, num_reqs, num_reqs, 0, 0)

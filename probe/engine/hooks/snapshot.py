@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from probe.engine.hooks._base import Family, Hook, Target, resolve_owner
+from probe.engine.identity import live_ranks, model_name
 from probe.engine.runtime import RT
 
 SUPPORT_NAMES = ("NEVER", "UNIFORM_SINGLE_TOKEN_DECODE", "UNIFORM_BATCH", "ALWAYS")
@@ -253,7 +254,9 @@ def take_snapshot(runner: Any) -> dict[str, Any]:
         snap["platform"] = "unknown"
     snap.update(live_ranks())
     mc = getattr(vc, "model_config", None)
-    snap["model"] = str(getattr(mc, "served_model_name", None) or getattr(mc, "model", ""))
+    snap["model"] = model_name(
+        str(getattr(mc, "served_model_name", None) or getattr(mc, "model", ""))
+    )
     cc = getattr(vc, "compilation_config", None)
     sc = getattr(vc, "scheduler_config", None)
     spec = getattr(vc, "speculative_config", None)
@@ -362,27 +365,6 @@ def _backend_name(backend: Any) -> str | None:
         return str(backend.get_name())
     except Exception:
         return getattr(backend, "__name__", str(backend))
-
-
-def live_ranks() -> dict[str, Any]:
-    """TP/PP/DP ranks from vLLM's parallel state (None where it is not initialized)."""
-    out: dict[str, Any] = {}
-    try:
-        from vllm.distributed import parallel_state as ps
-
-        for key, fn in (
-            ("tp_rank", "get_tensor_model_parallel_rank"),
-            ("pp_rank", "get_pp_group"),
-            ("dp_rank", "get_dp_group"),
-        ):
-            try:
-                v = getattr(ps, fn)()
-                out[key] = v if isinstance(v, int) else getattr(v, "rank_in_group", None)
-            except Exception:
-                out[key] = None
-    except Exception:
-        pass
-    return out
 
 
 def snapshot_json(runner: Any) -> bytes:

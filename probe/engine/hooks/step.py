@@ -28,7 +28,16 @@ from typing import Any
 from probe.engine import accel
 from probe.engine.hooks._base import Family, Hook, Target, loaded_runner_class
 from probe.engine.runtime import BOOTTIME, RT
-from probe.records import Flag, Mode, Phase
+from probe.records import (
+    TICK_FORWARD_END,
+    TICK_FORWARD_START,
+    TICK_PREV_END,
+    TICK_STEP_END,
+    TICK_STEP_START,
+    Flag,
+    Mode,
+    Phase,
+)
 
 _clock = time.clock_gettime_ns
 _OUTSIDE = int(Flag.OUTSIDE_STEP)
@@ -127,11 +136,6 @@ def _write_scope(flags: int, t0: int, t1: int) -> None:
         rt.fwd_t0,
         rt.fwd_t1,
     )
-
-
-TICK_STEP_START, TICK_FORWARD_START, TICK_FORWARD_END, TICK_STEP_END, TICK_PREV_END = range(5)
-"""The points of a timed step at which the hooks call :meth:`GpuTimer.tick` (the same
-numbers in probe/engine/accel/_accel_wrap.h)."""
 
 
 def _plain_record(event: Any) -> None:
