@@ -17,7 +17,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-__all__ = ["padding_of", "suggest_capture_sizes"]
+__all__ = ["SPLIT_SIZE_FIELDS", "padding_of", "suggest_capture_sizes"]
+
+#: Model Runner V2's split graph sizes (vLLM 0.34 on; ``CompilationConfig`` fields):
+#: prefill graphs by token count, uniform-decode graphs by request count, and their caps.
+#: Every batch that is not a uniform decode pads to a prefill size; a uniform decode
+#: batch of ``n`` requests replays the smallest decode graph of at least ``n`` requests.
+SPLIT_SIZE_FIELDS = (
+    "prefill_cudagraph_capture_token_sizes",
+    "max_prefill_cudagraph_capture_tokens",
+    "decode_cudagraph_capture_request_sizes",
+    "max_decode_cudagraph_capture_requests",
+    "max_decode_cudagraph_capture_tokens",
+)
 
 
 def padding_of(tokens: Mapping[int, int], sizes: Sequence[int]) -> int:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from probe import analysis
-from probe.capture_sizes import padding_of, suggest_capture_sizes
+from probe.capture_sizes import SPLIT_SIZE_FIELDS, padding_of, suggest_capture_sizes
 from probe.reasons import SUPPORT_NAMES
 from probe.records import Mode, Reason
 from probe.step import Step
@@ -110,16 +110,6 @@ def parse_support(items: Iterable[str]) -> tuple[tuple[str, str], ...]:
     return tuple(out.items())
 
 
-#: Model Runner V2's split graph sizes (``CompilationConfig`` fields, where the installed
-#: vLLM has them): prefill graphs by token count, uniform-decode graphs by request count,
-#: and their caps. The what-if flags carry these names.
-SPLIT_SIZE_FIELDS = (
-    "prefill_cudagraph_capture_token_sizes",
-    "max_prefill_cudagraph_capture_tokens",
-    "decode_cudagraph_capture_request_sizes",
-    "max_decode_cudagraph_capture_requests",
-    "max_decode_cudagraph_capture_tokens",
-)
 _SIZE_LISTS = ("prefill_cudagraph_capture_token_sizes", "decode_cudagraph_capture_request_sizes")
 
 

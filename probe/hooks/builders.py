@@ -163,5 +163,5 @@ TARGETS: tuple[Target, ...] = (
     Target("sync.device", "torch.cuda", "", "synchronize", step.span(Phase.SYNC_STALL)),
 )
 
-FAMILY = Family("builders", "0.26-0.33", TARGETS, late_targets)
+FAMILY = Family("builders", "0.26-0.34", TARGETS, late_targets)
 TARGETS = FAMILY.targets  # each marked with its family

@@ -144,5 +144,5 @@ TARGETS: tuple[Target, ...] = (
     ),
 )
 
-FAMILY = Family("reorder", "0.26-0.33", TARGETS)
+FAMILY = Family("reorder", "0.26-0.34", TARGETS)
 TARGETS = FAMILY.targets  # each marked with its family

@@ -248,5 +248,5 @@ TARGETS: tuple[Target, ...] = (
     ),
 )
 
-FAMILY = Family("replay", "0.26-0.33", TARGETS)
+FAMILY = Family("replay", "0.26-0.34", TARGETS)
 TARGETS = FAMILY.targets  # each marked with its family

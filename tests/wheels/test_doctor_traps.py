@@ -45,6 +45,34 @@ def _group(backend: Any) -> Any:
     )
 
 
+def test_decode_graphs_by_request_count(vl: Vllm) -> None:
+    """vLLM 0.34 on: decode graphs by request count, derived by vLLM from the capture
+    sizes [1, 2, 4, 8, 16, 32] at uq 3 (request sizes 1, 2, 3, 6, within 32 tokens);
+    none pads a decode batch, and they reach max_num_seqs 6. With 16 sequences they stop
+    at 6 requests, and the trap names the list that stops them."""
+    if not vl.has_split_sizes:
+        pytest.skip(f"vLLM {vl.version} sizes decode graphs by token capture sizes")
+    from .vllm_env import make_vllm_config
+
+    res = resolve(vl, ENGINES["fap_ub_k2"], v2=True)
+    snap = take_snapshot(_runner(res.vllm_config, 3))
+    assert snap["compilation"]["decode_cudagraph_capture_request_sizes"] == [1, 2, 3, 6]
+    assert not {"capture_sizes_not_multiple_of_decode_len",
+                "decode_batches_above_largest_capture_size"} & _codes(snap)  # fmt: skip
+    vc = make_vllm_config(vl, ENGINES["fap_ub_k2"])
+    vc.scheduler_config.max_num_seqs = 16
+    vc.compilation_config.decode_cudagraph_capture_request_sizes = None
+    vc._split_cudagraph_capture_sizes(True, vc.get_decode_cudagraph_query_lens(3))
+    big = take_snapshot(_runner(vc, 3))
+    (f,) = [f for f in findings(big) if f["code"] == "decode_batches_above_largest_capture_size"]
+    assert "stop at 6 requests" in f["message"]
+    assert "decode_cudagraph_capture_request_sizes ends at 6" in f["message"]
+    # an explicit list up to max_num_seqs: the graphs reach it, nothing to say
+    vc.compilation_config.decode_cudagraph_capture_request_sizes = [1, 2, 4, 8, 16]
+    assert "decode_batches_above_largest_capture_size" not in _codes(take_snapshot(_runner(vc, 3)))
+
+
+@pytest.mark.usefixtures("needs_v1")
 def test_capture_sizes_that_pad_or_miss_mtp_decodes(vl: Vllm) -> None:
     # MRV2 keeps the sizes as given ([1, 2, 4, 8, 16, 32]); uq 3: 4, 8, 16, 32 pad.
     res = resolve(vl, ENGINES["fap_ub_k2"], v2=True)

@@ -146,6 +146,7 @@ def _runner(vl: Vllm, res: Resolved, manager: Any, batch: Batch) -> Any:
         use_pp=False,
         req_states=req_states,
         block_tables=SimpleNamespace(apply_staged_writes=noop),
+        draft_tokens_handler=SimpleNamespace(begin_step=noop),  # 0.34
         update_pp_decode_requests=noop,
         finish_requests=noop,
         free_states=noop,
@@ -240,16 +241,19 @@ def test_runner_dispatch_record_has_vllm_shape(
 def _speculator_module() -> tuple[Any, Any, Any]:
     """(base module, MTPSpeculator, SpeculatorCudaGraphManager) of this tree's MTP drafter.
 
-    ``propose`` is the base class's (0.33 ``target_dependent_ar``, 0.26
-    ``autoregressive``); its module binds the kernels it calls by name.
+    ``propose`` is the base class's (0.33 and 0.34 ``target_dependent_ar``, 0.26
+    ``autoregressive``); its module binds the kernels it calls, and the manager class
+    (0.34: from ``autoregressive``), by name.
     """
     from vllm.v1.worker.gpu.spec_decode.mtp.speculator import MTPSpeculator
 
     base = next(c for c in MTPSpeculator.__mro__ if "propose" in vars(c))
     mod = importlib.import_module(base.__module__)
-    pkg = base.__module__.rsplit(".", 1)[0]
-    cg = importlib.import_module(f"{pkg}.cudagraph_utils")
-    return mod, MTPSpeculator, cg.SpeculatorCudaGraphManager
+    manager = getattr(mod, "SpeculatorCudaGraphManager", None)  # as the module binds it
+    if manager is None:
+        pkg = base.__module__.rsplit(".", 1)[0]
+        manager = importlib.import_module(f"{pkg}.cudagraph_utils").SpeculatorCudaGraphManager
+    return mod, MTPSpeculator, manager
 
 
 @pytest.mark.parametrize("batch", BATCHES, ids=lambda b: b.id)

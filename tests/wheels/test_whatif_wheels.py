@@ -1,8 +1,9 @@
-"""``probe whatif`` on each vLLM wheel tree (0.26.0 to 0.33.0): the recordings' batch
+"""``probe whatif`` on each vLLM wheel tree (0.26.0 to 0.34.0): the recordings' batch
 shapes through that release's own resolver and dispatcher. 0.26.0 is the release the
 H200 recordings were made with; on the later ones the same shapes must still come out
 as recorded (the dispatch logic these shapes touch did not change), and the what-if
-override must still predict the run recorded under it.
+override must still predict the run recorded under it. A V1 recording on a tree without
+the classic runner (0.34 on) is refused by name.
 """
 
 from __future__ import annotations
@@ -10,9 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from whatif_cases import RECORDINGS, UB, USTD, check_prediction, check_reproduces_every_step
+from whatif_cases import (
+    RECORDINGS,
+    UB,
+    USTD,
+    check_prediction,
+    check_reproduces_every_step,
+    load,
+)
 
-from probe.whatif import Vllm, load_vllm
+from probe.whatif import Setting, Vllm, VllmError, has_module, load_vllm, whatif
 
 pytestmark = pytest.mark.wheels
 
@@ -27,7 +35,28 @@ def tree_vllm(vllm_version: str) -> Vllm:
 
 @pytest.mark.parametrize("name", sorted(RECORDINGS))
 def test_the_recordings_own_settings_reproduce_every_step(name: str, tree_vllm: Vllm) -> None:
+    if "_v1_" in name and not has_module("vllm.v1.cudagraph_dispatcher"):
+        pytest.skip(f"vLLM {tree_vllm.version} has no classic runner (V1) to replay {name}")
     assert check_reproduces_every_step(RECORDINGS[name], tree_vllm) > 0
+
+
+def test_a_v1_recording_without_v1_is_refused_by_name(tree_vllm: Vllm) -> None:
+    """On a tree without the classic runner, a V1 recording is a clear error that names
+    it, and the result of an MRV2 one lists what the tree no longer has."""
+    if has_module("vllm.v1.cudagraph_dispatcher"):
+        pytest.skip(f"vLLM {tree_vllm.version} has the classic runner (V1)")
+    steps, snaps = load(RECORDINGS["groundtruth_v1_k1"])
+    with pytest.raises(VllmError, match=r"classic runner \(V1\), which vLLM 0\.34"):
+        whatif(steps, snaps, Setting(), vl=tree_vllm)
+    steps, snaps = load(RECORDINGS["stock_mrv2_k1"])
+    got = whatif(steps, snaps, Setting(), vl=tree_vllm)
+    gone = {g["setting"]: g["note"] for g in got["not_in_installed_vllm"]}
+    assert (
+        "prefill_cudagraph_capture_token_sizes"
+        in gone["compilation_config.cudagraph_capture_sizes"]
+    )
+    rep = got["reproduction"]
+    assert rep["mode_and_reason_match"] == rep["steps"] > 0
 
 
 @pytest.mark.parametrize(
