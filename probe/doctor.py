@@ -72,10 +72,8 @@ def capture_sizes_for_mtp(snap: Mapping[str, Any]) -> list[Finding]:
 def _by_requests(snap: Mapping[str, Any]) -> bool:
     """Model Runner V2 with decode graphs by request count (vLLM 0.34 on)."""
     comp = snap.get("compilation") or {}
-    return (
-        snap.get("runner") != "v1"
-        and comp.get("decode_cudagraph_capture_request_sizes") is not None
-    )
+    # only Model Runner V2 reads them, and a release that has them has no other runner
+    return comp.get("decode_cudagraph_capture_request_sizes") is not None
 
 
 def largest_decode_graph(snap: Mapping[str, Any]) -> tuple[int, str] | None:

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Unpack the real vLLM wheels of the supported range (0.26.0, 0.28.0, 0.30.0, 0.33.0,
-# 0.34.0) into
-# one import tree each, for tests/wheels.
+# 0.34.0) into one import tree each, for tests/wheels.
 #
 # Usage: scripts/setup_vllm_wheels.sh [PYTHON] [DEST_ROOT]
 #   PYTHON     the interpreter whose pip is used and that will run the tests

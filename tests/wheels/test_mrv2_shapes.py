@@ -16,6 +16,7 @@ speculator's draft prefill over each of them.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from .vllm_env import (
     ENGINES,
     Resolved,
     Vllm,
+    decode_query_kwargs,
     make_manager,
     mrv2_runner,
     resolve,
@@ -277,7 +279,9 @@ def test_drafter_prefill_dispatch_record_has_vllm_shape(
     platform_cls = type(current_platform)
     if platform_cls._global_graph_pool is None:
         platform_cls._global_graph_pool = SimpleNamespace(cpu_placeholder_pool=True)
-    prefill_manager = spec_cg(res.vllm_config, torch.device("cpu"), res.mode, res.engine.uq)
+    # the speculator passes the decode query length(s) as the tree's manager takes them
+    decode = decode_query_kwargs(res.vllm_config, spec_cg, res.engine.uq)
+    prefill_manager = spec_cg(res.vllm_config, torch.device("cpu"), res.mode, **decode)
     prefill_manager._graphs_captured = True
 
     q = np.array(batch.q, dtype=np.int32)
@@ -305,7 +309,10 @@ def test_drafter_prefill_dispatch_record_has_vllm_shape(
         method="mtp",
         hidden_states=torch.zeros(256, 4),
         # 0.33 reads max_model_len through the model config, which has no model here.
-        vllm_config=SimpleNamespace(model_config=SimpleNamespace(max_model_len=4096)),
+        vllm_config=SimpleNamespace(
+            model_config=SimpleNamespace(max_model_len=4096),
+            parallel_config=res.vllm_config.parallel_config,  # 0.34
+        ),
         last_token_indices=torch.zeros(8, dtype=torch.int64),
         current_draft_step=0,
         input_buffers=None,
@@ -324,7 +331,15 @@ def test_drafter_prefill_dispatch_record_has_vllm_shape(
     from probe.hooks import dispatch
 
     late = dispatch.late_targets(mrv2_runner(spec))
-    assert [t.hook_id for t, _ in late] == ["dispatch.mrv2.draft_sync_dp"]
+    # one hook per module of the speculator's classes that calls dispatch_cg_and_sync_dp
+    # (0.34: the draft decode's in ``autoregressive`` too), the draft prefill's among them
+    binding = {
+        c.__module__
+        for c in spec_cls.__mro__
+        if callable(vars(sys.modules[c.__module__]).get("dispatch_cg_and_sync_dp"))
+    }
+    assert {t.hook_id for t, _ in late} == {"dispatch.mrv2.draft_sync_dp"}
+    assert sorted(o.__name__ for _, o in late) == sorted(binding) and mod.__name__ in binding
     assert all(hooks.INSTALLER.install_on(t, o) for t, o in late)
     hooks.enable(wring, gpu_timing=False)
     RT.graph_ctx = res.ctx
