@@ -29,7 +29,7 @@ from typing import Any
 
 from probe.records import Mode, Reason
 
-# AttentionCGSupport values (vllm/v1/attention/backend.py, the same in 0.26 and 0.33).
+# AttentionCGSupport values (vllm/v1/attention/backend.py, the same in 0.26 to 0.34).
 SUPPORT_NEVER = 0
 SUPPORT_UNIFORM_SINGLE_TOKEN_DECODE = 1
 SUPPORT_UNIFORM_BATCH = 2

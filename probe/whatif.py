@@ -400,8 +400,8 @@ def select_platform() -> str:
             import vllm.platforms as platforms
         except Exception as exc:
             raise VllmError(
-                "needs vLLM importable (pip install vllm, or a vLLM tree on PYTHONPATH): "
-                f"{_one_line(exc)}"
+                "needs vLLM 0.26 to 0.34 importable (pip install vllm, or a vLLM tree on "
+                f"PYTHONPATH): {_one_line(exc)}"
             ) from None
         # ``import vllm`` itself may resolve the platform (0.26: for PIN_MEMORY); none of
         # the modules it imports binds it by name, so "none found" can still be replaced

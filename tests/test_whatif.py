@@ -230,7 +230,7 @@ def test_no_vllm_is_one_runtime_error(
 ) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # what `import vllm` finds with none installed
     line = _error(capsys, 1, str(STOCK))
-    assert "needs vLLM 0.26 to 0.33 importable" in line
+    assert "needs vLLM 0.26 to 0.34 importable" in line
 
 
 def test_replayer_refuses_graphs_outside_a_session() -> None:

@@ -1,6 +1,6 @@
 """Graph dispatch decisions with their miss reason, for both runners.
 
-Supports vLLM 0.26 to 0.33.
+Supports vLLM 0.26 to 0.34 (0.34: Model Runner V2 only; the V1 targets are not in it).
 
 - V1: ``CudagraphDispatcher.dispatch`` decides; ``GPUModelRunner.
   _determine_batch_execution_and_padding`` around it knows the real request count and the

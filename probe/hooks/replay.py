@@ -1,6 +1,6 @@
 """Replay confirmation: the graph really replayed (or was captured, or passed through).
 
-Supports vLLM 0.26 to 0.33.
+Supports vLLM 0.26 to 0.34.
 
 - ``CUDAGraphWrapper.__call__`` (V1 FULL around the model; one PIECEWISE wrapper per
   torch.compile piece in either runner). A call whose forward-context mode matches the

@@ -91,6 +91,9 @@ def test_decode_graphs_by_request_count(vl: Vllm) -> None:
     (f,) = [f for f in findings(capped) if f["code"] == "decode_batches_above_largest_capture_size"]
     assert "stop at 10 requests" in f["message"]
     assert "max_decode_cudagraph_capture_tokens=30" in f["message"]
+    # breakable graphs: the compilation config's own setting, not the environment
+    res.vllm_config.compilation_config.use_breakable_cudagraph = True
+    assert take_snapshot(_runner(res.vllm_config, 3))["compilation"]["breakable_cudagraph"] is True
 
 
 @pytest.mark.usefixtures("needs_v1")

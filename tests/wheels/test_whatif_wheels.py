@@ -20,7 +20,18 @@ from whatif_cases import (
     load,
 )
 
-from probe.whatif import Setting, Vllm, VllmError, has_module, load_vllm, whatif
+from probe.records import Mode, Reason
+from probe.whatif import (
+    Replayer,
+    Setting,
+    Vllm,
+    VllmError,
+    WhatIfError,
+    has_module,
+    has_split_sizes,
+    load_vllm,
+    whatif,
+)
 
 pytestmark = pytest.mark.wheels
 
@@ -70,3 +81,30 @@ def test_the_override_predicts_the_run_recorded_under_it(
     source: str, support: Any, target: str, tree_vllm: Vllm
 ) -> None:
     assert check_prediction(RECORDINGS[source], support, RECORDINGS[target], tree_vllm) == 0.0
+
+
+def test_split_size_flags_follow_the_installed_vllm(tree_vllm: Vllm) -> None:
+    """``--decode-cudagraph-capture-request-sizes 1,2`` on the stock MRV2 recording: on a
+    vLLM with split graph sizes (0.34 on), every uniform decode step the recording ran
+    FULL keeps FULL up to 2 requests and misses above (no FULL key for its size, the
+    prefill graph PIECEWISE); on one without, the flag is refused by name."""
+    steps, snaps = load(RECORDINGS["stock_mrv2_k1"])
+    setting = Setting(split=(("decode_cudagraph_capture_request_sizes", (1, 2)),))
+    r = Replayer(steps, snaps)
+    if not has_split_sizes(tree_vllm):
+        with (
+            r.session(tree_vllm),
+            pytest.raises(WhatIfError, match="--decode-cudagraph-capture-request-sizes: vLLM"),
+        ):
+            r.graphs(r.applied(setting))
+        return
+    with r.session(tree_vllm):
+        got = r.replay(r.graphs(r.applied(setting)))
+    full = [(a, b) for a, b in zip(r.steps, got, strict=True) if a.uniform and a.mode == Mode.FULL]
+    above = [(a, b) for a, b in full if a.num_reqs > 2]
+    assert full and above
+    for a, b in full:
+        if a.num_reqs <= 2:
+            assert (b.mode, b.reason) == (Mode.FULL, Reason.HIT)
+        else:
+            assert (b.mode, b.reason) == (Mode.PIECEWISE, Reason.NO_FULL_KEY_FOR_SIZE)
