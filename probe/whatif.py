@@ -387,11 +387,11 @@ def select_platform() -> str:
     (0.26 to 0.32 look for "cpu" in the build's version string only; 0.33 on honour
     ``VLLM_TARGET_DEVICE=cpu``). Where detection finds no platform, this binds vLLM's
     own ``CpuPlatform`` as ``vllm.platforms.current_platform`` (the lazily resolved
-    global vLLM's platform plugins fill). On x86 the CPU platform of releases with a
-    standalone no-Triton runner for other CPUs (0.34 on) refuses to configure without
-    Triton; Triton's CPU backend is not on PyPI, so where the GPU ``triton`` package is
-    importable this process hides the GPUs (``CUDA_VISIBLE_DEVICES=""``), which vLLM's
-    Triton check accepts as a worker whose devices are not visible yet. A platform vLLM
+    global vLLM's platform plugins fill). On x86 the CPU platform of 0.34 refuses to
+    configure without Triton (its code raises where ``HAS_TRITON`` is false); Triton's
+    CPU backend is not on PyPI, so where the GPU ``triton`` package is importable this
+    process hides the GPUs (``CUDA_VISIBLE_DEVICES=""``), which vLLM's Triton check
+    accepts as a worker whose devices are not visible yet. A platform vLLM
     found (a GPU, or a CPU build) is kept as it is."""
     import os
 
@@ -432,11 +432,25 @@ def select_platform() -> str:
 
 
 def _cpu_platform_requires_triton(cls: type) -> bool:
-    """Whether this vLLM's CPU platform refuses x86 without Triton (read from its code)."""
+    """Whether this vLLM's CPU platform refuses to configure without Triton, read from its
+    code: ``check_and_update_config`` raises under a test of ``HAS_TRITON`` (0.34; 0.33
+    only warns there)."""
+    import ast
+    import textwrap
+
     try:
-        return "HAS_TRITON" in inspect.getsource(cls.check_and_update_config)  # type: ignore[attr-defined]
-    except (OSError, TypeError, AttributeError):
+        src = textwrap.dedent(inspect.getsource(cls.check_and_update_config))  # type: ignore[attr-defined]
+        tree = ast.parse(src)
+    except (OSError, TypeError, AttributeError, SyntaxError):
         return False
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.If)
+            and "HAS_TRITON" in ast.unparse(node.test)
+            and any(isinstance(n, ast.Raise) for b in node.body for n in ast.walk(b))
+        ):
+            return True
+    return False
 
 
 def load_vllm() -> Vllm:
