@@ -26,3 +26,16 @@ MRV2_DISPATCH = ("num_reqs", "num_tokens", "uniform_token_count", "max_query_len
 NEED_EAGER = "need_eager"
 """The keyword of ``dispatch_cg_and_sync_dp`` that skips the graph manager: the step runs
 eager (``Reason.FORCED_EAGER``)."""
+
+
+#: Model Runner V2's split graph sizes (vLLM 0.34 on; ``CompilationConfig`` fields):
+#: prefill graphs by token count, uniform-decode graphs by request count, and their caps.
+#: Every batch that is not a uniform decode pads to a prefill size; a uniform decode
+#: batch of ``n`` requests replays the smallest decode graph of at least ``n`` requests.
+SPLIT_SIZE_FIELDS = (
+    "prefill_cudagraph_capture_token_sizes",
+    "max_prefill_cudagraph_capture_tokens",
+    "decode_cudagraph_capture_request_sizes",
+    "max_decode_cudagraph_capture_requests",
+    "max_decode_cudagraph_capture_tokens",
+)

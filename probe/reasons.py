@@ -6,8 +6,9 @@ first thing that kept the step off a FULL graph (DESIGN: "Graph decision"). Noth
 here imports vLLM at module import time; :func:`split_from_metadata` imports vLLM's
 ``split_decodes_and_prefills`` on first use.
 
-Supported: vLLM 0.26 and 0.33, the classic runner's ``CudagraphDispatcher`` (``v1``)
-and Model Runner V2's ``CudaGraphManager`` (``mrv2``). Version differences are read off
+Supported: vLLM 0.26 to 0.34, the classic runner's ``CudagraphDispatcher`` (``v1``, to
+0.33) and Model Runner V2's ``CudaGraphManager`` (``mrv2``; from 0.34 with its decode
+graphs by request count). Version differences are read off
 the objects (attributes present or not), never off version strings.
 
 Example::
@@ -28,7 +29,7 @@ from typing import Any
 
 from probe.records import Mode, Reason
 
-# AttentionCGSupport values (vllm/v1/attention/backend.py, the same in 0.26 and 0.33).
+# AttentionCGSupport values (vllm/v1/attention/backend.py, the same in 0.26 to 0.34).
 SUPPORT_NEVER = 0
 SUPPORT_UNIFORM_SINGLE_TOKEN_DECODE = 1
 SUPPORT_UNIFORM_BATCH = 2
@@ -302,6 +303,17 @@ def mrv2_reason(
     """
     if mode_value(desc.cg_mode) == Mode.FULL:
         return Reason.HIT
+    if isinstance(getattr(manager, "_decode_descs", None), dict):
+        return _mrv2_table_reason(
+            manager,
+            num_reqs=num_reqs,
+            num_tokens=num_tokens,
+            uniform_token_count=uniform_token_count,
+            num_active_loras=num_active_loras,
+            max_query_len=max_query_len,
+            num_ubatches=num_ubatches,
+            ctx=ctx,
+        )
     engine = mode_parts(manager.cudagraph_mode) or (Mode.NONE, Mode.NONE)
     dql = int(manager.decode_query_len)
     uniform = uniform_token_count is not None and uniform_token_count == dql
@@ -335,6 +347,81 @@ def mrv2_reason(
         return _structural_reason(engine, False, ctx)
     if not any(getattr(c, "num_ubatches", 1) == num_ubatches for c in shaped):
         # 0.33: the DP ranks agreed on a microbatch split no FULL graph was captured for.
+        return Reason.FORCED_EAGER
+    return Reason.NO_FULL_KEY_FOR_SIZE
+
+
+def _mrv2_table_reason(
+    manager: Any,
+    *,
+    num_reqs: int,
+    num_tokens: int,
+    uniform_token_count: int | None,
+    num_active_loras: int,
+    max_query_len: int | None,
+    num_ubatches: int,
+    ctx: GraphContext | None,
+) -> Reason:
+    """``mrv2_reason`` for a manager with a decode table (vLLM 0.34 on).
+
+    Uniform decode batches of query length ``q`` look their request count ``cdiv(tokens,
+    q)`` up in ``_decode_descs[(q, loras, ubatches)]`` first (graphs by request count,
+    from ``decode_cudagraph_capture_request_sizes``, up to ``max_num_seqs`` and the
+    decode token budget); every batch then tries the token-keyed ``_candidates`` (from
+    ``prefill_cudagraph_capture_token_sizes``). So "too big" is per kind of graph: a
+    uniform decode batch past the decode table but within a prefill graph replays that
+    one (no FULL key for its size), and a batch past every graph it can take runs eager.
+    """
+    engine = mode_parts(manager.cudagraph_mode) or (Mode.NONE, Mode.NONE)
+    cc = manager.compilation_config
+    max_size = cc.max_cudagraph_capture_size
+    tables: dict[Any, Any] = manager._decode_descs
+    queries = getattr(manager, "decode_max_reqs", None) or {int(manager.decode_query_len): 0}
+    uniform = uniform_token_count is not None and uniform_token_count in queries
+    prefill = sorted(getattr(cc, "prefill_cudagraph_capture_token_sizes", None) or ())
+    largest_token_graph = max((k[0] for k in manager._candidates), default=0)
+    if engine == (Mode.NONE, Mode.NONE) or not (tables or manager._candidates or prefill):
+        if max_size is not None and num_tokens > max_size:
+            return Reason.BATCH_TOO_BIG
+        return _no_full_engine_reason(ctx, uniform, engine)
+    if not getattr(manager, "_graphs_captured", False):
+        return Reason.WARMUP_OR_PROFILE
+    if num_tokens <= 0:
+        return Reason.FORCED_EAGER  # a DP peer's empty dummy batch
+    effective = manager._resolve_effective_loras(num_active_loras)
+    if uniform and uniform_token_count is not None:
+        n = -(-num_tokens // uniform_token_count)
+        table = tables.get((uniform_token_count, effective, num_ubatches))
+        if table is None:
+            others = [k for k in tables if k[0] == uniform_token_count]
+            if any(k[1] != effective for k in others):
+                return Reason.LORA_MISMATCH
+            if any(k[2] != num_ubatches for k in others):
+                # the DP ranks agreed on a microbatch split no decode graph was captured for
+                return Reason.FORCED_EAGER
+        elif n < len(table):
+            return Reason.UNKNOWN  # a decode graph holds it: dispatch would have taken it
+    candidates = manager._candidates.get((num_tokens, effective))
+    if candidates is None:
+        cases = getattr(manager, "lora_capture_cases", [0])
+        if any((num_tokens, c) in manager._candidates for c in cases if c != effective):
+            return Reason.LORA_MISMATCH
+        if uniform:  # a decode table too small for it says "no FULL key for its size"
+            largest = max(
+                [largest_token_graph, *(d.num_tokens for t in tables.values() for d in t)]
+            )
+            if num_tokens > largest:
+                return Reason.BATCH_TOO_BIG
+        elif manager._candidates and num_tokens > largest_token_graph:
+            return Reason.BATCH_TOO_BIG  # past every prefill graph
+        return _structural_reason(engine, uniform, ctx)
+    full = [c for c in candidates if mode_value(c.cg_mode) == Mode.FULL]
+    if not full:
+        return _structural_reason(engine, uniform, ctx)
+    shaped = [c for c in full if _mrv2_uniform_compatible(c, uniform_token_count, max_query_len)]
+    if not shaped:
+        return _structural_reason(engine, False, ctx)
+    if not any(getattr(c, "num_ubatches", 1) == num_ubatches for c in shaped):
         return Reason.FORCED_EAGER
     return Reason.NO_FULL_KEY_FOR_SIZE
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Unpack the real vLLM wheels of the supported range (0.26.0, 0.28.0, 0.30.0, 0.33.0) into
-# one import tree each, for tests/wheels.
+# Unpack the real vLLM wheels of the supported range (0.26.0, 0.28.0, 0.30.0, 0.33.0,
+# 0.34.0) into one import tree each, for tests/wheels.
 #
 # Usage: scripts/setup_vllm_wheels.sh [PYTHON] [DEST_ROOT]
 #   PYTHON     the interpreter whose pip is used and that will run the tests
@@ -12,7 +12,7 @@
 #
 # Environment:
 #   PROBE_VLLM_WHEEL_DIR  a folder already holding vllm-<version>-*.whl (no download)
-#   PROBE_VLLM_VERSIONS   the versions to set up (default: "0.26.0 0.28.0 0.30.0 0.33.0")
+#   PROBE_VLLM_VERSIONS   the versions to set up (default: "0.26.0 0.28.0 0.30.0 0.33.0 0.34.0")
 #
 # What it does, per version (idempotent; a second run with nothing changed takes ~1 s):
 #   1. pip download --no-deps vllm==<version> into DEST_ROOT/wheels (pip's HTTP cache
@@ -30,7 +30,7 @@ set -euo pipefail
 
 PY=${1:-python3}
 DEST=${2:-$PWD/.cache/vllm-trees}
-VERSIONS=${PROBE_VLLM_VERSIONS:-"0.26.0 0.28.0 0.30.0 0.33.0"}
+VERSIONS=${PROBE_VLLM_VERSIONS:-"0.26.0 0.28.0 0.30.0 0.33.0 0.34.0"}
 WHEEL_DIR=${PROBE_VLLM_WHEEL_DIR:-}
 
 log() { echo "setup_vllm_wheels: $*" >&2; }
@@ -51,11 +51,13 @@ pyyaml:yaml einops py-cpuinfo:cpuinfo numba cbor2 numpy aiohttp openai pillow:PI
 uvloop openai-harmony|oss-harmony:openai_harmony prometheus-client:prometheus_client
 llguidance xgrammar fastapi partial-json-parser:partial_json_parser"
 
-# Modules the tests import; a failure here names what is still missing.
-SMOKE="vllm.config vllm.v1.cudagraph_dispatcher vllm.v1.worker.gpu_model_runner
-vllm.v1.worker.gpu.cudagraph_utils vllm.v1.attention.backends.utils
+# Modules the tests import; a failure here names what is still missing. The classic
+# runner's modules (V1) are checked only where the tree ships them: a release without V1
+# (0.34 on) has Model Runner V2 alone.
+SMOKE="vllm.config vllm.v1.worker.gpu.cudagraph_utils vllm.v1.attention.backends.utils
 vllm.v1.attention.backends.mla.flashmla_sparse
 vllm.v1.attention.backends.mla.rocm_aiter_mla_sparse vllm.distributed.parallel_state"
+SMOKE_IF_SHIPPED="vllm.v1.cudagraph_dispatcher vllm.v1.worker.gpu_model_runner"
 
 fingerprint() {
     # The interpreter and every distribution visible to it (and to the tree).
@@ -158,11 +160,15 @@ for V in $VERSIONS; do
         rm -f "$tree/.probe-imports-ok"
         log "v$V: checking imports"
         # shellcheck disable=SC2086
+        shipped=()
+        for m in $SMOKE_IF_SHIPPED; do
+            [[ -f $tree/${m//.//}.py ]] && shipped+=("$m")
+        done
         PYTHONPATH="$tree" VLLM_TARGET_DEVICE=cpu "$PY" -c '
 import importlib, sys
 for name in sys.argv[1:]:
     importlib.import_module(name)
-' $SMOKE >/dev/null 2>"$tree.import.log" || {
+' $SMOKE "${shipped[@]}" >/dev/null 2>"$tree.import.log" || {
             log "v$V: import check failed; last lines of $tree.import.log:"
             tail -n 20 "$tree.import.log" >&2
             exit 1

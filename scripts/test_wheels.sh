@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run tests/wheels once per vLLM wheel tree (0.26.0, 0.28.0, 0.30.0, 0.33.0); fail if any fails.
+# Run tests/wheels once per vLLM wheel tree (0.26.0, 0.28.0, 0.30.0, 0.33.0, 0.34.0); fail if
+# any fails.
 #
 # Usage: scripts/test_wheels.sh [PYTHON] [PYTEST_ARGS...]
 #   PYTHON       interpreter with pytest, hypothesis and the CPU torch (default: python3)
@@ -7,7 +8,7 @@
 #
 # Trees: PROBE_TEST_VLLM_TREES (space-separated paths) when set; otherwise
 # scripts/setup_vllm_wheels.sh sets up the versions in PROBE_VLLM_VERSIONS (default: all
-# four) or finds them up to date under PROBE_VLLM_TREES (default: ./.cache/vllm-trees).
+# five) or finds them up to date under PROBE_VLLM_TREES (default: ./.cache/vllm-trees).
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ shift || true
 if [[ -n ${PROBE_TEST_VLLM_TREES:-} ]]; then
     read -r -a trees <<<"$PROBE_TEST_VLLM_TREES"
 else
-    versions=(${PROBE_VLLM_VERSIONS:-0.26.0 0.28.0 0.30.0 0.33.0})
+    versions=(${PROBE_VLLM_VERSIONS:-0.26.0 0.28.0 0.30.0 0.33.0 0.34.0})
     mapfile -t trees < <(PROBE_VLLM_VERSIONS="${versions[*]}" \
         scripts/setup_vllm_wheels.sh "$PY" "${PROBE_VLLM_TREES:-.cache/vllm-trees}")
     if ((${#trees[@]} != ${#versions[@]})); then

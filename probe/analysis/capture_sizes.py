@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-__all__ = ["padding_of", "suggest_capture_sizes"]
+__all__ = ["SPLIT_SIZE_FIELDS", "padding_of", "suggest_capture_sizes"]
+
+from probe.calls import SPLIT_SIZE_FIELDS  # vLLM's own names, declared once
 
 
 def padding_of(tokens: Mapping[int, int], sizes: Sequence[int]) -> int:

@@ -3,8 +3,8 @@
 :func:`traps` runs every check of :data:`CHECKS` over one process's static snapshot
 (``probe.engine.hooks.snapshot.take_snapshot``: a dict of facts taken once per process at attach)
 and, where a recording has them, that process's steps. ``probe report`` and ``probe
-doctor`` (on a recording or live) both call it, so they print the same traps; the engine
-stores the snapshot-only answer with the snapshot. A check whose facts the snapshot does
+doctor`` (on a recording or live) and the live view call it, so they print the same traps;
+the engine stores only the facts. A check whose facts the snapshot does
 not hold (an older recording, a hook that did not see the moment) is **not checked**, and
 says why, instead of passing silently. Each check returns findings, ``{"code": ...,
 "message": ...}`` dicts. Standard library and the shared declarations only, so the engine
@@ -52,6 +52,8 @@ def capture_sizes_for_mtp(snap: Mapping[str, Any]) -> list[Finding]:
     """
     uq = _uq(snap)
     comp = snap.get("compilation") or {}
+    if _by_requests(snap):
+        return decode_graphs_by_requests(snap)
     sizes = sorted(int(s) for s in comp.get("cudagraph_capture_sizes") or [])
     out: list[Finding] = []
     if uq <= 1 or not sizes:
@@ -80,6 +82,81 @@ def capture_sizes_for_mtp(snap: Mapping[str, Any]) -> list[Finding]:
             }
         )
     return out
+
+
+def _by_requests(snap: Mapping[str, Any]) -> bool:
+    """Model Runner V2 with decode graphs by request count (vLLM 0.34 on)."""
+    comp = snap.get("compilation") or {}
+    # only Model Runner V2 reads them, and a release that has them has no other runner
+    return comp.get("decode_cudagraph_capture_request_sizes") is not None
+
+
+def largest_decode_graph(snap: Mapping[str, Any]) -> tuple[int, str] | None:
+    """The most requests a uniform decode graph holds (vLLM 0.34 on), and what caps it;
+    None where the snapshot is not of such a vLLM or its mode has no FULL decode graphs.
+
+    vLLM captures request counts ``decode_cudagraph_capture_request_sizes`` up to a limit
+    of ``max_num_seqs`` requests and ``T // q`` (``T``: ``max_cudagraph_capture_size``
+    within ``max_decode_cudagraph_capture_tokens`` and ``max_num_batched_tokens``), the
+    first size past the limit captured at the limit. The live table, where the snapshot
+    has it (``decode_graphs``), is what the manager built."""
+    if not _by_requests(snap):
+        return None
+    comp = snap.get("compilation") or {}
+    if comp.get("cudagraph_mode") not in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"):
+        return None
+    q = _uq(snap)
+    live = (snap.get("decode_graphs") or {}).get(str(q))
+    if live:
+        return int(max(live)), "the graph manager's decode table"
+    sizes = sorted(int(n) for n in comp.get("decode_cudagraph_capture_request_sizes") or ())
+    if not sizes:
+        return 0, "decode_cudagraph_capture_request_sizes is empty"
+    mns = int(snap.get("max_num_seqs") or sizes[-1])
+    caps = [
+        (int(v), name)
+        for name, v in (
+            ("max_cudagraph_capture_size", comp.get("max_cudagraph_capture_size")),
+            (
+                "max_decode_cudagraph_capture_tokens",
+                comp.get("max_decode_cudagraph_capture_tokens"),
+            ),
+            ("max_num_batched_tokens", snap.get("max_num_batched_tokens")),
+        )
+        if v
+    ]
+    tokens, token_cap = min(caps) if caps else (mns * q, "")
+    limit = min(mns, tokens // q)
+    if sizes[-1] < limit:
+        return sizes[-1], f"decode_cudagraph_capture_request_sizes ends at {sizes[-1]}"
+    if limit < mns:
+        return limit, f"{token_cap}={tokens} holds {limit} requests of {q} tokens"
+    return limit, "max_num_seqs"
+
+
+def decode_graphs_by_requests(snap: Mapping[str, Any]) -> list[Finding]:
+    """vLLM 0.34 on: uniform decode batches replay FULL graphs keyed by request count,
+    captured up to ``max_num_seqs`` unless a size list or token cap stops them earlier;
+    a decode batch above the largest one takes a prefill graph (PIECEWISE or none)."""
+    got = largest_decode_graph(snap)
+    mns = snap.get("max_num_seqs")
+    if got is None or not mns:
+        return []
+    largest, why = got
+    if largest >= int(mns):
+        return []
+    if largest == 0:
+        message = (
+            f"no FULL decode graphs ({why}): every uniform decode batch takes a prefill "
+            "graph (prefill_cudagraph_capture_token_sizes)"
+        )
+    else:
+        message = (
+            f"the decode graphs stop at {largest} requests ({why}), below max_num_seqs="
+            f"{int(mns)}: decode batches above {largest} requests will not replay FULL "
+            "(they take a prefill graph)"
+        )
+    return [{"code": "decode_batches_above_largest_capture_size", "message": message}]
 
 
 def ignored_support_setting(snap: Mapping[str, Any]) -> list[Finding]:

@@ -34,6 +34,7 @@ The capture sizes suggested for the recorded shapes come from
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import inspect
 import logging
 import sys
@@ -45,7 +46,7 @@ from typing import Any
 
 from probe.analysis import costmodel
 from probe.analysis import summary as analysis
-from probe.analysis.capture_sizes import padding_of, suggest_capture_sizes
+from probe.analysis.capture_sizes import SPLIT_SIZE_FIELDS, padding_of, suggest_capture_sizes
 from probe.reasons import SUPPORT_NAMES
 from probe.records import Mode, Reason
 from probe.step import Step
@@ -110,14 +111,27 @@ def parse_support(items: Iterable[str]) -> tuple[tuple[str, str], ...]:
     return tuple(out.items())
 
 
+_SIZE_LISTS = ("prefill_cudagraph_capture_token_sizes", "decode_cudagraph_capture_request_sizes")
+
+
+def flag(field_name: str) -> str:
+    """The ``probe whatif`` flag of a vLLM setting: its own name, dashed."""
+    return "--" + field_name.replace("_", "-")
+
+
 @dataclass(frozen=True)
 class Setting:
-    """What changes against the recording (None / empty: as recorded)."""
+    """What changes against the recording (None / empty: as recorded).
+
+    ``split``: Model Runner V2's split graph sizes (:data:`SPLIT_SIZE_FIELDS`) by name,
+    a tuple of sizes for the two lists, an int for the caps.
+    """
 
     mode: str | None = None
     capture_sizes: tuple[int, ...] | None = None
     max_capture_size: int | None = None
     support: tuple[tuple[str, str], ...] = ()
+    split: tuple[tuple[str, Any], ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -130,6 +144,9 @@ class Setting:
             parts.append(f"--capture-sizes {','.join(map(str, self.capture_sizes))}")
         if self.max_capture_size is not None:
             parts.append(f"--max-capture-size {self.max_capture_size}")
+        for name, value in self.split:
+            shown = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+            parts.append(f"{flag(name)} {shown}")
         parts += [f"--support {b}={lvl}" for b, lvl in self.support]
         return " ".join(parts) or "the recording's settings"
 
@@ -159,6 +176,12 @@ class Engine:
     groups: tuple[Group, ...]
     min_support: int
     min_backend: str | None
+    #: the recorded values of :data:`SPLIT_SIZE_FIELDS` (a release that has them)
+    split: tuple[tuple[str, Any], ...] = ()
+    #: the compilation settings the snapshot names (to compare with the installed vLLM)
+    settings: tuple[str, ...] = ()
+    #: breakable CUDA graphs on (None: not recorded)
+    breakable: bool | None = None
 
     @classmethod
     def of(cls, snap: Mapping[str, Any], where: str) -> Engine:
@@ -196,6 +219,13 @@ class Engine:
             groups=groups,
             min_support=int(low),
             min_backend=res.get("min_cg_attn_backend"),
+            split=tuple(
+                (k, tuple(int(x) for x in v) if isinstance(v, list) else int(v))
+                for k in SPLIT_SIZE_FIELDS
+                if (v := comp.get(k)) is not None
+            ),
+            settings=tuple(sorted(k for k, v in comp.items() if v is not None)),
+            breakable=_flag(comp.get("use_breakable_cudagraph", comp.get("breakable_cudagraph"))),
         )
 
     def counted(self) -> tuple[Group, ...]:
@@ -207,6 +237,13 @@ class Engine:
         )
 
 
+def _flag(v: Any) -> bool | None:
+    """A recorded on/off setting: a bool, or an environment variable's text."""
+    if v is None or isinstance(v, bool):
+        return v
+    return str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
 @dataclass(frozen=True)
 class Applied:
     """A :class:`Setting` applied to an :class:`Engine`: the inputs vLLM is given."""
@@ -216,6 +253,11 @@ class Applied:
     max_capture_size: int
     min_support: int
     min_backend: str | None
+    #: the split graph sizes vLLM is given (where it has them); absent: its default
+    split: tuple[tuple[str, Any], ...] = ()
+    #: ``cudagraph_capture_sizes`` is the user's (vLLM's ``legacy_sizes``): the recording
+    #: had no split sizes, or ``--capture-sizes`` / ``--max-capture-size`` was given
+    legacy: bool = True
 
 
 def apply(engine: Engine, s: Setting) -> Applied:
@@ -259,7 +301,34 @@ def apply(engine: Engine, s: Setting) -> Applied:
             v = SUPPORT_NAMES.index(level[g.builder]) if g.builder in level else g.support
             if v < low:
                 low, backend = v, g.backend
-    return Applied(s.mode or engine.requested_mode, sizes, top, low, backend)
+    split, legacy = _split_of(engine, s)
+    return Applied(s.mode or engine.requested_mode, sizes, top, low, backend, split, legacy)
+
+
+def _split_of(engine: Engine, s: Setting) -> tuple[tuple[tuple[str, Any], ...], bool]:
+    """The split graph sizes under ``s`` and whether the shared sizes are the user's.
+
+    A recording with split sizes keeps them unless a flag changes one: a changed list
+    drops its recorded cap (vLLM refuses sizes above it) unless the cap is given too.
+    Given only the shared sizes (a recording from a release without split sizes, or
+    ``--capture-sizes``), vLLM derives the split sizes itself (``legacy``)."""
+    given = dict(s.split)
+    shared_given = s.capture_sizes is not None or s.max_capture_size is not None
+    if shared_given and not given:
+        return (), True
+    out = dict(engine.split) if not shared_given else {}
+    for lst, cap in (
+        ("prefill_cudagraph_capture_token_sizes", "max_prefill_cudagraph_capture_tokens"),
+        ("decode_cudagraph_capture_request_sizes", "max_decode_cudagraph_capture_requests"),
+    ):
+        if lst in given and cap not in given:
+            out.pop(cap, None)
+        if cap in given and lst not in given:
+            out.pop(lst, None)  # a new cap: vLLM's grid up to it
+    out.update(given)
+    if not given and engine.split:
+        return tuple(sorted(out.items())), True  # as recorded: vLLM checks they agree
+    return tuple(sorted(out.items())), shared_given or not out
 
 
 # -- vLLM --------------------------------------------------------------------------------------
@@ -272,9 +341,10 @@ class Vllm:
     version: str
     config: Any
     support: Any  # AttentionCGSupport
-    dispatcher: Any  # CudagraphDispatcher
+    dispatcher: Any  # CudagraphDispatcher; None until a V1 recording needs it
     manager: Any  # ModelCudaGraphManager, or None where MRV2 is not importable
     manager_error: str = ""
+    platform: str = ""  # the platform vLLM runs the replay on, and who chose it
 
     def new_config(self) -> Any:
         """A default ``VllmConfig``; :class:`VllmError` where vLLM cannot make one."""
@@ -282,23 +352,124 @@ class Vllm:
             return self.config.VllmConfig()
         except Exception as exc:  # e.g. no platform: a GPU build without its GPU
             raise VllmError(
-                f"vLLM {self.version} cannot make a VllmConfig here (VLLM_TARGET_DEVICE=cpu "
-                f"selects its CPU platform where the build has one): {_one_line(exc)}"
+                f"vLLM {self.version} cannot make a VllmConfig here "
+                f"({self.platform or 'its platform'}): {_one_line(exc)}"
             ) from None
+
+    def v1_dispatcher(self) -> Any:
+        """The classic runner's ``CudagraphDispatcher``, imported on first use: a vLLM
+        without the classic runner (Model Runner V2 only) is never asked for it."""
+        if self.dispatcher is None:
+            if not has_module("vllm.v1.cudagraph_dispatcher"):
+                raise VllmError(
+                    f"the recording ran the classic runner (V1), which vLLM {self.version} "
+                    "does not have (Model Runner V2 is its only runner): replay it with a "
+                    "vLLM that has V1 (0.26 to 0.33)"
+                )
+            with contextlib.redirect_stdout(sys.stderr):
+                from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+            self.dispatcher = CudagraphDispatcher
+        return self.dispatcher
+
+
+def has_module(name: str) -> bool:
+    """Whether the installed vLLM ships module ``name`` (imports its parent packages only)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def select_platform() -> str:
+    """Pick the platform vLLM replays on before anything binds it; returns how.
+
+    The replay builds configs and graph managers on ``device="cpu"`` and needs no GPU,
+    but vLLM's own platform detection finds none for a GPU build on a CPU-only host
+    (0.26 to 0.32 look for "cpu" in the build's version string only; 0.33 on honour
+    ``VLLM_TARGET_DEVICE=cpu``). Where detection finds no platform, this binds vLLM's
+    own ``CpuPlatform`` as ``vllm.platforms.current_platform`` (the lazily resolved
+    global vLLM's platform plugins fill). On x86 the CPU platform of 0.34 refuses to
+    configure without Triton (its code raises where ``HAS_TRITON`` is false); Triton's
+    CPU backend is not on PyPI, so where the GPU ``triton`` package is importable this
+    process hides the GPUs (``CUDA_VISIBLE_DEVICES=""``), which vLLM's Triton check
+    accepts as a worker whose devices are not visible yet. A platform vLLM
+    found (a GPU, or a CPU build) is kept as it is."""
+    import os
+
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            import vllm.platforms as platforms
+        except Exception as exc:
+            raise VllmError(
+                "needs vLLM 0.26 to 0.34 importable (pip install vllm, or a vLLM tree on "
+                f"PYTHONPATH): {_one_line(exc)}"
+            ) from None
+        # ``import vllm`` itself may resolve the platform (0.26: for PIN_MEMORY); none of
+        # the modules it imports binds it by name, so "none found" can still be replaced
+        bound = getattr(platforms, "_current_platform", None)
+        if bound is not None and type(bound).__name__ != "UnspecifiedPlatform":
+            return f"{type(bound).__name__} (detected by vLLM)"
+        how = "detected by vLLM"
+        qualname = (
+            str(platforms.resolve_current_platform_cls_qualname())
+            if bound is None
+            else "UnspecifiedPlatform"
+        )
+        if qualname.endswith("UnspecifiedPlatform"):
+            qualname, how = "vllm.platforms.cpu.CpuPlatform", "no device found: vLLM's CPU platform"
+        cls = platforms.resolve_obj_by_qualname(qualname)  # type: ignore[attr-defined]
+        if (
+            cls.__name__ == "CpuPlatform"
+            and "vllm.triton_utils" not in sys.modules
+            and "CUDA_VISIBLE_DEVICES" not in os.environ
+            and _cpu_platform_requires_triton(cls)
+            and cls.get_cpu_architecture().name == "X86"
+            and importlib.util.find_spec("triton") is not None
+        ):
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
+            how += '; x86 without Triton\'s CPU backend: CUDA_VISIBLE_DEVICES=""'
+        platforms._current_platform = cls()
+        return f"{cls.__name__} ({how})"
+
+
+def _cpu_platform_requires_triton(cls: type) -> bool:
+    """Whether this vLLM's CPU platform refuses to configure without Triton, read from its
+    code: ``check_and_update_config`` raises under a test of ``HAS_TRITON`` (0.34; 0.33
+    only warns there)."""
+    import ast
+    import textwrap
+
+    try:
+        src = textwrap.dedent(inspect.getsource(cls.check_and_update_config))  # type: ignore[attr-defined]
+        tree = ast.parse(src)
+    except (OSError, TypeError, AttributeError, SyntaxError):
+        return False
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.If)
+            and "HAS_TRITON" in ast.unparse(node.test)
+            and any(isinstance(n, ast.Raise) for b in node.body for n in ast.walk(b))
+        ):
+            return True
+    return False
 
 
 def load_vllm() -> Vllm:
-    """Import the installed vLLM (its log lines go to stderr, not into the output)."""
+    """Import the installed vLLM (its log lines go to stderr, not into the output).
+
+    Only what every supported release has is imported here; the classic runner's
+    dispatcher is imported when a V1 recording asks for it (:meth:`Vllm.v1_dispatcher`).
+    """
+    platform = select_platform()
     with contextlib.redirect_stdout(sys.stderr):
         try:
             import vllm
             import vllm.config as config
             from vllm.v1.attention.backend import AttentionCGSupport
-            from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
         except Exception as exc:  # ImportError, or a platform vLLM cannot set up here
             raise VllmError(
-                "needs vLLM 0.26 to 0.33 importable (pip install vllm, or a vLLM tree on "
-                f"PYTHONPATH with VLLM_TARGET_DEVICE=cpu): {_one_line(exc)}"
+                "needs vLLM 0.26 to 0.34 importable (pip install vllm, or a vLLM tree on "
+                f"PYTHONPATH): {_one_line(exc)}"
             ) from None
         manager: Any = None
         why = ""
@@ -308,9 +479,7 @@ def load_vllm() -> Vllm:
             manager = mrv2.ModelCudaGraphManager
         except Exception as exc:
             why = _one_line(exc)
-    return Vllm(
-        str(vllm.__version__), config, AttentionCGSupport, CudagraphDispatcher, manager, why
-    )
+    return Vllm(str(vllm.__version__), config, AttentionCGSupport, None, manager, why, platform)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -320,20 +489,22 @@ def _one_line(exc: BaseException) -> str:
 @contextlib.contextmanager
 def _vllm_warnings(into: list[str]) -> Iterator[None]:
     """vLLM's own warnings from the resolver, kept for the output instead of printed."""
-    log = logging.getLogger("vllm.config.compilation")
+    logs = [logging.getLogger(n) for n in ("vllm.config.compilation", "vllm.config.vllm")]
 
     class _Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             into.append(" ".join(record.getMessage().split()))
 
-    handler, was = _Keep(logging.WARNING), log.propagate
-    log.addHandler(handler)
-    log.propagate = False
+    handler, was = _Keep(logging.WARNING), [log.propagate for log in logs]
+    for log in logs:
+        log.addHandler(handler)
+        log.propagate = False
     try:
         yield
     finally:
-        log.removeHandler(handler)
-        log.propagate = was
+        for log, prop in zip(logs, was, strict=True):
+            log.removeHandler(handler)
+            log.propagate = prop
 
 
 @contextlib.contextmanager
@@ -394,6 +565,8 @@ class Graphs:
     memo: dict[tuple[int, int, int, bool], tuple[Mode, Reason, int, int]] = field(
         default_factory=dict
     )
+    #: the split graph sizes vLLM resolved (where it has them)
+    split: tuple[tuple[str, Any], ...] = ()
 
     def __call__(self, s: Step) -> tuple[Mode, Reason, int, int]:
         key = (s.num_tokens, s.num_reqs, s.max_query_len, s.uniform)
@@ -430,13 +603,23 @@ def build(vl: Vllm, engine: Engine, a: Applied) -> Graphs:
         all2all_backend=vc.parallel_config.all2all_backend, data_parallel_size=1
     )
     messages: list[str] = []
+    with _vllm_warnings(messages):
+        split_sizes(vl, vc, engine, a)
     support = vl.support(a.min_support)
     v2 = engine.runner == "mrv2"
+    resolve = cc.resolve_cudagraph_mode_and_sizes
+    params = inspect.signature(resolve).parameters
+    kw: dict[str, Any] = {"uniform_decode_query_len": engine.uq}
+    if "use_v2_model_runner" in params:  # 0.26 to 0.33; 0.34 has MRV2 only
+        kw["use_v2_model_runner"] = v2
+    if "piecewise_capture_available" in params and engine.breakable is not None:
+        # MRV2: breakable graphs or a compiled model (VLLM_COMPILE) capture PIECEWISE
+        kw["piecewise_capture_available"] = (
+            engine.breakable or engine.compile_mode == "VLLM_COMPILE"
+        )
     try:
         with _vllm_warnings(messages):
-            mode = cc.resolve_cudagraph_mode_and_sizes(
-                support, a.min_backend, uniform_decode_query_len=engine.uq, use_v2_model_runner=v2
-            )
+            mode = resolve(support, a.min_backend, **kw)
     except ValueError as exc:
         raise WhatIfError(f"vLLM refuses this setting: {' '.join(str(exc).split())}") from None
     ctx = GraphContext(a.requested_mode, mode.name, a.min_support, a.min_backend, engine.uq)
@@ -446,7 +629,7 @@ def build(vl: Vllm, engine: Engine, a: Applied) -> Graphs:
 
     if not v2:
         try:
-            d = vl.dispatcher(vc)
+            d = vl.v1_dispatcher()(vc)
         except AssertionError as exc:
             raise WhatIfError(f"vLLM refuses this setting: {' '.join(str(exc).split())}") from None
         # no SpeculativeConfig here (it needs the target model): the runner hands the
@@ -467,7 +650,7 @@ def build(vl: Vllm, engine: Engine, a: Applied) -> Graphs:
             )
         import torch
 
-        mgr = vl.manager(vc, torch.device("cpu"), mode, decode_query_len=engine.uq)
+        mgr = vl.manager(vc, torch.device("cpu"), mode, **decode_query_kwargs(vl, vc, engine.uq))
         mgr._graphs_captured = True  # capture() needs the GPU; this flag is all it leaves
         has_max_q = "max_query_len" in inspect.signature(mgr.dispatch).parameters
 
@@ -488,7 +671,66 @@ def build(vl: Vllm, engine: Engine, a: Applied) -> Graphs:
 
     sizes = tuple(cc.cudagraph_capture_sizes or ())
     top = int(cc.max_cudagraph_capture_size or 0)
-    return Graphs(mode.name, sizes, top, messages, decide, vl.version)
+    split = tuple(
+        (k, tuple(v) if isinstance(v, list) else v)
+        for k in SPLIT_SIZE_FIELDS
+        if (v := getattr(cc, k, None)) is not None
+    )
+    return Graphs(mode.name, sizes, top, messages, decide, vl.version, split=split)
+
+
+def has_split_sizes(vl: Vllm) -> bool:
+    """Whether the installed vLLM sizes MRV2's graphs by the split fields (0.34 on)."""
+    fields = getattr(vl.config.CompilationConfig, "__dataclass_fields__", None) or {}
+    return all(k in fields for k in SPLIT_SIZE_FIELDS)
+
+
+def split_sizes(vl: Vllm, vc: Any, engine: Engine, a: Applied) -> None:
+    """Set the split graph sizes of ``a`` on ``vc`` the way vLLM resolves them at start-up
+    (``VllmConfig._split_cudagraph_capture_sizes``, after the shared sizes), where the
+    installed vLLM has them. Its own refusals are :class:`WhatIfError`."""
+    if not has_split_sizes(vl):
+        if a.split and not (a.legacy and dict(a.split) == dict(engine.split)):
+            names = ", ".join(flag(k) for k, _ in a.split)
+            raise WhatIfError(
+                f"{names}: vLLM {vl.version} has no such setting (it sizes every graph by "
+                "cudagraph_capture_sizes: give --capture-sizes)"
+            )
+        return
+    split = getattr(vc, "_split_cudagraph_capture_sizes", None)
+    lens = getattr(vc, "get_decode_cudagraph_query_lens", None)
+    if split is None or lens is None:
+        raise VllmError(
+            f"vLLM {vl.version} has the split graph sizes but not the VllmConfig methods "
+            "that resolve them (_split_cudagraph_capture_sizes, "
+            "get_decode_cudagraph_query_lens): the what-if does not know this release"
+        )
+    cc = vc.compilation_config
+    for k in SPLIT_SIZE_FIELDS:
+        setattr(cc, k, None)
+    for k, v in a.split:
+        setattr(cc, k, list(v) if isinstance(v, tuple) else v)
+    if cc.cudagraph_mode is None or cc.cudagraph_mode.name == "NONE":
+        return  # vLLM resolves no sizes for an engine without graphs
+    try:
+        split(a.legacy, lens(engine.uq))
+    except ValueError as exc:
+        raise WhatIfError(f"vLLM refuses this setting: {' '.join(str(exc).split())}") from None
+
+
+def decode_query_kwargs(vl: Vllm, vc: Any, uq: int) -> dict[str, Any]:
+    """The decode query length(s) the installed graph manager takes, as its runner passes
+    them: 0.34 ``decode_query_lens`` (query length -> most requests, by vLLM's
+    ``get_decode_cudagraph_query_lens``), before that ``decode_query_len``."""
+    params = inspect.signature(vl.manager.__init__).parameters
+    if "decode_query_lens" in params:
+        lens = getattr(vc, "get_decode_cudagraph_query_lens", None)
+        return {
+            "decode_query_lens": lens(uq)
+            if lens is not None
+            else {uq: vc.scheduler_config.max_num_seqs}
+        }
+    return {"decode_query_len": uq}
 
 
 # -- the replay ------------------------------------------------------------------------------------
@@ -639,7 +881,10 @@ def whatif(
     fw, engines = r.steps, r.engines
     own_a, target_a = r.applied(Setting()), r.applied(setting)
     first = next(iter(engines.values()))
-    with r.session(vl or load_vllm()):
+    vl = vl or load_vllm()
+    r_platform = vl.platform
+    gone = settings_not_in(vl, engines.values())
+    with r.session(vl):
         own = r.graphs(own_a)
         own_steps = r.replay(own)
         columns = [
@@ -665,8 +910,13 @@ def whatif(
         suggestion = _suggest(engines, target, target_steps, suggest_count, on)
         if suggestion.get("sizes"):
             sizes = tuple(suggestion["sizes"])
+            split = suggestion.get("split")
             sized = {
-                p: replace(a, capture_sizes=sizes, max_capture_size=sizes[-1])
+                p: (
+                    replace(a, split=_with(a.split, split), legacy=False)
+                    if split
+                    else replace(a, capture_sizes=sizes, max_capture_size=sizes[-1])
+                )
                 for p, a in (target_a if not setting.empty else own_a).items()
             }
             got = r.graphs(sized)
@@ -694,6 +944,8 @@ def whatif(
     sources = _worth(steps, columns, replayed, costs_from)
     return {
         "vllm_installed": next(iter(own.values())).vllm_version,
+        "vllm_platform": r_platform,
+        "not_in_installed_vllm": gone,
         "vllm_recorded": sorted({e.vllm_version for e in engines.values()}),
         "runner": sorted({e.runner for e in engines.values()}),
         "ranks": len(engines),
@@ -743,6 +995,53 @@ def _worth(
     return [{"source": c.source, "shapes": c.shapes} for c in costs]
 
 
+def _with(
+    split: Iterable[tuple[str, Any]], lists: Mapping[str, Sequence[int]]
+) -> tuple[tuple[str, Any], ...]:
+    """``split`` with these size lists (and each list's cap dropped: the sizes set it)."""
+    caps = {
+        "prefill_cudagraph_capture_token_sizes": "max_prefill_cudagraph_capture_tokens",
+        "decode_cudagraph_capture_request_sizes": "max_decode_cudagraph_capture_requests",
+    }
+    out = {k: v for k, v in split if k not in {caps[n] for n in lists}}
+    out.update({k: tuple(v) for k, v in lists.items()})
+    return tuple(sorted(out.items()))
+
+
+def settings_not_in(vl: Vllm, engines: Iterable[Engine]) -> list[dict[str, str]]:
+    """The recorded settings the installed vLLM no longer has (or took over otherwise),
+    each with what the replay does about it; read off the installed vLLM's classes."""
+    fields = getattr(vl.config.CompilationConfig, "__dataclass_fields__", None) or {}
+    split = has_split_sizes(vl)
+    out: dict[str, str] = {}
+    for e in engines:
+        if e.runner == "v1" and not has_module("vllm.v1.worker.gpu_model_runner"):
+            out["the classic model runner (V1)"] = (
+                f"vLLM {vl.version} has Model Runner V2 only: a V1 recording does not replay"
+            )
+        for name in e.settings:
+            if name == "breakable_cudagraph":
+                if "use_breakable_cudagraph" in fields:
+                    out["VLLM_USE_BREAKABLE_CUDAGRAPH"] = (
+                        f"vLLM {vl.version} keeps breakable graphs in "
+                        "compilation_config.use_breakable_cudagraph (the variable, where "
+                        "set, still decides it)"
+                    )
+                continue
+            if name not in fields:
+                out[f"compilation_config.{name}"] = (
+                    f"not in vLLM {vl.version}: the replay goes without it"
+                )
+        if split and not e.split and e.runner == "mrv2":
+            out["compilation_config.cudagraph_capture_sizes"] = (
+                f"deprecated for Model Runner V2 in vLLM {vl.version}, which sizes prefill "
+                "graphs by prefill_cudagraph_capture_token_sizes and decode graphs by "
+                "decode_cudagraph_capture_request_sizes: the replay derives both from the "
+                "recorded sizes, as vLLM does"
+            )
+    return [{"setting": k, "note": v} for k, v in out.items()]
+
+
 def _count(steps: Iterable[Step], mode: Mode) -> int:
     return sum(1 for s in steps if s.mode == mode)
 
@@ -757,8 +1056,10 @@ def _suggest(
     """Capture sizes for the graph-dispatched, shape-decided steps of one column."""
     g = next(iter(graphs.values()))
     e = next(iter(engines.values()))
-    if len({(x.capture_sizes, x.max_capture_size) for x in graphs.values()}) > 1:
+    if len({(x.capture_sizes, x.max_capture_size, x.split) for x in graphs.values()}) > 1:
         return {"sizes": None, "why": "the ranks have different capture sizes"}
+    if g.split and e.runner == "mrv2":
+        return _suggest_split(e, g, steps, limit, on)
     tokens = Counter(s.num_tokens for s in steps if s.graph and s.reason not in KEPT)
     limit = limit or len(g.capture_sizes)
     if not tokens or not g.capture_sizes:
@@ -778,5 +1079,54 @@ def _suggest(
         "multiple_of": multiple,
         "padding_tokens": padding_of(tokens, sizes),
         "padding_tokens_now": padding_of(tokens, g.capture_sizes),
+        "settings": on,
+    }
+
+
+def _suggest_split(
+    e: Engine, g: Graphs, steps: Sequence[Step], limit: int | None, on: str
+) -> dict[str, Any]:
+    """Model Runner V2 with split graph sizes (vLLM 0.34 on): uniform decode batches
+    replay graphs keyed by request count (``decode_cudagraph_capture_request_sizes``,
+    padding whole requests) when the mode has a separate decode routine; every other
+    batch pads to ``prefill_cudagraph_capture_token_sizes``. Each list is suggested for
+    its own batches, keeping its largest size."""
+    split = dict(g.split)
+    prefill_now = sorted(split.get("prefill_cudagraph_capture_token_sizes") or ())
+    decode_now = sorted(split.get("decode_cudagraph_capture_request_sizes") or ())
+    separate = g.resolved_mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+    shaped = [s for s in steps if s.graph and s.reason not in KEPT]
+    decode = [s for s in shaped if separate and s.uniform and s.num_reqs <= (decode_now or [0])[-1]]
+    tokens = Counter(s.num_tokens for s in shaped if s not in decode)
+    reqs = Counter(s.num_reqs for s in decode)
+    lists: dict[str, list[int]] = {}
+    now = 0
+    padding = 0
+    if tokens and prefill_now:
+        n = limit or len(prefill_now)
+        got = suggest_capture_sizes(tokens, prefill_now[-1], n)
+        lists["prefill_cudagraph_capture_token_sizes"] = list(got)
+        padding += padding_of(tokens, got)
+        now += padding_of(tokens, prefill_now)
+    if reqs and decode_now:
+        n = limit or len(decode_now)
+        got = suggest_capture_sizes(reqs, decode_now[-1], n)
+        lists["decode_cudagraph_capture_request_sizes"] = list(got)
+        padding += e.uq * padding_of(reqs, got)
+        now += e.uq * padding_of(reqs, decode_now)
+    if not lists:
+        return {"sizes": None, "limit": limit, "why": "no step was graph-dispatched"}
+    union = sorted(
+        set(lists.get("prefill_cudagraph_capture_token_sizes", prefill_now))
+        | {n * e.uq for n in lists.get("decode_cudagraph_capture_request_sizes", ())}
+    )
+    return {
+        "sizes": union,
+        "split": lists,
+        "limit": limit or max(len(prefill_now), len(decode_now)),
+        "largest": g.max_capture_size,
+        "multiple_of": 1,
+        "padding_tokens": padding,
+        "padding_tokens_now": now,
         "settings": on,
     }

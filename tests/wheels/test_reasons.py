@@ -1,12 +1,13 @@
-"""probe.reasons against vLLM's real CUDA-graph dispatch, in each supported release (0.26-0.33).
+"""probe.reasons against vLLM's real CUDA-graph dispatch, in each supported release (0.26-0.34).
 
 Each row is a batch shape on an engine configuration (conftest.ENGINES). The expected
 columns were written from reading the vLLM source; every row checks them against what
 the real dispatcher returned, so a wrong row fails rather than describing a fiction:
 (a) the mode (and padded size) of the real call, (b) the reason ``probe.reasons``
-derives with and without the GraphContext. Where releases (0.26 to 0.33) differ, the
+derives with and without the GraphContext. Where releases (0.26 to 0.34) differ, the
 cell is not tabled per version: its expected value comes from the tree's own code
-(``VLLM``, ``UNIFORM_OR_NOT`` below).
+(``VLLM``, ``UNIFORM_OR_NOT``, ``BY_DECODE_TABLE`` below). The V1 rows skip on a tree
+without the classic runner (0.34 on).
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def _uniform_decode(q: tuple[int, ...], uq: int) -> bool:
 
 
 @pytest.mark.parametrize("row", V1_ROWS, ids=lambda r: r.id)
+@pytest.mark.usefixtures("needs_v1")
 def test_v1_table(
     row: Row, vl: Vllm, v1_dispatchers: Callable[[str], tuple[Any, Resolved]]
 ) -> None:
@@ -138,6 +140,7 @@ def test_v1_table(
     assert bare == per_version(row.no_ctx if row.no_ctx is not None else row.reason, vl.version)
 
 
+@pytest.mark.usefixtures("needs_v1")
 def test_v1_resolved_modes(vl: Vllm, v1_dispatchers: Callable[[str], tuple[Any, Resolved]]) -> None:
     """The resolver's demotions that the table relies on (rules 3 and 6 of 2.2)."""
     resolved = {name: v1_dispatchers(name)[1] for name in ENGINES}
@@ -160,6 +163,7 @@ def test_v1_resolved_modes(vl: Vllm, v1_dispatchers: Callable[[str], tuple[Any, 
     assert not resolved["pw_k1"].ctx.support_demoted_decode()
 
 
+@pytest.mark.usefixtures("needs_v1")
 def test_v1_keys_not_initialized(
     vl: Vllm, v1_dispatchers: Callable[[str], tuple[Any, Resolved]]
 ) -> None:
@@ -170,6 +174,7 @@ def test_v1_keys_not_initialized(
     assert v1_reason(d, mode, desc, num_tokens=4, uniform_decode=True) == Reason.WARMUP_OR_PROFILE
 
 
+@pytest.mark.usefixtures("needs_v1")
 def test_v1_runner_cascade_attention(
     vl: Vllm,
     v1_dispatchers: Callable[[str], tuple[Any, Resolved]],
@@ -229,6 +234,7 @@ def test_v1_runner_cascade_attention(
 # the PIECEWISE not-uniform ones.
 VLLM = "from vLLM"
 UNIFORM_OR_NOT = "uniform or not, by vLLM"
+BY_DECODE_TABLE = "by the manager's decode table, or its absence"
 
 # fmt: off
 MRV2_ROWS = [
@@ -243,7 +249,11 @@ MRV2_ROWS = [
     Row("short_draft_k2", "fap_ub_k2", (3, 2), VLLM, VLLM, Reason.NOT_UNIFORM),
     Row("above_capture_size", "fap_ub_k1", (2,) * 8 + (30,), "NONE", 46, Reason.BATCH_TOO_BIG,
         prefill=True),
-    Row("no_full_key", "fap_ub_k1", (2,) * 5, "PIECEWISE", 16, Reason.NO_FULL_KEY_FOR_SIZE),
+    # Five 2-token decodes: no FULL key for 10 tokens where decode graphs are capture sizes
+    # rounded to uq (to 0.33: none past 8 tokens), a FULL hit where they are keyed by
+    # request count with a graph at max_num_seqs (0.34 on): BY_DECODE_TABLE.
+    Row("no_full_key", "fap_ub_k1", (2,) * 5, BY_DECODE_TABLE, BY_DECODE_TABLE,
+        BY_DECODE_TABLE),
     Row("fdo_decode", "fdo_ub_k1", (2, 2), "FULL", 4, Reason.HIT),
     Row("fdo_mixed", "fdo_ub_k1", (2, 5), "NONE", 7, Reason.MIXED_BATCH_IN_FULL_DECODE_ONLY,
         prefill=True),
@@ -304,6 +314,13 @@ def test_mrv2_table(
     )
     if mode == UNIFORM_OR_NOT:
         mode, reason = ("FULL", Reason.HIT) if uniform else ("PIECEWISE", Reason.NOT_UNIFORM)
+    if mode == BY_DECODE_TABLE:
+        by_requests = hasattr(m, "_decode_descs")
+        mode, padded, reason = (
+            ("FULL", 2 * MAX_NUM_SEQS, Reason.HIT)
+            if by_requests
+            else ("PIECEWISE", 16, Reason.NO_FULL_KEY_FOR_SIZE)
+        )
     if mode == VLLM:
         mode = desc.cg_mode.name
         assert mode != "FULL"
@@ -314,6 +331,33 @@ def test_mrv2_table(
     assert mrv2_reason(m, desc, ctx=res.ctx, **kwargs) == reason
     bare = mrv2_reason(m, desc, **kwargs)
     assert bare == (per_version(row.no_ctx, vl.version) if row.no_ctx is not None else reason)
+
+
+@pytest.mark.parametrize("n", [4, 5, MAX_NUM_SEQS])
+def test_mrv2_decode_graph_at_max_num_seqs(
+    n: int, vl: Vllm, mrv2_managers: Callable[[str], tuple[Any, Resolved]]
+) -> None:
+    """vLLM 0.34's decode graphs by request count against 0.33's by token size, on the
+    tree's own manager. Capture sizes [1, 2, 4, 8, 16, 32], max_num_seqs 6, MTP k = 1:
+    to 0.33 the decode graphs are the sizes rounded to 2 within 6 x 2 tokens (1, 2, 4
+    requests), so 5 or 6 decodes miss FULL (no_full_key_for_size, PIECEWISE at 16);
+    0.34 derives request counts from the same sizes (``_split_cudagraph_capture_sizes``)
+    and captures the first one past max_num_seqs at max_num_seqs, so they replay the
+    decode graph of 6 requests, found in ``_decode_descs`` before ``_candidates``."""
+    m, res = mrv2_managers("fap_ub_k1")
+    desc, kwargs = _mrv2_dispatch(m, (2,) * n, False, 0)
+    reason = mrv2_reason(m, desc, ctx=res.ctx, **kwargs)
+    got = (desc.cg_mode.name, desc.num_tokens, reason)
+    if n == 4:  # a captured size in both
+        assert got == ("FULL", 8, Reason.HIT)
+        return
+    if hasattr(m, "_decode_descs"):
+        table = m._decode_descs[(2, 0, 1)]
+        assert len(table) == MAX_NUM_SEQS + 1 and table[n] == desc
+        assert res.vllm_config.compilation_config.decode_cudagraph_capture_request_sizes[-1] == 6
+        assert got == ("FULL", 2 * MAX_NUM_SEQS, Reason.HIT) and desc.num_reqs == MAX_NUM_SEQS
+    else:
+        assert got == ("PIECEWISE", 16, Reason.NO_FULL_KEY_FOR_SIZE)
 
 
 def test_mrv2_not_captured(vl: Vllm, mrv2_managers: Callable[[str], tuple[Any, Resolved]]) -> None:
@@ -356,6 +400,7 @@ def _consistent(
 
 @settings(max_examples=300, deadline=None, database=None)
 @given(engine=st.sampled_from(sorted(ENGINES)), q=batches)
+@pytest.mark.usefixtures("needs_v1")
 def test_v1_reason_agrees_with_dispatch(
     engine: str, q: tuple[int, ...], v1_dispatchers: Callable[[str], tuple[Any, Resolved]]
 ) -> None:

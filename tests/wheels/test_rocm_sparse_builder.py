@@ -38,7 +38,7 @@ from probe.reader.assemble import fill_builds
 from probe.records import Build, Dispatch, Reason
 
 from . import aiter_standin
-from .vllm_env import CAPTURE_SIZES, MAX_NUM_SEQS, Vllm
+from .vllm_env import CAPTURE_SIZES, MAX_NUM_SEQS, Vllm, resolve_kwargs
 
 pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
 
@@ -223,8 +223,9 @@ def _resolve(vc: Any, uq: int, spec: Any) -> Any:
     from probe.reasons import min_support
 
     value, name = min_support([(ROCMAiterMLASparseBackend, spec)], vc)
-    return vc.compilation_config.resolve_cudagraph_mode_and_sizes(
-        AttentionCGSupport(value), name, uniform_decode_query_len=uq, use_v2_model_runner=False
+    cc = vc.compilation_config
+    return cc.resolve_cudagraph_mode_and_sizes(
+        AttentionCGSupport(value), name, uniform_decode_query_len=uq, **resolve_kwargs(cc, v2=False)
     )
 
 
@@ -311,6 +312,7 @@ def _doctor_text(snap: dict[str, Any]) -> str:
     return console.export_text()
 
 
+@pytest.mark.usefixtures("needs_v1")
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("override", [None, "UNIFORM_SINGLE_TOKEN_DECODE"])
 def test_whatif_override_demotes_decode_to_piecewise(

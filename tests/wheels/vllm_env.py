@@ -1,4 +1,4 @@
-"""Helpers for the tests that drive the real vLLM 0.26.0-0.33.0 wheels' Python code on CPU.
+"""Helpers for the tests that drive the real vLLM 0.26.0-0.34.0 wheels' Python code on CPU.
 
 Nothing is faked in the decision code: the dispatcher, the graph manager, the mode
 resolver and the split function are vLLM's own. What a CPU cannot give is set up as
@@ -9,13 +9,12 @@ vLLM; the fixtures in ``conftest.py`` do, once a supported tree is on the path.
 from __future__ import annotations
 
 import importlib.util
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
-SUPPORTED_VERSIONS = ("0.26.0", "0.28.0", "0.30.0", "0.33.0")
+SUPPORTED_VERSIONS = ("0.26.0", "0.28.0", "0.30.0", "0.33.0", "0.34.0")
 
 # Every engine below: the capture sizes vLLM would derive for a small max_num_seqs,
 # and a max_num_seqs that is *not* a capture size over uq, so that some uniform decode
@@ -43,29 +42,12 @@ def tree_vllm_version() -> tuple[str | None, str]:
     return version, str(root)
 
 
-_PLATFORM_PLUGIN = "probe_wheel_tests_cpu_platform"
-
-
-def install_cpu_platform_plugin(where: Path) -> None:
-    """Register a vLLM platform plugin that selects vLLM's own CpuPlatform.
-
-    0.33 honours ``VLLM_TARGET_DEVICE=cpu``; 0.26's ``cpu_platform_plugin`` only looks
-    for "cpu" in the installed vLLM's version string, so on a GPU wheel tree it finds
-    no platform, and ``VllmConfig()`` fails ("Failed to infer device type"). The
-    platform is resolved during ``import vllm`` and bound by name in many modules, so
-    it cannot be swapped afterwards; vLLM's ``vllm.platform_plugins`` entry point is
-    the supported way in. The entry point lives in a throw-away dist-info on sys.path.
-    """
-    (where / f"{_PLATFORM_PLUGIN}.py").write_text(
-        "def activate():\n    return 'vllm.platforms.cpu.CpuPlatform'\n"
-    )
-    info = where / f"{_PLATFORM_PLUGIN}-0.dist-info"
-    info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {_PLATFORM_PLUGIN}\nVersion: 0\n")
-    (info / "entry_points.txt").write_text(
-        f"[vllm.platform_plugins]\ncpu_for_tests = {_PLATFORM_PLUGIN}:activate\n"
-    )
-    sys.path.append(str(where))
+def tree_has(module: str) -> bool:
+    """Whether the vLLM on the path ships ``module`` (found, not imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
 
 
 @dataclass
@@ -84,6 +66,17 @@ class Vllm:
     @property
     def is_026(self) -> bool:
         return self.version == "0.26.0"
+
+    @property
+    def has_v1(self) -> bool:
+        """The tree has the classic runner (its dispatcher imported)."""
+        return self.CudagraphDispatcher is not None
+
+    @property
+    def has_split_sizes(self) -> bool:
+        """MRV2 sizes its graphs by prefill token sizes and decode request sizes."""
+        fields = getattr(self.config.CompilationConfig, "__dataclass_fields__", {})
+        return "decode_cudagraph_capture_request_sizes" in fields
 
 
 @dataclass(frozen=True)
@@ -147,7 +140,37 @@ def make_vllm_config(vl: Vllm, engine: Engine) -> Any:
 
         vc.lora_config = LoRAConfig(max_loras=engine.max_loras)
         cc.cudagraph_specialize_lora = engine.specialize_lora
+    split_sizes(vc, engine.uq)
     return vc
+
+
+def split_sizes(vc: Any, uq: int) -> None:
+    """0.34 on: the prefill token sizes and decode request sizes vLLM derives from the
+    capture sizes a user gave (``legacy_sizes``), by its own ``VllmConfig`` code, as its
+    ``__post_init__`` does on a GPU platform; nothing on a release without them."""
+    split = getattr(vc, "_split_cudagraph_capture_sizes", None)
+    if split is None or vc.compilation_config.cudagraph_mode.name == "NONE":
+        return  # vLLM resolves no sizes for an engine without graphs
+    split(True, vc.get_decode_cudagraph_query_lens(uq))
+
+
+def decode_query_kwargs(vc: Any, manager_cls: Any, uq: int) -> dict[str, Any]:
+    """What the tree's graph manager takes for its decode query length, as the runner
+    passes it: 0.34 ``decode_query_lens`` (by ``get_decode_cudagraph_query_lens``),
+    before that ``decode_query_len``."""
+    import inspect
+
+    if "decode_query_lens" in inspect.signature(manager_cls.__init__).parameters:
+        return {"decode_query_lens": vc.get_decode_cudagraph_query_lens(uq)}
+    return {"decode_query_len": uq}
+
+
+def resolve_kwargs(cc: Any, *, v2: bool) -> dict[str, Any]:
+    """``use_v2_model_runner`` where the tree's resolver takes it (0.26 to 0.33)."""
+    import inspect
+
+    params = inspect.signature(cc.resolve_cudagraph_mode_and_sizes).parameters
+    return {"use_v2_model_runner": v2} if "use_v2_model_runner" in params else {}
 
 
 @dataclass
@@ -169,8 +192,9 @@ def resolve(vl: Vllm, engine: Engine, *, v2: bool) -> Resolved:
         if engine.support == "UNIFORM_BATCH"
         else "ROCMAiterMLASparseBackend"
     )
-    mode = vc.compilation_config.resolve_cudagraph_mode_and_sizes(
-        support, backend, uniform_decode_query_len=engine.uq, use_v2_model_runner=v2
+    cc = vc.compilation_config
+    mode = cc.resolve_cudagraph_mode_and_sizes(
+        support, backend, uniform_decode_query_len=engine.uq, **resolve_kwargs(cc, v2=v2)
     )
     ctx = GraphContext(
         requested_mode=engine.requested,
@@ -205,7 +229,7 @@ def make_manager(
         res.vllm_config,
         torch.device("cpu"),
         res.mode,
-        decode_query_len=res.engine.uq,
+        **decode_query_kwargs(res.vllm_config, ModelCudaGraphManager, res.engine.uq),
         lora_capture_cases=lora_capture_cases,
     )
     m._graphs_captured = captured

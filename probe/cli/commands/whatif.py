@@ -7,12 +7,14 @@
     probe whatif a.probe.db --support FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE \
         --costs-from b.probe.db                        # host time from the run that ran it
 
+    probe whatif run.probe.db --decode-cudagraph-capture-request-sizes 1,2,4,8,16,32,64
+
 Columns: what was recorded; the recording's own settings replayed (every step's mode and
 reason must come out as recorded); the what-if; the suggested capture sizes. Each with its
 steady host time per step and CPU launch overhead (recorded: measured; the others
-predicted by :mod:`probe.analysis.costmodel` from the per-(mode, shape) costs of the recording, then
-of ``--costs-from``), or the shapes it has no cost for. Needs vLLM
-(0.26 to 0.33) importable; it runs on CPU (``VLLM_TARGET_DEVICE=cpu`` for a GPU build).
+predicted by :mod:`probe.analysis.costmodel` from the per-(mode, shape) costs of the
+recording, then of ``--costs-from``), or the shapes it has no cost for. Needs vLLM (0.26
+to 0.34) importable; it runs on CPU, a GPU build included (docs/whatif.md).
 """
 
 from __future__ import annotations
@@ -33,6 +35,13 @@ def _sizes(text: str) -> tuple[int, ...]:
         return parse_sizes(text)
     except WhatIfError as exc:
         raise argparse.ArgumentTypeError(str(exc).partition(": ")[2]) from None
+
+
+def _sizes_or_none(text: str) -> tuple[int, ...]:
+    """Sizes, or nothing at all ("" or "none": vLLM's [], captures none)."""
+    if text.strip().lower() in ("", "none", "[]"):
+        return ()
+    return _sizes(text)
 
 
 def _mode(text: str) -> str:
@@ -61,6 +70,7 @@ def _costs_from(path: str | None) -> Any:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
+    from probe.analysis.capture_sizes import SPLIT_SIZE_FIELDS
     from probe.analysis.whatif import Setting, VllmError, WhatIfError, parse_support, whatif
     from probe.reader.recording import RecordingError
 
@@ -71,6 +81,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
             capture_sizes=args.capture_sizes,
             max_capture_size=args.max_capture_size,
             support=parse_support(args.support or ()),
+            split=tuple(
+                (k, getattr(args, k)) for k in SPLIT_SIZE_FIELDS if getattr(args, k) is not None
+            ),
         )
         steps = list(rec.iter_steps())
         snaps = {p["pid"]: p["snapshot"] for p in rec.processes() if p.get("snapshot")}
@@ -160,6 +173,10 @@ def render(r: dict[str, Any], con: Any) -> None:
             lines += [f"vLLM: {m}" for m in c["vllm_messages"]]
         grid.add_row(c["column"], "\n".join(lines))
     con.print(grid)
+    if r.get("vllm_platform"):
+        con.print(f"[dim]vLLM platform: {r['vllm_platform']}[/dim]")
+    for g in r.get("not_in_installed_vllm") or ():
+        con.print(f"[yellow]recorded setting[/] {g['setting']}: {g['note']}")
     t = Table(title="per setting (forward steps of the target model)", title_justify="left")
     t.add_column("")
     for c in cols:
@@ -214,7 +231,14 @@ def render(r: dict[str, Any], con: Any) -> None:
             con.print(f"  {label} {_pct(a)} → {_pct(b)}{delta}")
     render_worth(r, con)
     s = r["suggestion"]
-    if s.get("sizes") and s.get("verified"):
+    if s.get("split") and s.get("verified"):
+        lists = "; ".join(f"{k} {', '.join(map(str, v))}" for k, v in s["split"].items())
+        con.print(
+            f"[bold]suggested graph sizes[/] (at most {s['limit']} each, keeping each "
+            f"largest, for the {s['settings']} settings): {lists} — padding "
+            f"{s['padding_tokens']} tokens (now {s['padding_tokens_now']})"
+        )
+    elif s.get("sizes") and s.get("verified"):
         con.print(
             f"[bold]suggested capture sizes[/] (at most {s['limit']}, keeping the largest "
             f"{s['largest']}, for the {s['settings']} settings): {', '.join(map(str, s['sizes']))}"
@@ -239,6 +263,21 @@ def add_parser(sub: Any) -> None:
     q.add_argument(
         "--max-capture-size", type=positive_int, metavar="N", help="max_cudagraph_capture_size"
     )
+    # Model Runner V2's split graph sizes (vLLM 0.34 on), in vLLM's own names
+    for name, kind, what in (
+        ("prefill_cudagraph_capture_token_sizes", "sizes", "token counts of prefill graphs"),
+        ("max_prefill_cudagraph_capture_tokens", "int", "largest prefill graph, in tokens"),
+        ("decode_cudagraph_capture_request_sizes", "sizes", "request counts of decode graphs"),
+        ("max_decode_cudagraph_capture_requests", "int", "largest decode graph, in requests"),
+        ("max_decode_cudagraph_capture_tokens", "int", "token budget of a decode graph"),
+    ):
+        q.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=_sizes_or_none if kind == "sizes" else positive_int,
+            metavar="N,N,..." if kind == "sizes" else "N",
+            help=f"{name} (vLLM 0.34 on): {what}",
+        )
     q.add_argument(
         "--support",
         action="append",

@@ -38,7 +38,7 @@ from typing import Any
 
 from probe.engine import calibrate, markers
 from probe.engine.hooks import builders, dispatch, reorder, replay, snapshot, step
-from probe.engine.hooks._base import Family, Hook, Installer, InstallReport, Target
+from probe.engine.hooks._base import Family, Hook, Installer, InstallReport, Target, not_in_vllm
 from probe.engine.runtime import RT
 from probe.records import BlobType
 
@@ -83,10 +83,10 @@ def install(families: Sequence[str] | None = None, *, lazy: bool = True) -> Inst
         _families[:] = list(FAMILIES) if families is None else list(families)
         now: list[Target] = []
         for t in targets(_families):
-            if lazy and t.module not in sys.modules:
+            if lazy and t.module not in sys.modules and not not_in_vllm(t.module):
                 _deferred.setdefault(t.module, []).append(t)
             else:
-                now.append(t)
+                now.append(t)  # a module this vLLM lacks is reported, once, by install
         report = INSTALLER.install(now)
         if _deferred:
             _PostImport.arm()
@@ -122,13 +122,16 @@ def _install_missing(families: Sequence[str] | None, *, lazy: bool = True) -> No
     for t in targets(names):
         if t.hook_id in have or t.hook_id in pending:
             continue
-        if lazy and t.module not in sys.modules:
+        if lazy and t.module not in sys.modules and not not_in_vllm(t.module):
             _deferred.setdefault(t.module, []).append(t)
         else:
             now.append(t)
     report = INSTALLER.install(now)
     LAST_REPORT.installed.extend(report.installed)
     LAST_REPORT.missing.extend(report.missing)
+    for hook_id, why in report.not_in_vllm:
+        if all(h != hook_id for h, _ in LAST_REPORT.not_in_vllm):
+            LAST_REPORT.not_in_vllm.append((hook_id, why))
     if _deferred:
         _PostImport.arm()
 
@@ -377,6 +380,9 @@ def write_snapshot(runner: Any) -> dict[str, Any]:
     snap["hooks"] = {
         "installed": INSTALLER.installed_ids(),
         "missing": [*LAST_REPORT.missing, *not_imported],
+        # targets of modules this vLLM does not ship (the classic runner's on a release
+        # with Model Runner V2 only): each once, and not counted as missing hooks
+        "not_in_this_vllm": list(LAST_REPORT.not_in_vllm),
     }
     snap["probe"] = {
         "hot_path": RT.hot_path,

@@ -23,12 +23,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import logging
 import sys
 import time
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from probe.engine import accel
@@ -140,6 +142,36 @@ class InstallReport:
     installed: list[str] = field(default_factory=list)
     missing: list[tuple[str, str]] = field(default_factory=list)
     already: list[str] = field(default_factory=list)
+    #: targets whose module the installed vLLM does not ship at all (e.g. the classic
+    #: runner's on a release with Model Runner V2 only): not a missing hook
+    not_in_vllm: list[tuple[str, str]] = field(default_factory=list)
+
+    def add_not_in_vllm(self, target: Target) -> None:
+        """Record ``target`` as not in this vLLM, once."""
+        if all(hid != target.hook_id for hid, _ in self.not_in_vllm):
+            self.not_in_vllm.append((target.hook_id, f"{target.module}: not in this vLLM"))
+
+
+def not_in_vllm(module: str) -> bool:
+    """Whether ``module`` is a ``vllm`` module the installed vLLM does not ship (a file
+    check under the package's folder: nothing is imported). False where vLLM itself is
+    not installed: that is a missing target, not a release without it."""
+    top, _, rest = module.partition(".")
+    if top != "vllm" or not rest:
+        return False
+    paths = list(getattr(sys.modules.get(top), "__path__", None) or ())
+    if not paths:
+        try:
+            spec = importlib.util.find_spec(top)  # a top-level name: nothing is imported
+        except (ImportError, ValueError):
+            return False
+        paths = list(spec.submodule_search_locations or ()) if spec is not None else []
+    if not paths:
+        return False
+    rel = rest.replace(".", "/")
+    return not any(
+        (Path(p) / f"{rel}.py").exists() or (Path(p) / rel / "__init__.py").exists() for p in paths
+    )
 
 
 def loaded_runner_class(module: str, runner: Any) -> type | None:
@@ -196,6 +228,9 @@ class Installer:
     def install(self, targets: Iterable[Target]) -> InstallReport:
         report = InstallReport()
         for target in targets:
+            if not_in_vllm(target.module):
+                report.add_not_in_vllm(target)
+                continue
             try:
                 owner = resolve_owner(target.module, target.owner)
             except LookupError as exc:

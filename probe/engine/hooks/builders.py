@@ -1,6 +1,6 @@
 """Attention-metadata builds: which builder, how long, what split it made.
 
-Supports vLLM 0.26 to 0.33 and any ``AttentionMetadataBuilder`` subclass: the sparse-MLA
+Supports vLLM 0.26 to 0.34 and any ``AttentionMetadataBuilder`` subclass: the sparse-MLA
 builders (ROCm aiter, FlashMLA sparse, FlashAttn/FlashInfer MLA sparse), the V3.2
 indexer, and every other backend. Builder classes are imported lazily by vLLM, so these
 targets are resolved late: on the first enabled step, every loaded subclass that defines
@@ -163,5 +163,5 @@ TARGETS: tuple[Target, ...] = (
     Target("sync.device", "torch.cuda", "", "synchronize", step.span(Phase.SYNC_STALL)),
 )
 
-FAMILY = Family("builders", "0.26-0.33", TARGETS, late_targets)
+FAMILY = Family("builders", "0.26-0.34", TARGETS, late_targets)
 TARGETS = FAMILY.targets  # each marked with its family

@@ -1,6 +1,6 @@
 """Graph dispatch decisions with their miss reason, for both runners.
 
-Supports vLLM 0.26 to 0.33.
+Supports vLLM 0.26 to 0.34 (0.34: Model Runner V2 only; the V1 targets are not in it).
 
 - V1: ``CudagraphDispatcher.dispatch`` decides; ``GPUModelRunner.
   _determine_batch_execution_and_padding`` around it knows the real request count and the
@@ -619,5 +619,5 @@ def late_targets(runner: Any) -> list[tuple[Target, Any]]:
     return out
 
 
-FAMILY = Family("dispatch", "0.26-0.33", TARGETS, late_targets)
+FAMILY = Family("dispatch", "0.26-0.34", TARGETS, late_targets)
 TARGETS = FAMILY.targets  # each marked with its family

@@ -1,6 +1,6 @@
 """Batch reorder decisions.
 
-Supports vLLM 0.26 to 0.33.
+Supports vLLM 0.26 to 0.34 (0.34: Model Runner V2 only; the V1 target is not in it).
 
 - V1: ``GPUModelRunner._may_reorder_batch`` calls ``reorder_batch_to_split_decodes_and_
   prefills`` with the runner's ``reorder_batch_threshold`` (the minimum over the
@@ -144,5 +144,5 @@ TARGETS: tuple[Target, ...] = (
     ),
 )
 
-FAMILY = Family("reorder", "0.26-0.33", TARGETS)
+FAMILY = Family("reorder", "0.26-0.34", TARGETS)
 TARGETS = FAMILY.targets  # each marked with its family

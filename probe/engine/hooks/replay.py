@@ -1,6 +1,6 @@
 """Replay confirmation: the graph really replayed (or was captured, or passed through).
 
-Supports vLLM 0.26 to 0.33.
+Supports vLLM 0.26 to 0.34.
 
 - ``CUDAGraphWrapper.__call__`` (V1 FULL around the model; one PIECEWISE wrapper per
   torch.compile piece in either runner). A call whose forward-context mode matches the
@@ -234,5 +234,5 @@ TARGETS: tuple[Target, ...] = (
     ),
 )
 
-FAMILY = Family("replay", "0.26-0.33", TARGETS)
+FAMILY = Family("replay", "0.26-0.34", TARGETS)
 TARGETS = FAMILY.targets  # each marked with its family

@@ -1,6 +1,7 @@
 """The static picture (the ``doctor`` view), the resolve hook, and the what-if override.
 
-Supports vLLM 0.26 to 0.33.
+Supports vLLM 0.26 to 0.34 (0.34: Model Runner V2's split graph sizes and its decode
+graphs by request count, breakable graphs from the compilation config).
 
 - ``CompilationConfig.resolve_cudagraph_mode_and_sizes`` is wrapped from plugin load on,
   always (it runs once per process at start-up, so it costs nothing per step): it records
@@ -29,6 +30,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from probe.calls import SPLIT_SIZE_FIELDS
 from probe.engine.hooks._base import Family, Hook, Target, resolve_owner
 from probe.engine.identity import live_ranks, model_name
 from probe.engine.runtime import RT
@@ -274,8 +276,12 @@ def take_snapshot(runner: Any) -> dict[str, Any]:
         "cudagraph_mode": _name(getattr(cc, "cudagraph_mode", None)),
         "cudagraph_capture_sizes": sizes,
         "max_cudagraph_capture_size": getattr(cc, "max_cudagraph_capture_size", None),
-        "breakable_cudagraph": os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH"),
+        "breakable_cudagraph": breakable_cudagraph(cc),
+        **split_sizes(cc),
     }
+    decode_graphs = decode_graph_requests(getattr(runner, "cudagraph_manager", None))
+    if decode_graphs is not None:
+        snap["decode_graphs"] = decode_graphs
     snap["max_num_seqs"] = getattr(sc, "max_num_seqs", None)
     snap["chunked_prefill"] = getattr(sc, "enable_chunked_prefill", None)
     snap["max_num_batched_tokens"] = getattr(sc, "max_num_batched_tokens", None)
@@ -331,6 +337,41 @@ def take_snapshot(runner: Any) -> dict[str, Any]:
     return snap
 
 
+def split_sizes(cc: Any) -> dict[str, Any]:
+    """The split graph sizes as resolved, where the compilation config has them."""
+    out: dict[str, Any] = {}
+    for name in SPLIT_SIZE_FIELDS:
+        if hasattr(cc, name):
+            v = getattr(cc, name)
+            out[name] = list(v) if isinstance(v, (list, tuple)) else v
+    return out
+
+
+def breakable_cudagraph(cc: Any) -> Any:
+    """Whether breakable CUDA graphs are on: the compilation config's own setting where
+    it has one (vLLM 0.34 on: resolved at start-up, no longer written to the
+    environment), else ``VLLM_USE_BREAKABLE_CUDAGRAPH`` as the process has it."""
+    value = getattr(cc, "use_breakable_cudagraph", None)
+    if isinstance(value, bool):
+        return value
+    return os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH")
+
+
+def decode_graph_requests(manager: Any) -> dict[str, list[int]] | None:
+    """MRV2's uniform-decode graphs by request count, per decode query length, from the
+    manager's ``_decode_descs`` table (vLLM 0.34 on; None before): ``{"2": [1, 2, 4]}``."""
+    table = getattr(manager, "_decode_descs", None)
+    if not isinstance(table, dict):
+        return None
+    out: dict[str, set[int]] = {}
+    for key, descs in table.items():
+        q = str(key[0] if isinstance(key, tuple) else key)
+        out.setdefault(q, set()).update(
+            int(d.num_reqs) for d in descs if getattr(d, "num_reqs", None) is not None
+        )
+    return {q: sorted(v) for q, v in sorted(out.items())}
+
+
 def support_follows_attribute(cls: type, vllm_config: Any, kv_cache_spec: Any) -> bool | None:
     """Whether ``cls.get_cudagraph_support()`` returns what ``_cudagraph_support`` says.
 
@@ -371,5 +412,5 @@ def snapshot_json(runner: Any) -> bytes:
     return json.dumps(take_snapshot(runner), default=str).encode()
 
 
-FAMILY = Family("static", "0.26-0.33", TARGETS)
+FAMILY = Family("static", "0.26-0.34", TARGETS)
 TARGETS = FAMILY.targets  # each marked with its family

