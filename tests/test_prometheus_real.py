@@ -160,7 +160,11 @@ def fed(prom: tuple[str, ServingSink]) -> str:
 
 def _concrete(expr: str) -> str:
     """A dashboard query as Grafana would send it with every variable at "All"."""
-    return re.sub(r"\$\{?(\w+)\}?", ".*", expr.replace("$__rate_interval", "1m"))
+    return re.sub(
+        r"\$\{?(\w+)\}?",
+        ".*",
+        expr.replace("$__rate_interval", "1m").replace("$__range", "1h"),
+    )
 
 
 ALL = [(f, where, expr) for f, build in DASHBOARDS.items() for where, expr in queries(build())]
