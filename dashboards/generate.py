@@ -100,6 +100,10 @@ STEPS_BY_INSTANCE = f"sum by (job, instance) (last_over_time({m('steps_total')}[
 STEPS_TOTAL = f"sum(last_over_time({m('steps_total')}[$__range]))"
 
 
+#: the stat panels that show a count, not a ratio
+COUNT_STATS = ("Forward steps counted", "Engine restarts", "Processes attached")
+
+
 def concrete(expr: str, window: str = "1h", rate_window: str = "1m") -> str:
     """A dashboard query as Grafana sends it with every variable at "All" (``$__range``
     as ``window``, ``$__rate_interval`` as ``rate_window``)."""

@@ -108,7 +108,8 @@ class PrometheusSink(ExportSink):
 
     def agent_event(self, name: str, value: float = 1.0) -> None:
         """Add ``value`` to an agent counter (set a gauge)."""
-        m = self.agent.get(f"vllm_graph_probe_agent_{name}")
+        full = f"vllm_graph_probe_agent_{name}"
+        m = self.agent.get(full) or self.agent.get(f"{full}_total")
         if m is None:
             return
         with self._lock:

@@ -92,6 +92,20 @@ def test_close_without_a_scraper_does_not_wait() -> None:
     assert time.monotonic() - t0 < 5
 
 
+def test_the_agents_own_counters() -> None:
+    sink = PrometheusSink()
+    sink.add_agent_metrics()
+    sink.agent_event("attaches")
+    sink.agent_event("attaches")
+    sink.agent_event("restarts")
+    sink.agent_event("attached", 3)
+    text = sink.exposition().decode()
+    assert "vllm_graph_probe_agent_attaches_total 2.0" in text
+    assert "vllm_graph_probe_agent_restarts_total 1.0" in text
+    assert "vllm_graph_probe_agent_detaches_total 0.0" in text
+    assert "vllm_graph_probe_agent_attached 3.0" in text
+
+
 def test_an_ended_process_is_forgotten() -> None:
     info, steps = _info_and_steps()
     sink = PrometheusSink()
