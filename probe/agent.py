@@ -230,11 +230,13 @@ class Agent:
 
     def scan(self) -> None:
         """Enable every armed process not attached yet."""
+        seen: set[int] = set()
         for d in self.run_dirs:
             try:
                 found = sockets(d)
             except OSError:
                 continue
+            seen.update(found)
             new = [(pid, path) for pid, path in sorted(found.items()) if pid not in self.attached]
             if not new:
                 continue
@@ -255,6 +257,8 @@ class Agent:
                 todo.append(a)
             if todo:
                 self._enable(d, todo)
+        for pid in [p for p in self.skipped if p not in seen]:  # gone: nothing kept of it
+            del self.skipped[pid]
 
     def _enable(self, run_dir: Path, procs: list[Armed]) -> None:
         args: dict[str, Any] = {}
