@@ -278,6 +278,7 @@ def test_counters_equal_the_recordings_for_every_process(fleet: Fleet) -> None:
     for node in (fleet.a, fleet.b):
         want, got = _until_equal(fleet.base, node)
         assert want and got == want, (node.name, dict(want), dict(got))
+        print(f"agent {node.name}: recordings {dict(want)}, counters {dict(got)}")
     # A's engine ran three times: three processes with steps, each its own series
     assert len(fleet.a.recorded()) == RESTARTS + 1, fleet.a.recorded()
     assert len(fleet.b.recorded()) == 1

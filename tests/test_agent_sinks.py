@@ -6,6 +6,7 @@ rolling recordings (rotation, retention, every step in exactly one file)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 import urllib.request
@@ -147,3 +148,46 @@ def test_rolling_recordings_rotate_keep_and_hold_every_step_once(tmp_path: Path)
     for p in files:  # each file carries the process's facts
         [row] = Recording.open(p).processes()
         assert row["snapshot"]
+
+
+def test_the_agent_enables_a_process_and_follows_its_hooks_going_off(
+    run_dir: Path, clean_probe: None
+) -> None:
+    """A real control server (in this process): the agent finds its socket, enables it
+    (one log line), and when the hooks go off without it (another client's disable)
+    finishes it (one log line) and enables it again at the next scan; at close the
+    process is disabled."""
+    import io
+
+    from probe import agent as agent_mod
+    from probe import hooks
+    from probe.control import request
+    from probe.control_server import ControlServer
+
+    hooks.install(list(hooks.ALWAYS_ON))
+    srv = ControlServer(run_dir, environ={"PROBE_GPU_TIMING": "0"})
+    srv.open()
+    clock = {"t": 0.0}
+    log = io.StringIO()
+    sink = PrometheusSink()
+    try:
+        ag = agent_mod.Agent([run_dir], [sink], scan_s=1.0, log=log, clock=lambda: clock["t"])
+        ag.step()
+        assert list(ag.attached) == [os.getpid()]
+        st = request(srv.path, "status", timeout=5)
+        assert st["enabled"] and st["attached_by"] == os.getpid()
+        request(srv.path, "disable", timeout=5)  # off without the agent
+        clock["t"] += agent_mod.STATUS_EVERY_S
+        ag.step()  # its status check finds it off, finishes it
+        assert not ag.attached and ag.counts["detaches"] == 1
+        clock["t"] += 1.0
+        ag.step()  # the next scan enables it again
+        assert list(ag.attached) == [os.getpid()] and ag.counts["attaches"] == 2
+        ag.close()
+        assert not request(srv.path, "status", timeout=5)["enabled"]
+        lines = log.getvalue().splitlines()
+        assert sum("attached pid" in ln for ln in lines) == 2
+        assert sum("detached pid" in ln for ln in lines) == 2  # the disable, the close
+        assert "its hooks went off (disable)" in log.getvalue()
+    finally:
+        srv.close()
