@@ -232,7 +232,7 @@ class Fleet:
     base: str
     a: Node
     b: Node
-    killed_at: float = 0.0
+    attach_port: int = 0
 
 
 @pytest.fixture(scope="module")
@@ -248,8 +248,9 @@ def fleet() -> Iterator[Fleet]:
         os.chmod(n.run_dir, 0o700)
         n.rec_dir.mkdir()
     a, b = nodes
+    attach_port = _free_port()  # a probe attach's endpoint, scraped from its start
     try:
-        with prometheus_server(root, [a.instance, b.instance]) as base:
+        with prometheus_server(root, [a.instance, b.instance, f"127.0.0.1:{attach_port}"]) as base:
             for n in nodes:  # the agents first: the servers appear under them
                 n.start_agent()
             for n in nodes:
@@ -264,7 +265,7 @@ def fleet() -> Iterator[Fleet]:
                 a.wait_up()
                 a.load()
             b.load(6)
-            yield Fleet(base, a, b)
+            yield Fleet(base, a, b, attach_port)
     finally:
         for n in nodes:
             if n.agent is not None and n.agent.poll() is None:
@@ -392,3 +393,53 @@ def test_sigterm_lets_the_final_values_be_scraped(fleet: Fleet) -> None:
     for path in sockets(node.run_dir).values():
         st = request(path, "status", timeout=5)
         assert not st["enabled"] and st["last_off"]["reason"] == "disable", st
+
+
+def test_an_attach_endpoint_is_scraped_to_its_last_step(fleet: Fleet, tmp_path: Path) -> None:
+    """``probe attach --duration --prometheus --record``: by the final scrape every
+    recorded step is in the counters (the endpoint stays up until it was scraped)."""
+    import threading
+
+    from probe.recording import Recording
+
+    node = fleet.b  # its agent stopped: the server is free for an attach
+    rec = tmp_path / "attach.probe.db"
+    stop = threading.Event()
+
+    def drive() -> None:
+        while not stop.is_set():
+            node.load(6)
+
+    t = threading.Thread(target=drive)
+    t.start()
+    try:
+        out = subprocess.run(
+            [
+                PROBE,
+                "attach",
+                "--run-dir",
+                str(node.run_dir),
+                "--url",
+                f"http://127.0.0.1:{node.port}",
+                "--duration",
+                "8",
+                "--prometheus",
+                f"127.0.0.1:{fleet.attach_port}",
+                "--record",
+                str(rec),
+                "--no-live",
+            ],
+            env=node.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        stop.set()
+        t.join(timeout=300)
+    assert out.returncode == 0, out.stderr
+    want = sum(1 for s in Recording.open(rec).iter_steps() if s.forward)
+    sel = f'instance="127.0.0.1:{fleet.attach_port}"'
+    got = _by(fleet.base, f"sum(last_over_time(vllm_graph_probe_steps_total{{{sel}}}[30m]))")
+    print(f"attach: recording {want} forward steps, final scrape {got}")
+    assert want > 0 and list(got.values()) == [float(want)]
