@@ -191,3 +191,26 @@ def test_the_agent_enables_a_process_and_follows_its_hooks_going_off(
         assert "its hooks went off (disable)" in log.getvalue()
     finally:
         srv.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ([], "give at least one of --prometheus, --otlp, --record-dir"),
+        (["--run-dir", "/nonexistent-run-dir", "--prometheus", "127.0.0.1:0"], "no such directory"),
+        (["--record-dir", "/nonexistent-rec-dir"], "not a directory"),
+        (["--prometheus", "127.0.0.1:0", "--hooks", "bogus"], "unknown hook families"),
+        (["--prometheus", "127.0.0.1:0", "--sample", "0"], "--sample"),
+    ],
+)
+def test_bad_input_is_one_line(argv: list[str], says: str) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "probe", "agent", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("probe: error:")]
+    assert len(lines) == 1 and says in lines[0], out.stderr
+    assert "Traceback" not in out.stderr

@@ -121,11 +121,16 @@ def cmd_agent(args: argparse.Namespace) -> int:
 def _run_dirs(args: argparse.Namespace) -> list[Path]:
     from probe.ring_dir import UnsafeRingDirError, candidate_run_dirs, check_ring_dir
 
-    try:
-        if args.run_dir:
-            return [check_ring_dir(d) for d in args.run_dir]
-    except (UnsafeRingDirError, FileNotFoundError, NotADirectoryError) as exc:
-        raise UsageError(str(exc)) from None
+    out = []
+    for d in args.run_dir or ():
+        try:
+            out.append(check_ring_dir(d))
+        except (FileNotFoundError, NotADirectoryError):
+            raise UsageError(f"--run-dir {d}: no such directory") from None
+        except UnsafeRingDirError as exc:
+            raise UsageError(str(exc)) from None
+    if out:
+        return out
     dirs = candidate_run_dirs()
     if not dirs:
         from probe.ring_dir import default_ring_dir
