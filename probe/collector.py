@@ -367,7 +367,12 @@ class Collector:
         its processes (``probe agent``) holds no state per ended process. Returns the
         process's final state (its counts), None for a pid not read."""
         proc = self.procs.get(pid)
-        if proc is None:
+        if proc is None:  # never mapped (gone before it could be): nothing kept of it
+            for p in [p for p in self._explicit if RING_RE.match(p.name) and _pid_of(p) == pid]:
+                self._explicit.remove(p)
+                fd = self._fds.pop(p, None)
+                if fd is not None:
+                    os.close(fd)
             return None
         try:
             self._flush_one(proc)
@@ -401,6 +406,11 @@ class Collector:
             os.close(self._fds.popitem()[1])
         if fatal is not None:
             raise fatal
+
+
+def _pid_of(ring: Path) -> int | None:
+    m = RING_RE.match(ring.name)
+    return int(m.group(1)) if m else None
 
 
 class RecordingSink:
