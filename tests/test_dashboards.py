@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import dashboards.generate as gen
+from exporters.base import AGENT_METRICS
 from exporters.metrics import METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +44,7 @@ def test_histogram_suffixes_only_on_histograms() -> None:
 def test_every_metric_is_documented() -> None:
     doc = (ROOT / "docs" / "metrics.md").read_text()
     missing = [name for name in METRICS if f"`{name}`" not in doc]
+    missing += [name for name, _, _ in AGENT_METRICS if f"`{name}`" not in doc]
     assert not missing
 
 
