@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from exporters.base import AGENT_METRICS
 from exporters.metrics import METRICS, NAMESPACE, probe_cost_queries, ratio_queries
 
 HERE = Path(__file__).resolve().parent
@@ -39,10 +40,15 @@ VARIABLES: tuple[tuple[str, str], ...] = (
     ("model_name", "Model"),
     ("tp_rank", "TP rank"),
     ("pp_rank", "PP rank"),
+    ("dp_rank", "DP rank"),
 )
 SEL = ", ".join(f'{v}=~"${v}"' for v, _ in VARIABLES)
 NO_TRAFFIC = "No traffic"
+NO_CALIBRATION = "No calibration in these processes (or no traffic)"
+NO_DEVICE_TIMING = "No device timings (a CPU engine, or timing off)"
 N = NAMESPACE
+#: the agents' own series carry no process labels: only job and instance select them
+AGENT_SEL = 'job=~"$job", instance=~"$instance"'
 
 
 def m(name: str, extra: str = "") -> str:
@@ -75,11 +81,34 @@ COST_LABELS = {
 }
 LEGEND = {"displayMode": "list", "placement": "bottom", "showLegend": True, "calcs": []}
 
-#: no data, null and NaN (a quantile over an empty window) read "No traffic"
-NO_TRAFFIC_MAPPINGS: list[dict[str, Any]] = [
-    {"type": "special", "options": {"match": m, "result": {"text": NO_TRAFFIC, "index": i}}}
-    for i, m in enumerate(("null", "nan"))
-]
+
+def no_data(text: str) -> list[dict[str, Any]]:
+    """Value mappings: null and NaN (a quantile over an empty window) read ``text``."""
+    return [
+        {"type": "special", "options": {"match": m, "result": {"text": text, "index": i}}}
+        for i, m in enumerate(("null", "nan"))
+    ]
+
+
+#: no data, null and NaN read "No traffic"
+NO_TRAFFIC_MAPPINGS: list[dict[str, Any]] = no_data(NO_TRAFFIC)
+
+#: forward steps counted, per agent and in all: each process's series at its last value in
+#: the time range. A restarted engine is a new series (its pid), never a reset of one, so
+#: the sum over series is every step the agents counted, restarts included.
+STEPS_BY_INSTANCE = f"sum by (job, instance) (last_over_time({m('steps_total')}[$__range]))"
+STEPS_TOTAL = f"sum(last_over_time({m('steps_total')}[$__range]))"
+
+
+#: the stat panels that show a count, not a ratio
+COUNT_STATS = ("Forward steps counted", "Engine restarts", "Processes attached")
+
+
+def concrete(expr: str, window: str = "1h", rate_window: str = "1m") -> str:
+    """A dashboard query as Grafana sends it with every variable at "All" (``$__range``
+    as ``window``, ``$__rate_interval`` as ``rate_window``)."""
+    expr = expr.replace("$__range", window).replace("$__rate_interval", rate_window)
+    return re.sub(r"\$\{?(\w+)\}?", ".*", expr)
 
 
 def target(expr: str, legend: str = "", ref: str = "A", **kw: Any) -> dict[str, Any]:
@@ -99,11 +128,12 @@ def panel(
     transformations: Sequence[dict[str, Any]] = (),
     w: int = 12,
     h: int = 8,
+    no_value: str = NO_TRAFFIC,
 ) -> dict[str, Any]:
     defaults: dict[str, Any] = {
         "unit": "percentunit" if ratio else unit,
-        "noValue": NO_TRAFFIC,
-        "mappings": NO_TRAFFIC_MAPPINGS,
+        "noValue": no_value,
+        "mappings": no_data(no_value),
     }
     if ratio:
         defaults.update(min=0, max=1)
@@ -129,9 +159,15 @@ def panel(
 
 
 def table(
-    title: str, description: str, expr: str, keep: Sequence[str], w: int = 24
+    title: str,
+    description: str,
+    expr: str,
+    keep: Sequence[str],
+    w: int = 24,
+    *,
+    show_value: bool = False,
 ) -> dict[str, Any]:
-    hide = {"Time": True, "Value": True, "__name__": True}
+    hide = {"Time": True, "Value": not show_value, "__name__": True}
     return panel(
         title,
         description,
@@ -153,7 +189,13 @@ def table(
 
 
 def stat(
-    title: str, description: str, expr: str, *, ratio: bool = True, unit: str = "s"
+    title: str,
+    description: str,
+    expr: str,
+    *,
+    ratio: bool = True,
+    unit: str = "s",
+    no_value: str = NO_TRAFFIC,
 ) -> dict[str, Any]:
     """A headline number: the ratio over the dashboard's time range end (last value)."""
     return panel(
@@ -163,6 +205,7 @@ def stat(
         kind="stat",
         ratio=ratio,
         unit=unit,
+        no_value=no_value,
         options={
             "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
             "colorMode": "value",
@@ -277,6 +320,39 @@ def graph_path() -> dict[str, Any]:
             "Reorder changed",
             "Batch reorder decisions that changed the order.",
             R["reorder_changed_share"],
+        ),
+        stat(
+            "Forward steps counted",
+            "Every forward step the agents counted in the time range, over the selected "
+            "instances, restarts included (each process is its own series).",
+            STEPS_TOTAL,
+            ratio=False,
+            unit="short",
+        ),
+        stat(
+            "Engine restarts",
+            "Processes that took the place of one that ended (probe agent), over the "
+            "selected instances.",
+            f"round(sum(increase({N}_agent_restarts_total{{{AGENT_SEL}}}[$__range])))",
+            ratio=False,
+            unit="short",
+            no_value="No probe agent",
+        ),
+        stat(
+            "Processes attached",
+            "Processes the selected agents are attached to now.",
+            f"sum({N}_agent_attached{{{AGENT_SEL}}})",
+            ratio=False,
+            unit="short",
+            no_value="No probe agent",
+        ),
+        table(
+            "Forward steps counted per instance",
+            "Forward steps each agent (instance) counted in the time range, restarts "
+            "included: the figures add up to the total above.",
+            STEPS_BY_INSTANCE,
+            ["job", "instance", "Value"],
+            show_value=True,
         ),
         panel(
             "FULL and graph hit rate",
@@ -435,11 +511,13 @@ def host_overhead() -> dict[str, Any]:
             "GPU idle",
             "GPU idle before steps / the step periods (gpu_idle_share).",
             R["gpu_idle_share"],
+            no_value=NO_DEVICE_TIMING,
         ),
         stat(
             "Host-bound steps",
             "Steps whose GPU idled for over 10% of the step period.",
             R["host_bound_share"],
+            no_value=NO_DEVICE_TIMING,
         ),
         panel(
             "CPU launch overhead (heatmap)",
@@ -501,6 +579,7 @@ def host_overhead() -> dict[str, Any]:
                 target(quantile(0.5, "forward_gpu_busy_seconds"), "p50 forward busy"),
             ],
             unit="s",
+            no_value=NO_DEVICE_TIMING,
         ),
         panel(
             "GPU idle share",
@@ -512,6 +591,7 @@ def host_overhead() -> dict[str, Any]:
                 target(R["host_bound_share"], "host_bound_share"),
             ],
             ratio=True,
+            no_value=NO_DEVICE_TIMING,
         ),
         panel(
             "Metadata build time by builder (mean)",
@@ -570,6 +650,7 @@ def host_overhead() -> dict[str, Any]:
             "overhead, which it inflates. Empty for processes recorded without a calibration.",
             [target(COST[name], f"{label} {{{{pid}}}}") for name, label in COST_LABELS.items()],
             unit="s",
+            no_value=NO_CALIBRATION,
         ),
     ]
     return dashboard(
@@ -614,7 +695,7 @@ def metric_names(expr: str) -> set[str]:
 
 
 def known(name: str) -> bool:
-    if name in METRICS:
+    if name in METRICS or name in {a[0] for a in AGENT_METRICS}:
         return True
     for suffix in _HIST_SUFFIXES:
         base = name.removesuffix(suffix)

@@ -127,7 +127,7 @@ def _stat_ratios() -> dict[str, str]:
         p["title"]: by_expr[p["targets"][0]["expr"]]
         for build in DASHBOARDS.values()
         for p in build()["panels"]
-        if p["type"] == "stat"
+        if p["type"] == "stat" and p["targets"][0]["expr"] in by_expr
     }
 
 
@@ -159,7 +159,16 @@ def draw(title: str, ax: Axes, d: Data) -> None:
     if title in STAT_RATIOS:
         _stat(ax, d, STAT_RATIOS[title])
         return
-    if title == "FULL and graph hit rate":
+    if title == "Forward steps counted":
+        _text(ax, [f"{len(d.rows):,} forward steps"])
+    elif title in ("Engine restarts", "Processes attached"):
+        _text(ax, ["No probe agent (a recording)"])
+    elif title == "Forward steps counted per instance":
+        per: dict[int, int] = defaultdict(int)
+        for r in d.rows:
+            per[r.step.pid] += 1
+        _text(ax, [f"pid {pid}: {n:,}" for pid, n in sorted(per.items())])
+    elif title == "FULL and graph hit rate":
         for name in ("full_hit_rate", "graph_rate", "replay_confirmed_rate"):
             _line(ax, d, rows, _ratio(name), name)
         ax.set_ylim(-0.05, 1.05)

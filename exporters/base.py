@@ -81,6 +81,25 @@ def load_sink(name: str) -> ModuleType:
         raise MissingExtra(name, EXTRAS[name], missing) from exc
 
 
+FIXED = ("model", "engine", "tp_rank", "pp_rank", "dp_rank")
+"""The :class:`ProcessInfo` fields behind a process's labels, fixed by the live sinks when
+its metrics begin (its first step): a fact that arrives later never splits a series in two
+(``pid`` names the process itself: a restarted engine is a new series)."""
+
+
+AGENT_METRICS = (
+    ("vllm_graph_probe_agent_attaches_total", "counter", "Processes the agent attached to."),
+    ("vllm_graph_probe_agent_detaches_total", "counter", "Processes the agent detached from."),
+    (
+        "vllm_graph_probe_agent_restarts_total",
+        "counter",
+        "Processes that replaced one the agent saw end (same run dir, role and rank).",
+    ),
+    ("vllm_graph_probe_agent_attached", "gauge", "Processes the agent is attached to now."),
+)
+"""``probe agent``'s own counters (no process labels: one series per agent)."""
+
+
 @dataclass(frozen=True)
 class ProcessInfo:
     """What an exporter needs to know about one vLLM process (labels, clock pair, health)."""

@@ -26,6 +26,7 @@ they come back as the series the dashboards query (``job`` = ``service.name``,
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -73,7 +74,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from exporters.base import ExportSink, GpuSample, ProcessInfo
+from exporters.base import FIXED, ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, Update, process_updates, rank_updates, updates
 from exporters.series import DEFAULT_INTERVAL_S, Hist, Timeline, instance_id, timelines
 from probe.analysis.ranks import RankId, RankMatcher
@@ -180,6 +181,7 @@ class _Proc:
     tracer: trace.Tracer
     instruments: dict[str, Any]
     offset_ns: int  # epoch - boottime
+    first: ProcessInfo  # the facts its labels were made from
 
 
 class OtlpSink(ExportSink):
@@ -213,6 +215,7 @@ class OtlpSink(ExportSink):
         self._epoch = epoch_ns
         self._procs: dict[int, _Proc] = {}
         self._ranks: RankMatcher | None = None
+        self._pending: dict[int, ProcessInfo] = {}
         self.span_exporters: list[CountingSpanExporter] = []
 
     def _proc(self, info: ProcessInfo) -> _Proc:
@@ -253,7 +256,7 @@ class OtlpSink(ExportSink):
                 instruments[m.name] = meter.create_histogram(m.otel_name, m.unit, m.help)
             else:
                 instruments[m.name] = meter.create_gauge(m.otel_name, m.unit, m.help)
-        p = _Proc(info, tp, mp, tp.get_tracer(SCOPE), instruments, offset)
+        p = _Proc(info, tp, mp, tp.get_tracer(SCOPE), instruments, offset, info)
         self._procs[info.pid] = p
         if self.metrics:
             for u in process_updates(info, None):
@@ -285,15 +288,39 @@ class OtlpSink(ExportSink):
         else:
             inst.set(u.value, dict(u.labels))
 
+    def _fixed(self, info: ProcessInfo) -> ProcessInfo:
+        """``info`` with the label facts its process had when its metrics began (a fact
+        that arrives later never splits a series: exporters.base.FIXED)."""
+        p = self._procs.get(info.pid)
+        if p is None:
+            return info
+        return dataclasses.replace(info, **{k: getattr(p.first, k) for k in FIXED})
+
+    def finished(self, pid: int) -> None:
+        """Push ``pid``'s last values and drop everything of it (a process that ended:
+        a reader that runs for days keeps no providers of processes long gone)."""
+        p = self._procs.pop(pid, None)
+        self._pending.pop(pid, None)
+        if p is not None:
+            p.tracer_provider.shutdown()
+            p.meter_provider.shutdown()
+
     def process(self, info: ProcessInfo) -> None:
         known = self._procs.get(info.pid)
+        if known is None and not info.vllm_version and not info.model:
+            # live, before the snapshot: its facts (the labels) come with the first step
+            self._pending[info.pid] = info
+            return
         previous = known.info if known is not None else None
+        info = self._fixed(info)
         p = self._proc(info)
         if previous is not None and self.metrics:
             for u in process_updates(info, previous):
                 self._apply(p, u)
 
     def steps(self, info: ProcessInfo, steps: Sequence[Step], gpu: Sequence[GpuSample]) -> None:
+        self._pending.pop(info.pid, None)
+        info = self._fixed(info)
         p = self._proc(info)
         if self.metrics:
             for u in updates(info, steps, gpu):

@@ -15,22 +15,38 @@ With ``probe``'s collector: ``Collector(run_dir, [RecordingSink(w), make_sink(ad
 For a node-exporter textfile instead of a server, :func:`write_textfile`. No
 ``_created`` series are exposed: prometheus_client stamps them with the time a series
 was first touched, which for a replayed recording is the export's time, not the run's.
+
+Live, three rules keep the counters whole:
+
+- **Labels fixed from a process's first step.** A process's label set (model, engine,
+  ranks) is taken once, when its first steps arrive (the collector hands the snapshot on
+  before them), and kept: a fact that arrives later never splits its series in two.
+- **A scrape never waits on assembly.** ``/metrics`` serves the last whole exposition;
+  it renders a fresh one only when the reader is not applying a batch at that moment
+  (a scrape sees every counter of a batch or none), so a busy reader delays no scrape.
+- **The last values are scraped.** :meth:`ServingSink.close` renders the final values
+  and keeps serving until a scrape has read them (at most ``linger_s``, two of the
+  scrape intervals seen, 60 s at most; at once where nobody scraped).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import threading
+import time
+from collections import deque
 from collections.abc import Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.exposition import generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import Metric
 
-from exporters.base import ExportSink, GpuSample, ProcessInfo
+from exporters.base import AGENT_METRICS, FIXED, ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, Update, process_updates, rank_updates, updates
 from probe.analysis.ranks import RankId, RankMatcher
 from probe.progress import SILENT, Progress
@@ -69,6 +85,11 @@ class PrometheusSink(ExportSink):
         self.exposed.register(_WithoutCreated(self.registry, self._lock))  # type: ignore[arg-type]
         self._known: dict[int, ProcessInfo] = {}
         self._ranks: RankMatcher | None = None
+        #: each process's label facts as of its first step (FIXED)
+        self._fixed: dict[int, dict[str, Any]] = {}
+        self._pending: dict[int, ProcessInfo] = {}  # facts of a process before its first step
+        self._cache = b""
+        self._dirty = True
         self.metrics: dict[str, Any] = {}
         for m in METRICS.values():
             if m.kind == "counter":
@@ -79,6 +100,26 @@ class PrometheusSink(ExportSink):
                 )
             else:
                 self.metrics[m.name] = Gauge(m.name, m.help, m.all_labels, registry=self.registry)
+        self.agent: dict[str, Any] = {}
+
+    def add_agent_metrics(self) -> None:
+        """``probe agent``'s own counters (:data:`AGENT_METRICS`), at 0."""
+        for name, kind, text in AGENT_METRICS:
+            cls = Counter if kind == "counter" else Gauge
+            self.agent[name] = cls(name, text, registry=self.registry)
+
+    def agent_event(self, name: str, value: float = 1.0) -> None:
+        """Add ``value`` to an agent counter (set a gauge)."""
+        full = f"vllm_graph_probe_agent_{name}"
+        m = self.agent.get(full) or self.agent.get(f"{full}_total")
+        if m is None:
+            return
+        with self._lock:
+            if isinstance(m, Counter):
+                m.inc(value)
+            else:
+                m.set(value)
+            self._dirty = True
 
     def apply(self, u: Update) -> None:
         m = METRICS[u.metric]
@@ -90,22 +131,55 @@ class PrometheusSink(ExportSink):
         else:
             child.set(u.value)
 
+    def _labelled(self, info: ProcessInfo) -> ProcessInfo:
+        fixed = self._fixed.get(info.pid)
+        if fixed is None:
+            return info
+        return dataclasses.replace(info, **fixed)
+
     def process(self, info: ProcessInfo) -> None:
         with self._lock:
+            if info.pid not in self._fixed:
+                # before its first step: remembered, exported with the labels it will have
+                self._pending[info.pid] = info
+                return
+            info = self._labelled(info)
             for u in process_updates(info, self._known.get(info.pid)):
                 self.apply(u)
             self._known[info.pid] = info
+            self._dirty = True
 
     def steps(self, info: ProcessInfo, steps: Sequence[Step], gpu: Sequence[GpuSample]) -> None:
         with self._lock:
-            if info.pid not in self._known:
-                for u in process_updates(info, None):
+            if info.pid not in self._fixed:
+                self._fixed[info.pid] = {k: getattr(info, k) for k in FIXED}
+                self._pending.pop(info.pid, None)
+                first = self._labelled(info)
+                for u in process_updates(first, None):
                     self.apply(u)
-                self._known[info.pid] = info
+                self._known[info.pid] = first
+            info = self._labelled(info)
             for u in updates(info, steps, gpu):
                 self.apply(u)
             for u in self._rank_updates(info, steps):
                 self.apply(u)
+            self._dirty = True
+
+    def forget(self, pid: int) -> int:
+        """Remove every series of ``pid`` (a process that ended a while ago: a reader that
+        runs for days keeps no series of processes long gone); returns how many."""
+        n = 0
+        with self._lock:
+            for metric in self.metrics.values():
+                i = metric._labelnames.index("pid")
+                for key in [k for k in list(metric._metrics) if k[i] == str(pid)]:
+                    metric.remove(*key)
+                    n += 1
+            self._known.pop(pid, None)
+            self._fixed.pop(pid, None)
+            self._pending.pop(pid, None)
+            self._dirty = True
+        return n
 
     def _rank_updates(self, info: ProcessInfo, steps: Sequence[Step]) -> Iterator[Update]:
         """The ranks-side-by-side series (:mod:`probe.analysis.ranks`) of the steps that this batch
@@ -119,30 +193,143 @@ class PrometheusSink(ExportSink):
             yield from rank_updates([self._known[r.pid] for r in members], sr)
 
     def exposition(self) -> bytes:
-        """The current text exposition (what ``/metrics`` serves)."""
-        return generate_latest(self.exposed)
+        """The current text exposition, whole (waits for a batch being applied)."""
+        with self._lock:
+            return self._render()
+
+    def _render(self) -> bytes:
+        if self._dirty or not self._cache:
+            # the registry's collect below takes the lock again: read it directly
+            self._dirty = False
+            self._cache = generate_latest(_Unlocked(self.registry))  # type: ignore[arg-type]
+        return self._cache
+
+    def served(self) -> bytes:
+        """What ``/metrics`` serves: a fresh exposition when no batch is being applied,
+        else the last whole one (a scrape never waits on the reader's assembly)."""
+        if self._lock.acquire(blocking=False):
+            try:
+                return self._render()
+            finally:
+                self._lock.release()
+        return self._cache
 
     def close(self) -> None:
         pass
 
 
-class ServingSink(PrometheusSink):
-    """A :class:`PrometheusSink` that serves ``/metrics`` on ``host:port`` until closed."""
+class _Unlocked:
+    """``registry`` less its ``_created`` samples, read by a caller that holds the lock."""
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, inner: CollectorRegistry) -> None:
+        self.inner = inner
+
+    def collect(self) -> Iterator[Metric]:
+        for fam in self.inner.collect():
+            fam.samples = [s for s in fam.samples if not s.name.endswith("_created")]
+            yield fam
+
+
+class _Handler(BaseHTTPRequestHandler):
+    sink: ServingSink
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0] not in ("/", "/metrics"):
+            self.send_error(404)
+            return
+        body = self.server.sink.served()  # type: ignore[attr-defined]
+        self.server.sink._scraped()  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    sink: ServingSink
+
+
+LINGER_MAX_S = 60.0
+
+
+class ServingSink(PrometheusSink):
+    """A :class:`PrometheusSink` that serves ``/metrics`` on ``host:port`` until closed;
+    its close keeps serving until the final values were scraped (``linger_s``: at most
+    that long; None: two of the scrape intervals seen, :data:`LINGER_MAX_S` at most, none
+    where nobody scraped)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry | None = None,
+        *,
+        linger_s: float | None = None,
+    ) -> None:
         super().__init__(registry)
-        server, thread = start_http_server(port, addr=host, registry=self.exposed)
-        self._server: WSGIServer = server
-        self._thread = thread
+        family = _Server.address_family
+        if ":" in host:
+            import socket
+
+            family = socket.AF_INET6
+
+        class Server(_Server):
+            address_family = family
+
+        server = Server((host, port), _Handler)
+        server.sink = self
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, name="probe-prometheus", daemon=True
+        )
+        self._thread.start()
         self.host = host
         self.port = int(server.server_address[1])
+        self.linger_s = linger_s
+        self.scrapes = 0
+        self._scrape_times: deque[float] = deque(maxlen=8)
+        self._closed = False
+
+    def _scraped(self) -> None:
+        self.scrapes += 1
+        self._scrape_times.append(time.monotonic())
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
 
+    def scrape_interval_s(self) -> float | None:
+        """The median gap between the last scrapes seen (None: fewer than two)."""
+        t = list(self._scrape_times)
+        gaps = sorted(b - a for a, b in itertools.pairwise(t))
+        return gaps[len(gaps) // 2] if gaps else None
+
+    def linger(self) -> float:
+        """Keep serving until a scrape has read the values as they are now (the reader
+        drained: the last steps are in them); returns the seconds waited."""
+        with self._lock:
+            self._render()
+        limit = self.linger_s
+        if limit is None:
+            every = self.scrape_interval_s()
+            limit = 0.0 if every is None else min(2 * every + 0.5, LINGER_MAX_S)
+        t0 = time.monotonic()
+        seen = self.scrapes
+        while self.scrapes == seen and time.monotonic() - t0 < limit:
+            time.sleep(0.05)
+        return time.monotonic() - t0
+
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.linger()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
@@ -158,10 +345,10 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def make_sink(addr: str = DEFAULT_ADDR) -> ServingSink:
+def make_sink(addr: str = DEFAULT_ADDR, *, linger_s: float | None = None) -> ServingSink:
     """A sink serving ``/metrics`` on ``addr`` (default loopback ``127.0.0.1:9464``)."""
     host, port = parse_addr(addr)
-    return ServingSink(host, port)
+    return ServingSink(host, port, linger_s=linger_s)
 
 
 def write_textfile(sink: PrometheusSink, path: str | os.PathLike[str]) -> None:

@@ -58,6 +58,7 @@ examples:
   probe record --out run.probe.db -- vllm serve MODEL    run a command with the probe on
   probe attach --url http://127.0.0.1:8000 --duration 30 --record run.probe.db
   probe top --url http://127.0.0.1:8000                  live view of a running server
+  probe agent --prometheus 0.0.0.0:9464 --sample 8       every server of this host, always on
   probe report run.probe.db                              summarize (no file: a bundled one)
   probe doctor run.probe.db                              graph support and known traps
   probe whatif run.probe.db --capture-sizes 1,2,4,8,16   the recorded shapes under other settings

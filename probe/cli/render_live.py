@@ -44,6 +44,7 @@ class RankView:
     steps: deque[Step] = field(default_factory=lambda: deque(maxlen=4096))
     arrivals: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
     steps_total: int = 0
+    first_arrival: int | None = None
     dropped: int = 0
     faults: int = 0
     #: warm-up step numbers in the window, with why (:data:`probe.analysis.summary.WARMUP_WHY`)
@@ -90,6 +91,10 @@ class LiveStats:
         self.roles = dict(roles or {})
         self.ranks: dict[int, RankView] = {}
         self.closed = False
+        #: records the reader has read and not assembled yet (its loop sets it each poll)
+        self.behind = 0
+        #: processes attached (a reader's loop that attaches sets it; None: not told)
+        self.attached: int | None = None
 
     def _view(self, proc: ProcessState) -> RankView:
         v = self.ranks.get(proc.pid)
@@ -121,6 +126,8 @@ class LiveStats:
             v.steps.append(s)
             if s.forward:
                 v.arrivals.append(s.t1 or now)
+                if v.first_arrival is None:
+                    v.first_arrival = s.t1 or now
                 self._add_history(v, s, now)
             for n, why in v.rule.feed(s):
                 v.warm[n] = why
@@ -160,11 +167,28 @@ class LiveStats:
     # -- summaries ------------------------------------------------------------------------
 
     def step_rate(self, v: RankView) -> float:
-        if self.closed and not v.arrivals:
+        """Engine steps per second over the last ``rate_window_s`` of the engine's own
+        time. While the reader is behind (:attr:`behind`: records read and not assembled
+        yet) that window ends at the newest step read, not at the reader's clock: on a
+        saturated host the reader runs seconds behind the engine, and a window on its
+        own clock held none of the steps it had (a rate of 0 while the count rose). While
+        every step seen is inside the window (the first seconds of an attach), the rate
+        is over their intervals, not diluted by the part of the window before them."""
+        if not v.arrivals:
             return 0.0
-        now = max(v.arrivals) if self.closed else self.clock_ns()
-        recent = [t for t in v.arrivals if now - t <= self.rate_window_ns]
-        return len(recent) * self.sample_every / (self.rate_window_ns / 1e9)
+        newest = max(v.arrivals)
+        now = newest if self.closed or self.behind else max(self.clock_ns(), newest)
+        start = now - self.rate_window_ns
+        recent = sum(1 for t in v.arrivals if t > start)
+        first = v.first_arrival if v.first_arrival is not None else v.arrivals[0]
+        if len(v.arrivals) == v.arrivals.maxlen:  # the deque holds only the newest steps
+            first = max(first, v.arrivals[0])
+        if first > start:  # every step since the first is in the window: their intervals
+            span_ns = newest - first
+            per_s = (recent - 1) / (span_ns / 1e9) if span_ns > 0 else float(recent)
+        else:
+            per_s = recent / (self.rate_window_ns / 1e9)
+        return per_s * self.sample_every
 
     def split(self, v: RankView) -> tuple[list[Step], list[Step]]:
         """The window's (steady-state, warm-up) forward steps."""
@@ -401,7 +425,23 @@ def header_line(stats: LiveStats, title: str, agg: Mapping[str, Any] | None = No
         f"{title} | {agg['ranks']} rank(s), {agg['steps_per_s']:.1f} steps/s, "
         f"FULL {_pct(h['full_hit_rate'])}, graph {_pct(h['graph_rate'])}"
         + (f", 1 step in {stats.sample_every} recorded" if stats.sample_every > 1 else "")
+        + (f", {stats.behind:,} records behind" if stats.behind and agg["ranks"] else "")
     )
+
+
+def waiting_line(stats: LiveStats) -> str | None:
+    """What the view waits for, while no rank has a step to show (None once one has):
+    the view is never blank."""
+    if stats.active():
+        return None
+    if stats.behind:
+        return f"catching up: {stats.behind:,} records read, the first steps being assembled"
+    if stats.attached == 0 and not stats.ranks:
+        return "waiting for the processes' rings (attaching)"
+    if stats.attached and not stats.ranks:
+        n = stats.attached
+        return f"{n} process(es) attached; waiting for the first engine step (send requests)"
+    return "waiting for engine steps (send requests to the server)"
 
 
 def plain_lines(stats: LiveStats, title: str = "probe") -> list[str]:
@@ -417,8 +457,9 @@ def plain_lines(stats: LiveStats, title: str = "probe") -> list[str]:
         out.extend(rank_lines(stats.summary(v)))
         if v.pid in skews:
             out.append(skews[v.pid])
-    if not stats.active():
-        out.append("waiting for engine steps (send requests to the server)")
+    wait = waiting_line(stats)
+    if wait:
+        out.append(wait)
     return out
 
 
@@ -444,8 +485,9 @@ def render(stats: LiveStats, title: str = "probe") -> RenderableType:
             style = "yellow" if "warning:" in line else "cyan" if "verdict:" in line else None
             grid.add_row(Text(line.strip(), style=style or ""))
         parts.append(Panel(grid, title=lines[0], title_align="left"))
-    if not stats.active():
-        parts.append(Text("waiting for engine steps (send requests to the server)", style="dim"))
+    wait = waiting_line(stats)
+    if wait:
+        parts.append(Text(wait, style="dim"))
     counts = Counter(v.role for v in stats.ranks.values())
     parts.append(
         Text(

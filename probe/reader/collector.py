@@ -250,6 +250,10 @@ class Collector:
                 continue
             if decoded is not None:
                 out.extend(assembler.feed(decoded))
+        if proc.decoder.blobs or (not proc.announced and proc.hello is not None):
+            # the snapshot (written at the first step) before the steps that follow it:
+            # a sink labels a process's series from its first step on, never without it
+            self._announce(proc)
         self._deliver(proc, out)
 
     def _drain(self, proc: ProcessState) -> int:
@@ -328,18 +332,59 @@ class Collector:
     def flush(self) -> None:
         """Close the open step of every process (end of session)."""
         for proc in self.procs.values():
-            if self.assemble_s is not None:  # what is left in the ring: at most one lap
-                left = proc.reader.capacity
-                while left > 0:
-                    n = self._spool(proc)
-                    self.assemble()
-                    left -= n
-                    if n == 0:
-                        break
-            self._drain(proc)
-            assert proc.assembler is not None
-            self._deliver(proc, proc.assembler.flush())
-            self._each_sink("on_process", proc)
+            self._flush_one(proc)
+
+    def _flush_one(self, proc: ProcessState) -> None:
+        if self.assemble_s is not None:  # what is left in the ring: at most one lap
+            left = proc.reader.capacity
+            while left > 0:
+                n = self._spool(proc)
+                while proc.spool:
+                    self._assemble(proc, proc.spool.take(4096))
+                left -= n
+                if n == 0:
+                    break
+        self._drain(proc)
+        assert proc.assembler is not None
+        self._deliver(proc, proc.assembler.flush())
+        self._each_sink("on_process", proc)
+
+    def add_ring(self, path: str | Path, fd: int | None = None) -> None:
+        """Read the ring at ``path`` from the next poll on (a process enabled after the
+        collector started: ``probe agent``); ``fd``: the ring already open, as in
+        ``ring_fds``."""
+        p = Path(path)
+        if p not in self._explicit:
+            self._explicit.append(p)
+        if fd is not None:
+            old = self._fds.pop(p, None)
+            if old is not None:
+                os.close(old)
+            self._fds[p] = fd
+
+    def finish(self, pid: int) -> ProcessState | None:
+        """Read what is left in ``pid``'s ring, hand its last steps to the sinks, and
+        forget the process (its ring unmapped, nothing of it kept): a reader that outlives
+        its processes (``probe agent``) holds no state per ended process. Returns the
+        process's final state (its counts), None for a pid not read."""
+        proc = self.procs.get(pid)
+        if proc is None:  # never mapped (gone before it could be): nothing kept of it
+            for p in [p for p in self._explicit if RING_RE.match(p.name) and _pid_of(p) == pid]:
+                self._explicit.remove(p)
+                fd = self._fds.pop(p, None)
+                if fd is not None:
+                    os.close(fd)
+            return None
+        try:
+            self._flush_one(proc)
+        finally:
+            proc.reader.close()
+            del self.procs[pid]
+            self._explicit = [p for p in self._explicit if p != proc.path]
+            fd = self._fds.pop(proc.path, None)
+            if fd is not None:
+                os.close(fd)
+        return proc
 
     def close(self) -> None:
         fatal: BaseException | None = None
@@ -362,6 +407,11 @@ class Collector:
             os.close(self._fds.popitem()[1])
         if fatal is not None:
             raise fatal
+
+
+def _pid_of(ring: Path) -> int | None:
+    m = RING_RE.match(ring.name)
+    return int(m.group(1)) if m else None
 
 
 class RecordingSink:

@@ -119,7 +119,7 @@ def test_summary_per_rank_and_aggregate(stats: LiveStats) -> None:
     assert [v.label for v in views] == ["tp0", "tp1"]
     s = stats.summary(views[0])
     assert s["hit_rates"]["steps"] == 40 and s["hit_rates"]["full"] == 30
-    assert s["steps_per_s"] == pytest.approx(4.0)  # 40 steps in the last 10 s
+    assert s["steps_per_s"] == pytest.approx(10.0)  # 40 steps 0.1 s apart
     assert s["miss_reasons"][0][:2] == ("full", "hit")
     assert s["launch"][0][0] == "cpu_launch_overhead"
     assert s["reorder"]["decisions"] == 40 and s["reorder"]["changed"] == 20
@@ -130,7 +130,7 @@ def test_summary_per_rank_and_aggregate(stats: LiveStats) -> None:
     assert s["verdict"]
     agg = stats.aggregate()
     assert agg["ranks"] == 2 and agg["hit_rates"]["steps"] == 80
-    assert agg["steps_per_s"] == pytest.approx(8.0)
+    assert agg["steps_per_s"] == pytest.approx(20.0)
 
 
 def test_final_rate_is_the_ranks_last_window_not_zero() -> None:
@@ -146,11 +146,43 @@ def test_final_rate_is_the_ranks_last_window_not_zero() -> None:
     ]
     st.on_steps(proc, steps)
     v = st.active()[0]
-    assert st.step_rate(v) == pytest.approx(4.0)
+    assert st.step_rate(v) == pytest.approx(10.0)
     now["t"] += 60_000_000_000  # draining the ring and closing took a minute
     assert st.step_rate(v) == 0.0  # live: nothing in the last 10 s
     st.close()
-    assert st.step_rate(v) == pytest.approx(4.0)
+    assert st.step_rate(v) == pytest.approx(10.0)
+
+
+def test_a_reader_behind_the_engine_shows_the_engines_rate_not_zero() -> None:
+    """On a saturated host the reader assembles steps long after the engine ran them:
+    while records wait to be assembled, the window ends at the newest step read (the
+    engine's time), so the rate is the engine's, not 0 (the count rose, the rate read
+    0.0). Over a full window the rate is the window's steps over its length."""
+    now = {"t": 100_000_000_000}
+    st = LiveStats(clock_ns=lambda: now["t"], roles={11: "worker"})
+    proc: Any = FakeProc(11, {"tp_rank": 0})
+    st.on_process(proc)
+    t_end = now["t"] - 30_000_000_000  # the newest step read ran 30 s ago
+    steps = [
+        mk_step(11, i, Mode.FULL, Reason.HIT, t_end - (300 - i) * 50_000_000, True)
+        for i in range(1, 301)
+    ]
+    st.on_steps(proc, steps)
+    v = st.active()[0]
+    assert st.step_rate(v) == 0.0  # caught up: nothing in the last 10 s of the clock
+    st.behind = 5_000
+    assert st.step_rate(v) == pytest.approx(20.0)  # 200 steps in the engine's last 10 s
+    assert "5,000 records behind" in header_line(st, "probe top")
+
+
+def test_the_view_says_what_it_waits_for() -> None:
+    st = LiveStats(roles={11: "worker"})
+    st.attached = 0
+    assert "attaching" in plain_lines(st)[-1]
+    st.attached = 3
+    assert "3 process(es) attached; waiting for the first engine step" in plain_lines(st)[-1]
+    st.behind = 1200
+    assert "catching up: 1,200 records read" in plain_lines(st)[-1]
 
 
 def test_sampled_view_shows_engine_step_rates() -> None:
@@ -167,7 +199,7 @@ def test_sampled_view_shows_engine_step_rates() -> None:
             for i in range(1, 41)
         ],
     )
-    assert st.step_rate(st.active()[0]) == pytest.approx(16.0)
+    assert st.step_rate(st.active()[0]) == pytest.approx(40.0)
     assert "1 step in 4 recorded" in header_line(st, "probe top")
 
 

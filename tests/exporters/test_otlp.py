@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.metrics.v1 import (
 )
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from exporters.base import MissingExtra, load_sink, replay
+from exporters.base import AGENT_METRICS, MissingExtra, load_sink, replay
 from exporters.metrics import LAUNCH_BUCKETS, NAMESPACE
 from exporters.otlp import make_sink
 from probe.cli.main import default_recording
@@ -432,7 +432,7 @@ def test_every_dashboard_metric_survives_the_collector(
         for build in gen.DASHBOARDS.values()
         for _, expr in gen.queries(build())
         for name in gen.metric_names(expr)
-    }
+    } - {a[0] for a in AGENT_METRICS}  # probe agent's own /metrics: "No probe agent" here
     assert queried and queried <= translated, sorted(queried - translated)
     unsent = {"vllm_graph_probe_decode_full_steps_total"} | {
         f"{n}_bucket" if METRICS[n].kind == "histogram" else n
@@ -497,3 +497,35 @@ def test_service_instance_id_is_stable_per_process(http_receiver: tuple[str, Rec
     ids |= {res["service.instance.id"] for res, _ in got.spans()}
     [info] = processes_from_recording(Recording.open(default_recording()))
     assert ids == {instance_id(info)}
+
+
+def test_live_labels_fixed_at_the_first_step_and_last_values_pushed_when_a_process_ends(
+    http_receiver: tuple[str, Received],
+) -> None:
+    """``probe agent`` over OTLP: facts known before a process's first step (no snapshot
+    yet: no model) make no series; the first step's facts label every point, a model name
+    arriving later splits nothing; ``finished(pid)`` pushes the process's last values
+    (the periodic export is a minute away here) and drops it."""
+    import dataclasses
+
+    from exporters.base import processes_from_recording
+
+    url, got = http_receiver
+    rec = Recording.open(default_recording())
+    [info] = processes_from_recording(rec)
+    steps = list(rec.iter_steps(info.pid))[:120]
+    sink = make_sink(url, export_interval_s=60)
+    sink.process(dataclasses.replace(info, model="", vllm_version=""))
+    sink.steps(info, steps[:60], [])
+    sink.steps(dataclasses.replace(info, model="renamed-later"), steps[60:], [])
+    sink.finished(info.pid)
+    assert not sink._procs
+    sink.flush()
+    points = got.metric_points()["vllm_graph_probe_steps"]
+    last: dict[tuple[tuple[str, Any], ...], float] = {}
+    for m in points:
+        for p in m.sum.data_points:
+            last[tuple(sorted(_attrs(p.attributes).items()))] = p.as_double or p.as_int
+    assert last and all(dict(k)["model_name"] == info.model for k in last)
+    assert sum(last.values()) == sum(1 for s in steps if s.forward)
+    sink.close()

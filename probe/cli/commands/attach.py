@@ -323,9 +323,11 @@ def run_session(
 
         with live if live is not None else contextlib.nullcontext():
             next_print = time.monotonic() + 5.0
+            stats.attached = len(session.enabled)
             while not stop["why"]:
                 try:
                     session.collector.poll()
+                    stats.behind = session.collector.spooled
                 except (sqlite3.Error, OSError) as exc:  # the recording's disk, not vLLM
                     session.failed = f"recording failed: {' '.join(str(exc).split())}"
                     stop["why"] = session.failed

@@ -4,6 +4,7 @@ every few seconds. It takes the same CPU share as ``probe attach`` (``--session-
 :mod:`probe.reader.session`).
 
     probe top --url http://127.0.0.1:8000
+    probe top --url http://127.0.0.1:8000 --record top.probe.db   # and keep what it saw
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ def cmd_top(args: argparse.Namespace) -> int:
     from probe.cli.commands.attach import run_session, take_share
 
     take_share(args)
-    args.record = None
+    args.record = getattr(args, "record", None)
+    args.force = getattr(args, "force", False)
     args.no_live = False
     return run_session(args, title="probe top", live_default=True)
 
@@ -26,5 +28,7 @@ def add_parser(sub: Any) -> None:
 
     p = sub.add_parser("top", help="live per-rank view of a running vLLM server")
     add_session_args(p)
+    p.add_argument("--record", metavar="FILE", help="also write a recording of what it shows")
+    p.add_argument("--force", action="store_true", help="overwrite --record")
     add_share_arg(p)
     p.set_defaults(func=cmd_top)

@@ -1,0 +1,216 @@
+"""The live sinks' rules for ``probe agent`` on the real H200 recording's steps: labels
+fixed at a process's first step, a scrape that never waits on a batch being applied, the
+endpoint kept up until the final values were scraped, ended processes forgotten, and the
+rolling recordings (rotation, retention, every step in exactly one file)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from exporters.base import processes_from_recording
+from exporters.prometheus import PrometheusSink, ServingSink
+from probe.reader.recording import Recording, default_recording
+
+
+def _info_and_steps() -> tuple[object, list[object]]:
+    rec = Recording.open(default_recording())
+    [info] = processes_from_recording(rec)
+    return info, list(rec.iter_steps(info.pid))[:200]
+
+
+def _series(text: str, name: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith(name + "{")]
+
+
+def test_labels_are_fixed_at_the_first_step() -> None:
+    """The hello arrives before the snapshot: the facts known then (no model) are not
+    exported; the first step's are, and a model name arriving later splits nothing."""
+    info, steps = _info_and_steps()
+    early = dataclasses.replace(info, model="", vllm_version="")  # type: ignore[type-var]
+    later = dataclasses.replace(info, model="renamed-later")  # type: ignore[type-var]
+    sink = PrometheusSink()
+    sink.process(early)  # type: ignore[arg-type]
+    assert not _series(sink.exposition().decode(), "vllm_graph_probe_records_dropped_total")
+    sink.steps(info, steps[:100], [])  # type: ignore[arg-type]
+    sink.steps(later, steps[100:], [])  # type: ignore[arg-type]
+    sink.process(later)  # type: ignore[arg-type]
+    text = sink.exposition().decode()
+    rows = _series(text, "vllm_graph_probe_steps_total")
+    assert rows and all(f'model_name="{info.model}"' in r for r in rows)  # type: ignore[attr-defined]
+    assert "renamed-later" not in text
+    total = sum(float(r.rsplit(" ", 1)[1]) for r in rows)
+    assert total == sum(1 for s in steps if s.forward)  # type: ignore[attr-defined]
+
+
+def test_a_scrape_does_not_wait_for_a_batch_being_applied() -> None:
+    info, steps = _info_and_steps()
+    sink = PrometheusSink()
+    sink.steps(info, steps[:50], [])  # type: ignore[arg-type]
+    before = sink.served()
+    with sink._lock:  # a batch being applied
+        got = sink.served()
+    assert got == before  # the last whole exposition, at once
+    sink.steps(info, steps[50:], [])  # type: ignore[arg-type]
+    assert sink.served() != before
+
+
+def test_close_serves_until_the_final_values_were_scraped() -> None:
+    info, steps = _info_and_steps()
+    sink = ServingSink("127.0.0.1", 0, linger_s=30)
+    url = sink.url
+    sink.steps(info, steps[:20], [])  # type: ignore[arg-type]
+    urllib.request.urlopen(url, timeout=5).read()
+    sink.steps(info, steps[20:], [])  # type: ignore[arg-type]
+    seen: list[bytes] = []
+    closer = threading.Thread(target=sink.close)
+    closer.start()
+    time.sleep(0.3)
+    assert closer.is_alive()  # waiting for a scrape of the final values
+    seen.append(urllib.request.urlopen(url, timeout=5).read())
+    closer.join(10)
+    assert not closer.is_alive()
+    rows = _series(seen[0].decode(), "vllm_graph_probe_steps_total")
+    assert sum(float(r.rsplit(" ", 1)[1]) for r in rows) == sum(
+        1
+        for s in steps
+        if s.forward  # type: ignore[attr-defined]
+    )
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url, timeout=2)
+
+
+def test_close_without_a_scraper_does_not_wait() -> None:
+    sink = ServingSink("127.0.0.1", 0)
+    t0 = time.monotonic()
+    sink.close()
+    assert time.monotonic() - t0 < 5
+
+
+def test_the_agents_own_counters() -> None:
+    sink = PrometheusSink()
+    sink.add_agent_metrics()
+    sink.agent_event("attaches")
+    sink.agent_event("attaches")
+    sink.agent_event("restarts")
+    sink.agent_event("attached", 3)
+    text = sink.exposition().decode()
+    assert "vllm_graph_probe_agent_attaches_total 2.0" in text
+    assert "vllm_graph_probe_agent_restarts_total 1.0" in text
+    assert "vllm_graph_probe_agent_detaches_total 0.0" in text
+    assert "vllm_graph_probe_agent_attached 3.0" in text
+
+
+def test_an_ended_process_is_forgotten() -> None:
+    info, steps = _info_and_steps()
+    sink = PrometheusSink()
+    sink.steps(info, steps, [])  # type: ignore[arg-type]
+    assert sink.forget(info.pid) > 0  # type: ignore[attr-defined]
+    assert not _series(sink.exposition().decode(), "vllm_graph_probe_steps_total")
+    assert not sink._fixed and not sink._known
+
+
+def test_rolling_recordings_rotate_keep_and_hold_every_step_once(tmp_path: Path) -> None:
+    from probe.reader.agent import RollingRecordings
+
+    rec = Recording.open(default_recording())
+    [info] = processes_from_recording(rec)
+    steps = list(rec.iter_steps(info.pid))[:90]
+    clock = {"t": 0.0}
+
+    class Proc:  # what the collector hands a sink: a ProcessState's fields
+        pid = info.pid
+        hello = None
+        snapshot = next(p["snapshot"] for p in rec.processes() if p["pid"] == info.pid)
+        dropped = 0
+        hook_faults = 0
+        assembler = None
+
+        decoder = type("Decoder", (), {"strings": {}})
+
+    roll = RollingRecordings(tmp_path, 10.0, keep=2, clock=lambda: clock["t"])
+    for i in range(3):
+        roll.on_process(Proc)  # type: ignore[arg-type]
+        roll.on_steps(Proc, steps[i * 30 : (i + 1) * 30], [])  # type: ignore[arg-type]
+        clock["t"] += 10.0
+        roll.tick()
+    roll.close()
+    files = sorted(tmp_path.glob("agent-*.probe.db"))
+    assert len(files) == 2  # three written, the oldest removed
+    counts = [sum(1 for _ in Recording.open(p).iter_steps()) for p in files]
+    assert counts == [30, 0]  # the last rotation opened an empty file; 30 each before
+    for p in files:  # each file carries the process's facts
+        [row] = Recording.open(p).processes()
+        assert row["snapshot"]
+
+
+def test_the_agent_enables_a_process_and_follows_its_hooks_going_off(
+    run_dir: Path, clean_probe: None
+) -> None:
+    """A real control server (in this process): the agent finds its socket, enables it
+    (one log line), and when the hooks go off without it (another client's disable)
+    finishes it (one log line) and enables it again at the next scan; at close the
+    process is disabled."""
+    import io
+
+    from probe.engine import hooks
+    from probe.engine.control_server import ControlServer
+    from probe.reader import agent as agent_mod
+    from probe.reader.control import request
+
+    hooks.install(list(hooks.ALWAYS_ON))
+    srv = ControlServer(run_dir, environ={"PROBE_GPU_TIMING": "0"})
+    srv.open()
+    clock = {"t": 0.0}
+    log = io.StringIO()
+    sink = PrometheusSink()
+    try:
+        ag = agent_mod.Agent([run_dir], [sink], scan_s=1.0, log=log, clock=lambda: clock["t"])
+        ag.step()
+        assert list(ag.attached) == [os.getpid()]
+        st = request(srv.path, "status", timeout=5)
+        assert st["enabled"] and st["attached_by"] == os.getpid()
+        request(srv.path, "disable", timeout=5)  # off without the agent
+        clock["t"] += agent_mod.STATUS_EVERY_S
+        ag.step()  # its status check finds it off, finishes it
+        assert not ag.attached and ag.counts["detaches"] == 1
+        clock["t"] += 1.0
+        ag.step()  # the next scan enables it again
+        assert list(ag.attached) == [os.getpid()] and ag.counts["attaches"] == 2
+        ag.close()
+        assert not request(srv.path, "status", timeout=5)["enabled"]
+        lines = log.getvalue().splitlines()
+        assert sum("attached pid" in ln for ln in lines) == 2
+        assert sum("detached pid" in ln for ln in lines) == 2  # the disable, the close
+        assert "its hooks went off (disable)" in log.getvalue()
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ([], "give at least one of --prometheus, --otlp, --record-dir"),
+        (["--run-dir", "/nonexistent-run-dir", "--prometheus", "127.0.0.1:0"], "no such directory"),
+        (["--record-dir", "/nonexistent-rec-dir"], "not a directory"),
+        (["--prometheus", "127.0.0.1:0", "--hooks", "bogus"], "unknown hook families"),
+        (["--prometheus", "127.0.0.1:0", "--sample", "0"], "--sample"),
+    ],
+)
+def test_bad_input_is_one_line(argv: list[str], says: str) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "probe", "agent", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("probe: error:")]
+    assert len(lines) == 1 and says in lines[0], out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,445 @@
+"""``probe agent`` on two real vllm-cpu servers, a real Prometheus scraping both agents.
+
+Two run directories, each with its own server and its own agent (``--prometheus``,
+rolling recordings every 15 s); one Prometheus scrapes both agents every second. Server A
+is restarted twice while its agent runs. Then, for every process, the agent's counters in
+Prometheus equal the forward steps of its rolling recordings; no counter ever decreased;
+every series carries the full label set, one per process; the dashboards' per-instance and
+total queries equal the recordings' sums; ``kill -9`` of agent A leaves no hook on in any
+of A's processes 2 s later; SIGTERM of agent B lets Prometheus scrape B's final values.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_env import vllm_cpu_installed
+from test_attach_serve import MODEL, PROMPTS, _free_port
+from test_prometheus_real import _get, prometheus_server
+
+pytestmark = [pytest.mark.engine, pytest.mark.prometheus, pytest.mark.timeout(1200)]
+
+PROBE = str(Path(sys.executable).with_name("probe"))
+PROMETHEUS = shutil.which("prometheus")
+RESTARTS = 2
+
+
+def server_cmd(port: int) -> list[str]:
+    # ``vllm serve`` of vllm-cpu 0.32 fails (PackageNotFoundError: vllm): the same server
+    # as a module; under nice, as the machine is shared
+    return [
+        "nice", "-n", "10", sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(MODEL), "--load-format", "dummy", "--skip-tokenizer-init",
+        "--dtype", "bfloat16", "--max-model-len", "512", "--max-num-seqs", "8",
+        "--max-num-batched-tokens", "512", "--seed", "0",
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+
+
+@dataclass
+class Node:
+    """One host's worth: a run directory, a server on it, an agent watching it."""
+
+    name: str
+    root: Path
+    port: int = field(default_factory=_free_port)
+    agent_port: int = field(default_factory=_free_port)
+    server: subprocess.Popen[bytes] | None = None
+    agent: subprocess.Popen[bytes] | None = None
+    generations: int = 0
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def rec_dir(self) -> Path:
+        return self.root / "rec"
+
+    @property
+    def instance(self) -> str:
+        return f"127.0.0.1:{self.agent_port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(
+            os.environ,
+            PROBE_RUN_DIR=str(self.run_dir),
+            VLLM_CPU_KVCACHE_SPACE="1",
+            PYTHONUNBUFFERED="1",
+        )
+
+    def start_agent(self) -> None:
+        log = open(self.root / "agent.log", "ab")  # noqa: SIM115 (the child holds it)
+        self.agent = subprocess.Popen(
+            [
+                PROBE,
+                "agent",
+                "--run-dir",
+                str(self.run_dir),
+                "--prometheus",
+                self.instance,
+                "--record-dir",
+                str(self.rec_dir),
+                "--rotate",
+                "0.25",
+                "--keep",
+                "1000",
+                "--scan",
+                "0.5",
+            ],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def start_server(self) -> None:
+        self.generations += 1
+        log = open(self.root / f"server-{self.generations}.log", "wb")  # noqa: SIM115
+        self.server = subprocess.Popen(
+            server_cmd(self.port),
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_up(self) -> None:
+        assert self.server is not None
+        deadline = time.monotonic() + 400
+        while True:
+            if self.server.poll() is not None:
+                log = (self.root / f"server-{self.generations}.log").read_text()
+                pytest.fail(f"server {self.name} exited:\n{log[-3000:]}")
+            with contextlib.suppress(OSError):
+                url = f"http://127.0.0.1:{self.port}/health"
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            if time.monotonic() > deadline:
+                pytest.fail(f"server {self.name} not up in time")
+            time.sleep(1)
+
+    def stop_server(self) -> None:
+        if self.server is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.server.pid, signal.SIGTERM)
+        try:
+            self.server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.server.pid, signal.SIGKILL)
+            self.server.wait(timeout=30)
+        # its children (engine core, worker) leave with it
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self._group_alive():
+            time.sleep(0.2)
+        self.server = None
+
+    def _group_alive(self) -> bool:
+        assert self.server is not None
+        try:
+            os.killpg(self.server.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def complete(self, prompt: list[int]) -> None:
+        body = {
+            "model": str(MODEL),
+            "prompt": prompt,
+            "max_tokens": 12,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=120) as r:
+            r.read()
+
+    def load(self, n: int = 12) -> None:
+        with cf.ThreadPoolExecutor(4) as ex:
+            list(ex.map(self.complete, PROMPTS[:n]))
+
+    def recorded(self) -> Counter[int]:
+        """Forward steps per pid over every rolling recording."""
+        from probe.reader.recording import Recording
+
+        out: Counter[int] = Counter()
+        for path in sorted(self.rec_dir.glob("*.probe.db")):
+            rec = Recording.open(path)
+            for s in rec.iter_steps():
+                if s.forward:
+                    out[s.pid] += 1
+        return out
+
+
+def _query(base: str, expr: str) -> list[dict[str, Any]]:
+    r = _get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+    assert r["status"] == "success", (expr, r)
+    out: list[dict[str, Any]] = r["data"]["result"]
+    return out
+
+
+def _by(base: str, expr: str, *labels: str) -> dict[tuple[str, ...], float]:
+    return {
+        tuple(row["metric"].get(k, "") for k in labels): float(row["value"][1])
+        for row in _query(base, expr)
+    }
+
+
+def _counted(base: str, node: Node) -> Counter[int]:
+    """The agent's forward steps per pid, as Prometheus last scraped them."""
+    sel = f'instance="{node.instance}"'
+    got = _by(
+        base, f"sum by (pid) (last_over_time(vllm_graph_probe_steps_total{{{sel}}}[30m]))", "pid"
+    )
+    return Counter({int(k[0]): int(v) for k, v in got.items() if v})
+
+
+def _until_equal(base: str, node: Node, timeout: float = 60) -> tuple[Counter[int], Counter[int]]:
+    end = time.monotonic() + timeout
+    while True:
+        want, got = node.recorded(), _counted(base, node)
+        if (want == got and want) or time.monotonic() > end:
+            return want, got
+        time.sleep(1)
+
+
+@dataclass
+class Fleet:
+    base: str
+    a: Node
+    b: Node
+    attach_port: int = 0
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    if not vllm_cpu_installed():
+        pytest.skip("vllm-cpu is not installed (scripts/test installs it)")
+    if PROMETHEUS is None:
+        pytest.skip("the prometheus binary is not installed (apt-get install prometheus)")
+    root = Path(tempfile.mkdtemp(prefix="agent-", dir="/tmp"))
+    nodes = [Node("a", root / "a"), Node("b", root / "b")]
+    for n in nodes:
+        n.run_dir.mkdir(parents=True, mode=0o700)
+        os.chmod(n.run_dir, 0o700)
+        n.rec_dir.mkdir()
+    a, b = nodes
+    attach_port = _free_port()  # a probe attach's endpoint, scraped from its start
+    try:
+        with prometheus_server(root, [a.instance, b.instance, f"127.0.0.1:{attach_port}"]) as base:
+            for n in nodes:  # the agents first: the servers appear under them
+                n.start_agent()
+            for n in nodes:
+                n.start_server()
+            for n in nodes:
+                n.wait_up()
+            with cf.ThreadPoolExecutor(2) as ex:
+                list(ex.map(lambda n: n.load(), nodes))
+            for _ in range(RESTARTS):  # A's server restarted while its agent runs
+                a.stop_server()
+                a.start_server()
+                a.wait_up()
+                a.load()
+            b.load(6)
+            yield Fleet(base, a, b, attach_port)
+    finally:
+        for n in nodes:
+            if n.agent is not None and n.agent.poll() is None:
+                n.agent.kill()
+                n.agent.wait(timeout=30)
+            n.stop_server()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_counters_equal_the_recordings_for_every_process(fleet: Fleet) -> None:
+    for node in (fleet.a, fleet.b):
+        want, got = _until_equal(fleet.base, node)
+        assert want and got == want, (node.name, dict(want), dict(got))
+        print(f"agent {node.name}: recordings {dict(want)}, counters {dict(got)}")
+    # A's engine ran three times: three processes with steps, each its own series
+    assert len(fleet.a.recorded()) == RESTARTS + 1, fleet.a.recorded()
+    assert len(fleet.b.recorded()) == 1
+    # the rolling recordings rotated: steps spread over several files
+    assert len(list(fleet.a.rec_dir.glob("*.probe.db"))) > 2
+
+
+def test_restarts_are_counted(fleet: Fleet) -> None:
+    inst = fleet.a.instance
+    got = _by(fleet.base, f'vllm_graph_probe_agent_restarts_total{{instance="{inst}"}}')
+    attaches = _by(fleet.base, f'vllm_graph_probe_agent_attaches_total{{instance="{inst}"}}')
+    [restarts], [attached] = got.values(), attaches.values()
+    per_server = attached / (RESTARTS + 1)
+    assert per_server >= 2 and per_server == int(per_server), attached  # api, engine, worker
+    assert restarts == RESTARTS * per_server
+    log = (fleet.a.root / "agent.log").read_text()
+    assert log.count("attached pid") == attached and log.count("(a restart)") == restarts
+    assert log.count("detached pid") == RESTARTS * per_server  # the first two servers'
+
+
+def test_no_series_ever_decreases(fleet: Fleet) -> None:
+    names = _get(f"{fleet.base}/api/v1/label/__name__/values")["data"]
+    counters = [
+        n
+        for n in names
+        if n.startswith("vllm_graph_probe_")
+        and not n.startswith("vllm_graph_probe_agent_")
+        and n.endswith(("_total", "_count", "_sum", "_bucket"))
+    ]
+    assert "vllm_graph_probe_steps_total" in counters
+    for name in counters:
+        rows = _query(fleet.base, f"resets({name}[30m])")
+        assert rows, name
+        assert all(float(r["value"][1]) == 0 for r in rows), (name, rows)
+
+
+def test_every_series_has_the_full_label_set_one_per_process(fleet: Fleet) -> None:
+    from exporters.metrics import PROCESS_LABELS
+
+    probe = '__name__=~"vllm_graph_probe_.+", __name__!~"vllm_graph_probe_agent_.+"'
+    for label in PROCESS_LABELS:
+        rows = _query(fleet.base, f'last_over_time({{{probe}, {label}=""}}[30m])')
+        assert not rows, (label, rows[:3])
+    keys = ", ".join(PROCESS_LABELS)
+    sets = _by(
+        fleet.base,
+        f"count by (instance, pid) (count by (instance, {keys}) "
+        f"(last_over_time({{{probe}}}[30m])))",
+        "instance",
+        "pid",
+    )
+    assert sets and all(v == 1 for v in sets.values()), sets
+    models = _by(
+        fleet.base, f"count by (model_name) (last_over_time({{{probe}}}[30m]))", "model_name"
+    )
+    assert set(models) == {(str(MODEL),)}, models
+
+
+def test_the_dashboards_per_instance_and_total_equal_the_recordings(fleet: Fleet) -> None:
+    from dashboards.generate import STEPS_BY_INSTANCE, STEPS_TOTAL, concrete
+
+    for node in (fleet.a, fleet.b):
+        _until_equal(fleet.base, node)
+    by_instance = _by(fleet.base, concrete(STEPS_BY_INSTANCE), "instance")
+    want = {(n.instance,): float(sum(n.recorded().values())) for n in (fleet.a, fleet.b)}
+    assert by_instance == want
+    [(total,)] = [tuple(_by(fleet.base, concrete(STEPS_TOTAL)).values())]
+    assert total == sum(want.values())
+
+
+def test_kill_9_of_the_agent_turns_every_hook_off_within_2_s(fleet: Fleet) -> None:
+    from probe.reader.control import request
+    from probe.reader.discover import sockets
+
+    node = fleet.a
+    assert node.agent is not None
+    socks = sockets(node.run_dir)
+    assert len(socks) >= 2
+    before = {pid: request(path, "status", timeout=5) for pid, path in socks.items()}
+    assert all(st["enabled"] and st["attached_by"] == node.agent.pid for st in before.values())
+    t0 = time.monotonic()
+    node.agent.kill()
+    node.agent.wait(timeout=10)
+    left = dict(socks)
+    while left and time.monotonic() - t0 < 10:
+        for pid, path in list(left.items()):
+            st = request(path, "status", timeout=5)
+            if not st["enabled"]:
+                assert st["last_off"]["reason"] == "watchdog", st["last_off"]
+                del left[pid]
+        time.sleep(0.05)
+    took = time.monotonic() - t0
+    assert not left, f"still enabled after {took:.1f} s: {sorted(left)}"
+    assert took <= 2.0, f"hooks off after {took:.2f} s"
+
+
+def test_sigterm_lets_the_final_values_be_scraped(fleet: Fleet) -> None:
+    from probe.reader.control import request
+    from probe.reader.discover import sockets
+
+    node = fleet.b
+    assert node.agent is not None
+    node.load(6)  # steps right before the stop
+    node.agent.send_signal(signal.SIGTERM)
+    assert node.agent.wait(timeout=60) == 0
+    log = (node.root / "agent.log").read_text()
+    assert "stopped (SIGTERM)" in log, log[-2000:]
+    want = node.recorded()
+    got = _counted(fleet.base, node)
+    assert want and got == want, (dict(want), dict(got))
+    for path in sockets(node.run_dir).values():
+        st = request(path, "status", timeout=5)
+        assert not st["enabled"] and st["last_off"]["reason"] == "disable", st
+
+
+def test_an_attach_endpoint_is_scraped_to_its_last_step(fleet: Fleet, tmp_path: Path) -> None:
+    """``probe attach --duration --prometheus --record``: by the final scrape every
+    recorded step is in the counters (the endpoint stays up until it was scraped)."""
+    import threading
+
+    from probe.reader.recording import Recording
+
+    node = fleet.b  # its agent stopped: the server is free for an attach
+    rec = tmp_path / "attach.probe.db"
+    stop = threading.Event()
+
+    def drive() -> None:
+        while not stop.is_set():
+            node.load(6)
+
+    t = threading.Thread(target=drive)
+    t.start()
+    try:
+        out = subprocess.run(
+            [
+                PROBE,
+                "attach",
+                "--run-dir",
+                str(node.run_dir),
+                "--url",
+                f"http://127.0.0.1:{node.port}",
+                "--duration",
+                "8",
+                "--prometheus",
+                f"127.0.0.1:{fleet.attach_port}",
+                "--record",
+                str(rec),
+                "--no-live",
+            ],
+            env=node.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        stop.set()
+        t.join(timeout=300)
+    assert out.returncode == 0, out.stderr
+    want = sum(1 for s in Recording.open(rec).iter_steps() if s.forward)
+    sel = f'instance="127.0.0.1:{fleet.attach_port}"'
+    got = _by(fleet.base, f"sum(last_over_time(vllm_graph_probe_steps_total{{{sel}}}[30m]))")
+    print(f"attach: recording {want} forward steps, final scrape {got}")
+    assert want > 0 and list(got.values()) == [float(want)]
