@@ -207,13 +207,16 @@ def _threshold_builder(vl: Vllm, backend: Any, k: int, spec_as_decode: bool) -> 
     """The real builder class, its threshold set by its own ``_init_reorder_batch_threshold``
     (through the probe's always-on hook, which keeps what it was asked): the seed's
     ``(1, supports_spec_as_decode=False)`` or the fixed ``(1, True)``. The builder's
-    ``__init__`` needs a model; the speculative config here carries only the two fields
-    the method reads (a real SpeculativeConfig needs the target model too)."""
+    ``__init__`` needs a model; the speculative config here carries only the fields the
+    method reads in 0.26 to 0.34 (vLLM 0.34 adds the drafter's extra slots, none for MTP;
+    a real SpeculativeConfig needs the target model too)."""
     from probe.engine import hooks
 
     hooks.install(["static"], lazy=False)
     vc = vl.VllmConfig()
-    vc.speculative_config = SimpleNamespace(num_speculative_tokens=k, parallel_drafting=False)
+    vc.speculative_config = SimpleNamespace(
+        num_speculative_tokens=k, parallel_drafting=False, max_num_new_slots_for_drafting=0
+    )
     builder = object.__new__(backend.get_builder_cls())
     builder.vllm_config = vc
     builder._init_reorder_batch_threshold(1, supports_spec_as_decode=spec_as_decode)
@@ -263,7 +266,7 @@ def test_full_decode_only_eager_mixed_steps_counted_from_the_replayed_steps(vl: 
     from probe.analysis.whatif import Replayer, Setting, load_vllm
     from probe.reader.recording import Recording
 
-    path = H200_RECORDING.parents[1] / "h200-2026-12-01-s5/chunked_mrv2_k1.probe.db"
+    path = H200_RECORDING.parent / "chunked_mrv2_k1.probe.db"
     rec = Recording.open(path)
     steps = list(rec.iter_steps())
     snaps = {p["pid"]: p["snapshot"] for p in rec.processes() if p.get("snapshot")}
