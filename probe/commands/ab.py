@@ -34,6 +34,7 @@ from rich.table import Table
 
 from probe import analysis, progress
 from probe.step import Step
+from probe.terminal import SafeConsole
 
 PHASES = ("prepare_inputs", "metadata_build", "forward_launch", "sample", "draft")
 
@@ -246,7 +247,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(cmp, indent=1))
     else:
-        render(cmp, Console(width=args.width), labels)
+        render(cmp, SafeConsole(width=args.width), labels)
     return 0
 
 
