@@ -398,3 +398,177 @@ def test_sanitize_keeps_text_and_escapes_controls() -> None:
     assert sanitize("a\tb\nc ü 中") == "a\tb\nc ü 中"
     assert sanitize("\x1b[31m\x07\x00\x7f\x9b") == "\\x1b[31m\\x07\\x00\\x7f\\x9b"
     assert sanitize(os.fsdecode(b"\xff")) == "\\xff"
+
+
+# -- the control protocol ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def answering(run_dir: Path, reply: bytes) -> Iterator[Path]:
+    """A process (this one) answering ``reply`` to anything on a control socket."""
+    import socket
+    import threading
+
+    path = run_dir / f"ctl-{os.getpid()}.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(8)
+    stop = threading.Event()
+
+    def serve() -> None:
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            with conn, contextlib.suppress(OSError):
+                conn.recv(65536)
+                conn.sendall(reply)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield path
+    finally:
+        stop.set()
+        t.join()
+        srv.close()
+
+
+HOSTILE_REPLIES = {
+    "nested": b"[" * 200_000 + b"]" * 200_000 + b"\n",
+    "nested-object": b'{"ok": true, "a": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_001 + b"\n",
+    "duplicate-key": b'{"ok": false, "ok": true, "pid": 1}\n',
+    "huge": b'{"ok": true, "pad": "' + b"x" * (4 << 20) + b'"}\n',
+}
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE_REPLIES))
+@pytest.mark.parametrize("cmd", [["ps"], ["doctor", "--pid"], ["attach", "--pid"]])
+def test_a_hostile_control_reply_is_one_line(run_dir: Path, kind: str, cmd: list[str]) -> None:
+    with answering(run_dir, HOSTILE_REPLIES[kind]):
+        argv = [*cmd, str(os.getpid())] if cmd[-1] == "--pid" else cmd
+        if cmd[0] == "attach":
+            argv += ["--duration", "1", "--no-live"]
+        r = probe(*argv, "--run-dir", str(run_dir))
+    assert b"Traceback" not in r.stderr and b"RecursionError" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode in (0, 1, 2)
+    if cmd == ["ps"]:  # listed with its error, never as answered
+        assert b"error" in r.stdout
+
+
+def test_parse_message_bounds_depth_and_refuses_duplicate_keys() -> None:
+    from probe.control import parse_message
+
+    assert parse_message(b'{"cmd": "status", "s": "[[[[{{{{"}') == {
+        "cmd": "status",
+        "s": "[[[[{{{{",
+    }
+    with pytest.raises(ValueError, match="deeper"):
+        parse_message(b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(ValueError, match="twice"):
+        parse_message(b'{"cmd": "status", "cmd": "enable"}')
+
+
+def test_the_server_obeys_no_duplicated_key() -> None:
+    from probe.control_server import ControlServer
+
+    srv = ControlServer.__new__(ControlServer)
+    srv.requests = 0
+    reply = srv.handle_line(b'{"cmd": "status", "cmd": "enable"}', peer_pid=os.getpid())
+    assert reply["ok"] is False and "twice" in reply["error"]
+
+
+def test_ps_deletes_nothing_it_did_not_create(run_dir: Path) -> None:
+    dead = 2**22 + 12345  # above pid_max's default: no such process
+    planted = run_dir / f"ctl-{dead}.sock"
+    planted.write_bytes(b"mine")
+    r = probe("ps", "--run-dir", str(run_dir))
+    assert r.returncode == 0, r.stderr
+    assert planted.read_bytes() == b"mine"
+
+
+# -- values the readers trust ----------------------------------------------------------------
+
+
+def _with_meta(tmp_path: Path, key: str, value: str) -> Path:
+    rec = tmp_path / "m.probe.db"
+    rec.write_bytes(RECORDING.read_bytes())
+    with contextlib.closing(sqlite3.connect(rec)) as c, c:
+        c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+    return rec
+
+
+META_DAMAGE = {
+    "unbalanced quote": ("command", '["collect, "x'),
+    "date in an integer": ("started_epoch_ns", "2026-01-01"),
+    "infinite integer": ("started_epoch_ns", "1e999"),
+    "float sample": ("sample_every", "2.5"),
+}
+
+
+@pytest.mark.parametrize("damage", list(META_DAMAGE))
+@pytest.mark.parametrize("cmd", ["report", "ab"])
+def test_a_damaged_meta_row_is_one_line(tmp_path: Path, damage: str, cmd: str) -> None:
+    key, value = META_DAMAGE[damage]
+    rec = _with_meta(tmp_path, key, value)
+    argv = (
+        ["report", str(rec)] if cmd == "report" else ["ab", "--a", str(rec), "--b", str(RECORDING)]
+    )
+    r = probe(*argv)
+    assert r.returncode == 2
+    one_error(r, "m.probe.db", "meta", key)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [("compilation",), ("groups",), ("groups", 0), ("limiting_group",), ("traps", 0), ("hooks",)],
+)
+@pytest.mark.parametrize("cmd", [["doctor", "--json"], ["doctor"]])
+def test_an_integer_where_the_snapshot_holds_an_object(
+    tmp_path: Path, where: tuple[object, ...], cmd: list[str]
+) -> None:
+    import json
+
+    rec = tmp_path / "s.probe.db"
+    rec.write_bytes(RECORDING.read_bytes())
+    with contextlib.closing(sqlite3.connect(rec)) as c, c:
+        (raw,) = c.execute("SELECT snapshot FROM processes WHERE snapshot IS NOT NULL").fetchone()
+        snap = json.loads(raw)
+        o = snap
+        for k in where[:-1]:
+            o = o[k]
+        o[where[-1]] = 5
+        c.execute("UPDATE processes SET snapshot = ?", (json.dumps(snap),))
+    r = probe(cmd[0], str(rec), *cmd[1:])
+    assert r.returncode == 2
+    one_error(r, "snapshot", str(where[0]))
+
+
+def test_record_of_a_command_that_cannot_start_leaves_no_recording(tmp_path: Path) -> None:
+    script = tmp_path / "bad.sh"
+    script.write_text("#!/nonexistent/interpreter\n")
+    script.chmod(0o755)
+    r = probe("record", "--out", "r.probe.db", "--", str(script), cwd=tmp_path)
+    assert r.returncode == 1
+    assert b"cannot start" in r.stderr and b"Traceback" not in r.stderr
+    assert leftovers(tmp_path, "bad.sh") == []
+
+
+@pytest.mark.parametrize("offset", ["9000000000000000000", "-9000000000000000000", "1" + "0" * 30])
+def test_merge_offset_far_out_of_range_is_an_error(tmp_path: Path, offset: str) -> None:
+    r = probe(
+        "merge",
+        str(WINDOW),
+        str(KINETO),
+        "--offset-ns",
+        offset,
+        "--report",
+        "--out",
+        "o.pftrace",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2
+    one_error(r, "--offset-ns")
+    assert leftovers(tmp_path) == []
