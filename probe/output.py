@@ -55,6 +55,7 @@ __all__ = [
 
 STDOUT = "-"
 NAME_MAX = 255  # bytes of one path component on Linux file systems
+SHORT_PATH_MAX = 480  # longer targets are written in the temporary folder (SQLite: 512)
 
 # the temporaries (files or private folders) of writes in progress, removed on a signal
 _LIVE: set[Path] = set()
@@ -320,7 +321,10 @@ def path_for(target: Path | None, *, create: bool = True) -> Iterator[Path]:
         finally:
             _remove_dir(d)
         return
-    d = _private_dir(target)
+    # a path SQLite cannot take (its VFS: 512 bytes) is written in the temporary folder
+    # and copied beside the target at the end (the rename stays atomic)
+    far = len(os.fsencode(target.absolute())) > SHORT_PATH_MAX
+    d = _new_dir(Path(tempfile.gettempdir()), "probe-out-") if far else _private_dir(target)
     tmp = d / _inner_name(target)
     try:
         if create:
@@ -334,9 +338,15 @@ def path_for(target: Path | None, *, create: bool = True) -> Iterator[Path]:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise RuntimeFailure(f"{target}: the temporary file was replaced; not written")
             os.fsync(fd)
+            if far:
+                with os.fdopen(os.dup(fd), "rb") as src, write_to(target) as dst:
+                    import shutil
+
+                    shutil.copyfileobj(src, dst)
         finally:
             os.close(fd)
-        _commit(tmp, target)
+        if not far:
+            _commit(tmp, target)
     except OSError as exc:
         raise RuntimeFailure(
             f"{target}: write failed ({os_reason(exc)}); nothing written"

@@ -558,14 +558,66 @@ def _connect_read_only(p: Path) -> sqlite3.Connection:
     if head[:16] != b"SQLite format 3\x00":
         raise RecordingError(f"{p}: not a probe recording (not an SQLite database)")
     wal_mode = len(head) > 19 and head[18] == 2 and head[19] == 2
-    live = wal_mode and Path(f"{p}-wal").is_file() and Path(f"{p}-shm").is_file()
-    uri = p.absolute().as_uri() + ("?mode=ro" if live else "?mode=ro&immutable=1")
+    wal, shm = Path(f"{p}-wal"), Path(f"{p}-shm")
+    live = wal_mode and wal.is_file() and shm.is_file()
+    too_long = len(os.fsencode(p.absolute())) + len("-wal") > SQLITE_PATH_MAX
     try:
-        db = sqlite3.connect(uri, uri=True)
+        if too_long or (wal_mode and not live and _has_frames(wal)):
+            db = _read_copy(p, wal if wal_mode and _has_frames(wal) else None)
+        else:
+            uri = p.absolute().as_uri() + ("?mode=ro" if live else "?mode=ro&immutable=1")
+            db = sqlite3.connect(uri, uri=True)
     except SQLITE_DAMAGED as exc:
         raise damaged_error(p, exc) from None
     db.text_factory = lambda b: b.decode("utf-8", "replace")
     return db
+
+
+SQLITE_PATH_MAX = 500
+"""SQLite's Unix VFS takes paths of 512 bytes at most (and resolves links to their long
+target), where the system takes 4,096: a longer path is read from a private copy."""
+
+
+def _has_frames(wal: Path) -> bool:
+    """A ``-wal`` beside the file that holds frames (more than its 32-byte header)."""
+    try:
+        st = os.lstat(wal)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size > 32
+
+
+def _read_copy(p: Path, wal: Path | None) -> sqlite3.Connection:
+    """``p`` (with the committed frames of ``wal``) read from a private copy.
+
+    Two cases need it. A ``-wal`` whose ``-shm`` is gone (a copy made without it):
+    opened ``immutable`` the ``.db`` alone would read as of its last checkpoint, silently
+    missing what the ``-wal`` committed since, and opened in place SQLite would rebuild
+    the ``-shm`` beside the user's file; so both are copied, SQLite recovers the pair in
+    the copy (committed frames only) and checkpoints it, and the copy is read. A path
+    longer than SQLite takes: the copy's is short. Nothing is created beside ``p``.
+    """
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="probe-wal-"))
+    try:
+        copy = d / "r.db"
+        shutil.copyfile(p, copy)
+        if wal is not None:
+            shutil.copyfile(wal, Path(f"{copy}-wal"))
+            with contextlib.closing(sqlite3.connect(copy)) as w:
+                w.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                w.execute("PRAGMA journal_mode=DELETE")
+        # the open descriptor keeps the copy readable once its name is gone
+        return sqlite3.connect(copy.absolute().as_uri() + "?mode=ro&immutable=1", uri=True)
+    except OSError as exc:
+        raise RecordingError(
+            f"{p}: reading it needs a private copy (a -wal without its -shm, or a path "
+            f"longer than SQLite takes), which failed ({exc.strerror or exc})"
+        ) from None
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @dataclass(frozen=True)

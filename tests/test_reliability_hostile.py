@@ -572,3 +572,83 @@ def test_merge_offset_far_out_of_range_is_an_error(tmp_path: Path, offset: str) 
     assert r.returncode == 2
     one_error(r, "--offset-ns")
     assert leftovers(tmp_path) == []
+
+
+# -- a recording with its -wal but not its -shm ------------------------------------------------
+
+
+def _doubled_in_wal(d: Path) -> Path:
+    """The bundled recording in WAL mode with a second copy of its steps committed to the
+    ``-wal`` and not checkpointed; returns a copy of the ``.db`` and ``-wal`` only."""
+    import shutil
+
+    src = d / "w.probe.db"
+    src.write_bytes(RECORDING.read_bytes())
+    c = sqlite3.connect(src)
+    c.execute("PRAGMA journal_mode=WAL")
+    c.execute("PRAGMA wal_autocheckpoint=0")
+    cols = [r[1] for r in c.execute("PRAGMA table_info(steps)")]
+    sel = ", ".join("step + 1000000" if x == "step" else x for x in cols)
+    with c:
+        c.execute(f"INSERT INTO steps SELECT {sel} FROM steps")
+    out = d / "copy"
+    out.mkdir()
+    shutil.copyfile(src, out / src.name)
+    shutil.copyfile(f"{src}-wal", out / f"{src.name}-wal")
+    c.close()
+    return out / src.name
+
+
+def test_a_wal_without_its_shm_is_read_whole(tmp_path: Path) -> None:
+    from probe.recording import Recording
+
+    copy = _doubled_in_wal(tmp_path)
+    before = sorted(os.listdir(copy.parent))
+    base = Recording.open(RECORDING)
+    n = len(list(base.iter_steps()))
+    base.close()
+    rec = Recording.open(copy)
+    try:
+        assert len(list(rec.iter_steps())) == 2 * n
+    finally:
+        rec.close()
+    assert sorted(os.listdir(copy.parent)) == before  # nothing made beside it
+    r = probe("report", str(copy), "--json")
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_finished_recording_is_one_file(tmp_path: Path) -> None:
+    from probe.recording import RecordingWriter
+
+    p = tmp_path / "r.probe.db"
+    w = RecordingWriter(p)
+    w.set_meta(command=["x"])
+    w.commit()
+    w.close()
+    assert sorted(os.listdir(tmp_path)) == ["r.probe.db"]
+
+
+# -- paths longer than SQLite takes ------------------------------------------------------------
+
+
+def _deep(tmp_path: Path) -> Path:
+    d = tmp_path / "/".join(["d" * 200] * 3)
+    d.mkdir(parents=True)
+    assert len(os.fsencode(d)) > 600
+    return d
+
+
+def test_a_recording_at_a_path_longer_than_sqlite_takes_opens(tmp_path: Path) -> None:
+    d = _deep(tmp_path)
+    (d / "r.probe.db").write_bytes(RECORDING.read_bytes())
+    r = probe("report", str(d / "r.probe.db"), "--json")
+    assert r.returncode == 0, r.stderr[-500:]
+    assert os.listdir(d) == ["r.probe.db"]
+
+
+@pytest.mark.parametrize("flag", ["--rocpd", "--perfetto", "--openmetrics"])
+def test_an_output_at_a_path_longer_than_sqlite_takes(tmp_path: Path, flag: str) -> None:
+    d = _deep(tmp_path)
+    r = probe("export", str(RECORDING), flag, str(d / "out"))
+    assert r.returncode == 0, r.stderr[-500:]
+    assert os.listdir(d) == ["out"]
