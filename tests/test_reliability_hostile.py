@@ -652,3 +652,97 @@ def test_an_output_at_a_path_longer_than_sqlite_takes(tmp_path: Path, flag: str)
     r = probe("export", str(RECORDING), flag, str(d / "out"))
     assert r.returncode == 0, r.stderr[-500:]
     assert os.listdir(d) == ["out"]
+
+
+# -- network exporters: the deadline on every path, exit 1 when nothing was delivered ---------
+
+
+@contextlib.contextmanager
+def trickling_server() -> Iterator[int]:
+    """A TCP server that reads a request and answers one byte every 2 s: each read
+    meets the socket's timeout, the whole answer never comes."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    stop = threading.Event()
+
+    def answer(c: socket.socket) -> None:
+        with c, contextlib.suppress(OSError):
+            c.recv(1 << 20)
+            for b in b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n":
+                if stop.wait(2.0):
+                    return
+                c.send(bytes([b]))
+
+    def serve() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                continue
+            threading.Thread(target=answer, args=(c,), daemon=True).start()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        t.join()
+        srv.close()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # nobody listens once it is closed
+
+
+OTLP_ARGS = {
+    "http": ["--otlp-protocol", "http/protobuf"],
+    "grpc": ["--otlp-protocol", "grpc"],
+}
+
+
+@pytest.mark.parametrize("how", ["--otlp", "--to"])
+@pytest.mark.parametrize("proto", list(OTLP_ARGS))
+def test_otlp_to_a_closed_port_exits_1(how: str, proto: str) -> None:
+    url = f"127.0.0.1:{_closed_port()}"
+    url = f"http://{url}" if proto == "http" else url
+    target = ["--otlp", url] if how == "--otlp" else ["--to", "otlp", "--out", url]
+    r = probe("export", *target, *OTLP_ARGS[proto], "--timeout", "2")
+    assert r.returncode == 1
+    one_error(r, "nothing exported")
+
+
+@pytest.mark.parametrize("how", ["--otlp", "--to"])
+@pytest.mark.parametrize("proto", list(OTLP_ARGS))
+def test_otlp_to_a_trickling_server_ends_and_exits_1(how: str, proto: str) -> None:
+    """The command ends (probe() gives it 120 s: a hang guard, not a measurement; the
+    server would take minutes to answer one request) and says nothing was delivered."""
+    with trickling_server() as port:
+        url = f"http://127.0.0.1:{port}" if proto == "http" else f"127.0.0.1:{port}"
+        target = ["--otlp", url] if how == "--otlp" else ["--to", "otlp", "--out", url]
+        r = probe("export", *target, *OTLP_ARGS[proto], "--timeout", "2")
+    assert r.returncode == 1
+    one_error(r, "0 exported")
+
+
+def test_deadline_gives_up_on_a_call_that_does_not_return() -> None:
+    import threading
+
+    from exporters.otlp import Deadline
+
+    release = threading.Event()
+    d = Deadline(0.05)
+    assert d.call(lambda: 7) == (True, 7)
+    assert d.call(release.wait) == (False, None)
+    assert d.gone
+    assert d.call(lambda: 7) == (False, None)  # nothing more is sent
+    release.set()
