@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +127,6 @@ def run_case(d: Path, args: list[str], *, output: str | None = None) -> str:
     subs = {"REC": "rec.probe.db", "OUT": "out.file", "FIFO": "fifo", "DIR": "dir"}
     real = [subs.get(a, a.replace("DIR/", "dir/")) for a in args]
     before = _listing(d)
-    t = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "probe.cli", *real],
         stdout=subprocess.PIPE,
@@ -159,8 +157,6 @@ def run_case(d: Path, args: list[str], *, output: str | None = None) -> str:
     r = subprocess.CompletedProcess(
         proc.args, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
     )
-    took = time.monotonic() - t
-    assert took < 15, real
     assert "Traceback" not in r.stderr, (real, r.stderr[-3000:])
     if r.returncode == 0:
         kind = "exit 0"
