@@ -46,6 +46,7 @@ __all__ = [
     "guard_standard_streams",
     "install_signal_cleanup",
     "new_file_in_place",
+    "new_growing_file",
     "os_reason",
     "path_for",
     "write_bytes",
@@ -446,3 +447,16 @@ def new_file_in_place(target: Path) -> None:
         os.close(create_exclusive(target))
     except OSError as exc:
         raise RuntimeFailure(f"{target}: cannot create it ({os_reason(exc)})") from None
+
+
+def new_growing_file(path: str | os.PathLike[str], *, force: bool, flag: str) -> Path:
+    """A file written in place while it grows (a recording, a rolling file of the agent):
+    :func:`check_target` then :func:`new_file_in_place`, in one call. ``-`` is refused (a
+    file that grows is not a stream). A finished file written elsewhere and moved into
+    place takes :func:`path_for` instead; both leave nothing on a signal but what was
+    committed."""
+    target = check_target(path, force=force, flag=flag)
+    if target is None:
+        raise UsageError(f"{flag} -: this output is a file written while it grows, not a stream")
+    new_file_in_place(target)
+    return target

@@ -746,3 +746,22 @@ def test_deadline_gives_up_on_a_call_that_does_not_return() -> None:
     assert d.gone
     assert d.call(lambda: 7) == (False, None)  # nothing more is sent
     release.set()
+
+
+def test_new_growing_file_is_checked_and_fresh(tmp_path: Path) -> None:
+    from probe.errors import UsageError
+    from probe.output import new_growing_file
+
+    seg = tmp_path / "roll-0001.probe.db"
+    assert new_growing_file(seg, force=False, flag="--record") == seg
+    assert seg.stat().st_size == 0
+    with pytest.raises(UsageError, match="exists"):
+        new_growing_file(seg, force=False, flag="--record")
+    (tmp_path / "link").symlink_to(seg)
+    with pytest.raises(UsageError, match="symbolic link"):
+        new_growing_file(tmp_path / "link", force=True, flag="--record")
+    with pytest.raises(UsageError, match="grows"):
+        new_growing_file("-", force=True, flag="--record")
+    Path(f"{seg}-wal").write_bytes(b"old")
+    new_growing_file(seg, force=True, flag="--record")
+    assert sorted(os.listdir(tmp_path)) == ["link", "roll-0001.probe.db"]
