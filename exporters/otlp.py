@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -150,16 +151,57 @@ def step_attributes(s: Step) -> dict[str, Any]:
     return a
 
 
-class CountingSpanExporter(SpanExporter):
-    """Wraps a span exporter and counts what it exported and what failed."""
+class Deadline:
+    """The ``--timeout`` of one export, on every network call: a call (connect, send,
+    the SDK's retries) that has not returned within ``timeout_s`` counts as failed and
+    the endpoint as gone, and nothing more is sent to it. A server that trickles its
+    answer a byte at a time defeats a socket's read timeout; this bound it does not:
+    the call runs in a daemon thread and is waited for, at most, ``timeout_s``. The
+    time spent waiting on an endpoint that does not answer is so at most ``timeout_s``.
+    """
 
-    def __init__(self, inner: SpanExporter) -> None:
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.gone = False
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[bool, Any]:
+        """``(True, fn(...))``; ``(False, None)`` when it raised, overran, or the
+        endpoint is gone already."""
+        if self.gone:
+            return False, None
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["result"] = fn(*args, **kwargs)
+            except Exception as exc:  # the SDK's own failure: counted, not raised
+                box["error"] = exc
+
+        t = threading.Thread(target=run, name="probe-otlp-call", daemon=True)
+        t.start()
+        t.join(self.timeout_s)
+        if t.is_alive():
+            self.gone = True
+            return False, None
+        return ("result" in box), box.get("result")
+
+
+class CountingSpanExporter(SpanExporter):
+    """Wraps a span exporter and counts what it exported and what failed; with a
+    :class:`Deadline`, no call waits past it."""
+
+    def __init__(self, inner: SpanExporter, deadline: Deadline | None = None) -> None:
         self.inner = inner
+        self.deadline = deadline
         self.exported = 0
         self.failed = 0
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        result = self.inner.export(spans)
+        if self.deadline is None:
+            result = self.inner.export(spans)
+        else:
+            ok, result = self.deadline.call(self.inner.export, spans)
+            result = result if ok else SpanExportResult.FAILURE
         if result == SpanExportResult.SUCCESS:
             self.exported += len(spans)
         else:
@@ -167,10 +209,16 @@ class CountingSpanExporter(SpanExporter):
         return result
 
     def shutdown(self) -> None:
-        self.inner.shutdown()
+        if self.deadline is None:
+            self.inner.shutdown()
+        else:
+            self.deadline.call(self.inner.shutdown)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return self.inner.force_flush(timeout_millis)
+        if self.deadline is None:
+            return self.inner.force_flush(timeout_millis)
+        ok, result = self.deadline.call(self.inner.force_flush, timeout_millis)
+        return bool(ok and result)
 
 
 @dataclass
@@ -198,8 +246,11 @@ class OtlpSink(ExportSink):
         epoch_ns: Callable[[], int] = time.time_ns,
         histograms: Histograms = "explicit",
         metrics: bool = True,
+        deadline: Deadline | None = None,
     ) -> None:
         super().__init__()
+        #: every span export waits at most this (None: the SDK's own timeouts only)
+        self.deadline = deadline
         if not 0.0 <= sampling <= 1.0:
             raise ValueError(f"sampling must be within 0..1, got {sampling}")
         if histograms not in ("explicit", "exponential"):
@@ -234,7 +285,7 @@ class OtlpSink(ExportSink):
             resource=resource, sampler=ParentBased(TraceIdRatioBased(self.sampling))
         )
         # a replayed recording arrives all at once: a queue deep enough not to drop spans
-        counting = CountingSpanExporter(self._span_exporter())
+        counting = CountingSpanExporter(self._span_exporter(), self.deadline)
         self.span_exporters.append(counting)
         tp.add_span_processor(BatchSpanProcessor(counting, max_queue_size=1 << 16))
         readers = (
@@ -442,6 +493,7 @@ def make_sink(
         export_interval_s=export_interval_s,
         histograms=histograms,
         metrics=metrics,
+        deadline=Deadline(timeout_s),
     )
 
 
@@ -527,6 +579,7 @@ def write(
     n = replay(recording, sink, progress=progress)
     sink.flush(int(timeout_s * 1000))
     sent = failed = 0
+    deadline = sink.deadline or Deadline(timeout_s)
     exporter = sink._metric_exporter()
     try:
         tls = timelines(recording, interval_s, progress=progress)
@@ -537,10 +590,12 @@ def write(
                 if failed:  # the endpoint is gone: do not wait out a timeout per sample
                     failed += 1
                 else:
-                    ok = exporter.export(metrics_data(tl, i), timeout_millis=timeout_s * 1000)
-                    failed += ok != MetricExportResult.SUCCESS
+                    done, ok = deadline.call(
+                        exporter.export, metrics_data(tl, i), timeout_millis=timeout_s * 1000
+                    )
+                    failed += not done or ok != MetricExportResult.SUCCESS
                 progress.advance()
     finally:
-        exporter.shutdown()
+        deadline.call(exporter.shutdown)
         sink.close()
     return Written(n, sink.spans_exported, sink.spans_failed, sent, failed)

@@ -6,8 +6,9 @@ module-level ``write(recording, target)`` (``write(recording, target, progress=.
 when ``reports_progress``: a :class:`probe.progress.Progress` it reports its stages to);
 live (``live=True``), a ``make_sink(target)``
 giving an :class:`~exporters.base.ExportSink` (``on_process``, ``on_steps(proc, steps,
-gpu)``, ``close``). ``probe export --to NAME --out TARGET`` runs one; ``probe export --to
-list`` lists them.
+gpu)``, ``close``). ``probe export --to NAME --out TARGET`` runs one through the same
+guarded write path as the named flags (:mod:`probe.output`: the target checked first,
+a private temporary, ``--force`` to replace); ``probe export --to list`` lists them.
 
 Other packages add exporters the way vLLM's stat-logger plugins are found: an entry point
 in the ``vllm_graph_probe.exporters`` group naming an :class:`Exporter`::
@@ -55,7 +56,8 @@ class UnknownExporter(ValueError):
 class Exporter:
     """One exporter: ``module`` implements ``write(recording, target)`` (and ``make_sink``
     when ``live``); ``extra`` is the pip extra its library comes with (None: none needed);
-    ``reports_progress``: its ``write`` takes ``progress=``."""
+    ``reports_progress``: its ``write`` takes ``progress=``; ``streams``: its file can be
+    standard output (``--out -``; a database cannot)."""
 
     name: str
     help: str
@@ -64,6 +66,7 @@ class Exporter:
     extra: str | None = None
     live: bool = False
     reports_progress: bool = False
+    streams: bool = True
 
     def load(self) -> ModuleType:
         """Import the module; a missing optional library raises :class:`MissingExtra`."""
@@ -137,6 +140,7 @@ ROCPD = Exporter(
     "FILE",
     "exporters.rocpd",
     reports_progress=True,
+    streams=False,
 )
 
 BUILTIN: Mapping[str, Exporter] = {

@@ -10,9 +10,16 @@ followed, nothing overwritten unasked.
   a device node is refused before anything is written, and so is an existing file unless
   ``force``.
 - The bytes go to a temporary file next to the target, created with
-  ``O_CREAT|O_EXCL|O_NOFOLLOW`` under an unpredictable name (a link planted in a shared
-  folder is never written through), fsynced, then renamed over the target. A failure
-  (ENOSPC, EROFS, ...) removes the temporary file and leaves the target as it was.
+  ``O_CREAT|O_EXCL|O_NOFOLLOW`` under an unpredictable name no longer than the file
+  system takes (a link planted in a shared folder is never written through), fsynced,
+  then renamed over the target. A writer that opens its file itself (SQLite, an
+  exporter plugin) gets a path inside a private folder next to the target instead.
+  A failure (ENOSPC, EROFS, ...) removes the temporary and leaves the target as it was.
+- A target that was absent when checked is linked into place only if it is still absent;
+  one that was replaced (``--force``) only if it is still the file that was checked: of
+  two writers to one target at once, one wins and the other fails with one line.
+- :func:`install_signal_cleanup` (done by :func:`probe.cli.main`): SIGINT, SIGTERM and
+  SIGHUP remove every temporary still open and end the command with status 128+N.
 
 User mistakes are :class:`probe.errors.UsageError` (exit 2); a write that fails is
 :class:`probe.errors.RuntimeFailure` (exit 1); both name the file and the reason.
@@ -32,9 +39,14 @@ from probe.errors import RuntimeFailure, UsageError
 
 __all__ = [
     "STDOUT",
+    "SignalExit",
     "check_target",
+    "cleanup_temporaries",
     "create_exclusive",
+    "guard_standard_streams",
+    "install_signal_cleanup",
     "new_file_in_place",
+    "new_growing_file",
     "os_reason",
     "path_for",
     "write_bytes",
@@ -43,6 +55,53 @@ __all__ = [
 ]
 
 STDOUT = "-"
+NAME_MAX = 255  # bytes of one path component on Linux file systems
+SHORT_PATH_MAX = 480  # longer targets are written in the temporary folder (SQLite: 512)
+
+# the temporaries (files or private folders) of writes in progress, removed on a signal
+_LIVE: set[Path] = set()
+# what each checked target was: (st_dev, st_ino) of the file --force replaces, None: absent
+_CHECKED: dict[str, tuple[int, int] | None] = {}
+
+
+class SignalExit(BaseException):
+    """SIGINT, SIGTERM or SIGHUP arrived: temporaries are removed; exit 128+``signum``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def cleanup_temporaries() -> None:
+    """Remove every temporary of a write still in progress (file or private folder)."""
+    import shutil
+
+    for p in list(_LIVE):
+        _LIVE.discard(p)
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink()
+        except OSError:
+            pass
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    cleanup_temporaries()
+    raise SignalExit(signum)
+
+
+def install_signal_cleanup() -> None:
+    """SIGINT, SIGTERM and SIGHUP remove the temporaries and raise :class:`SignalExit`.
+
+    A signal the caller ignores (``nohup``) stays ignored; a command that needs its own
+    handlers (``record``, ``attach``) installs them over these while it runs."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _on_signal)
 
 
 def os_reason(exc: OSError) -> str:
@@ -74,6 +133,8 @@ def check_target(path: str | os.PathLike[str], *, force: bool, flag: str) -> Pat
             raise UsageError(f"{flag} {p}: not a regular file (a FIFO, socket or device)")
         if not force:
             raise UsageError(f"{flag} {p}: exists (use --force to overwrite)")
+    if len(os.fsencode(p.name)) > NAME_MAX:
+        raise UsageError(f"{flag} {p}: file name too long (over {NAME_MAX} bytes)")
     parent = p.parent
     if not parent.is_dir():
         raise UsageError(f"{flag} {p}: directory {parent} does not exist")
@@ -84,6 +145,7 @@ def check_target(path: str | os.PathLike[str], *, force: bool, flag: str) -> Pat
         raise UsageError(f"{flag} {p}: {os_reason(exc)}") from None
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {p}: directory {parent} is not writable")
+    _CHECKED[os.fspath(p)] = None if st is None else (st.st_dev, st.st_ino)
     return p
 
 
@@ -92,9 +154,57 @@ def check_target(path: str | os.PathLike[str], *, force: bool, flag: str) -> Pat
 
 
 def _tmp_name(target: Path) -> Path:
+    """``.NAME.PID.RANDOM.tmp`` beside ``target``, NAME cut so that the whole stays within
+    :data:`NAME_MAX` bytes (a legal 248-byte target name must still be writable)."""
     import secrets
 
-    return target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    tail = f".{os.getpid()}.{secrets.token_hex(6)}.tmp".encode()
+    head = os.fsencode(target.name)[: NAME_MAX - 1 - len(tail)]
+    return target.with_name(os.fsdecode(b"." + head + tail))
+
+
+def _private_dir(target: Path) -> Path:
+    """A new owner-only folder beside ``target`` (registered for signal cleanup)."""
+    try:
+        return _new_dir(target.parent, ".probe-")
+    except OSError as exc:
+        raise RuntimeFailure(f"{target}: cannot create a file there ({os_reason(exc)})") from None
+
+
+def _new_dir(parent: Path, prefix: str) -> Path:
+    """``mkdtemp``, registered for the signal cleanup before it exists (a signal between
+    the two would leave it)."""
+    import secrets
+
+    for _ in range(100):
+        d = parent / f"{prefix}{secrets.token_hex(4)}"
+        _LIVE.add(d)
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            _LIVE.discard(d)
+            continue
+        except BaseException:
+            _LIVE.discard(d)
+            raise
+        return d
+    raise FileExistsError(f"no free temporary name in {parent}")
+
+
+def _remove_dir(d: Path) -> None:
+    """Remove a private folder, then forget it (the other order leaves it to a signal
+    between the two)."""
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+    _LIVE.discard(d)
+
+
+def _inner_name(target: Path) -> str:
+    """The writer's file name inside the private folder: short (SQLite adds ``-journal``
+    to it), with the target's suffix (a writer may choose its format by it)."""
+    suffix = target.suffix if len(os.fsencode(target.suffix)) <= 32 else ""
+    return f"out{suffix}"
 
 
 def create_exclusive(path: Path, mode: int = 0o644) -> int:
@@ -112,14 +222,40 @@ def _fsync_dir(d: Path) -> None:
             os.close(fd)
 
 
+_UNCHECKED = (-1, -1)
+
+
 def _commit(tmp: Path, target: Path) -> None:
-    # the target may have changed since check_target: never replace a non-regular file
-    with contextlib.suppress(FileNotFoundError):
-        st = os.lstat(target)
-        if not stat.S_ISREG(st.st_mode):
-            raise RuntimeFailure(f"{target}: no longer a regular file; not replaced")
-    os.replace(tmp, target)
+    # the target may have changed since check_target: never replace a non-regular file,
+    # nor a file another writer put there meanwhile
+    key = os.fspath(target)
+    expected = _CHECKED.get(key, _UNCHECKED)
+    try:
+        st: os.stat_result | None = os.lstat(target)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise RuntimeFailure(f"{target}: no longer a regular file; not replaced")
+    other = f"{target}: another writer wrote it meanwhile; not replaced"
+    if expected is None:
+        if st is not None:
+            raise RuntimeFailure(other)
+        try:
+            os.link(tmp, target)  # atomic: fails if the name exists by now
+        except FileExistsError:
+            raise RuntimeFailure(other) from None
+        except OSError:  # a file system without hard links
+            os.replace(tmp, target)
+        else:
+            os.unlink(tmp)
+    else:
+        if expected != _UNCHECKED and (st is None or (st.st_dev, st.st_ino) != expected):
+            raise RuntimeFailure(other)
+        os.replace(tmp, target)
     _fsync_dir(target.parent)
+    if key in _CHECKED:  # a second write to the same target replaces this one
+        new = os.lstat(target)
+        _CHECKED[key] = (new.st_dev, new.st_ino)
 
 
 @contextlib.contextmanager
@@ -135,9 +271,11 @@ def write_to(target: Path | None) -> Iterator[BinaryIO]:
             _copy_to_stdout(buf)
         return
     tmp = _tmp_name(target)
+    _LIVE.add(tmp)  # before it exists: a signal in between must not leave it
     try:
         fd = create_exclusive(tmp)
     except OSError as exc:
+        _LIVE.discard(tmp)
         raise RuntimeFailure(f"{target}: cannot create a file there ({os_reason(exc)})") from None
     try:
         with os.fdopen(fd, "wb") as f:
@@ -152,52 +290,84 @@ def write_to(target: Path | None) -> Iterator[BinaryIO]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        _LIVE.discard(tmp)
 
 
 @contextlib.contextmanager
-def path_for(target: Path | None) -> Iterator[Path]:
+def path_for(target: Path | None, *, create: bool = True) -> Iterator[Path]:
     """A fresh temporary path for a writer that takes a file name; it becomes ``target``
     (``None``: stdout) when the block ends without an exception.
 
-    The file is created here (``O_EXCL|O_NOFOLLOW``, an unpredictable name) before the
-    writer opens it, so the writer opens our own regular file, never a planted link.
+    The path is inside a new owner-only folder next to the target (nobody else can plant
+    a name there) and short (SQLite's ``-journal`` beside it stays a legal name). With
+    ``create`` the file is made here (``O_EXCL|O_NOFOLLOW``); without, the writer makes it
+    (SQLite, an exporter that refuses an existing file). A write that fails (a full or
+    read-only disk, SQLite's own errors included) is one :class:`RuntimeFailure` naming
+    the target, and the folder is removed.
     """
-    if target is None:
-        import shutil
-        import tempfile
+    import tempfile
 
-        d = Path(tempfile.mkdtemp(prefix="probe-out-"))
+    if target is None:
+        d = _new_dir(Path(tempfile.gettempdir()), "probe-out-")
         try:
             tmp = d / "out"
-            os.close(create_exclusive(tmp, 0o600))
-            yield tmp
+            if create:
+                os.close(create_exclusive(tmp, 0o600))
+            try:
+                yield tmp
+            except Exception as exc:
+                _raise_write_failure(None, exc)
             with open(tmp, "rb") as f:
                 _copy_to_stdout(f)
         finally:
-            shutil.rmtree(d, ignore_errors=True)
+            _remove_dir(d)
         return
-    tmp = _tmp_name(target)
+    # a path SQLite cannot take (its VFS: 512 bytes) is written in the temporary folder
+    # and copied beside the target at the end (the rename stays atomic)
+    far = len(os.fsencode(target.absolute())) > SHORT_PATH_MAX
+    d = _new_dir(Path(tempfile.gettempdir()), "probe-out-") if far else _private_dir(target)
+    tmp = d / _inner_name(target)
     try:
-        os.close(create_exclusive(tmp))
-    except OSError as exc:
-        raise RuntimeFailure(f"{target}: cannot create a file there ({os_reason(exc)})") from None
-    try:
-        yield tmp
+        if create:
+            os.close(create_exclusive(tmp))
+        try:
+            yield tmp
+        except Exception as exc:
+            _raise_write_failure(target, exc)
         fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise RuntimeFailure(f"{target}: the temporary file was replaced; not written")
             os.fsync(fd)
+            if far:
+                with os.fdopen(os.dup(fd), "rb") as src, write_to(target) as dst:
+                    import shutil
+
+                    shutil.copyfileobj(src, dst)
         finally:
             os.close(fd)
-        _commit(tmp, target)
+        if not far:
+            _commit(tmp, target)
     except OSError as exc:
         raise RuntimeFailure(
             f"{target}: write failed ({os_reason(exc)}); nothing written"
         ) from None
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        _remove_dir(d)
+
+
+def _raise_write_failure(target: Path | None, exc: Exception) -> None:
+    """Re-raise ``exc``, as one :class:`RuntimeFailure` when it is the disk's (an
+    ``OSError``, or SQLite's full, read-only or I/O error); any other exception as is."""
+    where = target if target is not None else "standard output"
+    if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError):
+        raise RuntimeFailure(f"{where}: write failed ({os_reason(exc)}); nothing written") from None
+    sqlite3 = sys.modules.get("sqlite3")
+    if sqlite3 is not None and isinstance(exc, sqlite3.OperationalError):
+        why = " ".join(str(exc).split())
+        if any(w in why for w in ("full", "readonly", "read-only", "I/O error", "unable to open")):
+            raise RuntimeFailure(f"{where}: write failed ({why}); nothing written") from None
+    raise exc
 
 
 def write_bytes(target: Path | None, data: bytes) -> None:
@@ -231,6 +401,37 @@ def write_stdout(text: str) -> None:
         raise RuntimeFailure(f"standard output: {os_reason(exc)}") from None
 
 
+def guard_standard_streams() -> None:
+    """Make the process's standard streams safe to use, at its start.
+
+    - A closed descriptor 0, 1 or 2 is held by ``/dev/null`` so that no file the command
+      opens takes its number (a message for stderr landing in the output file). Stdout
+      is held read-only: a write to it fails, and the command says so on stderr.
+    - Text that the stream's encoding cannot carry (a file name that is not UTF-8 under
+      ``PYTHONIOENCODING=utf-8:strict``) is written backslash-escaped, never raised.
+    """
+    import io
+
+    for fd, mode in ((0, os.O_RDONLY), (1, os.O_RDONLY), (2, os.O_WRONLY)):
+        try:
+            os.fstat(fd)
+        except OSError:
+            held = os.open(os.devnull, mode)
+            if held != fd:
+                os.dup2(held, fd)
+                os.close(held)
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if stream is None:
+            stream = io.TextIOWrapper(
+                io.FileIO(fd, "w", closefd=False), errors="backslashreplace", line_buffering=True
+            )
+            setattr(sys, name, stream)
+        elif isinstance(stream, io.TextIOWrapper):
+            with contextlib.suppress(ValueError, OSError):
+                stream.reconfigure(errors="backslashreplace")
+
+
 def new_file_in_place(target: Path) -> None:
     """Make ``target`` (checked by :func:`check_target`) a new empty regular file for a
     writer that must write in place (a recording, readable while it grows): an old
@@ -246,3 +447,16 @@ def new_file_in_place(target: Path) -> None:
         os.close(create_exclusive(target))
     except OSError as exc:
         raise RuntimeFailure(f"{target}: cannot create it ({os_reason(exc)})") from None
+
+
+def new_growing_file(path: str | os.PathLike[str], *, force: bool, flag: str) -> Path:
+    """A file written in place while it grows (a recording, a rolling file of the agent):
+    :func:`check_target` then :func:`new_file_in_place`, in one call. ``-`` is refused (a
+    file that grows is not a stream). A finished file written elsewhere and moved into
+    place takes :func:`path_for` instead; both leave nothing on a signal but what was
+    committed."""
+    target = check_target(path, force=force, flag=flag)
+    if target is None:
+        raise UsageError(f"{flag} -: this output is a file written while it grows, not a stream")
+    new_file_in_place(target)
+    return target

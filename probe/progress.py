@@ -130,9 +130,9 @@ def display_for(
     plain = plain or bool(getattr(args, "json", False)) or bool(getattr(args, "quiet", False))
     if not wanted(getattr(args, "progress", None), plain=plain, stream=stream, environ=environ):
         return Display(None)
-    from rich.console import Console
+    from probe.terminal import SafeConsole
 
-    return Display(Console(file=stream, force_terminal=True, soft_wrap=True), bar=bar)
+    return Display(SafeConsole(file=stream, force_terminal=True, soft_wrap=True), bar=bar)
 
 
 # -- drawing ------------------------------------------------------------------------------

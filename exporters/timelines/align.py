@@ -198,6 +198,17 @@ def align(
     if prof_range is None:
         raise AlignmentError(path, "the profile holds no kernels, calls or markers")
     if offset_ns is not None:
+        if not -(2**62) <= offset_ns <= 2**62:
+            raise AlignmentError(path, f"--offset-ns {offset_ns}: out of range (within ±2^62 ns)")
+        if not allow_unaligned and not overlapping_events(
+            profile, rec_range[0], rec_range[1], offset_ns
+        ):
+            raise AlignmentError(
+                path,
+                f"with --offset-ns {offset_ns} none of its events falls inside the "
+                f"recording's steps [{rec_range[0]}, {rec_range[1]}] BOOTTIME ns "
+                "(--allow-unaligned to merge anyway)",
+            )
         return Alignment(offset_ns, "explicit", "offset given by the user")
     try:
         al = _align(recording, steps, profile, path, forward_marker)

@@ -14,6 +14,7 @@ one line and exit status 1; never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import sys
@@ -21,11 +22,13 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from probe.errors import RuntimeFailure, UsageError
+from probe.output import SignalExit
 
 __all__ = ["main"]  # and default_recording, imported when asked (__getattr__)
 
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process ended by SIGPIPE
 
 
 class _Parser(argparse.ArgumentParser):
@@ -130,7 +133,22 @@ def _add_command_modules(sub: Any, argv: Sequence[str] | None = None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     entry = argv is None  # the process's own command line (console script, python -m)
-    argv = sys.argv[1:] if argv is None else list(argv)
+    if entry:
+        from probe.output import guard_standard_streams, install_signal_cleanup
+
+        guard_standard_streams()
+        install_signal_cleanup()
+    try:
+        return _main(entry, sys.argv[1:] if argv is None else list(argv))
+    except BrokenPipeError:  # a reader that left early (``| head``): quiet, as SIGPIPE
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+    except SignalExit as exc:  # the temporaries are gone already
+        _quiet_stdout()
+        return 128 + exc.signum
+
+
+def _main(entry: bool, argv: list[str]) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
@@ -156,8 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        _quiet_stdout()
-        return 0
+        raise
     except OSError as exc:  # stdout on a full device, a file that vanished mid-read
         where = exc.filename or ("standard output" if exc.errno in _STDOUT_ERRNOS else "probe")
         return _fail(f"{where}: {exc.strerror or exc}", EXIT_RUNTIME)
@@ -180,8 +197,11 @@ def _threads_left() -> bool:
 
 
 def _fail(message: str, status: int) -> int:
+    from probe.terminal import sanitize
+
     _quiet_stdout()
-    print(f"probe: error: {' '.join(message.split())}", file=sys.stderr)
+    with contextlib.suppress(OSError):
+        print(f"probe: error: {sanitize(' '.join(message.split()))}", file=sys.stderr)
     return status
 
 
@@ -194,9 +214,11 @@ def _quiet_stdout() -> None:
     interpreter's flush at exit does not print its own traceback."""
     import os
 
+    if sys.stdout is None:
+        return
     try:
         sys.stdout.flush()
-    except OSError:
+    except (OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)

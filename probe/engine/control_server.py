@@ -86,6 +86,37 @@ def _log() -> logging.Logger:
 
 PROTOCOL = 1
 MAX_LINE = 64 * 1024
+MAX_DEPTH = 32  # of a request or reply's JSON nesting (the protocol's are 3 deep at most)
+
+
+def parse_message(line: bytes | str) -> Any:
+    """One protocol message, parsed within bounds: ``ValueError`` for JSON nested deeper
+    than :data:`MAX_DEPTH` (never a ``RecursionError``) or an object with a key twice
+    (``{"cmd": "status", "cmd": "enable"}`` is not obeyed by either)."""
+    import re
+
+    raw = line.encode("utf-8", "surrogateescape") if isinstance(line, str) else line
+    depth = deepest = 0
+    for b in re.sub(rb'"(?:[^"\\]|\\.)*"', b"", raw):
+        if b in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif b in b"]}":
+            depth -= 1
+    if deepest > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH}")
+    return json.loads(raw, object_pairs_hook=_unique_keys)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"the key {k!r} is given twice")
+        out[k] = v
+    return out
+
+
 SOCK_PREFIX = "ctl-"
 SOCK_SUFFIX = ".sock"
 SOCK_RE = re.compile(r"^ctl-(\d+)\.sock$")
@@ -471,7 +502,7 @@ class ControlServer:
         if len(line) > MAX_LINE:
             return {"ok": False, "error": f"request longer than {MAX_LINE} bytes"}
         try:
-            req = json.loads(line)
+            req = parse_message(line)
         except (ValueError, UnicodeDecodeError) as exc:
             return {"ok": False, "error": f"malformed JSON: {exc}"}
         except RecursionError:

@@ -28,6 +28,7 @@ from probe.engine.control_server import (
     ControlServer,
     PeerRefused,
     check_peer,
+    parse_message,
     peer_cred,
     pid_alive,
     role_from,
@@ -119,8 +120,8 @@ def _reply(path: str | os.PathLike[str], buf: bytes) -> dict[str, Any] | Excepti
     if not buf:
         return ControlError(f"{path}: no reply")
     try:
-        reply = json.loads(buf)
-    except ValueError as exc:
+        reply = parse_message(buf)
+    except (ValueError, RecursionError) as exc:
         return ControlError(f"{path}: malformed reply ({exc})")
     if not isinstance(reply, dict):
         return ControlError(f"{path}: malformed reply")
@@ -137,6 +138,7 @@ __all__ = [
     "ControlServer",
     "PeerRefused",
     "check_peer",
+    "parse_message",
     "peer_cred",
     "pid_alive",
     "request",

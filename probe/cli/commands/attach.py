@@ -311,9 +311,9 @@ def run_session(
             writer = None
             raise
         if console is None and live_default and not args.no_live:  # rich only for a live view
-            from rich.console import Console
+            from probe.terminal import SafeConsole
 
-            console = Console()
+            console = SafeConsole()
         live_on = live_default and not args.no_live and console is not None and console.is_terminal
         live = None
         if live_on:

@@ -19,10 +19,8 @@ import argparse
 import importlib.util
 import logging
 import os
-import shutil
 import socket
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +63,9 @@ def check_reachable(endpoint: str, protocol: str, timeout_s: float) -> None:
 
 
 def _run_exporter(args: argparse.Namespace) -> int:
+    """``--to NAME --out TARGET``: the same guarded path as the named flags (the target
+    checked first, written through :func:`probe.output.path_for`, ``--force`` to replace,
+    ``-`` for stdout where the format can stream); ``--to otlp`` is ``--otlp TARGET``."""
     from exporters import registry
     from exporters.base import MissingExtra
 
@@ -77,30 +78,45 @@ def _run_exporter(args: argparse.Namespace) -> int:
         raise UsageError(f"export: --to: {exc}") from None
     if not args.out:
         raise UsageError(f"export: --to {exp.name} needs --out {exp.target}")
+    if exp.name in ("otlp", "perfetto", "openmetrics", "rocpd") or (
+        exp.name == "prometheus" and exp.module == "exporters.prometheus"
+    ):
+        if exp.target == "FILE":  # named by the flag the user gave
+            check_target(args.out, force=args.force, flag="--out")
+        named = "prometheus_textfile" if exp.name == "prometheus" else exp.name
+        setattr(args, named, args.out)
+        if exp.name == "otlp":
+            args.otlp = endpoint(args.out)
+        args.to = None
+        return _export(args)
+    if exp.target != "FILE":
+        raise UsageError(
+            f"export: --to {exp.name}: its target is {exp.target}, not a file; "
+            "run it from Python (exporters.registry)"
+        )
+    out = check_target(args.out, force=args.force, flag="--out")
+    if out is None and not exp.streams:
+        raise UsageError(f"export: --to {exp.name} writes a database file; - (stdout) is not one")
     rec = open_recording(args.recording)
-    with progress.display_for(args, plain=args.out == "-") as bars:
+    with progress.display_for(args, plain=out is None) as bars:
         bars.section(exp.name)
         if not exp.reports_progress:
             bars.stage("writing", None, "")
         try:
-            exp.write(rec, args.out, bars)
+            with path_for(out, create=False) as tmp:
+                exp.write(rec, os.fspath(tmp), bars)
         except (MissingExtra, FileExistsError, ValueError) as exc:
             raise UsageError(f"export: --to {exp.name}: {exc}") from None
-    print(f"probe: {exp.name} -> {args.out}", file=sys.stderr)
+    print(f"probe: {exp.name} -> {out or 'standard output'}", file=sys.stderr)
     return 0
 
 
 def _write_db(target: Path, write: Any) -> Any:
-    """``write(path)`` makes a new database file: made in a private folder next to the
-    target and renamed onto it, so nothing partial is left and no planted name is used."""
-    d = Path(tempfile.mkdtemp(prefix=".probe-", dir=target.parent))
-    try:
-        tmp = d / target.name
-        result = write(tmp)
-        os.replace(tmp, target)
-        return result
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    """``write(path)`` makes a new database file, in a private folder next to the target,
+    renamed onto it: nothing partial is left, no planted name is used, and a full or
+    read-only disk is one line (:func:`probe.output.path_for`)."""
+    with path_for(target, create=False) as tmp:
+        return write(tmp)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -237,7 +253,7 @@ def _write_targets(
             n = _write_db(
                 rocpd_out, lambda p: write_sidecar(rec, p, args.rocpd_version, progress=bars)
             )
-        except (ValueError, FileExistsError, OSError) as exc:
+        except (ValueError, FileExistsError) as exc:
             raise UsageError(f"export: --rocpd {rocpd_out}: {exc}") from None
         say(f"probe: {n} spans -> rocpd side-car {rocpd_out}")
 

@@ -81,6 +81,11 @@ def _run(args: argparse.Namespace) -> int:
     from probe.output import check_target
 
     out = check_target(args.out, force=args.force, flag="--out") if args.out else None
+    if args.rocpd == "-":
+        raise UsageError("merge: --rocpd writes a database file; - (stdout) is not one")
+    args.rocpd_out = (
+        check_target(args.rocpd, force=args.force, flag="--rocpd") if args.rocpd else None
+    )
     to_stdout = args.out == "-"
     if to_stdout and (args.report or args.json):
         raise UsageError("merge: --out - writes the trace to stdout: no --report/--json with it")
@@ -157,12 +162,12 @@ def _merge(args: argparse.Namespace, rec: Any, out: Any, bars: progress.Display)
     if args.rocpd:
         from exporters.rocprof_sidecar import write_sidecar
 
+        rocpd_out = args.rocpd_out
         rocprof_db = next((p.meta["path"] for p, _ in placed if p.source == "rocpd"), None)
         try:
-            n = write_sidecar(
-                rec, args.rocpd, rocprof_db=rocprof_db, overwrite=args.force, progress=bars
-            )
-        except (ProfileError, ValueError, FileExistsError, OSError) as exc:
+            with path_for(rocpd_out, create=False) as tmp:
+                n = write_sidecar(rec, tmp, rocprof_db=rocprof_db, progress=bars)
+        except (ProfileError, ValueError, FileExistsError) as exc:
             raise UsageError(f"merge: --rocpd {args.rocpd}: {exc}") from None
         if not args.json:
             bars.echo(f"wrote {args.rocpd}: {n} probe spans as rocpd regions", stdout=True)

@@ -163,6 +163,8 @@ def _run(
         child = subprocess.Popen(cmd, env=env)
     except OSError as exc:
         storage_guard(col.close, out)
+        for suffix in ("", "-wal", "-shm", "-journal"):  # a command that never ran: no recording
+            Path(f"{out}{suffix}").unlink(missing_ok=True)
         raise RuntimeFailure(f"record: cannot start {cmd[0]}: {exc.strerror or exc}") from None
     config.lower_reader_priority()  # after the fork: the command keeps the user's priority
     stop = {"n": 0}
