@@ -2,8 +2,6 @@
 and its model, from the process title, argv and the snapshot (engine side; the control
 server's ``status`` reports them, ``probe ps`` shows them).
 
-    >>> role_from(["VLLM::Worker_TP1"])
-    'worker'
     >>> ranks_of({}, ["VLLM::Worker_PP1_TP0"])["pp_rank"]
     1
 """
@@ -47,27 +45,6 @@ def ranks_of(snap: Mapping[str, Any], title: Sequence[str]) -> dict[str, int | N
         if ranks[key] is None and (m := re.search(pattern, text)):
             ranks[key] = int(m.group(1))
     return ranks
-
-
-def role_from(title: Sequence[str], stack_modules: Sequence[str] = ()) -> str:
-    """``api``, ``engine``, ``worker`` or ``other``, from the process title and argv (as
-    ``/proc/<pid>/cmdline`` shows them after vLLM's ``setproctitle``) or, before the title
-    is set, from the modules on the stack of the plugin's caller."""
-    text = " ".join(title)
-    if "EngineCore" in text:
-        return "engine"
-    if "VLLM::Worker" in text or "VllmWorker" in text:
-        return "worker"
-    if "vllm.entrypoints" in text or re.search(r"(^|/|\s)vllm\s+serve\b", text):
-        return "api"
-    mods = " ".join(stack_modules)
-    if "vllm.v1.worker" in mods:
-        return "worker"
-    if "vllm.v1.engine.core" in mods:
-        return "engine"
-    if "vllm.entrypoints.openai" in mods or "vllm.entrypoints.cli" in mods:
-        return "api"
-    return "other"
 
 
 def stack_modules() -> list[str]:

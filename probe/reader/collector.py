@@ -465,7 +465,7 @@ def ring_dir_for_session(base: str | os.PathLike[str] | None = None) -> Path:
     """A fresh private directory for one ``probe record`` session's rings."""
     import tempfile
 
-    from probe.engine.control_server import run_dir
+    from probe.control_protocol import run_dir
 
     parent = Path(base) if base is not None else run_dir()
     parent.mkdir(mode=0o700, parents=True, exist_ok=True)

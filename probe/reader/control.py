@@ -18,14 +18,13 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-# the protocol's shared pieces are declared once, on the engine side
-from probe.engine.control_server import (
+# the protocol's shared pieces are declared once (probe.control_protocol)
+from probe.control_protocol import (
     CLIENT_TIMEOUT_S,
     COMMANDS,
     MAX_LINE,
     SOCK_RE,
     ControlError,
-    ControlServer,
     PeerRefused,
     check_peer,
     parse_message,
@@ -33,7 +32,6 @@ from probe.engine.control_server import (
     pid_alive,
     role_from,
     socket_path,
-    start_server,
 )
 
 
@@ -135,7 +133,6 @@ __all__ = [
     "MAX_LINE",
     "SOCK_RE",
     "ControlError",
-    "ControlServer",
     "PeerRefused",
     "check_peer",
     "parse_message",
@@ -145,5 +142,4 @@ __all__ = [
     "request_all",
     "role_from",
     "socket_path",
-    "start_server",
 ]

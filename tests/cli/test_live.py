@@ -274,7 +274,7 @@ def test_unknown_url_and_pid_are_clear_errors() -> None:
 
 
 def test_ps_lists_servers_and_cleans_stale_sockets(run_dir: Path, clean_probe: None) -> None:
-    from probe.reader.control import ControlServer
+    from probe.engine.control_server import ControlServer
     from probe.reader.discover import find_processes
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
