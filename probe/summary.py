@@ -140,17 +140,33 @@ def _total(accs: Iterable[Acc]) -> Acc:
 
 
 def percentile_of(a: Acc, quantity: str, q: float) -> float | None:
-    """The ``q``-th percentile (0..100) of one timing from a group's histogram: the middle
-    of the bucket that holds the value of rank ``q/100 * (n - 1)``, kept within the
-    group's min and max (exact for one value); None without values."""
+    """The ``q``-th percentile (0..100) of one timing from a group's histogram, as the
+    linear-interpolated percentile of the values: the values of ranks ``floor(r)`` and
+    ``floor(r) + 1`` (``r = q/100 * (n - 1)``) read as the middles of their buckets, kept
+    within the group's min and max, interpolated; None without values. Exact for one
+    value; within :data:`PERCENTILE_ERROR` of the exact figure otherwise."""
     i = _Q[quantity]
     n = int(a.q[i, 0])
     if n == 0:
         return None
-    k = math.floor(q / 100.0 * (n - 1) + 1e-9)
+    r = q / 100.0 * (n - 1)
+    k = math.floor(r + 1e-9)
     cum = np.cumsum(a.h[i])
-    b = int(np.searchsorted(cum, k + 1))
-    return float(min(max(_bin_value(b), a.q[i, 2]), a.q[i, 3]))
+    lo_v, hi_v = float(a.q[i, 2]), float(a.q[i, 3])
+
+    def at(rank: int) -> float:
+        if rank <= 0:
+            return lo_v
+        if rank >= n - 1:
+            return hi_v
+        b = int(np.searchsorted(cum, rank + 1))
+        return min(max(_bin_value(b), lo_v), hi_v)
+
+    v = at(k)
+    frac = r - k
+    if frac > 1e-9 and k + 1 < n:
+        v += (at(k + 1) - v) * frac
+    return float(v)
 
 
 def _pcts(a: Acc, quantity: str) -> dict[str, float | None]:
@@ -193,6 +209,8 @@ def columns_of_steps(
         "t1_ns": arr(s.t1 for s in steps),
         "host_ns": arr(s.host_ns for s in steps),
         "num_tokens": arr(s.num_tokens for s in steps),
+        "num_reqs": arr(s.num_reqs for s in steps),
+        "max_query_len": arr(s.max_query_len for s in steps),
         "mode": arr(opt(s.mode) for s in steps),
         "reason": arr(opt(s.reason) for s in steps),
         "padded_tokens": arr(s.padded_tokens for s in steps),
@@ -257,6 +275,8 @@ class Summary:
     thresholds: Counter[int] = field(default_factory=Counter)
     builds: dict[tuple[str, str, bool], np.ndarray] = field(default_factory=dict)
     sources: int = 0
+    #: a few example steps per (mode, reason)
+    examples: dict[tuple[int, int], list[dict[str, Any]]] = field(default_factory=dict)
 
     # -- building ------------------------------------------------------------------------
 
@@ -352,6 +372,8 @@ class Summary:
         out = cls.copy()
         out[out == _PENDING] = STEADY
         self._list(cols, cls, cand)
+        self._examples(cols, fw)
+        self.last = (cls, idle, cand, shape)
         return out
 
     def _list(self, cols: Mapping[str, np.ndarray], cls: np.ndarray, cand: np.ndarray) -> None:
@@ -372,6 +394,32 @@ class Summary:
                     int(cols["host_ns"][j]),
                 )
             )
+
+    def _examples(self, cols: Mapping[str, np.ndarray], fw: np.ndarray) -> None:
+        mr = cols["mode"] * 64 + cols["reason"]
+        idx = np.flatnonzero(fw)
+        if not len(idx):
+            return
+        _, first = np.unique(mr[idx], return_index=True)
+        for j0 in idx[first]:
+            key = (int(cols["mode"][j0]), int(cols["reason"][j0]))
+            have = self.examples.setdefault(key, [])
+            if len(have) >= 3:
+                continue
+            same = idx[mr[idx] == mr[j0]][: 3 - len(have)]
+            for j in same:
+                have.append(
+                    {
+                        "pid": int(cols["pid"][j]),
+                        "step": int(cols["step"][j]),
+                        "num_tokens": int(cols["num_tokens"][j]),
+                        "num_reqs": int(cols["num_reqs"][j]),
+                        "max_query_len": int(cols["max_query_len"][j]),
+                        "uniform_decode_query_len": int(cols["uniform_decode_query_len"][j]),
+                        "uniform": bool(cols["uniform"][j]),
+                        "padded_tokens": int(cols["padded_tokens"][j]),
+                    }
+                )
 
     def _resolve_pending(self, pid: int) -> None:
         for key in [k for k in self.groups if k[0] == pid and k[5] == _PENDING]:
@@ -584,6 +632,9 @@ class Summary:
             else:
                 out.builds[k] = v.copy()
         out.sources = self.sources + later.sources
+        out.examples = {k: list(v) for k, v in self.examples.items()}
+        for k, v in later.examples.items():
+            out.examples[k] = (out.examples.get(k, []) + v)[:3]
         return out
 
     # -- reading -------------------------------------------------------------------------
@@ -654,12 +705,14 @@ class Summary:
             "steady_steps": int(st.s[_S["steps"]]),
             "hit_rates": _hit_rates(steady),
             "hit_rates_all": _hit_rates(groups),
-            "miss_reasons": _miss_reasons(groups),
+            "miss_reasons": _miss_reasons(groups, self.examples),
             "phases": _phases(steady),
             "gpu": _gpu(st, tot),
             "throughput": _throughput(st),
             "warmup": self._warmup(warm, wm, decided, pid),
             "probe_cost": self._probe_cost(steady, st),
+            "decode": _decode_split(steady),
+            "ranks": sorted({k[0] for k in groups}),
         }
         out["headline"] = headline(out)
         return out
@@ -848,6 +901,148 @@ def _hit_rates(groups: Mapping[Key, Acc]) -> dict[str, Any]:
     }
 
 
+def _decode_split(steady: Mapping[Key, Acc]) -> dict[str, Any]:
+    """Steady steps by decode or not: modes, the reasons of those not FULL, the query
+    length of the decode steps (the verdict's words)."""
+    modes: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    others: Counter[str] = Counter()
+    uq: Counter[int] = Counter()
+    for k, a in steady.items():
+        n = int(a.s[_S["steps"]])
+        if k[3] == 1:
+            modes[_mode_name(k[1])] += n
+            uq[k[4]] += n
+            if k[1] != Mode.FULL:
+                reasons[_reason_name(k[2])] += n
+        elif k[1] != Mode.FULL:
+            others[_reason_name(k[2])] += n
+    return {
+        "modes": dict(modes.most_common()),
+        "reasons": dict(reasons.most_common()),
+        "others": dict(others.most_common()),
+        "query_len": uq.most_common(1)[0][0] if uq else None,
+    }
+
+
+REASON_TEXT = {
+    "backend_support_too_low": "the minimum attention support is {support} ({group}), below "
+    "UNIFORM_BATCH, so uniform multi-token decode batches cannot replay FULL graphs",
+    "graphs_disabled": "CUDA graphs are off for this engine (enforce_eager, -O0, or the mode "
+    "resolved to NONE)",
+    "not_uniform": "the batch mixed prefill and decode (or short drafts)",
+    "batch_too_big": "the batch was larger than the largest capture size",
+    "no_full_key_for_size": "no FULL graph was captured for the padded size",
+    "mixed_batch_in_full_decode_only": "FULL_DECODE_ONLY runs mixed batches eagerly",
+    "piecewise_only": "the configured mode has no FULL graphs",
+    "warmup_or_profile": "the graphs were not captured yet (warm-up or profile)",
+    "forced_eager": "the step was forced eager (DP peer, encoder inputs, profile)",
+    "cascade_attention": "cascade attention disables FULL graphs",
+    "lora_mismatch": "no graph for this LoRA configuration",
+}
+
+
+def verdict(
+    fig: Mapping[str, Any],
+    snapshot: Mapping[str, Any] | None = None,
+    per_rank: Sequence[tuple[int, Mapping[str, Any]]] = (),
+) -> list[str]:
+    """Plain-words findings about steady state, most important first, from
+    :meth:`Summary.figures` (``per_rank``: (pid, figures) of each rank, for the
+    host-bound line per rank)."""
+    from probe.cost import cost_line
+
+    out: list[str] = []
+    n_warm = fig["forward_steps"] - fig["steady_steps"]
+    if not fig["steady_steps"]:
+        if n_warm:
+            return [f"all {n_warm} forward steps are warm-up: no steady state yet"]
+        return ["no forward steps were recorded"]
+    snap = snapshot or {}
+    lim = snap.get("limiting_group") or {}
+    support = snap.get("min_support") or (snap.get("resolve") or {}).get("min_cg_support") or "?"
+    group = lim.get("builder") or (snap.get("resolve") or {}).get("min_cg_attn_backend") or "?"
+
+    def why(reason: str | None) -> str:
+        return REASON_TEXT.get(reason or "", reason or "unknown").format(
+            support=support, group=group
+        )
+
+    rates = fig["hit_rates"]
+    dec = fig["decode"]
+    n_dec = sum(dec["modes"].values())
+    if n_dec:
+        top_mode = next(iter(dec["modes"]))
+        uq = dec["query_len"] or 1
+        what = f"decode steps with MTP (query length {uq})" if uq > 1 else "decode steps"
+        if top_mode == "full":
+            out.append(f"{what} replayed FULL graphs: {rates['decode_full_hit_rate']:.0%} of {n_dec}")
+        else:
+            reason = next(iter(dec["reasons"]), "unknown")
+            out.append(
+                f"{what} ran {top_mode.upper()} because {why(reason)} "
+                f"({dec['modes'][top_mode]} of {n_dec} decode steps)"
+            )
+    for reason, n in list(dec["others"].items())[:2]:
+        out.append(f"{n} non-decode step(s) missed FULL: {why(reason)}")
+    rc = rates["replay_confirmed_rate"]
+    if rc is not None and rc < 0.999:
+        out.append(
+            f"only {rc:.1%} of graph-dispatched steps showed a replay: check for captures "
+            "during serving or unhooked wrappers"
+        )
+    lo = fig["phases"]["all"]["cpu_launch_overhead_ns"]
+    if lo["p50"] is not None:
+        out.append(
+            f"CPU launch overhead median {lo['p50'] / 1e3:.0f} µs, p99 "
+            f"{(lo['p99'] or 0) / 1e3:.0f} µs per step (steady state)"
+        )
+    line = cost_line(fig.get("probe_cost"))
+    if line:
+        out.append(line)
+    w = fig["warmup"]
+    if w["steps"]:
+        worst = (w["cpu_launch_overhead_ns"] or {}).get("p99") or 0
+        out.append(
+            f"{w['steps']} warm-up step(s) apart from these figures (CPU launch overhead p99 "
+            f"{worst / 1e3:,.0f} µs, {w['host_ns_total'] / 1e6:,.0f} ms of host time)"
+        )
+    g = fig["gpu"]
+    if g["engine_idle_gaps"]:
+        out.append(
+            f"engine idle {g['engine_idle_ns'] / 1e9:,.1f} s in {g['engine_idle_gaps']} gap(s) "
+            f"of {g['engine_idle_threshold_ns'] / 1e6:g} ms or more (nothing scheduled): "
+            "apart from the GPU idle share and the host-bound verdict"
+        )
+    if g["host_bound_share"] is not None:
+        n = g["idle_before_ns"]["n"]
+        thr = g["host_bound_threshold"]
+        rule = f"the GPU waiting for the host over {thr:.0%} of the step period"
+        if g["host_bound_steps"]:
+            line = (
+                f"host-bound: {g['host_bound_share']:.0%} of {n} timed steps ({rule}); "
+                "their largest host phases: "
+                + ", ".join(f"{p['phase']} {p['share']:.0%}" for p in g["host_bound_phases"][:2])
+                + " of their phase time"
+            )
+        else:
+            line = (
+                f"not host-bound: 0 of {n} timed steps had {rule} "
+                f"(GPU idle share {g['idle_share']:.1%})"
+            )
+        out.append(line)
+        timed = [(p, f) for p, f in per_rank if f["gpu"]["host_bound_share"] is not None]
+        if len(timed) > 1:
+            out.append(
+                "host-bound steps per rank: "
+                + ", ".join(
+                    f"pid {p} {f['gpu']['host_bound_share']:.0%} of {f['gpu']['idle_before_ns']['n']}"
+                    for p, f in timed
+                )
+            )
+    return out
+
+
 def _mode_name(m: int) -> str:
     return Mode(m).name.lower() if m >= 0 else "none"
 
@@ -856,11 +1051,15 @@ def _reason_name(r: int) -> str:
     return Reason(r).label if r >= 0 else "unknown"
 
 
-def _miss_reasons(groups: Mapping[Key, Acc]) -> list[dict[str, Any]]:
+def _miss_reasons(
+    groups: Mapping[Key, Acc], examples: Mapping[tuple[int, int], list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
     counts: Counter[tuple[str, str]] = Counter()
     steady: Counter[tuple[str, str]] = Counter()
+    ex: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for k, a in groups.items():
         key = (_mode_name(k[1]), _reason_name(k[2]))
+        ex.setdefault(key, examples.get((k[1], k[2]), []))
         counts[key] += int(a.s[_S["steps"]])
         if k[5] == STEADY:
             steady[key] += int(a.s[_S["steps"]])
@@ -872,6 +1071,7 @@ def _miss_reasons(groups: Mapping[Key, Acc]) -> list[dict[str, Any]]:
             "count": c,
             "steady": steady[(m, r)],
             "share": c / total if total else 0.0,
+            "examples": ex[(m, r)],
         }
         for (m, r), c in counts.most_common()
     ]
@@ -886,7 +1086,10 @@ def _phases(steady: Mapping[Key, Acc]) -> dict[str, Any]:
         else:
             groups[name] = a.copy()
     return {
-        name: {q: _pcts(a, q) for q in ("cpu_launch_overhead_ns", "host_ns", *PHASE_NS)}
+        name: {
+            q if q in ("cpu_launch_overhead_ns", "host_ns") else q.removesuffix("_ns"): _pcts(a, q)
+            for q in ("cpu_launch_overhead_ns", "host_ns", *PHASE_NS)
+        }
         for name, a in groups.items()
     }
 
@@ -950,6 +1153,74 @@ def headline(fig: Mapping[str, Any]) -> dict[str, float | None]:
 
 
 # -- helpers for the other surfaces ---------------------------------------------------------
+
+
+class Classes:
+    """Each step's (steady, engine idle) as the metric updates need it, step by step:
+    a running :class:`Summary` per rank. ``decided`` and ``replayed`` come from a finished
+    summary of the same steps (offline exports: the same split as the report); without
+    them (live) a first use is judged against the rank's steady median so far, and steps
+    before a first replay that has not come yet count as steady."""
+
+    def __init__(
+        self,
+        decided: Mapping[tuple[int, int], str] | None = None,
+        replayed: Iterable[int] | None = None,
+        keep: int = 8192,
+    ) -> None:
+        self.decided = decided
+        self.replayed = set(replayed) if replayed is not None else None
+        self.keep = keep
+        self.ranks: dict[int, Summary] = {}
+        self.recent: dict[int, dict[int, tuple[bool, bool]]] = {}
+
+    @classmethod
+    def of(cls, summ: Summary) -> Classes:
+        """The split of a finished summary (an offline export of the steps it summarised)."""
+        _, decided = summ.resolved()
+        return cls(decided, [p for p, r in summ.ranks.items() if r.replayed])
+
+    def get(self, pid: int, step: int) -> tuple[bool, bool] | None:
+        return self.recent.get(pid, {}).get(step)
+
+    def classify(self, steps: Sequence[Step]) -> None:
+        """Classify steps not seen yet (in (pid, step) order per rank)."""
+        todo = [s for s in steps if self.get(s.pid, s.step) is None]
+        by_pid: dict[int, list[Step]] = {}
+        for s in todo:
+            by_pid.setdefault(s.pid, []).append(s)
+        for pid, rows in by_pid.items():
+            rows.sort(key=lambda s: s.step)
+            summ = self.ranks.setdefault(pid, Summary())
+            summ.add_columns(columns_of_steps(rows))
+            raw, idle, cand, shape = summ.last
+            recent = self.recent.setdefault(pid, {})
+            for j, s in enumerate(rows):
+                c = int(raw[j])
+                if c == _PENDING:
+                    c = STEADY
+                    if self.replayed is not None and pid in self.replayed:
+                        c = rules.BEFORE_REPLAY
+                if cand[j]:
+                    c = self._first_use(summ, pid, s, int(shape[j]))
+                recent[s.step] = (c == STEADY and s.mode is not None, bool(idle[j]))
+            while len(recent) > self.keep:
+                del recent[next(iter(recent))]
+
+    def _first_use(self, summ: Summary, pid: int, s: Step, shape: int) -> int:
+        if self.decided is not None:
+            return rules.FIRST_USE if (pid, s.step) in self.decided else STEADY
+        c = summ.candidates.get((pid, shape))
+        mode = int(s.mode) if s.mode is not None else -1
+        of_mode = [a for k, a in summ.groups.items() if k[1] == mode and k[5] == STEADY]
+        pool = of_mode or [a for k, a in summ.groups.items() if k[5] == STEADY]
+        med = percentile_of(_total(pool), "host_ns", 50) if pool else None
+        slow = med is not None and s.host_ns > rules.FIRST_USE_SLOWER * med
+        if c is not None:
+            # decided now: into the running summary's groups
+            del summ.candidates[(pid, shape)]
+            summ._add_group((*c.key[:5], rules.FIRST_USE if slow else STEADY), c.acc)  # type: ignore[arg-type]
+        return rules.FIRST_USE if slow else STEADY
 
 
 def steady_mask(steps: Sequence[Step]) -> np.ndarray:
