@@ -80,6 +80,7 @@ from probe.progress import SILENT, Progress
 from probe.recording import Recording
 from probe.records import Flag, Phase
 from probe.step import Step
+from probe.summary import Classes
 
 log = logging.getLogger("probe")
 
@@ -211,6 +212,7 @@ class OtlpSink(ExportSink):
         self._boottime = boottime_ns
         self._epoch = epoch_ns
         self._procs: dict[int, _Proc] = {}
+        self._classes = Classes()  # the steady/warm-up split and engine idle, per rank
         self.span_exporters: list[CountingSpanExporter] = []
 
     def _proc(self, info: ProcessInfo) -> _Proc:
@@ -294,7 +296,7 @@ class OtlpSink(ExportSink):
     def steps(self, info: ProcessInfo, steps: Sequence[Step], gpu: Sequence[GpuSample]) -> None:
         p = self._proc(info)
         if self.metrics:
-            for u in updates(info, steps, gpu):
+            for u in updates(info, steps, gpu, self._classes):
                 self._apply(p, u)
         for s in steps:
             self._span(p, s)

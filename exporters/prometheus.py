@@ -34,6 +34,7 @@ from exporters.base import ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, Update, process_updates, updates
 from probe.progress import SILENT, Progress
 from probe.step import Step
+from probe.summary import Classes
 
 DEFAULT_ADDR = "127.0.0.1:9464"
 
@@ -67,6 +68,7 @@ class PrometheusSink(ExportSink):
         self.exposed = CollectorRegistry(auto_describe=False)
         self.exposed.register(_WithoutCreated(self.registry, self._lock))  # type: ignore[arg-type]
         self._known: dict[int, ProcessInfo] = {}
+        self._classes = Classes()  # the steady/warm-up split and engine idle, per rank
         self.metrics: dict[str, Any] = {}
         for m in METRICS.values():
             if m.kind == "counter":
@@ -100,7 +102,7 @@ class PrometheusSink(ExportSink):
                 for u in process_updates(info, None):
                     self.apply(u)
                 self._known[info.pid] = info
-            for u in updates(info, steps, gpu):
+            for u in updates(info, steps, gpu, self._classes):
                 self.apply(u)
 
     def exposition(self) -> bytes:

@@ -98,7 +98,7 @@ def host_bound(s: Step | GpuSample, share: float = HOST_BOUND_SHARE) -> bool | N
 def _summary(steps: Iterable[Step], cals: Mapping[int, Any] | None = None) -> Any:
     from probe.summary import summarize_steps
 
-    return summarize_steps(forward_steps(steps) if cals is None else list(steps), cals)
+    return summarize_steps(list(steps), cals)
 
 
 def _figures(steps: Iterable[Step]) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def warmup(steps: Iterable[Step]) -> dict[tuple[int, int], str]:
     rows = sorted(forward_steps(steps), key=lambda s: (s.pid, s.step))
     summ = Summary()
     summ.add_columns(columns_of_steps(rows))
-    raw, _, cand, _ = summ.last
+    raw, _, cand, *_ = summ.last
     _, decided = summ.resolved()
     replayed = {p for p, r in summ.ranks.items() if r.replayed}
     out: dict[tuple[int, int], str] = {}
@@ -231,7 +231,12 @@ _IDLE = Term("gpu_idle_before_step_seconds_sum")
 RATIOS: Mapping[str, Ratio] = {
     r.name: r
     for r in (
-        Ratio("full_hit_rate", "FULL / forward steps", (Term("steps_total", 'mode="full"'),), (_STEPS,)),
+        Ratio(
+            "full_hit_rate",
+            "FULL / forward steps",
+            (Term("steps_total", 'mode="full"'),),
+            (_STEPS,),
+        ),
         Ratio("graph_rate", "FULL or PIECEWISE / forward steps", (_GRAPH,), (_STEPS,)),
         Ratio(
             "decode_full_hit_rate",

@@ -693,9 +693,7 @@ def _column_sql(c: Any) -> str:
     else:
         return f"ifnull({q}, {NULL})" if c.nullable else q
     codes = (
-        range(len(names))
-        if c.kind is str
-        else [int(m.value) for m in c.kind.__members__.values()]  # type: ignore[union-attr]
+        range(len(names)) if c.kind is str else [int(m.value) for m in c.kind.__members__.values()]  # type: ignore[union-attr]
     )
     whens = " ".join(f"WHEN '{n}' THEN {v}" for n, v in zip(names, codes, strict=True))
     null = f"WHEN {q} IS NULL THEN {NULL} " if c.nullable else ""
@@ -712,9 +710,9 @@ def _nullable_ints() -> list[Any]:
 
 def _chunk_sql(where: str) -> str:
     cols = [_column_sql(c) for c in STEP_COLUMNS]
-    mask = " | ".join(
-        f'(("{c.name}" IS NULL) << {i})' for i, c in enumerate(_nullable_ints())
-    ) or "0"
+    mask = (
+        " | ".join(f'(("{c.name}" IS NULL) << {i})' for i, c in enumerate(_nullable_ints())) or "0"
+    )
     return f"SELECT {', '.join(cols)}, {mask} FROM steps {where} ORDER BY pid, step"
 
 

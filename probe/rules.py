@@ -7,8 +7,8 @@
   replays at all), and the first use of a batch shape (a graph's mode and padded tokens;
   every eager step shares one shape) only where it shows compile or JIT cost: host time
   over :data:`FIRST_USE_SLOWER` times the median host time of the rank's steady steps of
-  the same mode (of all its steady steps when the mode has no other). Every other
-  forward step is steady state.
+  the same mode (of all its steady steps when the mode has no other), and over
+  :data:`FIRST_USE_MIN_NS`. Every other forward step is steady state.
 - **Engine idle** (:data:`ENGINE_IDLE_GAP_NS`): a host gap of at least this long between
   two consecutive steps of a rank (the end of one to the start of the next) is the engine
   with nothing scheduled; the step after it does not count in the GPU idle share or the
@@ -25,6 +25,7 @@ from typing import Any
 __all__ = [
     "CLASSES",
     "ENGINE_IDLE_GAP_NS",
+    "FIRST_USE_MIN_NS",
     "FIRST_USE_SLOWER",
     "HOST_BOUND_SHARE",
     "RULES",
@@ -47,6 +48,10 @@ ENGINE_IDLE_GAP_NS = 100_000_000
 #: committed recordings (1.3-14 s against 2-5 ms), while a first use without them runs
 #: within 1-3x (a larger prefill, a new decode size)
 FIRST_USE_SLOWER = 5.0
+#: ... and over this much host time: no compile or JIT is cheaper, and a live view, which
+#: judges a first use against the steady steps it has seen so far, agrees with the report
+#: on every step below it
+FIRST_USE_MIN_NS = 100_000_000
 
 # the classes of a forward step (the summary's groups carry them; 0 is steady)
 STEADY = 0
@@ -63,14 +68,15 @@ WARMUP_WHY = {
     "warmup_or_profile": "dispatched as warm-up or profile (dummy or profile run)",
     "before_first_replay": "before the rank's first graph replay",
     "first_use": f"first use of its shape, over {FIRST_USE_SLOWER:g}x the steady median "
-    "host time of its mode (compile/JIT)",
+    f"host time of its mode and over {FIRST_USE_MIN_NS / 1e6:g} ms (compile/JIT)",
 }
 
 RULES = {
     "steady": "warm-up, reported apart: steps that captured a graph or were dispatched as "
     "warm-up/profile, a rank's steps before its first graph replay, and the first use of a "
     "shape (mode and padded tokens; one shape for eager) only where its host time is over "
-    f"{FIRST_USE_SLOWER:g}x the steady median of its mode on the rank (compile/JIT cost); "
+    f"{FIRST_USE_SLOWER:g}x the steady median of its mode on the rank and over "
+    f"{FIRST_USE_MIN_NS / 1e6:g} ms (compile/JIT cost); "
     "every other forward step is steady state",
     "engine_idle": f"engine idle: a gap of {ENGINE_IDLE_GAP_NS / 1e6:g} ms or more between "
     "two steps of a rank (nothing scheduled); reported apart, and the step after it counts "

@@ -244,6 +244,8 @@ def columns_of_steps(
 @dataclass
 class _Rank:
     prev_t1: int | None = None
+    idle_ns: int = 0  # engine idle: the gaps before its steps (forward or not)
+    idle_gaps: int = 0
     replayed: bool = False
     first_step: int | None = None
     seen: set[int] = field(default_factory=set)
@@ -277,10 +279,14 @@ class Summary:
     sources: int = 0
     #: a few example steps per (mode, reason)
     examples: dict[tuple[int, int], list[dict[str, Any]]] = field(default_factory=dict)
+    #: the last chunk's rows: raw class, engine idle, first use, shape, period, gap
+    last: tuple[Any, ...] = field(default=(), repr=False)
 
     # -- building ------------------------------------------------------------------------
 
-    def add_columns(self, cols: Mapping[str, np.ndarray]) -> np.ndarray:
+    def add_columns(
+        self, cols: Mapping[str, np.ndarray], forced: np.ndarray | None = None
+    ) -> np.ndarray:
         """Add a chunk of steps in (pid, step) order, continuing each rank where the last
         chunk left it; returns each row's class (:data:`probe.rules.CLASSES` code; -1 for
         a step that ran no forward; first uses not yet decided read steady)."""
@@ -309,6 +315,10 @@ class Summary:
         gap = np.where(has_prev, t0 - prev, 0)
         idle = has_prev & (gap >= rules.ENGINE_IDLE_GAP_NS)
         period = np.where(has_prev & ~idle, t1 - prev, t1 - t0)
+        for j in np.flatnonzero(idle):
+            r = self.ranks[int(pid[j])]
+            r.idle_ns += int(gap[j])
+            r.idle_gaps += 1
         ends = np.append(starts[1:], n) - 1
         for i in ends:
             self.ranks[int(pid[i])].prev_t1 = int(t1[i])
@@ -337,6 +347,9 @@ class Summary:
         shape = np.where(graph, mode * (1 << 40) + cols["padded_tokens"], 0)
         cand = np.zeros(n, dtype=bool)
         fw_idx = np.flatnonzero(fw)
+        if forced is not None:
+            cls = np.where(fw, forced, -1)
+            fw_idx = fw_idx[:0]
         if len(fw_idx):
             # (pid, shape) as one key: np.unique keeps each key's first index
             order = np.lexsort((shape[fw_idx], pid[fw_idx]))
@@ -363,7 +376,7 @@ class Summary:
             ((key, acc),) = accs.items()
             k = (int(pid[j]), int(shape[j]))
             self.candidates[k] = _Candidate(
-                key[:5] + (STEADY,),  # type: ignore[arg-type]
+                (*key[:5], STEADY),  # type: ignore[arg-type]
                 int(cls[j]),
                 int(cols["step"][j]),
                 int(cols["host_ns"][j]),
@@ -373,7 +386,7 @@ class Summary:
         out[out == _PENDING] = STEADY
         self._list(cols, cls, cand)
         self._examples(cols, fw)
-        self.last = (cls, idle, cand, shape)
+        self.last = (cls, idle, cand, shape, period, gap)
         return out
 
     def _list(self, cols: Mapping[str, np.ndarray], cls: np.ndarray, cand: np.ndarray) -> None:
@@ -595,7 +608,8 @@ class Summary:
             out.groups[k] = a.copy()
         out.candidates = dict(self.candidates)
         out.ranks = {
-            p: _Rank(r.prev_t1, r.replayed, r.first_step, set(r.seen)) for p, r in self.ranks.items()
+            p: _Rank(r.prev_t1, r.replayed, r.first_step, set(r.seen))
+            for p, r in self.ranks.items()
         }
         for k, a in later.groups.items():
             pid = k[0]
@@ -614,8 +628,12 @@ class Summary:
         for pid, r in later.ranks.items():
             mine = out.ranks.get(pid)
             if mine is None:
-                out.ranks[pid] = _Rank(r.prev_t1, r.replayed, r.first_step, set(r.seen))
+                out.ranks[pid] = _Rank(
+                    r.prev_t1, r.idle_ns, r.idle_gaps, r.replayed, r.first_step, set(r.seen)
+                )
                 continue
+            mine.idle_ns += r.idle_ns
+            mine.idle_gaps += r.idle_gaps
             if r.replayed and not mine.replayed:
                 out._resolve_pending(pid)
             mine.replayed |= r.replayed
@@ -660,7 +678,9 @@ class Summary:
         def steady_median(pid: int, mode: int) -> float | None:
             if (pid, mode) not in medians:
                 same = [a for k, a in groups.items() if k[0] == pid and k[5] == STEADY]
-                of_mode = [a for k, a in groups.items() if k[0] == pid and k[1] == mode and k[5] == STEADY]
+                of_mode = [
+                    a for k, a in groups.items() if k[0] == pid and k[1] == mode and k[5] == STEADY
+                ]
                 pool = of_mode if any(a.q[_Q["host_ns"], 0] for a in of_mode) else same
                 medians[(pid, mode)] = percentile_of(_total(pool), "host_ns", 50) if pool else None
             return medians[(pid, mode)]
@@ -672,7 +692,7 @@ class Summary:
                 decided[(pid, c.step)] = CLASSES[cls]
             else:
                 med = steady_median(pid, c.key[1])
-                slow = med is not None and c.host_ns > rules.FIRST_USE_SLOWER * med
+                slow = _slow(c.host_ns, med)
                 cls = rules.FIRST_USE if slow else STEADY
                 if slow:
                     decided[(pid, c.step)] = CLASSES[cls]
@@ -707,7 +727,7 @@ class Summary:
             "hit_rates_all": _hit_rates(groups),
             "miss_reasons": _miss_reasons(groups, self.examples),
             "phases": _phases(steady),
-            "gpu": _gpu(st, tot),
+            "gpu": _gpu(st, [r for p, r in self.ranks.items() if pid is None or p == pid]),
             "throughput": _throughput(st),
             "warmup": self._warmup(warm, wm, decided, pid),
             "probe_cost": self._probe_cost(steady, st),
@@ -730,7 +750,9 @@ class Summary:
         listed = []
         rows = [x for x in self.listed if pid is None or x[0] == pid]
         extra = [
-            c for (p, _), c in self.candidates.items() if (p, c.step) in decided and (pid is None or p == pid)
+            c
+            for (p, _), c in self.candidates.items()
+            if (p, c.step) in decided and (pid is None or p == pid)
         ]
         for x in rows:
             cls = x[2]
@@ -749,7 +771,9 @@ class Summary:
                     c.key[1],
                     int(a.s[_S["tokens"]]),
                     int(a.s[_S["graph_padded_tokens"]]),
-                    int(a.q[_Q["cpu_launch_overhead_ns"], 1]) if a.q[_Q["cpu_launch_overhead_ns"], 0] else -1,
+                    int(a.q[_Q["cpu_launch_overhead_ns"], 1])
+                    if a.q[_Q["cpu_launch_overhead_ns"], 0]
+                    else -1,
                     c.host_ns,
                 )
             )
@@ -976,7 +1000,9 @@ def verdict(
         uq = dec["query_len"] or 1
         what = f"decode steps with MTP (query length {uq})" if uq > 1 else "decode steps"
         if top_mode == "full":
-            out.append(f"{what} replayed FULL graphs: {rates['decode_full_hit_rate']:.0%} of {n_dec}")
+            out.append(
+                f"{what} replayed FULL graphs: {rates['decode_full_hit_rate']:.0%} of {n_dec}"
+            )
         else:
             reason = next(iter(dec["reasons"]), "unknown")
             out.append(
@@ -1036,7 +1062,8 @@ def verdict(
             out.append(
                 "host-bound steps per rank: "
                 + ", ".join(
-                    f"pid {p} {f['gpu']['host_bound_share']:.0%} of {f['gpu']['idle_before_ns']['n']}"
+                    f"pid {p} {f['gpu']['host_bound_share']:.0%} of "
+                    f"{f['gpu']['idle_before_ns']['n']}"
                     for p, f in timed
                 )
             )
@@ -1094,7 +1121,7 @@ def _phases(steady: Mapping[Key, Acc]) -> dict[str, Any]:
     }
 
 
-def _gpu(st: Acc, tot: Acc) -> dict[str, Any]:
+def _gpu(st: Acc, ranks: Sequence[_Rank]) -> dict[str, Any]:
     timed = int(st.s[_S["timed"]])
     bound = int(st.s[_S["host_bound"]])
     phase_ns = {p.removesuffix("_ns"): int(st.s[_S[f"bound_{p}"]]) for p in PHASE_NS}
@@ -1115,9 +1142,9 @@ def _gpu(st: Acc, tot: Acc) -> dict[str, Any]:
         "host_bound_phases": [
             {"phase": p, "share": phase_ns[p] / total} for p in ranked[:3] if bound and total
         ],
-        # engine idle over every forward step (warm-up included): time with nothing to run
-        "engine_idle_ns": int(tot.s[_S["engine_idle_ns"]]),
-        "engine_idle_gaps": int(tot.s[_S["engine_idle_gaps"]]),
+        # engine idle before every step (warm-up and no-forward ones too): nothing to run
+        "engine_idle_ns": sum(r.idle_ns for r in ranks),
+        "engine_idle_gaps": sum(r.idle_gaps for r in ranks),
         "engine_idle_threshold_ns": rules.ENGINE_IDLE_GAP_NS,
     }
 
@@ -1155,6 +1182,15 @@ def headline(fig: Mapping[str, Any]) -> dict[str, float | None]:
 # -- helpers for the other surfaces ---------------------------------------------------------
 
 
+def _slow(host_ns: int, median: float | None) -> bool:
+    """The first-use test of :mod:`probe.rules`: compile/JIT cost shows."""
+    return (
+        median is not None
+        and host_ns > rules.FIRST_USE_SLOWER * median
+        and host_ns > rules.FIRST_USE_MIN_NS
+    )
+
+
 class Classes:
     """Each step's (steady, engine idle) as the metric updates need it, step by step:
     a running :class:`Summary` per rank. ``decided`` and ``replayed`` come from a finished
@@ -1172,7 +1208,10 @@ class Classes:
         self.replayed = set(replayed) if replayed is not None else None
         self.keep = keep
         self.ranks: dict[int, Summary] = {}
-        self.recent: dict[int, dict[int, tuple[bool, bool]]] = {}
+        #: why each warm-up step classified so far is warm-up, ``(pid, step) -> class``
+        self.why: dict[tuple[int, int], str] = {}
+        #: per rank, per step: (steady, after an engine-idle gap, period ns, gap ns)
+        self.recent: dict[int, dict[int, tuple[bool, bool, int, int]]] = {}
 
     @classmethod
     def of(cls, summ: Summary) -> Classes:
@@ -1180,7 +1219,7 @@ class Classes:
         _, decided = summ.resolved()
         return cls(decided, [p for p, r in summ.ranks.items() if r.replayed])
 
-    def get(self, pid: int, step: int) -> tuple[bool, bool] | None:
+    def get(self, pid: int, step: int) -> tuple[bool, bool, int, int] | None:
         return self.recent.get(pid, {}).get(step)
 
     def classify(self, steps: Sequence[Step]) -> None:
@@ -1193,7 +1232,7 @@ class Classes:
             rows.sort(key=lambda s: s.step)
             summ = self.ranks.setdefault(pid, Summary())
             summ.add_columns(columns_of_steps(rows))
-            raw, idle, cand, shape = summ.last
+            raw, idle, cand, shape, period, gap = summ.last
             recent = self.recent.setdefault(pid, {})
             for j, s in enumerate(rows):
                 c = int(raw[j])
@@ -1203,9 +1242,18 @@ class Classes:
                         c = rules.BEFORE_REPLAY
                 if cand[j]:
                     c = self._first_use(summ, pid, s, int(shape[j]))
-                recent[s.step] = (c == STEADY and s.mode is not None, bool(idle[j]))
+                if s.mode is not None and c != STEADY:
+                    self.why[(pid, s.step)] = CLASSES[c]
+                recent[s.step] = (
+                    c == STEADY and s.mode is not None,
+                    bool(idle[j]),
+                    int(period[j]),
+                    int(gap[j]),
+                )
             while len(recent) > self.keep:
-                del recent[next(iter(recent))]
+                old = next(iter(recent))
+                del recent[old]
+                self.why.pop((pid, old), None)
 
     def _first_use(self, summ: Summary, pid: int, s: Step, shape: int) -> int:
         if self.decided is not None:
@@ -1215,7 +1263,7 @@ class Classes:
         of_mode = [a for k, a in summ.groups.items() if k[1] == mode and k[5] == STEADY]
         pool = of_mode or [a for k, a in summ.groups.items() if k[5] == STEADY]
         med = percentile_of(_total(pool), "host_ns", 50) if pool else None
-        slow = med is not None and s.host_ns > rules.FIRST_USE_SLOWER * med
+        slow = _slow(s.host_ns, med)
         if c is not None:
             # decided now: into the running summary's groups
             del summ.candidates[(pid, shape)]
@@ -1247,12 +1295,29 @@ def summarize_steps(
     steps: Iterable[Step],
     calibrations: Mapping[int, Mapping[str, Any] | None] | None = None,
     builder_names: Mapping[int, Mapping[int, str]] | None = None,
+    warm: Mapping[tuple[int, int], str] | None = None,
 ) -> Summary:
-    """The summary of Steps (a live window, a test's steps)."""
+    """The summary of Steps (a live window, a test's steps). ``warm``: the warm-up steps
+    decided already, ``(pid, step) -> why`` (a live view's running split); without it the
+    rules split these steps."""
     rows = list(steps)
     s = Summary()
     s.calibrations = {p: dict(c) for p, c in (calibrations or {}).items() if c is not None}
-    s.add_steps(rows)
+    if warm is None:
+        s.add_steps(rows)
+    else:
+        rows.sort(key=lambda x: (x.pid, x.step))
+        for x in rows:
+            for o in x.reorders:
+                s._reorder(o.changed, o.moved, o.threshold, o.spec_as_decode, o.num_decodes)
+                s.reorders["reqs"] += o.num_reqs
+        code = {name: i for i, name in enumerate(CLASSES)}
+        forced = np.array(
+            [code.get(warm.get((x.pid, x.step), "steady"), rules.FIRST_USE) for x in rows],
+            dtype=np.int64,
+        )
+        if rows:
+            s.add_columns(columns_of_steps(rows, s.calibrations), forced)
     if builder_names is not None:
         s.add_builds(builder_names, rows)
     s.sources = 1
@@ -1304,7 +1369,11 @@ def summarize_recording(rec: Any, chunk: int | None = None) -> Summary:
 def _steady_sums(s: Summary) -> dict[str, float]:
     st = _total(a for k, a in s.groups.items() if k[5] in (STEADY, _PENDING))
     dec = [a for k, a in s.groups.items() if k[5] in (STEADY, _PENDING) and k[3] == 1]
-    full = [a for k, a in s.groups.items() if k[5] in (STEADY, _PENDING) and k[3] == 1 and k[1] == Mode.FULL]
+    full = [
+        a
+        for k, a in s.groups.items()
+        if k[5] in (STEADY, _PENDING) and k[3] == 1 and k[1] == Mode.FULL
+    ]
     return {
         "tokens": float(st.s[_S["tokens"]]),
         "serving_ns": float(st.s[_S["serving_ns"]]),
@@ -1387,7 +1456,9 @@ class _Calls:
         k = cols["pid"] * (1 << 40) + cols["step"]
         i = np.searchsorted(self.keys, k)
         i = np.minimum(i, max(len(self.keys) - 1, 0))
-        ok = (len(self.keys) > 0) & (self.keys[i] == k) if len(self.keys) else np.zeros(len(k), bool)
+        ok = (
+            (len(self.keys) > 0) & (self.keys[i] == k) if len(self.keys) else np.zeros(len(k), bool)
+        )
         fw = cols["mode"] >= 0
         has_cal = np.isin(cols["pid"], self.pids)
         spans = np.where(ok, self.spans[i] if len(self.keys) else 0, 0)
@@ -1439,7 +1510,11 @@ def _call_counts(rec: Any, cals: Mapping[int, Mapping[str, Any]]) -> _Calls:
     tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for name, sql in parts.items():
         rows = rec._rows(sql)
-        a = np.array(rows, dtype=np.int64).reshape(len(rows), -1) if rows else np.zeros((0, 5), np.int64)
+        a = (
+            np.array(rows, dtype=np.int64).reshape(len(rows), -1)
+            if rows
+            else np.zeros((0, 5), np.int64)
+        )
         tables[name] = (a[:, 0] * (1 << 40) + a[:, 1], a[:, 2:])
     keys = np.unique(np.concatenate([k for k, _ in tables.values()]))
 
