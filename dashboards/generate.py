@@ -46,8 +46,15 @@ N = NAMESPACE
 
 
 def m(name: str, extra: str = "") -> str:
-    """A series selector with the dashboard's variables (and ``extra`` matchers)."""
-    inner = ", ".join(x for x in (extra, SEL) if x)
+    """A series selector with the dashboard's variables (and ``extra`` matchers); a
+    series of steps is read for steady-state steps (``steady="true"``), as the report
+    figures them (:mod:`probe.rules`)."""
+    base = name
+    for suffix in ("_bucket", "_sum", "_count"):
+        base = base.removesuffix(suffix)
+    metric = METRICS.get(f"{N}_{base}")
+    split = 'steady="true"' if metric is not None and "steady" in metric.labels else ""
+    inner = ", ".join(x for x in (extra, split, SEL) if x)
     return f"{N}_{name}{{{inner}}}"
 
 

@@ -114,12 +114,14 @@ class LiveStats:
     ) -> None:
         v = self._view(proc)
         now = self.clock_ns()
-        self.classes.classify(steps)
+        found = self.classes.classify(steps)
+        for pid, n, why in found:
+            if pid == v.pid:
+                v.warm[n] = why
+                for b in v.history:
+                    b.launch.pop(n, None)
         for s in steps:
             v.steps.append(s)
-            why = self.classes.why.get((s.pid, s.step))
-            if why is not None:
-                v.warm[s.step] = why
             if s.forward:
                 v.arrivals.append(s.t1 or now)
                 self._add_history(v, s, now)

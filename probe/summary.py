@@ -1210,6 +1210,8 @@ class Classes:
         self.ranks: dict[int, Summary] = {}
         #: why each warm-up step classified so far is warm-up, ``(pid, step) -> class``
         self.why: dict[tuple[int, int], str] = {}
+        #: live: per rank, the steps before a first replay not seen yet (steady so far)
+        self.pending: dict[int, list[int]] = {}
         #: per rank, per step: (steady, after an engine-idle gap, period ns, gap ns)
         self.recent: dict[int, dict[int, tuple[bool, bool, int, int]]] = {}
 
@@ -1222,28 +1224,49 @@ class Classes:
     def get(self, pid: int, step: int) -> tuple[bool, bool, int, int] | None:
         return self.recent.get(pid, {}).get(step)
 
-    def classify(self, steps: Sequence[Step]) -> None:
-        """Classify steps not seen yet (in (pid, step) order per rank)."""
+    def classify(self, steps: Sequence[Step]) -> list[tuple[int, int, str]]:
+        """Classify steps not seen yet (in (pid, step) order per rank); returns the
+        warm-up steps found, ``(pid, step, why)``: these, and (live) earlier steps of a
+        rank that turned out to precede its first replay when that replay came."""
         todo = [s for s in steps if self.get(s.pid, s.step) is None]
         by_pid: dict[int, list[Step]] = {}
         for s in todo:
             by_pid.setdefault(s.pid, []).append(s)
+        found: list[tuple[int, int, str]] = []
         for pid, rows in by_pid.items():
             rows.sort(key=lambda s: s.step)
             summ = self.ranks.setdefault(pid, Summary())
+            was_replayed = summ.ranks[pid].replayed if pid in summ.ranks else False
             summ.add_columns(columns_of_steps(rows))
             raw, idle, cand, shape, period, gap = summ.last
             recent = self.recent.setdefault(pid, {})
+            pending = self.pending.setdefault(pid, [])
+            if self.replayed is None and not was_replayed and summ.ranks[pid].replayed:
+                why = CLASSES[rules.BEFORE_REPLAY]
+                for n in pending:
+                    if n in recent and (pid, n) not in self.why:
+                        self.why[(pid, n)] = why
+                        recent[n] = (False, *recent[n][1:])
+                        found.append((pid, n, why))
+                pending.clear()
             for j, s in enumerate(rows):
                 c = int(raw[j])
                 if c == _PENDING:
                     c = STEADY
                     if self.replayed is not None and pid in self.replayed:
                         c = rules.BEFORE_REPLAY
+                    elif self.replayed is None:
+                        pending.append(s.step)
+                elif c == rules.BEFORE_REPLAY and self.replayed is None:
+                    pass  # in this batch, before the replay it holds: decided now
                 if cand[j]:
                     c = self._first_use(summ, pid, s, int(shape[j]))
+                    if c != STEADY or int(raw[j]) != _PENDING or self.replayed is not None:
+                        if pending and pending[-1] == s.step:
+                            pending.pop()
                 if s.mode is not None and c != STEADY:
                     self.why[(pid, s.step)] = CLASSES[c]
+                    found.append((pid, s.step, CLASSES[c]))
                 recent[s.step] = (
                     c == STEADY and s.mode is not None,
                     bool(idle[j]),
@@ -1254,6 +1277,8 @@ class Classes:
                 old = next(iter(recent))
                 del recent[old]
                 self.why.pop((pid, old), None)
+            del pending[: max(0, len(pending) - self.keep)]
+        return found
 
     def _first_use(self, summ: Summary, pid: int, s: Step, shape: int) -> int:
         if self.decided is not None:
