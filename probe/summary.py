@@ -1406,6 +1406,9 @@ def _steady_sums(s: Summary) -> dict[str, float]:
         "host_n": float(st.q[_Q["host_ns"], 0]),
         "launch_sum": float(st.q[_Q["cpu_launch_overhead_ns"], 1]),
         "launch_n": float(st.q[_Q["cpu_launch_overhead_ns"], 0]),
+        "forward_launch_sum": float(st.q[_Q["forward_launch_ns"], 1]),
+        "draft_sum": float(st.q[_Q["draft_ns"], 1]),
+        "phase_n": float(st.q[_Q["forward_launch_ns"], 0]),
         "decode": float(sum(int(a.s[_S["steps"]]) for a in dec)),
         "decode_full": float(sum(int(a.s[_S["steps"]]) for a in full)),
     }
@@ -1441,6 +1444,8 @@ def _ab_values(d: Mapping[str, float]) -> dict[str, float | None]:
         "steady_host_ns": div(d["host_sum"], d["host_n"]),
         "cpu_launch_overhead_ns": div(d["launch_sum"], d["launch_n"]),
         "decode_full_share": div(d["decode_full"], d["decode"]),
+        "forward_launch_ns": div(d["forward_launch_sum"], d["phase_n"]),
+        "draft_ns": div(d["draft_sum"], d["phase_n"]),
     }
 
 
@@ -1453,6 +1458,8 @@ def ab_values(s: Summary) -> dict[str, float | None]:
         "steady_host_ns": lo["host_ns"]["mean"],
         "cpu_launch_overhead_ns": lo["cpu_launch_overhead_ns"]["mean"],
         "decode_full_share": fig["hit_rates"]["decode_full_hit_rate"],
+        "forward_launch_ns": lo["forward_launch"]["mean"],
+        "draft_ns": lo["draft"]["mean"],
     }
 
 

@@ -42,6 +42,8 @@ FIGURES: tuple[tuple[str, str, int], ...] = (
     ("steady_host_ns", "steady host time per step", -1),
     ("cpu_launch_overhead_ns", "CPU launch overhead (mean)", -1),
     ("decode_full_share", "decode FULL share", 1),
+    ("forward_launch_ns", "forward launch (mean)", -1),
+    ("draft_ns", "draft (mean)", -1),
     ("wall_s", "workload wall time (s)", -1),
 )
 BLOCKS = 10
