@@ -158,6 +158,7 @@ def compare(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
             "high": iv["high"],
         }
     out["reasons"] = {"A": a[0]["reasons"], "B": b[0]["reasons"]}
+    out["headline"] = {"A": a[0]["headline"], "B": b[0]["headline"]}
     out["verdict"] = _verdict(out)
     return out
 
