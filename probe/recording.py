@@ -692,9 +692,8 @@ def _column_sql(c: Any) -> str:
         names = tuple(m.lower() for m in c.kind.__members__)
     else:
         return f"ifnull({q}, {NULL})" if c.nullable else q
-    codes = (
-        range(len(names)) if c.kind is str else [int(m.value) for m in c.kind.__members__.values()]  # type: ignore[union-attr]
-    )
+    members = [] if c.kind is str else list(c.kind.__members__.values())  # type: ignore[union-attr]
+    codes = range(len(names)) if c.kind is str else [int(m.value) for m in members]
     whens = " ".join(f"WHEN '{n}' THEN {v}" for n, v in zip(names, codes, strict=True))
     null = f"WHEN {q} IS NULL THEN {NULL} " if c.nullable else ""
     return f"CASE {null}WHEN typeof({q}) != 'text' THEN {_BAD} ELSE CASE {q} {whens} ELSE {_BAD} END END"

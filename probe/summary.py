@@ -250,6 +250,12 @@ class _Rank:
     first_step: int | None = None
     seen: set[int] = field(default_factory=set)
 
+    def copy(self) -> _Rank:
+        return _Rank(
+            self.prev_t1, self.idle_ns, self.idle_gaps, self.replayed, self.first_step,
+            set(self.seen),
+        )  # fmt: skip
+
 
 @dataclass
 class _Candidate:
@@ -607,10 +613,7 @@ class Summary:
         for k, a in self.groups.items():
             out.groups[k] = a.copy()
         out.candidates = dict(self.candidates)
-        out.ranks = {
-            p: _Rank(r.prev_t1, r.replayed, r.first_step, set(r.seen))
-            for p, r in self.ranks.items()
-        }
+        out.ranks = {p: r.copy() for p, r in self.ranks.items()}
         for k, a in later.groups.items():
             pid = k[0]
             cls = k[5]
@@ -628,9 +631,7 @@ class Summary:
         for pid, r in later.ranks.items():
             mine = out.ranks.get(pid)
             if mine is None:
-                out.ranks[pid] = _Rank(
-                    r.prev_t1, r.idle_ns, r.idle_gaps, r.replayed, r.first_step, set(r.seen)
-                )
+                out.ranks[pid] = r.copy()
                 continue
             mine.idle_ns += r.idle_ns
             mine.idle_gaps += r.idle_gaps
@@ -643,16 +644,16 @@ class Summary:
         out.listed = (self.listed + later.listed)[:20]
         out.reorders = self.reorders + later.reorders
         out.thresholds = self.thresholds + later.thresholds
-        out.builds = {k: v.copy() for k, v in self.builds.items()}
-        for k, v in later.builds.items():
-            if k in out.builds:
-                out.builds[k] += v
+        out.builds = {b: h.copy() for b, h in self.builds.items()}
+        for b, h in later.builds.items():
+            if b in out.builds:
+                out.builds[b] += h
             else:
-                out.builds[k] = v.copy()
+                out.builds[b] = h.copy()
         out.sources = self.sources + later.sources
-        out.examples = {k: list(v) for k, v in self.examples.items()}
-        for k, v in later.examples.items():
-            out.examples[k] = (out.examples.get(k, []) + v)[:3]
+        out.examples = {e: list(x) for e, x in self.examples.items()}
+        for e, x in later.examples.items():
+            out.examples[e] = (out.examples.get(e, []) + x)[:3]
         return out
 
     # -- reading -------------------------------------------------------------------------
@@ -1257,13 +1258,11 @@ class Classes:
                         c = rules.BEFORE_REPLAY
                     elif self.replayed is None:
                         pending.append(s.step)
-                elif c == rules.BEFORE_REPLAY and self.replayed is None:
-                    pass  # in this batch, before the replay it holds: decided now
                 if cand[j]:
                     c = self._first_use(summ, pid, s, int(shape[j]))
-                    if c != STEADY or int(raw[j]) != _PENDING or self.replayed is not None:
-                        if pending and pending[-1] == s.step:
-                            pending.pop()
+                    # judged warm-up: no longer waiting on a first replay
+                    if c != STEADY and pending and pending[-1] == s.step:
+                        pending.pop()
                 if s.mode is not None and c != STEADY:
                     self.why[(pid, s.step)] = CLASSES[c]
                     found.append((pid, s.step, CLASSES[c]))

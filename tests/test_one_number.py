@@ -24,9 +24,9 @@ from test_openmetrics_backfill import _get
 from test_otlp import Received, http_receiver  # noqa: F401 (a fixture)
 from test_prometheus_real import _free_port, _wait
 
+from exporters.base import processes_from_recording
 from exporters.metrics import LAUNCH_BUCKETS, METRICS, NAMESPACE, probe_cost_queries, ratio_queries
 from exporters.series import instance_id, timelines
-from exporters.base import processes_from_recording
 from probe import analysis
 from probe.recording import Recording
 
@@ -228,7 +228,9 @@ def test_prometheus_from_the_openmetrics_export_agrees(
     if h["probe_cost_per_step_ns"] is None:
         assert not res
     else:
-        assert float(res[0]["value"][1]) * 1e9 == pytest.approx(h["probe_cost_per_step_ns"], rel=1e-6)
+        assert float(res[0]["value"][1]) * 1e9 == pytest.approx(
+            h["probe_cost_per_step_ns"], rel=1e-6
+        )
 
 
 # -- OTLP, decoded with the official protobufs ------------------------------------------------
