@@ -31,6 +31,7 @@ __all__ = [
     "RULES",
     "STEADY",
     "WARMUP_WHY",
+    "first_use_slow",
     "host_bound",
 ]
 
@@ -89,3 +90,9 @@ RULES = {
 def host_bound(idle_before_ns: Any, step_ns: Any, share: float = HOST_BOUND_SHARE) -> Any:
     """:data:`HOST_BOUND_SHARE`'s test: scalars or numpy arrays alike."""
     return idle_before_ns > share * (idle_before_ns + step_ns)
+
+
+def first_use_slow(host_ns: int, median: float | None) -> bool:
+    """The first-use test: compile/JIT cost shows (over :data:`FIRST_USE_SLOWER` times the
+    steady ``median`` of its mode, and over :data:`FIRST_USE_MIN_NS`)."""
+    return median is not None and host_ns > FIRST_USE_SLOWER * median and host_ns > FIRST_USE_MIN_NS

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from probe.cost import calibration_of
-from probe.recording import Recording, RecordingError, default_recording, iter_step_columns
+from probe.recording import Recording, RecordingError, default_recording
+from probe.recording_columns import iter_step_columns
 from probe.summary import summarize_recording, summarize_recordings, summarize_steps
 
 TP2 = (
