@@ -670,4 +670,3 @@ class Recording:
 
     def close(self) -> None:
         self.db.close()
-
