@@ -279,10 +279,9 @@ RATIOS: Mapping[str, Ratio] = {
         ),
         Ratio(
             "steady_tokens_per_second",
-            "scheduled tokens / serving time (each step's period, engine-idle gaps out)",
+            "scheduled tokens / serving time (each step's period, engine-idle gaps out), per s",
             (Term("scheduled_tokens_total"),),
             (Term("serving_seconds_total"),),
-            promql_scale=1e-9,
         ),
         Ratio(
             "reorder_changed_share",
@@ -309,8 +308,7 @@ def ratios_of(fig: Mapping[str, Any], summ: Any) -> dict[str, float | None]:
         "gpu_idle_share": g["idle_share"],
         "host_bound_share": g["host_bound_share"],
         "cpu_launch_overhead_mean": fig["phases"]["all"]["cpu_launch_overhead_ns"]["mean"],
-        # tokens per ns of serving time, as the PromQL's per second times 1e-9
-        "steady_tokens_per_second": tp / 1e9 if tp is not None else None,
+        "steady_tokens_per_second": tp,
         "reorder_changed_share": ro["changed"] / ro["decisions"] if ro["decisions"] else None,
     }
 
