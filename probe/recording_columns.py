@@ -150,3 +150,49 @@ def iter_step_columns(
         yield from _iter_step_columns(rec, pid, chunk)
     except SQLITE_DAMAGED as exc:
         raise damaged_error(rec.path, exc) from None
+
+
+def _detail_check_sql(t: Any) -> str:
+    """A condition true for a row of detail table ``t`` with a value that does not fit
+    its column (what :meth:`Recording.iter_steps` refuses), in SQL."""
+    from probe.records import Flag
+
+    bad = ["typeof(pid) != 'integer'", "typeof(step) != 'integer'", "pid < 0", "step < 0"]
+    for c in t.columns:
+        q = f'"{c.name}"'
+        if isinstance(c.kind, Flag) or c.kind is bool:
+            bad.append(f"typeof({q}) != 'integer' OR {q} NOT IN (0, 1)")
+        elif c.kind is str:
+            bad.append(f"({q} IS NOT NULL AND typeof({q}) != 'text')")
+        elif isinstance(c.kind, type) and issubclass(c.kind, enum.Enum):
+            names = ", ".join(f"'{m.lower()}'" for m in c.kind.__members__)
+            bad.append(f"typeof({q}) != 'text' OR {q} NOT IN ({names})")
+        else:
+            low = f" OR {q} < {c.min}" if c.min is not None else ""
+            bad.append(f"typeof({q}) != 'integer'{low}")
+    bad.append("t1_ns < t0_ns")
+    return " OR ".join(f"({b})" for b in bad)
+
+
+def check_detail_tables(rec: Recording) -> None:
+    """Every value of the detail tables (spans, dispatches, replays, builds, reorders)
+    checked in one SQLite scan per table; the first that does not fit raises the
+    :class:`RecordingError` :meth:`Recording.iter_steps` raises for it. Rows of a step
+    that is not in ``steps`` belong to no step, as there."""
+    from probe.recording_schema import DETAIL_TABLES
+
+    try:
+        for t in DETAIL_TABLES:
+            row = rec.db.execute(
+                f"SELECT pid, step FROM {t.name} AS d WHERE ({_detail_check_sql(t)}) AND EXISTS "
+                "(SELECT 1 FROM steps AS s WHERE s.pid = d.pid AND s.step = d.step) LIMIT 1"
+            ).fetchone()
+            if row is None:
+                continue
+            rd = _Reader(rec.path)
+            ids = {p: {n: i for i, n in names.items()} for p, names in rec.builder_names().items()}
+            for _ in rec._detail_rows(t, rd, ids, "WHERE pid IS ? AND step IS ?", tuple(row)):
+                pass
+            raise RecordingError(f"{rec.path}: damaged recording: {t.name}: a value does not fit")
+    except SQLITE_DAMAGED as exc:
+        raise damaged_error(rec.path, exc) from None

@@ -21,9 +21,10 @@ def summarize_recording(rec: Any, chunk: int | None = None) -> Summary:
     iter_step_columns`, each rank's hooked calls from the detail tables, reorders and
     builds aggregated in SQLite)."""
     from probe.cost import calibration_of
-    from probe.recording_columns import STEP_CHUNK_ROWS, iter_step_columns
+    from probe.recording_columns import STEP_CHUNK_ROWS, check_detail_tables, iter_step_columns
 
     s = Summary()
+    check_detail_tables(rec)
     cals = {p["pid"]: calibration_of(p.get("snapshot")) for p in rec.processes()}
     s.calibrations = {p: c for p, c in cals.items() if c is not None}
     calls = _call_counts(rec, s.calibrations) if s.calibrations else None

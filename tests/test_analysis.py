@@ -15,7 +15,7 @@ import pytest
 from calibrated import CALIBRATION, calibrated_copy
 from rich.console import Console
 
-from probe import analysis, rules, cost
+from probe import analysis, cost, rules
 from probe.live import LiveStats
 from probe.recording import Recording, default_recording
 from probe.records import Build, Dispatch, Flag, Mode, Phase, Reason, Reorder, ReplayKind
