@@ -122,21 +122,11 @@ class Classes:
 def steady_mask(steps: Sequence[Step]) -> np.ndarray:
     """Per step (in the order given): True for a steady-state forward step by the rules of
     :mod:`probe.rules`, decided over these steps as one summary decides them (the
-    predicate ``probe whatif`` and ``probe doctor`` split by)."""
-    order = sorted(range(len(steps)), key=lambda i: (steps[i].pid, steps[i].step))
-    s = Summary()
-    cls = s.add_columns(columns_of_steps([steps[i] for i in order]))
-    _, decided = s.resolved()
-    pending = s.first_replay_pending()
-    out = np.zeros(len(steps), dtype=bool)
-    for j, i in enumerate(order):
-        st = steps[i]
-        c = int(cls[j])
-        if c == STEADY and (st.pid, st.step) in decided:
-            c = rules.FIRST_USE
-        out[i] = c == STEADY
-    del pending
-    return out
+    predicate ``probe whatif`` and ``probe doctor`` split by; the same as
+    :func:`probe.analysis.is_steady`)."""
+    from probe.analysis import is_steady
+
+    return np.array(is_steady(steps), dtype=bool)
 
 
 def summarize_steps(
