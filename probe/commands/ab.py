@@ -144,10 +144,14 @@ def compare(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             ba = [x[key] for x in a[0]["blocks"] if x.get(key) is not None]
             bb = [x[key] for x in b[0]["blocks"] if x.get(key) is not None]
-            iv = {"low": None, "high": None}
-            if len(ba) > 1 and len(bb) > 1:
-                iv = _interval(ba, bb)
-            iv["ratio"] = vb[0] / va[0] if va[0] else None
+            point = vb[0] / va[0] if va[0] else None
+            iv = {"ratio": point, "low": None, "high": None}
+            if point and len(ba) > 1 and len(bb) > 1:
+                # the runs' spread, around the whole run's B/A (the point the table shows)
+                b_iv = _interval(ba, bb)
+                if b_iv["low"] is not None and b_iv["ratio"]:
+                    iv["low"] = point * b_iv["low"] / b_iv["ratio"]
+                    iv["high"] = point * b_iv["high"] / b_iv["ratio"]
         out["metrics"][key] = {
             "label": label,
             "better": "higher" if better > 0 else "lower",
