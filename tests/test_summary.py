@@ -98,3 +98,27 @@ def test_the_columnar_read_refuses_what_iter_steps_refuses(
         list(rec.iter_steps())
     assert str(col.value) == str(obj.value)
     assert why in str(col.value) and "step 500" in str(col.value)
+
+
+def test_report_takes_several_recordings_or_a_glob_as_one() -> None:
+    import json
+    import subprocess
+    import sys
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "probe.cli", "report", "--json", *args],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    stock = "benchmarks/results/h200-2026-11-30/stock_mrv2_k1.probe.db"
+    out = run("benchmarks/results/h200-2026-11-30/stock_*.probe.db", str(default_recording()))
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    one = [json.loads(run(p).stdout) for p in (stock, str(default_recording()))]
+    assert len(rep["recordings"]) == 2
+    assert rep["hit_rates_all"]["steps"] == sum(r["hit_rates_all"]["steps"] for r in one)
+    idle = sum(r["headline"]["engine_idle_s"] for r in one)
+    assert rep["headline"]["engine_idle_s"] == pytest.approx(idle)
+    bad = run("no-such-*.probe.db")
+    assert bad.returncode == 2 and bad.stderr.startswith("probe: error: report: no recording")
