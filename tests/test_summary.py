@@ -14,13 +14,8 @@ from probe.recording import Recording, RecordingError, default_recording
 from probe.recording_columns import iter_step_columns
 from probe.summary import summarize_recording, summarize_recordings, summarize_steps
 
-TP2 = (
-    Path(__file__).resolve().parents[1] / "benchmarks/results/h200x2-2026-11-30/serve-tp2.probe.db"
-)
-
-
-def _strip(fig: dict) -> dict:
-    return {k: v for k, v in fig.items() if k not in ("warmup",)}
+ROOT = Path(__file__).resolve().parents[1]
+TP2 = ROOT / "benchmarks/results/h200x2-2026-11-30/serve-tp2.probe.db"
 
 
 @pytest.mark.parametrize("path", [default_recording(), TP2])
