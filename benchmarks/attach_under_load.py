@@ -274,7 +274,7 @@ def attach(
         # what the engine's steps looked like meanwhile (the attach's own effect on them)
         launch = [s.cpu_launch_overhead_ns for s in timed if s.cpu_launch_overhead_ns]
         if launch:
-            from probe.analysis.summary import percentile
+            from probe.analysis.views import percentile
 
             row.update(
                 launch_p50_us=round(percentile(launch, 50) / 1e3),

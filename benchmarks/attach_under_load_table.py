@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from probe.analysis.summary import percentile
+from probe.analysis.views import percentile
 
 
 def setting(run: dict[str, Any]) -> str:

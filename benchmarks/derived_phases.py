@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from probe.analysis.summary import percentile
+from probe.analysis.views import percentile
 from probe.reader.recording import Recording
 
 NEEDED = ("execute", "forward_launch", "logits", "sample_tokens", "sample", "draft")

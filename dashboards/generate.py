@@ -52,8 +52,15 @@ AGENT_SEL = 'job=~"$job", instance=~"$instance"'
 
 
 def m(name: str, extra: str = "") -> str:
-    """A series selector with the dashboard's variables (and ``extra`` matchers)."""
-    inner = ", ".join(x for x in (extra, SEL) if x)
+    """A series selector with the dashboard's variables (and ``extra`` matchers); a
+    series of steps is read for steady-state steps (``steady="true"``), as the report
+    figures them (:mod:`probe.analysis.rules`)."""
+    base = name
+    for suffix in ("_bucket", "_sum", "_count"):
+        base = base.removesuffix(suffix)
+    metric = METRICS.get(f"{N}_{base}")
+    split = 'steady="true"' if metric is not None and "steady" in metric.labels else ""
+    inner = ", ".join(x for x in (extra, split, SEL) if x)
     return f"{N}_{name}{{{inner}}}"
 
 
@@ -585,7 +592,7 @@ def host_overhead() -> dict[str, Any]:
             "GPU idle share",
             "gpu_idle_share = idle before steps / the step periods (idle + the step's span "
             "on the device); host_bound_share = steps whose GPU idled for over 10% of the "
-            "step period / timed steps (probe.analysis.summary.RATIOS).",
+            "step period / timed steps (probe.analysis.views.RATIOS).",
             [
                 target(R["gpu_idle_share"], "gpu_idle_share"),
                 target(R["host_bound_share"], "host_bound_share"),

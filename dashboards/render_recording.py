@@ -3,7 +3,7 @@
     python -m dashboards.render_recording [RECORDING] [--out docs/dashboards] [--window 1]
 
 One PNG per dashboard, one subplot per panel, titled as the panel. Each quantity is the
-one definition the panel's PromQL is derived from (:data:`probe.analysis.summary.RATIOS`, over
+one definition the panel's PromQL is derived from (:data:`probe.analysis.views.RATIOS`, over
 the recording's Steps), computed per ``--window``
 seconds of the recording's step start times (BOOTTIME, shown relative to the first step)
 instead of ``rate(...[$__rate_interval])``. Quantiles here are exact per window; the
@@ -33,7 +33,7 @@ from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import LAUNCH_BUCKETS
 from probe.analysis.cost import TIMINGS, has_timing, probe_cost
 from probe.analysis.ranks import StepRanks, per_step, recording_ranks
-from probe.analysis.summary import PHASES, RATIOS, percentile
+from probe.analysis.views import PHASES, RATIOS, percentile
 from probe.reader.recording import Recording, default_recording
 from probe.records import Build, BuildTag, Reorder
 from probe.step import Step
@@ -85,7 +85,7 @@ class Data:
 
 
 def _ratio(name: str) -> Callable[[list[At]], float | None]:
-    """One of :data:`probe.analysis.summary.RATIOS` over a window's steps."""
+    """One of :data:`probe.analysis.views.RATIOS` over a window's steps."""
     return lambda rs: RATIOS[name].of(a.step for a in rs)
 
 
@@ -120,7 +120,7 @@ def _text(ax: Axes, lines: Sequence[str]) -> None:
 
 
 def _stat_ratios() -> dict[str, str]:
-    """Each stat panel's title and the ratio of :data:`probe.analysis.summary.RATIOS` its PromQL
+    """Each stat panel's title and the ratio of :data:`probe.analysis.views.RATIOS` its PromQL
     is (:data:`dashboards.generate.R`, matched by text)."""
     by_expr = {q: name for name, q in R.items()}
     return {

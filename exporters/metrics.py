@@ -5,6 +5,9 @@ Every name is in the ``vllm_graph_probe_`` namespace and carries its unit
 labels vLLM's own metrics use (``model_name``, ``engine``: the DP engine index) plus
 ``pid`` and the ranks (``tp_rank``, ``pp_rank``, ``dp_rank``). Ratios are never exported:
 they are two counters and the PromQL in :data:`RATIOS`, which the dashboards use verbatim.
+The series of steps carry ``steady`` (``true``: a steady-state step by the rules of
+:mod:`probe.analysis.rules`, as the report splits them; ``false``: warm-up), and the device timings
+leave out the step after an engine-idle gap, which ``engine_idle_seconds_total`` counts.
 
 :func:`updates` is the single translation of steps into metric updates; the Prometheus
 and OTLP sinks only apply what it yields, so both report the same numbers, with the
@@ -12,11 +15,11 @@ definitions of :mod:`probe.analysis.summary` (forward steps only; padding over g
 
     >>> from exporters.metrics import METRICS, RATIOS
     >>> METRICS["vllm_graph_probe_steps_total"].labels
-    ('mode', 'reason')
+    ('mode', 'reason', 'steady')
     >>> print(RATIOS["decode_full_hit_rate"])  # doctest: +NORMALIZE_WHITESPACE
-    sum(rate(vllm_graph_probe_decode_full_steps_total[5m])
-        or 0 * rate(vllm_graph_probe_decode_steps_total[5m]))
-      / sum(rate(vllm_graph_probe_decode_steps_total[5m]))
+    sum(rate(vllm_graph_probe_decode_full_steps_total{steady="true"}[5m])
+        or 0 * rate(vllm_graph_probe_decode_steps_total{steady="true"}[5m]))
+      / sum(rate(vllm_graph_probe_decode_steps_total{steady="true"}[5m]))
 
 OTLP uses the same names without the ``_total`` suffix, the same explicit buckets, and
 units the Collector's Prometheus translation adds nothing for (``s`` on names that end in
@@ -31,9 +34,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from exporters.base import ProcessInfo
-from probe.analysis import summary as analysis
+from probe.analysis import rules
+from probe.analysis import views as analysis
 from probe.analysis.cost import TIMINGS, calls_with, has_timing
 from probe.analysis.ranks import StepRanks
+from probe.analysis.summary import Classes
 from probe.records import BuildTag, Mode
 from probe.step import PHASES, GpuSample, Step
 
@@ -112,21 +117,21 @@ _DEFS = (
         "{step}",
         "Forward engine steps by dispatched graph mode (full, piecewise, none) and miss "
         "reason (hit, piecewise_only, backend_support_too_low, ...).",
-        ("mode", "reason"),
+        ("mode", "reason", "steady"),
     ),
     _m(
         "decode_steps_total",
         "counter",
         "{step}",
         "Forward steps that were uniform decode batches; query_len is 1 + speculative tokens.",
-        ("query_len",),
+        ("query_len", "steady"),
     ),
     _m(
         "decode_full_steps_total",
         "counter",
         "{step}",
         "Uniform decode steps dispatched to a FULL graph (decode_full_hit_rate numerator).",
-        ("query_len",),
+        ("query_len", "steady"),
     ),
     _m(
         "replays_confirmed_total",
@@ -134,19 +139,43 @@ _DEFS = (
         "{step}",
         "Graph-dispatched steps whose replay was observed (FULL: one replay; PIECEWISE: "
         "at least one piece).",
-        ("mode",),
+        ("mode", "steady"),
     ),
     _m(
         "padded_tokens_total",
         "counter",
         "{token}",
         "Tokens the graphs ran with (padded), over graph-dispatched steps.",
+        ("steady",),
     ),
     _m(
         "real_tokens_total",
         "counter",
         "{token}",
         "Scheduled (real) tokens, over graph-dispatched steps.",
+        ("steady",),
+    ),
+    _m(
+        "scheduled_tokens_total",
+        "counter",
+        "{token}",
+        "Scheduled tokens of every forward step (steady throughput numerator).",
+        ("steady",),
+    ),
+    _m(
+        "serving_seconds_total",
+        "counter",
+        "s",
+        "Serving time: each forward step's period (the end of the step before it on the "
+        "rank to its own end; the step alone after an engine-idle gap).",
+        ("steady",),
+    ),
+    _m(
+        "engine_idle_seconds_total",
+        "counter",
+        "s",
+        "Gaps between two steps of a rank of probe.analysis.rules.ENGINE_IDLE_GAP_NS or more: the "
+        "engine with nothing scheduled (not host-bound time).",
     ),
     _m(
         "draft_steps_total",
@@ -162,7 +191,7 @@ _DEFS = (
         "s",
         "Host time from step start until the forward's GPU work is enqueued "
         "(prepare_inputs through forward_launch), per forward step.",
-        ("mode",),
+        ("mode", "steady"),
         LAUNCH_BUCKETS,
     ),
     _m(
@@ -170,7 +199,7 @@ _DEFS = (
         "histogram",
         "s",
         "Host wall time of execute_model + sample_tokens (and drafting), per forward step.",
-        ("mode",),
+        ("mode", "steady"),
         LAUNCH_BUCKETS,
     ),
     _m(
@@ -179,7 +208,7 @@ _DEFS = (
         "s",
         "Host time per phase per forward step (reorder, prepare_inputs, dispatch, "
         "metadata_build, forward_launch, logits, sample, draft, sync_stall); 0 when absent.",
-        ("phase",),
+        ("phase", "steady"),
         PHASE_BUCKETS,
     ),
     _m(
@@ -196,8 +225,9 @@ _DEFS = (
         "histogram",
         "s",
         "GPU idle gap before a step's forward (since the previous step's last event); "
-        "above 0 the GPU waited on the host.",
-        (),
+        "above 0 the GPU waited on the host. Steps with a device span, the engine not idle "
+        "before them.",
+        ("steady",),
         GPU_BUCKETS,
     ),
     _m(
@@ -205,7 +235,7 @@ _DEFS = (
         "histogram",
         "s",
         "GPU time of a step's forward, first to last event on the stream.",
-        (),
+        ("steady",),
         GPU_BUCKETS,
     ),
     _m(
@@ -213,8 +243,9 @@ _DEFS = (
         "histogram",
         "s",
         "A step's span on the device, its first to its last event (forward, sampling and "
-        "drafting); with the idle gap before it, the step period.",
-        (),
+        "drafting); with the idle gap before it, the step period. The engine not idle "
+        "before the step.",
+        ("steady",),
         GPU_BUCKETS,
     ),
     _m(
@@ -222,7 +253,9 @@ _DEFS = (
         "counter",
         "{step}",
         f"Steps whose GPU sat idle before them for more than {analysis.HOST_BOUND_SHARE:.0%} "
-        "of the step period (idle gap + the step's span on the device): the host was late.",
+        "of the step period (idle gap + the step's span on the device): the host was late "
+        "(probe.analysis.rules; the engine not idle before the step).",
+        ("steady",),
     ),
     # -- ranks side by side (probe.analysis.ranks): the series of the rank that was last
     _m(
@@ -266,7 +299,7 @@ _DEFS = (
         "(probe.analysis.cost.hooked_calls): kind=span, a plain phase span; kind=hook, "
         "a hook with a "
         "body. Only for processes whose snapshot carries the probe's calibration.",
-        ("kind",),
+        ("kind", "steady"),
     ),
     _m(
         "hooked_call_cost_seconds",
@@ -314,7 +347,7 @@ METRICS: Mapping[str, Metric] = {m.name: m for m in _DEFS}
 def ratio_queries(
     window: str = "5m", by: str = "", selector: str = "", guard: bool = False
 ) -> dict[str, str]:
-    """Every ratio of :data:`probe.analysis.summary.RATIOS` as PromQL over the counters (``by``:
+    """Every ratio of :data:`probe.analysis.views.RATIOS` as PromQL over the counters (``by``:
     e.g. ``"pid"``; ``selector``: label matchers without braces, e.g.
     ``model_name=~"$model_name"``). ``guard``: the denominator is ``> 0``-guarded, so a
     window without traffic gives no sample (a dashboard's "No traffic"), not NaN."""
@@ -338,10 +371,9 @@ RATIOS: Mapping[str, str] = ratio_queries()
 def probe_cost_queries(window: str = "5m", by: str = "pid", selector: str = "") -> dict[str, str]:
     """The probe's cost per forward step by each timing, as PromQL: the hooked calls per
     second of each kind, each times its calibrated cost per call, over the forward steps
-    per second; what ``probe report`` computes (:func:`probe.analysis.cost.probe_cost`), over every
-    forward step of the window rather than the steady ones. ``cold`` to ``cold_code`` is
-    the range the report prints."""
-    sel = f"{{{selector}}}" if selector else ""
+    per second, of steady state; what ``probe report`` computes (:mod:`probe.analysis.summary`).
+    ``cold`` to ``cold_code`` is the range the report prints."""
+    sel = "{" + ", ".join(x for x in (selector, 'steady="true"') if x) + "}"
     out = {}
     for timing in TIMINGS:
         cost_sel = ", ".join(x for x in (selector, f'timing="{timing}"') if x)
@@ -384,40 +416,61 @@ def _name(v: Mode | None) -> str:
 
 
 def updates(
-    info: ProcessInfo, steps: Sequence[Step], gpu: Sequence[GpuSample] = ()
+    info: ProcessInfo,
+    steps: Sequence[Step],
+    gpu: Sequence[GpuSample] = (),
+    classes: Classes | None = None,
 ) -> Iterator[Update]:
-    """The metric updates a batch of one process's steps (and GPU timings) makes."""
+    """The metric updates a batch of one process's steps (and GPU timings) makes.
+
+    ``classes`` (:class:`probe.analysis.summary.Classes`) splits steps into steady state and
+    warm-up and finds the engine-idle gaps, by the rules of :mod:`probe.analysis.rules`; a sink
+    keeps one across batches (device timings arrive a few steps after their step), an
+    offline export builds it from the recording's summary (the report's split)."""
     base = process_labels(info)
     n = NAMESPACE
+    cl = classes if classes is not None else Classes()
+    cl.classify(steps)
 
     def u(metric: str, value: float, **labels: str) -> Update:
         return Update(f"{n}_{metric}", {**base, **labels}, value)
 
+    cal = info.calibration
+    calls = [0, 0, 0, 0]  # span, hook calls of steady steps; of warm-up steps
     for s in steps:
+        got = cl.get(s.pid, s.step)
+        steady, _, period, gap = got if got is not None else (False, False, 0, 0)
+        if gap >= rules.ENGINE_IDLE_GAP_NS:
+            yield u("engine_idle_seconds_total", gap / 1e9)
         if s.mode is None:
             continue  # no forward ran (not counted by any hit rate)
+        st = "true" if steady else "false"
         mode = s.mode.name.lower()
         reason = s.reason.label if s.reason is not None else "unknown"
-        yield u("steps_total", 1, mode=mode, reason=reason)
+        yield u("steps_total", 1, mode=mode, reason=reason, steady=st)
         if s.decode:
             ql = str(s.uniform_decode_query_len)
-            yield u("decode_steps_total", 1, query_len=ql)
+            yield u("decode_steps_total", 1, query_len=ql, steady=st)
             if s.mode == Mode.FULL:
-                yield u("decode_full_steps_total", 1, query_len=ql)
+                yield u("decode_full_steps_total", 1, query_len=ql, steady=st)
         if s.mode != Mode.NONE:
             if s.replayed:
-                yield u("replays_confirmed_total", 1, mode=mode)
-            yield u("padded_tokens_total", s.padded_tokens)
-            yield u("real_tokens_total", s.num_tokens)
+                yield u("replays_confirmed_total", 1, mode=mode, steady=st)
+            yield u("padded_tokens_total", s.padded_tokens, steady=st)
+            yield u("real_tokens_total", s.num_tokens, steady=st)
+        yield u("scheduled_tokens_total", s.num_tokens, steady=st)
+        yield u("serving_seconds_total", period / 1e9, steady=st)
         if s.draft_mode is not None:
             dreason = s.draft_reason.label if s.draft_reason is not None else "unknown"
             yield u("draft_steps_total", 1, mode=_name(s.draft_mode), reason=dreason)
         if s.cpu_launch_overhead_ns is not None:
-            yield u("cpu_launch_overhead_seconds", s.cpu_launch_overhead_ns / 1e9, mode=mode)
+            yield u(
+                "cpu_launch_overhead_seconds", s.cpu_launch_overhead_ns / 1e9, mode=mode, steady=st
+            )
         if s.host_ns:
-            yield u("step_host_seconds", s.host_ns / 1e9, mode=mode)
+            yield u("step_host_seconds", s.host_ns / 1e9, mode=mode, steady=st)
         for p in PHASES:
-            yield u("phase_host_seconds", (s.phases.get(p) or 0) / 1e9, phase=p)
+            yield u("phase_host_seconds", (s.phases.get(p) or 0) / 1e9, phase=p, steady=st)
         for b in s.builds:
             if b.tag == BuildTag.CAPTURE:
                 continue
@@ -430,21 +483,27 @@ def updates(
         for o in s.reorders:
             yield u("reorder_decisions_total", 1, changed="true" if o.changed else "false")
             yield u("reorder_moved_requests_total", o.moved)
-    cal = info.calibration
-    if cal is not None:
-        counts = [calls_with(s, cal) for s in steps if s.forward]
-        if counts:
-            yield u("hooked_calls_total", sum(c[0] for c in counts), kind="span")
-            yield u("hooked_calls_total", sum(c[1] for c in counts), kind="hook")
+        if cal is not None:
+            a, h = calls_with(s, cal)
+            calls[0 if steady else 2] += a
+            calls[1 if steady else 3] += h
+    if cal is not None and any(s.forward for s in steps):
+        for i, st in ((0, "true"), (2, "false")):
+            yield u("hooked_calls_total", calls[i], kind="span", steady=st)
+            yield u("hooked_calls_total", calls[i + 1], kind="hook", steady=st)
     for g in gpu:
-        yield u("forward_gpu_busy_seconds", g.busy_ns / 1e9)
-        if g.step_ns is not None:
-            yield u("gpu_step_seconds", g.step_ns / 1e9)
-        if g.idle_before_ns is not None:
-            yield u("gpu_idle_before_step_seconds", g.idle_before_ns / 1e9)
-            bound = analysis.host_bound(g)
-            if bound is not None:
-                yield u("host_bound_steps_total", 1.0 if bound else 0.0)
+        got = cl.get(info.pid, g.step)
+        if got is None:
+            continue  # its step is older than the sink remembers
+        steady, idle, _, _ = got
+        st = "true" if steady else "false"
+        yield u("forward_gpu_busy_seconds", g.busy_ns / 1e9, steady=st)
+        if g.step_ns is None or g.idle_before_ns is None or idle:
+            continue  # the engine idle before it: neither GPU idle nor host-bound
+        yield u("gpu_step_seconds", g.step_ns / 1e9, steady=st)
+        yield u("gpu_idle_before_step_seconds", g.idle_before_ns / 1e9, steady=st)
+        bound = rules.host_bound(g.idle_before_ns, g.step_ns)
+        yield u("host_bound_steps_total", 1.0 if bound else 0.0, steady=st)
 
 
 def rank_updates(infos: Sequence[ProcessInfo], matched: StepRanks) -> Iterator[Update]:

@@ -79,6 +79,7 @@ from exporters.base import FIXED, ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, Update, process_updates, rank_updates, updates
 from exporters.series import DEFAULT_INTERVAL_S, Hist, Timeline, instance_id, timelines
 from probe.analysis.ranks import RankId, RankMatcher
+from probe.analysis.summary import Classes
 from probe.progress import SILENT, Progress
 from probe.reader.recording import Recording
 from probe.records import Flag, Phase
@@ -267,6 +268,7 @@ class OtlpSink(ExportSink):
         self._procs: dict[int, _Proc] = {}
         self._ranks: RankMatcher | None = None
         self._pending: dict[int, ProcessInfo] = {}
+        self._classes = Classes()  # the steady/warm-up split and engine idle, per rank
         self.span_exporters: list[CountingSpanExporter] = []
 
     def _proc(self, info: ProcessInfo) -> _Proc:
@@ -374,7 +376,7 @@ class OtlpSink(ExportSink):
         info = self._fixed(info)
         p = self._proc(info)
         if self.metrics:
-            for u in updates(info, steps, gpu):
+            for u in updates(info, steps, gpu, self._classes):
                 self._apply(p, u)
             for u in self._rank_updates(info, steps):
                 self._apply(self._procs[int(u.labels["pid"])], u)

@@ -49,6 +49,7 @@ from prometheus_client.metrics_core import Metric
 from exporters.base import AGENT_METRICS, FIXED, ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, Update, process_updates, rank_updates, updates
 from probe.analysis.ranks import RankId, RankMatcher
+from probe.analysis.summary import Classes
 from probe.progress import SILENT, Progress
 from probe.step import Step
 
@@ -90,6 +91,7 @@ class PrometheusSink(ExportSink):
         self._pending: dict[int, ProcessInfo] = {}  # facts of a process before its first step
         self._cache = b""
         self._dirty = True
+        self._classes = Classes()  # the steady/warm-up split and engine idle, per rank
         self.metrics: dict[str, Any] = {}
         for m in METRICS.values():
             if m.kind == "counter":
@@ -159,7 +161,7 @@ class PrometheusSink(ExportSink):
                     self.apply(u)
                 self._known[info.pid] = first
             info = self._labelled(info)
-            for u in updates(info, steps, gpu):
+            for u in updates(info, steps, gpu, self._classes):
                 self.apply(u)
             for u in self._rank_updates(info, steps):
                 self.apply(u)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import METRICS, Update, process_updates, updates
+from probe.analysis.summary import Classes, iter_chunks, summarize_recording
 from probe.progress import SILENT, Progress, counted
 from probe.reader.recording import Recording
 from probe.step import Step
@@ -127,16 +128,23 @@ def _snapshot(v: Value) -> Value:
     return v.copy() if isinstance(v, Hist) else v
 
 
-def timeline(info: ProcessInfo, steps: Iterable[Step], interval_s: float) -> Timeline | None:
-    """One process's :class:`Timeline`; None when it has no steps or no clock pair."""
+def timeline(
+    info: ProcessInfo, steps: Iterable[Step], interval_s: float, classes: Classes | None = None
+) -> Timeline | None:
+    """One process's :class:`Timeline`; None when it has no steps or no clock pair.
+    ``classes``: the steady/warm-up split of the recording's summary (:func:`timelines`
+    passes it; without it, as a live sink splits them)."""
     if interval_s <= 0:
         raise ValueError(f"interval must be above 0 s, got {interval_s}")
     if info.boottime_ns is None or info.epoch_ns is None:
         return None
     events: list[tuple[int, list[Update]]] = []
-    for s in steps:
-        gpu = [s.gpu] if s.gpu is not None else []
-        events.append((info.epoch_ns_of(s.t1), list(updates(info, [s], gpu))))
+    cl = classes if classes is not None else Classes()
+    for chunk in iter_chunks(steps):
+        cl.classify(chunk)
+        for s in chunk:
+            gpu = [s.gpu] if s.gpu is not None else []
+            events.append((info.epoch_ns_of(s.t1), list(updates(info, [s], gpu, cl))))
     if not events:
         return None
     events.sort(key=lambda e: e[0])
@@ -184,9 +192,11 @@ def timelines(
     per_pid = rec.step_counts()
     clocked = [i.pid for i in infos if i.boottime_ns is not None and i.epoch_ns is not None]
     progress.stage("building timelines", sum(per_pid.get(p, 0) for p in clocked), "steps")
+    classes = Classes.of(summarize_recording(rec))  # the report's split, exactly
     out = []
     for info in infos:
-        tl = timeline(info, counted(rec.iter_steps(info.pid), progress), interval_s)
+        steps = counted(rec.iter_steps(info.pid), progress)
+        tl = timeline(info, steps, interval_s, classes)
         if tl is not None:
             out.append(tl)
     return out

@@ -1,6 +1,6 @@
 """One engine step on one rank: the declaration every surface reads.
 
-:class:`Step` is the only input of :mod:`probe.analysis.summary`, the live view, the report, the
+:class:`Step` is the only input of :mod:`probe.analysis.views`, the live view, the report, the
 exporters and ``probe ab``. The assembler builds Steps from records in the reader
 process; :class:`probe.reader.recording.Recording` stores them and gives them back
 (``Recording.iter_steps()``). The ``steps`` table of the recording is derived from this

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from probe.analysis import summary as analysis
+from probe.analysis import views as analysis
 from probe.analysis.whatif import KEPT, Replayer, Setting, Vllm
 from probe.reader.recording import Recording
 from probe.records import Mode, Reason

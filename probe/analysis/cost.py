@@ -1,6 +1,6 @@
 """The probe's own cost per step: how many hooked calls each step's records stand for
 (:func:`hooked_calls`), the calibration taken at attach (:func:`calibration_of`), and the
-two together (:func:`probe_cost`, :func:`cost_line`). Re-exported by :mod:`probe.analysis.summary`,
+two together (:func:`probe_cost`, :func:`cost_line`). Re-exported by :mod:`probe.analysis.views`,
 whose reports print it."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from probe.analysis import summary as analysis
+from probe.analysis import views as analysis
 from probe.step import Step
 
 __all__ = [

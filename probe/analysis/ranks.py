@@ -531,7 +531,7 @@ def per_step(
 
 
 def _pct(xs: Sequence[int], q: float) -> float | None:
-    from probe.analysis.summary import percentile
+    from probe.analysis.views import percentile
 
     return percentile(xs, q)
 

@@ -1,675 +1,656 @@
-"""Analyzers: plain functions over :class:`~probe.step.Step` (HTA style), and the one
-definition of every derived number.
+"""The one summary of a set of steps (a rank, a process, a recording, several recordings,
+a live window): every figure the report, ``probe ab``, the live view, the metric set and
+the dashboards show is computed here, by the rules of :mod:`probe.analysis.rules`.
 
-Each takes ``Iterable[Step]`` (from :meth:`probe.reader.recording.Recording.iter_steps`, or the
-live view's window) and returns plain data, so the report, the live view, ``probe ab``,
-the metric set and the dashboards share one set of definitions:
-
-- :data:`RATIOS`: every ratio (hit rates, padding waste, GPU idle share, host-bound
-  share, ...) as a sum over steps divided by a sum over steps, each sum named by the
-  counter that exports it, with the PromQL that computes the same ratio beside it
-  (:func:`ratio`, :meth:`Ratio.promql`).
-- :func:`hit_rates`: ``full_hit_rate`` (FULL / forward steps), ``graph_rate`` (FULL or
-  PIECEWISE / forward steps), ``decode_full_hit_rate`` (FULL / uniform decode steps; the
-  headline with MTP), ``padding_waste`` ((padded - real) / padded tokens), replay
-  confirmation.
-- :func:`miss_reasons`: counts and a few example steps per (mode, reason).
-- :func:`phase_breakdown`: percentiles of CPU launch overhead and of every phase.
-- :func:`warmup`, :class:`WarmupRule`, :func:`split_steady`: the steady-state rule
-  (:data:`WARMUP_RULE`): which steps are start-up, reported apart so percentiles and
-  verdicts describe serving.
-- :func:`probe_cost`: the probe's own cost per step, from the calibration taken at attach.
-- :func:`reorder_summary`, :func:`build_summary`, :func:`gpu_summary`, :func:`verdict`.
+A :class:`Summary` is built in one streaming pass over numpy columns (a recording's
+``steps`` table read in chunks: :func:`probe.reader.recording_columns.iter_step_columns`, or a
+batch of
+:class:`~probe.step.Step` objects: :func:`columns_of_steps`), and holds one accumulator per
+group (rank, mode, miss reason, uniform decode and query length, steady or warm-up class):
+exact counts and sums, and a log-bucketed histogram per timing from which percentiles are
+read (:data:`PERCENTILE_ERROR`). Memory grows with the number of groups, not of steps.
+Summaries merge (:meth:`Summary.merge`): those of several files of the same ranks, in time
+order, give the summary of them all; what depends on the order (a rank's first replay, the
+first use of a shape) is resolved when the figures are read (:meth:`Summary.figures`).
 
     >>> from probe.reader.recording import Recording, default_recording
-    >>> steps = list(Recording.open(default_recording()).iter_steps())
-    >>> round(ratio("gpu_idle_share", steps), 3)
-    0.313
+    >>> s = summarize_recording(Recording.open(default_recording()))
+    >>> f = s.figures()
+    >>> f["hit_rates"]["decode_full_hit_rate"], f["warmup"]["steps"]
+    (0.0, 2)
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from probe.analysis.cost import calibration_of, cost_line, hooked_calls, probe_cost
+import numpy as np
+
+from probe.analysis import rules
+from probe.analysis.accumulators import (
+    _PENDING,
+    _Q,
+    _S,
+    NB,
+    NQ,
+    PERCENTILE_ERROR,
+    PHASE_NS,
+    QUANTITIES,
+    SCALARS,
+    Acc,
+    Key,
+    _bins,
+    _q_zero,
+    _total,
+    gsum_sel,
+    percentile_of,
+)
+from probe.analysis.figures import (
+    REASON_TEXT,
+    FiguresOf,
+    _decode_split,
+    _gpu,
+    _hit_rates,
+    _miss_reasons,
+    _phases,
+    _throughput,
+    headline,
+    verdict,
+)
+from probe.analysis.rules import CLASSES, STEADY
 from probe.records import BuildTag, Mode, Reason
-from probe.step import PHASES, GpuSample, Step
+from probe.step import PHASES, Step
 
 __all__ = [
-    "HOST_BOUND_SHARE",
-    "PHASES",
-    "RATIOS",
-    "REASON_TEXT",
-    "WARMUP_RULE",
-    "WARMUP_WHY",
-    "Ratio",
-    "Term",
-    "WarmupRule",
-    "build_summary",
-    "calibration_of",
-    "cost_line",
-    "forward_steps",
-    "gpu_summary",
-    "hit_rates",
-    "hooked_calls",
-    "host_bound",
-    "miss_reasons",
-    "percentile",
-    "phase_breakdown",
-    "probe_cost",
-    "ratio",
-    "reorder_summary",
-    "shape_key",
-    "split_steady",
-    "verdict",
-    "warmup",
-    "warmup_summary",
+    "PERCENTILE_ERROR",
+    "QUANTITIES",
+    "Summary",
+    "columns_of_steps",
+    "percentile_of",
+    "steady_mask",
+    "summarize_recording",
+    "summarize_recordings",
+    "summarize_steps",
 ]
 
-#: a step is host-bound when the GPU sat idle before it for more than this share of the
-#: step period (idle gap + the step's span on the device)
-HOST_BOUND_SHARE = 0.10
+# -- columns ---------------------------------------------------------------------------------
+
+_RUNNERS = ("v1", "mrv2")
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (q in 0..100); None for no values."""
-    if not values:
-        return None
-    xs = sorted(values)
-    if len(xs) == 1:
-        return float(xs[0])
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = math.ceil(pos)
-    return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
+def columns_of_steps(
+    steps: Sequence[Step], calibrations: Mapping[int, Mapping[str, Any] | None] | None = None
+) -> dict[str, np.ndarray]:
+    """Steps as the columns :func:`probe.reader.recording_columns.iter_step_columns` gives
+    (codes, NULL
+    -1), with each step's hooked calls (``_span_calls``, ``_hook_calls``; -1 for a rank
+    without a calibration) counted by :func:`probe.analysis.cost.calls_with`."""
+    from probe.analysis.cost import calls_with
+
+    n = len(steps)
+
+    def arr(vals: Iterable[int]) -> np.ndarray:
+        return np.fromiter(vals, dtype=np.int64, count=n)
+
+    def opt(v: int | None) -> int:
+        return -1 if v is None else v
+
+    cols = {
+        "pid": arr(s.pid for s in steps),
+        "step": arr(s.step for s in steps),
+        "t0_ns": arr(s.t0 for s in steps),
+        "t1_ns": arr(s.t1 for s in steps),
+        "host_ns": arr(s.host_ns for s in steps),
+        "num_tokens": arr(s.num_tokens for s in steps),
+        "num_reqs": arr(s.num_reqs for s in steps),
+        "max_query_len": arr(s.max_query_len for s in steps),
+        "mode": arr(opt(s.mode) for s in steps),
+        "reason": arr(opt(s.reason) for s in steps),
+        "padded_tokens": arr(s.padded_tokens for s in steps),
+        "uniform_decode_query_len": arr(s.uniform_decode_query_len for s in steps),
+        "uniform": arr(int(s.uniform) for s in steps),
+        "replayed": arr(int(s.replayed) for s in steps),
+        "captures": arr(s.captures for s in steps),
+        "cpu_launch_overhead_ns": arr(opt(s.cpu_launch_overhead_ns) for s in steps),
+        "gpu_busy_ns": arr(opt(s.gpu_busy_ns) for s in steps),
+        "gpu_idle_before_ns": arr(opt(s.gpu_idle_before_ns) for s in steps),
+        "gpu_step_ns": arr(opt(s.gpu_step_ns) for s in steps),
+        "runner": arr(_RUNNERS.index(s.runner) if s.runner in _RUNNERS else 0 for s in steps),
+    }
+    for p, col in zip(PHASES, PHASE_NS, strict=True):
+        cols[col] = arr(s.phases.get(p, 0) or 0 for s in steps)
+    cals = calibrations or {}
+    spans = np.full(n, -1, dtype=np.int64)
+    hooks = np.full(n, -1, dtype=np.int64)
+    for i, s in enumerate(steps):
+        cal = cals.get(s.pid)
+        if cal is not None and s.mode is not None:
+            spans[i], hooks[i] = calls_with(s, cal)
+    cols["_span_calls"] = spans
+    cols["_hook_calls"] = hooks
+    return cols
 
 
-def forward_steps(steps: Iterable[Step]) -> list[Step]:
-    """The steps that ran the model (the ones every rate counts)."""
-    return [s for s in steps if s.forward]
+# -- the summary -----------------------------------------------------------------------------
 
 
-def host_bound(s: Step | GpuSample, share: float = HOST_BOUND_SHARE) -> bool | None:
-    """Did the GPU wait for the host before the step for more than ``share`` of the step
-    period (idle gap + the step's span on the device)? None without device timing."""
-    g = s.gpu if isinstance(s, Step) else s
-    if g is None or g.idle_before_ns is None or g.step_ns is None:
-        return None
-    return g.idle_before_ns > share * (g.idle_before_ns + g.step_ns)
+@dataclass
+class _Rank:
+    prev_t1: int | None = None
+    idle_ns: int = 0  # engine idle: the gaps before its steps (forward or not)
+    idle_gaps: int = 0
+    replayed: bool = False
+    first_step: int | None = None
+    seen: set[int] = field(default_factory=set)
+
+    def copy(self) -> _Rank:
+        return _Rank(
+            self.prev_t1, self.idle_ns, self.idle_gaps, self.replayed, self.first_step,
+            set(self.seen),
+        )  # fmt: skip
 
 
-# -- steady state ----------------------------------------------------------------------------
+@dataclass
+class _Candidate:
+    """The first use of a shape on a rank, decided when the figures are read."""
 
-#: the steady-state rule, printed with the numbers it splits
-WARMUP_RULE = (
-    "warm-up, reported apart: on each rank, the steps before its first graph replay, the "
-    "first step of each graph shape (mode and padded tokens) and its first eager step (the "
-    "compile/JIT and first-use costs), and steps that captured a graph or were dispatched "
-    "as warm-up/profile; every later step is steady state"
-)
-
-#: why a step is warm-up (the ``why`` of :func:`warmup`)
-WARMUP_WHY = {
-    "before_first_replay": "before the rank's first graph replay",
-    "first_shape": "first step of its graph shape (or the first eager step)",
-    "capture": "captured a graph",
-    "warmup_or_profile": "dispatched as warm-up or profile",
-}
+    key: Key  # its group, class aside
+    base: int  # STEADY or _PENDING
+    step: int
+    host_ns: int
+    acc: Acc
 
 
-def shape_key(s: Step) -> tuple[Mode | None, int]:
-    """The batch shape whose first use is warm-up: a graph's (mode, padded tokens); every
-    eager step shares one key (the eager path compiles once for all sizes)."""
-    return (s.mode, s.padded_tokens) if s.graph else (Mode.NONE, 0)
+@dataclass
+class Summary(FiguresOf):
+    """The mergeable summary of a set of steps (see the module's docstring)."""
 
+    groups: dict[Key, Acc] = field(default_factory=dict)
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    candidates: dict[tuple[int, int], _Candidate] = field(default_factory=dict)
+    calibrations: dict[int, dict[str, Any]] = field(default_factory=dict)
+    nonforward: int = 0
+    #: the first warm-up steps (pid, step, class, mode, tokens, padded, launch, host)
+    listed: list[tuple[int, ...]] = field(default_factory=list)
+    reorders: Counter[str] = field(default_factory=Counter)
+    thresholds: Counter[int] = field(default_factory=Counter)
+    builds: dict[tuple[str, str, bool], np.ndarray] = field(default_factory=dict)
+    sources: int = 0
+    #: a few example steps per (mode, reason)
+    examples: dict[tuple[int, int], list[dict[str, Any]]] = field(default_factory=dict)
+    #: the last chunk's rows: raw class, engine idle, first use, shape, period, gap
+    last: tuple[Any, ...] = field(default=(), repr=False)
 
-class WarmupRule:
-    """:data:`WARMUP_RULE` for one rank, fed its forward steps in step order.
+    # -- building ------------------------------------------------------------------------
 
-    :meth:`feed` returns the steps (by number) found to be warm-up by that step: the step
-    itself, and at the rank's first graph replay every earlier step not flagged yet. The
-    offline report (:func:`warmup`) and the live view feed one of these per rank, so both
-    draw the line in the same place. ``pending`` bounds the steps held while no replay
-    has been seen (the live view's window; None offline).
-    """
+    def add_columns(
+        self, cols: Mapping[str, np.ndarray], forced: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Add a chunk of steps in (pid, step) order, continuing each rank where the last
+        chunk left it; returns each row's class (:data:`probe.analysis.rules.CLASSES` code; -1 for
+        a step that ran no forward; first uses not yet decided read steady)."""
+        n = len(cols["pid"])
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        pid = cols["pid"]
+        mode = cols["mode"]
+        fw = mode >= 0
+        self.nonforward += int(n - fw.sum())
+        t0, t1 = cols["t0_ns"], cols["t1_ns"]
+        # the gap before each step on its rank, and whether it was engine idle
+        new_rank = np.ones(n, dtype=bool)
+        new_rank[1:] = pid[1:] != pid[:-1]
+        prev = np.empty(n, dtype=np.int64)
+        prev[1:] = t1[:-1]
+        has_prev = ~new_rank
+        starts = np.flatnonzero(new_rank)
+        for i in starts:
+            r = self.ranks.setdefault(int(pid[i]), _Rank())
+            if r.first_step is None:
+                r.first_step = int(cols["step"][i])
+            if r.prev_t1 is not None:
+                prev[i] = r.prev_t1
+                has_prev[i] = True
+        gap = np.where(has_prev, t0 - prev, 0)
+        idle = has_prev & (gap >= rules.ENGINE_IDLE_GAP_NS)
+        period = np.where(has_prev & ~idle, t1 - prev, t1 - t0)
+        for j in np.flatnonzero(idle):
+            r = self.ranks[int(pid[j])]
+            r.idle_ns += int(gap[j])
+            r.idle_gaps += 1
+        ends = np.append(starts[1:], n) - 1
+        for i in ends:
+            self.ranks[int(pid[i])].prev_t1 = int(t1[i])
 
-    def __init__(self, pending: int | None = None) -> None:
-        self.seen: set[tuple[Mode | None, int]] = set()
-        self.replayed = False
-        self._pending: deque[int] = deque(maxlen=pending)
+        graph = fw & (mode != int(Mode.NONE))
+        reason = cols["reason"]
+        cls = np.full(n, STEADY, dtype=np.int64)
+        cls[~fw] = -1
+        # captures and warm-up/profile dispatches
+        cls[fw & (reason == int(Reason.WARMUP_OR_PROFILE))] = rules.PROFILE
+        cls[fw & (cols["captures"] > 0)] = rules.CAPTURE
+        # before the rank's first replay
+        replay = graph & (cols["replayed"] == 1)
+        for a, b in zip(starts, ends + 1, strict=True):
+            r = self.ranks[int(pid[a])]
+            if r.replayed:
+                continue
+            hit = np.flatnonzero(replay[a:b])
+            upto = b if len(hit) == 0 else a + int(hit[0])
+            seg = cls[a:upto]
+            seg[seg == STEADY] = rules.BEFORE_REPLAY if len(hit) else _PENDING
+            if len(hit):
+                r.replayed = True
+                self._resolve_pending(int(pid[a]))
+        # first use of each shape on its rank
+        shape = np.where(graph, mode * (1 << 40) + cols["padded_tokens"], 0)
+        cand = np.zeros(n, dtype=bool)
+        fw_idx = np.flatnonzero(fw)
+        if forced is not None:
+            cls = np.where(fw, forced, -1)
+            fw_idx = fw_idx[:0]
+        if len(fw_idx):
+            # (pid, shape) as one key: np.unique keeps each key's first index
+            order = np.lexsort((shape[fw_idx], pid[fw_idx]))
+            ps, ss = pid[fw_idx][order], shape[fw_idx][order]
+            change = np.ones(len(order), dtype=bool)
+            change[1:] = (ps[1:] != ps[:-1]) | (ss[1:] != ss[:-1])
+            # lexsort is stable: the first of each run is the earliest row
+            first = order[change]
+            for j in fw_idx[first]:
+                r = self.ranks[int(pid[j])]
+                sh = int(shape[j])
+                if sh in r.seen:
+                    continue
+                r.seen.add(sh)
+                if cls[j] in (STEADY, _PENDING):
+                    cand[j] = True
+        decode = (cols["uniform"] == 1) & (cols["uniform_decode_query_len"] >= 1)
+        uq = np.minimum(cols["uniform_decode_query_len"], 255)
+        self._accumulate(cols, fw & ~cand, cls, decode, uq, idle, gap, period, graph)
+        for j in np.flatnonzero(cand):
+            one = np.zeros(n, dtype=bool)
+            one[j] = True
+            accs = self._group_accs(cols, one, cls, decode, uq, idle, gap, period, graph)
+            ((key, acc),) = accs.items()
+            k = (int(pid[j]), int(shape[j]))
+            self.candidates[k] = _Candidate(
+                (*key[:5], STEADY),  # type: ignore[arg-type]
+                int(cls[j]),
+                int(cols["step"][j]),
+                int(cols["host_ns"][j]),
+                acc,
+            )
+        out = cls.copy()
+        out[out == _PENDING] = STEADY
+        self._list(cols, cls, cand)
+        self._examples(cols, fw)
+        self.last = (cls, idle, cand, shape, period, gap)
+        return out
 
-    def feed(self, s: Step) -> list[tuple[int, str]]:
-        if not s.forward:
-            return []
-        out: list[tuple[int, str]] = []
-        if s.graph and s.replayed and not self.replayed:
-            out.extend((n, "before_first_replay") for n in self._pending)
-            self._pending.clear()
-            self.replayed = True
-        key = shape_key(s)
-        why = None
-        if s.captures:
-            why = "capture"
-        elif s.reason == Reason.WARMUP_OR_PROFILE:
-            why = "warmup_or_profile"
-        elif key not in self.seen:
-            why = "first_shape"
-        self.seen.add(key)
-        if why is not None:
-            out.append((s.step, why))
-        elif not self.replayed:
-            self._pending.append(s.step)
+    def _list(self, cols: Mapping[str, np.ndarray], cls: np.ndarray, cand: np.ndarray) -> None:
+        room = 20 - len(self.listed)
+        if room <= 0:
+            return
+        warm = np.flatnonzero((cls > STEADY) & ~cand)[:room]
+        for j in warm:
+            self.listed.append(
+                (
+                    int(cols["pid"][j]),
+                    int(cols["step"][j]),
+                    int(cls[j]),
+                    int(cols["mode"][j]),
+                    int(cols["num_tokens"][j]),
+                    int(cols["padded_tokens"][j]),
+                    int(cols["cpu_launch_overhead_ns"][j]),
+                    int(cols["host_ns"][j]),
+                )
+            )
+
+    def _examples(self, cols: Mapping[str, np.ndarray], fw: np.ndarray) -> None:
+        mr = cols["mode"] * 64 + cols["reason"]
+        idx = np.flatnonzero(fw)
+        if not len(idx):
+            return
+        _, first = np.unique(mr[idx], return_index=True)
+        for j0 in idx[first]:
+            key = (int(cols["mode"][j0]), int(cols["reason"][j0]))
+            have = self.examples.setdefault(key, [])
+            if len(have) >= 3:
+                continue
+            same = idx[mr[idx] == mr[j0]][: 3 - len(have)]
+            for j in same:
+                have.append(
+                    {
+                        "pid": int(cols["pid"][j]),
+                        "step": int(cols["step"][j]),
+                        "num_tokens": int(cols["num_tokens"][j]),
+                        "num_reqs": int(cols["num_reqs"][j]),
+                        "max_query_len": int(cols["max_query_len"][j]),
+                        "uniform_decode_query_len": int(cols["uniform_decode_query_len"][j]),
+                        "uniform": bool(cols["uniform"][j]),
+                        "padded_tokens": int(cols["padded_tokens"][j]),
+                    }
+                )
+
+    def _resolve_pending(self, pid: int) -> None:
+        for key in [k for k in self.groups if k[0] == pid and k[5] == _PENDING]:
+            acc = self.groups.pop(key)
+            self._add_group((*key[:5], rules.BEFORE_REPLAY), acc)  # type: ignore[arg-type]
+        self.listed = [
+            (*x[:2], rules.BEFORE_REPLAY, *x[3:]) if x[0] == pid and x[2] == _PENDING else x
+            for x in self.listed
+        ]
+
+    def _add_group(self, key: Key, acc: Acc) -> None:
+        cur = self.groups.get(key)
+        if cur is None:
+            self.groups[key] = acc
+        else:
+            cur.add(acc)
+
+    def _accumulate(self, *args: Any) -> None:
+        for key, acc in self._group_accs(*args).items():
+            self._add_group(key, acc)
+
+    def _group_accs(
+        self,
+        cols: Mapping[str, np.ndarray],
+        rows: np.ndarray,
+        cls: np.ndarray,
+        decode: np.ndarray,
+        uq: np.ndarray,
+        idle: np.ndarray,
+        gap: np.ndarray,
+        period: np.ndarray,
+        graph: np.ndarray,
+    ) -> dict[Key, Acc]:
+        idx = np.flatnonzero(rows)
+        if len(idx) == 0:
+            return {}
+        code = (
+            (cols["pid"][idx] << 20)
+            | ((cols["mode"][idx] + 1) << 16)
+            | ((cols["reason"][idx] + 1) << 12)
+            | (decode[idx].astype(np.int64) << 11)
+            | (uq[idx] << 3)
+            | cls[idx]
+        )
+        uniq_code, inv = np.unique(code, return_inverse=True)
+        inv = inv.reshape(-1)
+        g = len(uniq_code)
+        uniq = np.stack(
+            [
+                uniq_code >> 20,
+                ((uniq_code >> 16) & 0xF) - 1,
+                ((uniq_code >> 12) & 0xF) - 1,
+                (uniq_code >> 11) & 1,
+                (uniq_code >> 3) & 0xFF,
+                uniq_code & 0x7,
+            ]
+        )
+
+        def col(name: str) -> np.ndarray:
+            return cols[name][idx]
+
+        def gsum(v: np.ndarray) -> np.ndarray:
+            v = v.astype(np.int64)
+            if len(v) and int(np.abs(v).max()) * len(v) < 2**53:
+                return np.rint(np.bincount(inv, weights=v, minlength=g)).astype(np.int64)
+            out = np.zeros(g, dtype=np.int64)
+            np.add.at(out, inv, v)
+            return out
+
+        gi = graph[idx]
+        idle_before = col("gpu_idle_before_ns")
+        gstep = col("gpu_step_ns")
+        timed = (idle_before >= 0) & (gstep >= 0) & ~idle[idx]
+        bound = timed & rules.host_bound(idle_before, gstep)
+        spans = col("_span_calls") if "_span_calls" in cols else np.full(len(idx), -1)
+        hooks = col("_hook_calls") if "_hook_calls" in cols else np.full(len(idx), -1)
+        costed = spans >= 0
+        sc = {
+            "steps": np.ones(len(idx), dtype=np.int64),
+            "tokens": col("num_tokens"),
+            "graph_tokens": np.where(gi, col("num_tokens"), 0),
+            "graph_padded_tokens": np.where(gi, col("padded_tokens"), 0),
+            "replayed": (gi & (col("replayed") == 1)).astype(np.int64),
+            "serving_ns": period[idx],
+            "timed": timed.astype(np.int64),
+            "idle_ns": np.where(timed, idle_before, 0),
+            "device_ns": np.where(timed, idle_before + gstep, 0),
+            "host_bound": bound.astype(np.int64),
+            "engine_idle_ns": np.where(idle[idx], gap[idx], 0),
+            "engine_idle_gaps": idle[idx].astype(np.int64),
+            "costed": costed.astype(np.int64),
+            "span_calls": np.where(costed, spans, 0),
+            "hook_calls": np.where(costed, hooks, 0),
+        }
+        for p in PHASE_NS:
+            sc[f"bound_{p}"] = np.where(bound, col(p), 0)
+        s = np.stack([gsum(sc[name]) for name in SCALARS], axis=1)
+        q = np.tile(_q_zero(), (g, 1, 1))
+        h = np.zeros((g, NQ, NB), dtype=np.int64)
+        for qi, name in enumerate(QUANTITIES):
+            v = col(name)
+            if name == "gpu_idle_before_ns" or name == "gpu_step_ns":
+                ok = timed
+            elif name == "host_ns":
+                ok = v > 0
+            else:
+                ok = v >= 0
+            if not ok.any():
+                continue
+            vi, ii = v[ok], inv[ok]
+            q[:, qi, 0] = np.bincount(ii, minlength=g)
+            q[:, qi, 1] = gsum_sel(vi, ii, g)
+            mn = np.full(g, np.iinfo(np.int64).max, dtype=np.int64)
+            mx = np.full(g, np.iinfo(np.int64).min, dtype=np.int64)
+            np.minimum.at(mn, ii, vi)
+            np.maximum.at(mx, ii, vi)
+            q[:, qi, 2], q[:, qi, 3] = mn, mx
+            h[:, qi, :] = np.bincount(ii * NB + _bins(vi), minlength=g * NB).reshape(g, NB)
+        out: dict[Key, Acc] = {}
+        for j in range(g):
+            key: Key = tuple(int(x) for x in uniq[:, j])  # type: ignore[assignment]
+            out[key] = Acc(s[j], q[j], h[j])
+        return out
+
+    def add_steps(self, steps: Sequence[Step]) -> np.ndarray:
+        """Add Steps (sorted here into (pid, step) order); returns their classes in that
+        order (see :meth:`add_columns`)."""
+        rows = sorted(steps, key=lambda s: (s.pid, s.step))
+        if not rows:
+            return np.zeros(0, dtype=np.int64)
+        for s in rows:
+            for o in s.reorders:
+                self._reorder(o.changed, o.moved, o.threshold, o.spec_as_decode, o.num_decodes)
+                self.reorders["reqs"] += o.num_reqs
+        cls = self.add_columns(columns_of_steps(rows, self.calibrations))
+        return cls
+
+    def _reorder(self, changed: bool, moved: int, threshold: int, spec: bool, dec: int) -> None:
+        self.reorders["decisions"] += 1
+        self.reorders["changed"] += int(changed)
+        self.reorders["moved_requests"] += moved
+        self.reorders["spec_as_decode"] += int(spec)
+        self.reorders["decodes"] += dec
+        self.thresholds[threshold] += 1
+
+    def add_builds(self, names: Mapping[int, Mapping[int, str]], steps: Iterable[Step]) -> None:
+        """Metadata builds of Steps into the per-(builder, tag, drafter) histograms."""
+        for s in steps:
+            for b in s.builds:
+                name = names.get(s.pid, {}).get(b.builder_id) or "?"
+                key = (name, BuildTag(b.tag).name.lower(), bool(b.flags & 1))
+                self._build(key, b.dur_ns, 1)
+
+    def _build(self, key: tuple[str, str, bool], dur: int, n: int, bin_: int | None = None) -> None:
+        h = self.builds.get(key)
+        if h is None:
+            h = self.builds[key] = np.zeros(NB + 2, dtype=np.int64)
+        b = int(_bins(np.array([dur]))[0]) if bin_ is None else bin_
+        h[b] += n
+        h[NB] += n
+        h[NB + 1] += dur if bin_ is None else 0
+
+    # -- merging -------------------------------------------------------------------------
+
+    def merge(self, later: Summary) -> Summary:
+        """This summary and ``later``'s, as one: ``later`` holds steps after these on the
+        ranks they share (rolling files of one agent), or other ranks (other hosts).
+        Exact: counts, sums and histograms add; a shape first used here is no first use
+        there; a rank that replayed here has no steps before its first replay there."""
+        out = Summary()
+        out.calibrations = {**self.calibrations, **later.calibrations}
+        for k, a in self.groups.items():
+            out.groups[k] = a.copy()
+        out.candidates = dict(self.candidates)
+        out.ranks = {p: r.copy() for p, r in self.ranks.items()}
+        for k, a in later.groups.items():
+            pid = k[0]
+            cls = k[5]
+            mine = out.ranks.get(pid)
+            if mine is not None and cls == _PENDING:
+                cls = STEADY if mine.replayed else _PENDING
+            out._add_group((*k[:5], cls), a.copy())  # type: ignore[arg-type]
+        for (pid, sh), c in later.candidates.items():
+            mine = out.ranks.get(pid)
+            if mine is not None and sh in mine.seen:
+                base = c.base if not (mine.replayed and c.base == _PENDING) else STEADY
+                out._add_group((*c.key[:5], base), c.acc.copy())  # type: ignore[arg-type]
+            else:
+                out.candidates[(pid, sh)] = c
+        for pid, r in later.ranks.items():
+            mine = out.ranks.get(pid)
+            if mine is None:
+                out.ranks[pid] = r.copy()
+                continue
+            mine.idle_ns += r.idle_ns
+            mine.idle_gaps += r.idle_gaps
+            if r.replayed and not mine.replayed:
+                out._resolve_pending(pid)
+            mine.replayed |= r.replayed
+            mine.seen |= r.seen
+            mine.prev_t1 = r.prev_t1
+        out.nonforward = self.nonforward + later.nonforward
+        out.listed = (self.listed + later.listed)[:20]
+        out.reorders = self.reorders + later.reorders
+        out.thresholds = self.thresholds + later.thresholds
+        out.builds = {b: h.copy() for b, h in self.builds.items()}
+        for b, h in later.builds.items():
+            if b in out.builds:
+                out.builds[b] += h
+            else:
+                out.builds[b] = h.copy()
+        out.sources = self.sources + later.sources
+        out.examples = {e: list(x) for e, x in self.examples.items()}
+        for e, x in later.examples.items():
+            out.examples[e] = (out.examples.get(e, []) + x)[:3]
+        return out
+
+    # -- reading -------------------------------------------------------------------------
+
+    def resolved(self) -> tuple[dict[Key, Acc], dict[tuple[int, int], str]]:
+        """The groups with every class decided (:mod:`probe.analysis.rules`), and the warm-up steps
+        that the decisions added, ``(pid, step) -> why``: the first uses judged to show
+        compile/JIT cost, and (as a class of the groups) the steps before a rank's first
+        replay, which are steady state when the rank never replayed."""
+        groups: dict[Key, Acc] = {}
+        for k, a in self.groups.items():
+            cls = k[5]
+            if cls == _PENDING:
+                cls = STEADY
+            key: Key = (*k[:5], cls)  # type: ignore[assignment]
+            if key in groups:
+                groups[key].add(a)
+            else:
+                groups[key] = a.copy()
+        decided: dict[tuple[int, int], str] = {}
+        medians: dict[tuple[int, int], float | None] = {}
+
+        def steady_median(pid: int, mode: int) -> float | None:
+            if (pid, mode) not in medians:
+                same = [a for k, a in groups.items() if k[0] == pid and k[5] == STEADY]
+                of_mode = [
+                    a for k, a in groups.items() if k[0] == pid and k[1] == mode and k[5] == STEADY
+                ]
+                pool = of_mode if any(a.q[_Q["host_ns"], 0] for a in of_mode) else same
+                medians[(pid, mode)] = percentile_of(_total(pool), "host_ns", 50) if pool else None
+            return medians[(pid, mode)]
+
+        for (pid, _), c in sorted(self.candidates.items(), key=lambda kv: kv[1].step):
+            base = c.base
+            if base == _PENDING and self.ranks[pid].replayed:
+                cls = rules.BEFORE_REPLAY
+                decided[(pid, c.step)] = CLASSES[cls]
+            else:
+                med = steady_median(pid, c.key[1])
+                slow = rules.first_use_slow(c.host_ns, med)
+                cls = rules.FIRST_USE if slow else STEADY
+                if slow:
+                    decided[(pid, c.step)] = CLASSES[cls]
+            key = (*c.key[:5], cls)
+            if key in groups:
+                groups[key].add(c.acc)  # type: ignore[index]
+            else:
+                groups[key] = c.acc.copy()  # type: ignore[index]
+        return groups, decided
+
+    def first_replay_pending(self) -> dict[int, bool]:
+        """Per rank, whether its steps before the first replay are warm-up (it replayed)."""
+        return {p: r.replayed for p, r in self.ranks.items()}
+
+    def figures(self, pid: int | None = None) -> dict[str, Any]:
+        """Every figure of this summary (of one rank with ``pid``), as plain data: what
+        every surface renders (see ``docs/rules.md`` for the rules)."""
+        groups, decided = self.resolved()
+        if pid is not None:
+            groups = {k: a for k, a in groups.items() if k[0] == pid}
+        steady = {k: a for k, a in groups.items() if k[5] == STEADY}
+        warm = {k: a for k, a in groups.items() if k[5] != STEADY}
+        tot = _total(groups.values())
+        st = _total(steady.values())
+        wm = _total(warm.values())
+        out: dict[str, Any] = {
+            "rules": dict(rules.RULES),
+            "percentile_error": PERCENTILE_ERROR,
+            "forward_steps": int(tot.s[_S["steps"]]),
+            "steady_steps": int(st.s[_S["steps"]]),
+            "hit_rates": _hit_rates(steady),
+            "hit_rates_all": _hit_rates(groups),
+            "miss_reasons": _miss_reasons(groups, self.examples),
+            "phases": _phases(steady),
+            "gpu": _gpu(st, [r for p, r in self.ranks.items() if pid is None or p == pid]),
+            "throughput": _throughput(st),
+            "warmup": self._warmup(warm, wm, decided, pid),
+            "probe_cost": self._probe_cost(steady, st),
+            "decode": _decode_split(steady),
+            "ranks": sorted({k[0] for k in groups}),
+        }
+        out["headline"] = headline(out)
         return out
 
 
-def warmup(steps: Iterable[Step]) -> dict[tuple[int, int], str]:
-    """The warm-up steps of a recording, ``(pid, step) -> why`` (:data:`WARMUP_WHY`)."""
-    by_pid: dict[int, list[Step]] = defaultdict(list)
-    for s in steps:
-        by_pid[s.pid].append(s)
-    out: dict[tuple[int, int], str] = {}
-    for pid, rows in by_pid.items():
-        rule = WarmupRule()
-        for s in sorted(rows, key=lambda s: s.step):
-            out.update(((pid, n), why) for n, why in rule.feed(s))
-    return out
-
-
-def split_steady(
-    steps: Iterable[Step], flags: Mapping[tuple[int, int], str] | None = None
-) -> tuple[list[Step], list[Step]]:
-    """(steady-state forward steps, warm-up forward steps); ``flags``: from
-    :func:`warmup` (computed here when not given)."""
-    fw = forward_steps(steps)
-    flags = warmup(fw) if flags is None else flags
-    steady = [s for s in fw if (s.pid, s.step) not in flags]
-    warm = [s for s in fw if (s.pid, s.step) in flags]
-    return steady, warm
-
-
-def warmup_summary(
-    warm: Sequence[Step], flags: Mapping[tuple[int, int], str], listed: int = 20
-) -> dict[str, Any]:
-    """The warm-up steps' own figures: how many, why, their CPU launch overhead and host
-    time, and the first ``listed`` of them."""
-    why = Counter(flags.get((s.pid, s.step), "?") for s in warm)
-    rows = sorted(warm, key=lambda s: (s.pid, s.step))
-    return {
-        "rule": WARMUP_RULE,
-        "steps": len(warm),
-        "why": dict(why.most_common()),
-        "cpu_launch_overhead_ns": _pcts(
-            [s.cpu_launch_overhead_ns for s in warm if s.cpu_launch_overhead_ns is not None]
-        ),
-        "host_ns": _pcts([s.host_ns for s in warm if s.host_ns]),
-        "host_ns_total": sum(s.host_ns for s in warm),
-        "listed": [
-            {
-                "pid": s.pid,
-                "step": s.step,
-                "why": flags.get((s.pid, s.step), "?"),
-                "mode": _mode(s),
-                "num_tokens": s.num_tokens,
-                "padded_tokens": s.padded_tokens,
-                "cpu_launch_overhead_ns": s.cpu_launch_overhead_ns,
-                "host_ns": s.host_ns,
-            }
-            for s in rows[:listed]
-        ],
-    }
-
-
-# -- the ratios, each defined once ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Term:
-    """A sum over forward steps, and the exported series that carries the same sum.
-
-    ``series`` is the Prometheus name without the ``vllm_graph_probe_`` namespace and
-    ``matcher`` its label matcher; ``value`` is one step's contribution (times in ns).
-    """
-
-    series: str
-    value: Callable[[Step], float]
-    matcher: str = ""
-    sign: int = 1
-
-    def total(self, steps: Sequence[Step]) -> float:
-        return self.sign * sum(self.value(s) for s in steps)
-
-
-@dataclass(frozen=True)
-class Ratio:
-    """``sum(numerator) / sum(denominator)`` over forward steps; None when the
-    denominator is 0 (no data, never a made-up 0)."""
-
-    name: str
-    help: str
-    numerator: tuple[Term, ...]
-    denominator: tuple[Term, ...]
-    #: the PromQL's value is this ratio times ``promql_scale`` (ns here, s there)
-    promql_scale: float = 1.0
-
-    def of(self, steps: Iterable[Step]) -> float | None:
-        fw = forward_steps(steps)
-        den = sum(t.total(fw) for t in self.denominator)
-        return sum(t.total(fw) for t in self.numerator) / den if den else None
-
-    def promql(
-        self,
-        window: str = "5m",
-        by: str = "",
-        selector: str = "",
-        namespace: str = "vllm_graph_probe",
-    ) -> str:
-        """The same ratio over the exported counters (``by``: e.g. ``"pid"``; ``selector``:
-        label matchers without braces, e.g. ``model_name=~"$model_name"``)."""
-        agg = f"sum by ({by})" if by else "sum"
-
-        def series(t: Term) -> str:
-            inner = ", ".join(x for x in (t.matcher, selector) if x)
-            return f"{namespace}_{t.series}" + (f"{{{inner}}}" if inner else "")
-
-        def rate(t: Term) -> str:
-            return f"rate({series(t)}[{window}])"
-
-        def side(terms: tuple[Term, ...], base: Term | None) -> str:
-            parts = []
-            for i, t in enumerate(terms):
-                if i == 0 and base is not None and (t.series, t.matcher) != (base.series, ""):
-                    # `or 0 * base`: a numerator with no series yet (no FULL step at all)
-                    # reads 0, not "no data"; the zeros add nothing to the sum
-                    parts.append(f"{agg}({rate(t)} or 0 * rate({series(base)}[{window}]))")
-                else:
-                    parts.append(f"{agg}({rate(t)})")
-            out = parts[0] + "".join(
-                f" {'-' if t.sign < 0 else '+'} {p}"
-                for t, p in zip(terms[1:], parts[1:], strict=True)
-            )
-            return f"({out})" if len(parts) > 1 else out
-
-        base = Term(self.denominator[0].series, self.denominator[0].value)
-        return f"{side(self.numerator, base)}\n  / {side(self.denominator, None)}"
-
-
-def _one(pred: Callable[[Step], bool]) -> Callable[[Step], float]:
-    return lambda s: 1.0 if pred(s) else 0.0
-
-
-def _graph_tokens(attr: str) -> Callable[[Step], float]:
-    return lambda s: float(getattr(s, attr)) if s.graph else 0.0
-
-
-_STEPS = Term("steps_total", _one(lambda s: True))
-_GRAPH = Term("steps_total", _one(lambda s: s.graph), 'mode=~"full|piecewise"')
-# device and host times are summed in integer ns (exact); the series carry seconds, which
-# a ratio of two times does not see
-_IDLE = Term("gpu_idle_before_step_seconds_sum", lambda s: s.gpu_idle_before_ns or 0)
-_REORDERS = Term("reorder_decisions_total", lambda s: float(len(s.reorders)))
-_LAUNCH_N = Term(
-    "cpu_launch_overhead_seconds_count", _one(lambda s: s.cpu_launch_overhead_ns is not None)
+# the rest of the analysis layer's summary API, from the modules it is split into
+from probe.analysis.steady import Classes, iter_chunks, steady_mask, summarize_steps  # noqa: E402
+from probe.analysis.summary_read import (  # noqa: E402
+    ab_values,
+    block_figures,
+    summarize_recording,
+    summarize_recordings,
 )
 
-RATIOS: Mapping[str, Ratio] = {
-    r.name: r
-    for r in (
-        Ratio(
-            "full_hit_rate",
-            "FULL / forward steps",
-            (Term("steps_total", _one(lambda s: s.mode == Mode.FULL), 'mode="full"'),),
-            (_STEPS,),
-        ),
-        Ratio("graph_rate", "FULL or PIECEWISE / forward steps", (_GRAPH,), (_STEPS,)),
-        Ratio(
-            "decode_full_hit_rate",
-            "FULL / uniform decode steps (the MTP headline)",
-            (Term("decode_full_steps_total", _one(lambda s: s.decode and s.mode == Mode.FULL)),),
-            (Term("decode_steps_total", _one(lambda s: s.decode)),),
-        ),
-        Ratio(
-            "padding_waste",
-            "(padded - real) / padded tokens, over graph-dispatched steps",
-            (
-                Term("padded_tokens_total", _graph_tokens("padded_tokens")),
-                Term("real_tokens_total", _graph_tokens("num_tokens"), sign=-1),
-            ),
-            (Term("padded_tokens_total", _graph_tokens("padded_tokens")),),
-        ),
-        Ratio(
-            "replay_confirmed_rate",
-            "graph-dispatched steps whose replay was observed / graph-dispatched steps",
-            (Term("replays_confirmed_total", _one(lambda s: s.graph and s.replayed)),),
-            (_GRAPH,),
-        ),
-        Ratio(
-            "gpu_idle_share",
-            "GPU idle before steps / the step periods (idle gap + the step's span on the "
-            "device), over steps with device timing",
-            (_IDLE,),
-            (_IDLE, Term("gpu_step_seconds_sum", lambda s: s.gpu_step_ns or 0)),
-        ),
-        Ratio(
-            "host_bound_share",
-            f"host-bound steps (GPU idle before the step > {HOST_BOUND_SHARE:.0%} of the step "
-            "period) / steps with device timing",
-            (Term("host_bound_steps_total", _one(lambda s: bool(host_bound(s)))),),
-            (
-                Term(
-                    "gpu_idle_before_step_seconds_count",
-                    _one(lambda s: s.gpu_idle_before_ns is not None),
-                ),
-            ),
-        ),
-        Ratio(
-            "cpu_launch_overhead_mean",
-            "mean CPU launch overhead per forward step (ns here; seconds in PromQL)",
-            (Term("cpu_launch_overhead_seconds_sum", lambda s: s.cpu_launch_overhead_ns or 0),),
-            (_LAUNCH_N,),
-            promql_scale=1e-9,
-        ),
-        Ratio(
-            "reorder_changed_share",
-            "batch reorder decisions that changed the order / reorder decisions",
-            (
-                Term(
-                    "reorder_decisions_total",
-                    lambda s: float(sum(1 for o in s.reorders if o.changed)),
-                    'changed="true"',
-                ),
-            ),
-            (_REORDERS,),
-        ),
-    )
-}
-
-
-def ratio(name: str, steps: Iterable[Step]) -> float | None:
-    """One of :data:`RATIOS` over ``steps``."""
-    return RATIOS[name].of(steps)
-
-
-def hit_rates(steps: Iterable[Step]) -> dict[str, Any]:
-    fw = forward_steps(steps)
-    n = len(fw)
-    full = sum(1 for s in fw if s.mode == Mode.FULL)
-    pw = sum(1 for s in fw if s.mode == Mode.PIECEWISE)
-    dec = [s for s in fw if s.decode]
-    dec_full = sum(1 for s in dec if s.mode == Mode.FULL)
-    confirmed = sum(1 for s in fw if s.graph and s.replayed)
-    real = sum(s.num_tokens for s in fw if s.graph)
-    padded = sum(s.padded_tokens for s in fw if s.graph)
-    return {
-        "steps": n,
-        "full": full,
-        "piecewise": pw,
-        "none": n - full - pw,
-        "decode_steps": len(dec),
-        "decode_full": dec_full,
-        "full_hit_rate": ratio("full_hit_rate", fw),
-        "graph_rate": ratio("graph_rate", fw),
-        "decode_full_hit_rate": ratio("decode_full_hit_rate", fw),
-        "replay_confirmed": confirmed,
-        "replay_confirmed_rate": ratio("replay_confirmed_rate", fw),
-        "padded_tokens": padded,
-        "real_tokens": real,
-        "padding_waste": ratio("padding_waste", fw),
-    }
-
-
-def _mode(s: Step) -> str:
-    return s.mode.name.lower() if s.mode is not None else "none"
-
-
-def _reason(s: Step) -> str:
-    return s.reason.label if s.reason is not None else "unknown"
-
-
-def miss_reasons(steps: Iterable[Step], examples: int = 3) -> list[dict[str, Any]]:
-    counts: Counter[tuple[str, str]] = Counter()
-    ex: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for s in forward_steps(steps):
-        key = (_mode(s), _reason(s))
-        counts[key] += 1
-        if len(ex[key]) < examples:
-            ex[key].append(
-                {
-                    "pid": s.pid,
-                    "step": s.step,
-                    "num_tokens": s.num_tokens,
-                    "num_reqs": s.num_reqs,
-                    "max_query_len": s.max_query_len,
-                    "uniform_decode_query_len": s.uniform_decode_query_len,
-                    "uniform": s.uniform,
-                    "padded_tokens": s.padded_tokens,
-                }
-            )
-    total = sum(counts.values())
-    return [
-        {
-            "mode": m,
-            "reason": r,
-            "count": c,
-            "share": c / total if total else 0.0,
-            "examples": ex[(m, r)],
-        }
-        for (m, r), c in counts.most_common()
-    ]
-
-
-def _pcts(values: Sequence[float]) -> dict[str, float | None]:
-    return {
-        "n": len(values),
-        "mean": (sum(values) / len(values)) if values else None,
-        "p50": percentile(values, 50),
-        "p90": percentile(values, 90),
-        "p99": percentile(values, 99),
-    }
-
-
-def phase_breakdown(steps: Iterable[Step], by_mode: bool = True) -> dict[str, Any]:
-    fw = forward_steps(steps)
-    groups: dict[str, list[Step]] = {"all": fw}
-    if by_mode:
-        for s in fw:
-            groups.setdefault(_mode(s), []).append(s)
-    out: dict[str, Any] = {}
-    for name, group in groups.items():
-        entry: dict[str, Any] = {
-            "cpu_launch_overhead_ns": _pcts(
-                [s.cpu_launch_overhead_ns for s in group if s.cpu_launch_overhead_ns is not None]
-            ),
-            "host_ns": _pcts([s.host_ns for s in group if s.host_ns]),
-        }
-        for p in PHASES:
-            entry[p] = _pcts([s.phases.get(p, 0) for s in group])
-        out[name] = entry
-    return out
-
-
-def gpu_summary(steps: Iterable[Step], share: float = HOST_BOUND_SHARE) -> dict[str, Any]:
-    """Device timings and the host-bound verdict of DESIGN: a step is host-bound when the
-    GPU waited for the host before it for more than ``share`` of the step period
-    (:func:`host_bound`); the phase that dominates those steps is the one with the most
-    host time summed over them (``host_bound_top_phase_share``: its part of their phase
-    time; ``host_bound_phases``: the first three, as close seconds happen)."""
-    fw = [s for s in forward_steps(steps) if s.gpu_busy_ns is not None]
-    idle = [s.gpu_idle_before_ns for s in fw if s.gpu_idle_before_ns is not None]
-    bound = [s for s in fw if host_bound(s, share)]
-    phase_ns = {p: sum(s.phases.get(p, 0) for s in bound) for p in PHASES}
-    total = sum(phase_ns.values())
-    ranked = sorted((p for p in PHASES if phase_ns[p]), key=lambda p: -phase_ns[p])
-    top = ranked[0] if bound and ranked else None
-    return {
-        "steps_timed": len(fw),
-        "forward_busy_ns": _pcts([s.gpu_busy_ns for s in fw if s.gpu_busy_ns is not None]),
-        "idle_before_ns": _pcts(idle),
-        "idle_share": ratio("gpu_idle_share", fw),
-        "host_bound_threshold": share,
-        "host_bound_steps": len(bound),
-        # RATIOS["host_bound_share"] at the default threshold (the exported one)
-        "host_bound_share": len(bound) / len(idle) if idle else None,
-        "host_bound_top_phase": top,
-        "host_bound_top_phase_share": phase_ns[top] / total if top and total else None,
-        "host_bound_phases": [
-            {"phase": p, "share": phase_ns[p] / total} for p in ranked[:3] if bound and total
-        ],
-    }
-
-
-def reorder_summary(steps: Iterable[Step]) -> dict[str, Any]:
-    rows = [o for s in steps for o in s.reorders]
-    thresholds = Counter(r.threshold for r in rows)
-    return {
-        "decisions": len(rows),
-        "changed": sum(1 for r in rows if r.changed),
-        "moved_requests": sum(r.moved for r in rows),
-        "thresholds": {str(k): v for k, v in thresholds.most_common()},
-        "spec_as_decode": sum(1 for r in rows if r.spec_as_decode),
-        "decodes": sum(r.num_decodes for r in rows),
-        "reqs": sum(r.num_reqs for r in rows),
-    }
-
-
-def build_summary(
-    steps: Iterable[Step], builder_names: Mapping[int, Mapping[int, str]]
-) -> list[dict[str, Any]]:
-    """Metadata builds per (builder class, tag, drafter); ``builder_names``: per pid, the
-    builder id -> class name table (:meth:`Recording.builder_names`)."""
-    groups: dict[tuple[str, str, bool], list[int]] = defaultdict(list)
-    for s in steps:
-        names = builder_names.get(s.pid, {})
-        for b in s.builds:
-            name = names.get(b.builder_id) or "?"
-            groups[(name, BuildTag(b.tag).name.lower(), bool(b.flags & 1))].append(b.dur_ns)
-    return [
-        {"builder": k[0], "tag": k[1], "drafter": k[2], **_pcts(v), "total_ns": sum(v)}
-        for k, v in sorted(groups.items(), key=lambda kv: -sum(kv[1]))
-    ]
-
-
-REASON_TEXT = {
-    "backend_support_too_low": "the minimum attention support is {support} ({group}), below "
-    "UNIFORM_BATCH, so uniform multi-token decode batches cannot replay FULL graphs",
-    "graphs_disabled": "CUDA graphs are off for this engine (enforce_eager, -O0, or the mode "
-    "resolved to NONE)",
-    "not_uniform": "the batch mixed prefill and decode (or short drafts)",
-    "batch_too_big": "the batch was larger than the largest capture size",
-    "no_full_key_for_size": "no FULL graph was captured for the padded size",
-    "mixed_batch_in_full_decode_only": "FULL_DECODE_ONLY runs mixed batches eagerly",
-    "piecewise_only": "the configured mode has no FULL graphs",
-    "warmup_or_profile": "the graphs were not captured yet (warm-up or profile)",
-    "forced_eager": "the step was forced eager (DP peer, encoder inputs, profile)",
-    "cascade_attention": "cascade attention disables FULL graphs",
-    "lora_mismatch": "no graph for this LoRA configuration",
-}
-
-
-def verdict(
-    steps: Iterable[Step],
-    snapshot: Mapping[str, Any] | None = None,
-    *,
-    warm: Sequence[Step] | None = None,
-    cost: Mapping[str, Any] | None = None,
-) -> list[str]:
-    """Plain-words findings about steady state, most important first.
-
-    ``steps`` are split by :data:`WARMUP_RULE` here; with ``warm`` given they are taken as
-    the steady-state steps already (the live view keeps its own split). ``cost``: from
-    :func:`probe_cost`.
-    """
-    out: list[str] = []
-    if warm is None:
-        fw, warm = split_steady(steps)
-    else:
-        fw = forward_steps(steps)
-    if not fw:
-        if warm:
-            return [f"all {len(warm)} forward steps are warm-up: no steady state yet"]
-        return ["no forward steps were recorded"]
-    snap = snapshot or {}
-    lim = snap.get("limiting_group") or {}
-    support = snap.get("min_support") or (snap.get("resolve") or {}).get("min_cg_support") or "?"
-    group = lim.get("builder") or (snap.get("resolve") or {}).get("min_cg_attn_backend") or "?"
-
-    def why(reason: str | None) -> str:
-        return REASON_TEXT.get(reason or "", reason or "unknown").format(
-            support=support, group=group
-        )
-
-    def label(s: Step) -> str | None:
-        return s.reason.label if s.reason is not None else None
-
-    rates = hit_rates(fw)
-    dec = [s for s in fw if s.decode]
-    if dec:
-        by_mode = Counter(_mode(s) for s in dec)
-        top_mode, _ = by_mode.most_common(1)[0]
-        reasons = Counter(label(s) for s in dec if s.mode != Mode.FULL)
-        uq = dec[0].uniform_decode_query_len or 1
-        what = f"decode steps with MTP (query length {uq})" if uq > 1 else "decode steps"
-        if top_mode == "full":
-            out.append(
-                f"{what} replayed FULL graphs: {rates['decode_full_hit_rate']:.0%} of {len(dec):,}"
-            )
-        else:
-            reason, _ = reasons.most_common(1)[0] if reasons else ("unknown", 0)
-            out.append(
-                f"{what} ran {top_mode.upper()} because {why(reason)} "
-                f"({by_mode[top_mode]:,} of {len(dec):,} steady-state decode steps)"
-            )
-    others = Counter(label(s) for s in fw if not s.decode and s.mode != Mode.FULL)
-    for reason, n in others.most_common(2):
-        out.append(f"{n} non-decode step(s) missed FULL: {why(reason)}")
-    if rates["replay_confirmed_rate"] is not None and rates["replay_confirmed_rate"] < 0.999:
-        out.append(
-            f"only {rates['replay_confirmed_rate']:.1%} of graph-dispatched steps showed a "
-            "replay: check for captures during serving or unhooked wrappers"
-        )
-    lo = phase_breakdown(fw, by_mode=False)["all"]["cpu_launch_overhead_ns"]
-    if lo["p50"] is not None:
-        out.append(
-            f"CPU launch overhead median {lo['p50'] / 1e3:,.0f} µs, p99 "
-            f"{(lo['p99'] or 0) / 1e3:,.0f} µs per step (steady state)"
-        )
-    line = cost_line(cost)
-    if line:
-        out.append(line)
-    if warm:
-        worst = max((s.cpu_launch_overhead_ns or 0 for s in warm), default=0)
-        out.append(
-            f"{len(warm)} warm-up step(s) apart from these figures (CPU launch overhead up "
-            f"to {worst / 1e3:,.0f} µs, {sum(s.host_ns for s in warm) / 1e6:,.0f} ms of host "
-            "time)"
-        )
-    gpu = gpu_summary(fw)
-    if gpu["host_bound_share"] is not None:
-        n = gpu["idle_before_ns"]["n"]
-        thr = gpu["host_bound_threshold"]
-        rule = f"the GPU waiting for the host over {thr:.0%} of the step period"
-        if gpu["host_bound_steps"]:
-            line = (
-                f"host-bound: {gpu['host_bound_share']:.0%} of {n:,} steady-state timed steps "
-                f"({rule}); "
-                "their largest host phases: "
-                + ", ".join(f"{p['phase']} {p['share']:.0%}" for p in gpu["host_bound_phases"][:2])
-                + " of their phase time"
-            )
-        else:
-            line = (
-                f"not host-bound: 0 of {n:,} steady-state timed steps had {rule} "
-                f"(GPU idle share {gpu['idle_share']:.1%})"
-            )
-        out.append(line)
-        ranks = sorted({s.pid for s in fw if s.gpu_idle_before_ns is not None})
-        if len(ranks) > 1:
-            per = []
-            for pid in ranks:
-                g = gpu_summary([s for s in fw if s.pid == pid])
-                per.append(f"pid {pid} {g['host_bound_share']:.0%} of {g['idle_before_ns']['n']}")
-            out.append("host-bound steps per rank: " + ", ".join(per))
-    return out
+__all__ += [
+    "REASON_TEXT",
+    "Acc",
+    "Classes",
+    "ab_values",
+    "block_figures",
+    "headline",
+    "iter_chunks",
+    "verdict",
+]

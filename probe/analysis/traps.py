@@ -20,11 +20,11 @@ side and the reader side share them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from probe.records import Mode, Reason
+from probe.records import Reason
 
 Finding = dict[str, str]
 
@@ -342,24 +342,20 @@ def mtp_decodes_split_as_prefills(snap: Mapping[str, Any]) -> list[Finding]:
 
 
 def full_decode_only_eager_mixed_steps(
-    snap: Mapping[str, Any], steps: Sequence[Any] | None
+    snap: Mapping[str, Any], counts: Mapping[tuple[str, str], int] | None
 ) -> list[Finding]:
     """FULL_DECODE_ONLY where steps mix a prefill chunk with decodes: they run eager (the
     mode has no graph for mixed batches). Fires on the snapshot's chunked prefill, or on
-    the recording's own eager mixed steps (``mixed_batch_in_full_decode_only``); not
-    checked where the snapshot does not say whether chunked prefill is on and no steps
-    are given."""
+    the recording's own eager mixed steps (``mixed_batch_in_full_decode_only``, counted in
+    ``counts``: steps by (mode, miss reason)); not checked where the snapshot does not say
+    whether chunked prefill is on and no counts are given."""
     comp = snap.get("compilation") or {}
     if comp.get("cudagraph_mode") != "FULL_DECODE_ONLY":
         return []
     chunked = snap.get("chunked_prefill")
     eager = None
-    if steps is not None:
-        eager = sum(
-            1
-            for s in steps
-            if s.reason == Reason.MIXED_BATCH_IN_FULL_DECODE_ONLY and s.mode in (None, Mode.NONE)
-        )
+    if counts is not None:
+        eager = int(counts.get(("none", Reason.MIXED_BATCH_IN_FULL_DECODE_ONLY.label), 0))
     if chunked is None and eager is None:
         raise NotChecked(
             "the snapshot does not record whether chunked prefill is on (taken before the "
@@ -460,12 +456,19 @@ def _fact(need: str) -> str:
     return need
 
 
-def traps(snap: Mapping[str, Any], steps: Iterable[Any] | None = None) -> dict[str, list[Finding]]:
-    """Every check of :data:`CHECKS` over one process's snapshot (and its steps, where a
-    recording has them): ``{"traps": [...], "not_checked": [...]}``, each a list of
-    ``{"code", "message"}`` in the order of :data:`CHECKS`; a not-checked entry's code is
-    the check's and its message says why."""
-    rows = list(steps) if steps is not None else None
+def traps(
+    snap: Mapping[str, Any],
+    steps: Iterable[Any] | None = None,
+    counts: Mapping[tuple[str, str], int] | None = None,
+) -> dict[str, list[Finding]]:
+    """Every check of :data:`CHECKS` over one process's snapshot (and, where a recording
+    has them, its steps by (mode, miss reason): ``counts``, as the one summary gives them,
+    or counted here from ``steps``): ``{"traps": [...], "not_checked": [...]}``, each a
+    list of ``{"code", "message"}`` in the order of :data:`CHECKS`; a not-checked entry's
+    code is the check's and its message says why."""
+    rows = counts
+    if rows is None and steps is not None:
+        rows = step_counts(steps)
     found: list[Finding] = []
     skipped: list[Finding] = []
     for c in CHECKS:
@@ -494,18 +497,28 @@ def traps(snap: Mapping[str, Any], steps: Iterable[Any] | None = None) -> dict[s
     return {"traps": found, "not_checked": skipped}
 
 
+def step_counts(steps: Iterable[Any]) -> dict[tuple[str, str], int]:
+    """Steps by (mode, miss reason), named as the summary names them (``none`` for a step
+    with no mode)."""
+    out: dict[tuple[str, str], int] = {}
+    for s in steps:
+        key = (s.mode.name.lower() if s.mode is not None else "none", s.reason.label)
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
 def findings(snap: Mapping[str, Any]) -> list[Finding]:
     """The traps :func:`traps` finds on the snapshot alone."""
     return traps(snap)["traps"]
 
 
 def over_processes(
-    procs: Iterable[tuple[Mapping[str, Any], Iterable[Any] | None]],
+    procs: Iterable[tuple[Mapping[str, Any], Mapping[tuple[str, str], int] | None]],
 ) -> dict[str, list[Finding]]:
-    """:func:`traps` of several processes (snapshot, steps), each finding once, in order:
-    what ``probe report`` shows for a whole recording."""
+    """:func:`traps` of several processes (snapshot, steps by (mode, miss reason)), each
+    finding once, in order: what ``probe report`` shows for a whole recording."""
     out: dict[str, list[Finding]] = {"traps": [], "not_checked": []}
-    for snap, steps in procs:
-        for kind, rows in traps(snap, steps).items():
+    for snap, counts in procs:
+        for kind, rows in traps(snap, counts=counts).items():
             out[kind] += [f for f in rows if f not in out[kind]]
     return out

@@ -20,7 +20,7 @@ snapshot, the engine's graph settings (the requested ``cudagraph_mode``, capture
 
 Steps whose reason is not decided by the batch shape (``warmup_or_profile``,
 ``forced_eager``, ``cascade_attention``, ``lora_mismatch``) keep their recorded mode and
-reason (:data:`KEPT`). Every derived number comes from :mod:`probe.analysis.summary` over the
+reason (:data:`KEPT`). Every derived number comes from :mod:`probe.analysis.views` over the
 replayed :class:`~probe.step.Step` objects. Nothing here imports vLLM at import time.
 
 The capture sizes suggested for the recorded shapes come from
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from probe.analysis import costmodel
-from probe.analysis import summary as analysis
+from probe.analysis import views as analysis
 from probe.analysis.capture_sizes import SPLIT_SIZE_FIELDS, padding_of, suggest_capture_sizes
 from probe.reasons import SUPPORT_NAMES
 from probe.records import Mode, Reason
@@ -745,7 +745,7 @@ def _label(r: Reason | None) -> str:
 
 
 def summary(steps: Sequence[Step]) -> dict[str, Any]:
-    """The numbers each column shows, from :mod:`probe.analysis.summary`."""
+    """The numbers each column shows, from :mod:`probe.analysis.views`."""
     rates = analysis.hit_rates(steps)
     return {
         "steps": rates["steps"],

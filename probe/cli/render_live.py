@@ -1,12 +1,13 @@
 """The live view (``probe top``, ``probe attach``): a sink that keeps a window of recent
 steps per rank and renders it, as rich panels in a terminal or plain lines elsewhere.
 
-It keeps :class:`~probe.step.Step` objects and runs the analyzers of
-:mod:`probe.analysis.summary` on them, so the live numbers and ``probe report`` share one set of
-definitions: each rank feeds its own :class:`probe.analysis.summary.WarmupRule`, so warm-up steps
-are kept apart from the steady-state figures as the report keeps them, and the host-bound
-verdict is :func:`probe.analysis.summary.host_bound`. A short history per rank (FULL share and
-CPU launch overhead in time buckets) is drawn as sparklines.
+It keeps :class:`~probe.step.Step` objects and renders the one summary of them
+(:func:`probe.analysis.summary.summarize_steps`), so the live numbers and ``probe report`` share
+one set of definitions: every step is split into steady state and warm-up as it arrives,
+by a running :class:`probe.analysis.summary.Classes` (the rules of
+:mod:`probe.analysis.rules`), and the
+window's figures are over its steady steps, as the report's. A short history per rank
+(FULL share and CPU launch overhead in time buckets) is drawn as sparklines.
 
     >>> stats = LiveStats()
     >>> col = Collector(rings=rings, sinks=[stats])                  # doctest: +SKIP
@@ -23,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from probe.analysis import ranks
-from probe.analysis import summary as analysis
+from probe.analysis import views as analysis
+from probe.analysis.summary import Classes, summarize_steps, verdict
 from probe.analysis.traps import traps
 from probe.reader.collector import ProcessState
 from probe.records import Mode
@@ -47,9 +49,8 @@ class RankView:
     first_arrival: int | None = None
     dropped: int = 0
     faults: int = 0
-    #: warm-up step numbers in the window, with why (:data:`probe.analysis.summary.WARMUP_WHY`)
+    #: warm-up step numbers in the window, with why (:data:`probe.analysis.rules.CLASSES`)
     warm: dict[int, str] = field(default_factory=dict)
-    rule: analysis.WarmupRule = field(default_factory=analysis.WarmupRule)
     history: deque[Bucket] = field(default_factory=deque)
 
 
@@ -90,6 +91,7 @@ class LiveStats:
         self.clock_ns = clock_ns
         self.roles = dict(roles or {})
         self.ranks: dict[int, RankView] = {}
+        self.classes = Classes(keep=max(window, 1) * 2)
         self.closed = False
         #: records the reader has read and not assembled yet (its loop sets it each poll)
         self.behind = 0
@@ -103,7 +105,6 @@ class LiveStats:
                 proc.pid,
                 role=self.roles.get(proc.pid, "?"),
                 steps=deque(maxlen=self.window),
-                rule=analysis.WarmupRule(pending=self.window),
                 history=deque(maxlen=self.history),
             )
             self.ranks[proc.pid] = v
@@ -122,6 +123,12 @@ class LiveStats:
     ) -> None:
         v = self._view(proc)
         now = self.clock_ns()
+        found = self.classes.classify(steps)
+        for pid, n, why in found:
+            if pid == v.pid:
+                v.warm[n] = why
+                for b in v.history:
+                    b.launch.pop(n, None)
         for s in steps:
             v.steps.append(s)
             if s.forward:
@@ -129,10 +136,6 @@ class LiveStats:
                 if v.first_arrival is None:
                     v.first_arrival = s.t1 or now
                 self._add_history(v, s, now)
-            for n, why in v.rule.feed(s):
-                v.warm[n] = why
-                for b in v.history:
-                    b.launch.pop(n, None)
         if v.steps and len(v.warm) > self.window:
             oldest = v.steps[0].step
             v.warm = {n: w for n, w in v.warm.items() if n >= oldest}
@@ -158,7 +161,7 @@ class LiveStats:
             return  # older than the history kept
         b.steps += 1
         b.full += s.mode == Mode.FULL
-        if s.cpu_launch_overhead_ns is not None:
+        if s.cpu_launch_overhead_ns is not None and s.step not in v.warm:
             b.launch[s.step] = s.cpu_launch_overhead_ns
 
     def close(self) -> None:
@@ -216,35 +219,38 @@ class LiveStats:
             "slot_s": self.history_ns / 1e9,
         }
 
+    def _figures(self, views: Sequence[RankView]) -> tuple[Any, dict[str, Any]]:
+        steps = [s for v in views for s in v.steps]
+        warm = {(v.pid, n): why for v in views for n, why in v.warm.items()}
+        cals = {v.pid: analysis.calibration_of(v.snapshot or {}) for v in views}
+        summ = summarize_steps(steps, cals, warm=warm)
+        return summ, summ.figures()
+
     def summary(self, v: RankView) -> dict[str, Any]:
-        all_fw = analysis.forward_steps(v.steps)
-        fw, warm = self.split(v)
-        lo = analysis.phase_breakdown(fw, by_mode=False)["all"] if fw else {}
+        summ, fig = self._figures([v])
+        lo = fig["phases"]["all"]
         phases = []
         for name in ["cpu_launch_overhead_ns", *analysis.PHASES]:
             st = lo.get(name) or {}
             if st.get("n") and st.get("p99"):
                 phases.append((name.removesuffix("_ns"), st["p50"], st["p99"]))
         snap = v.snapshot or {}
-        cost = analysis.probe_cost(fw, {v.pid: analysis.calibration_of(snap)})
         return {
             "pid": v.pid,
             "role": v.role,
             "rank": v.label,
             "steps_total": v.steps_total,
             "steps_per_s": self.step_rate(v),
-            "hit_rates": analysis.hit_rates(all_fw),
-            "miss_reasons": [
-                (r["mode"], r["reason"], r["share"]) for r in analysis.miss_reasons(all_fw)[:3]
-            ],
+            "hit_rates": fig["hit_rates"],
+            "miss_reasons": [(r["mode"], r["reason"], r["share"]) for r in fig["miss_reasons"][:3]],
             "launch": phases,
-            "warmup": len(warm),
-            "gpu": analysis.gpu_summary(fw),
-            "probe_cost": cost,
+            "warmup": fig["forward_steps"] - fig["steady_steps"],
+            "gpu": fig["gpu"],
+            "probe_cost": fig["probe_cost"],
             "trend": self.trend(v),
-            "reorder": analysis.reorder_summary(v.steps),
+            "reorder": summ.reorder_figures(),
             "traps": [t["message"] for t in traps(snap)["traps"]],
-            "verdict": analysis.verdict(fw, snap, warm=warm, cost=cost) if all_fw else [],
+            "verdict": verdict(fig, snap) if fig["forward_steps"] else [],
             "dropped": v.dropped,
             "faults": v.faults,
         }
@@ -258,16 +264,13 @@ class LiveStats:
 
     def aggregate(self) -> dict[str, Any]:
         ranks = self.active()
-        fw = analysis.forward_steps(s for v in ranks for s in v.steps)
-        parts = [self.split(v) for v in ranks]
-        steady = [s for p in parts for s in p[0]]
-        warm = [s for p in parts for s in p[1]]
+        _, fig = self._figures(ranks)
         snap = next((v.snapshot for v in ranks if v.snapshot), None)
         return {
             "ranks": len(ranks),
             "steps_per_s": sum(self.step_rate(v) for v in ranks),
-            "hit_rates": analysis.hit_rates(fw),
-            "verdict": analysis.verdict(steady, snap, warm=warm)[:1] if fw else [],
+            "hit_rates": fig["hit_rates"],
+            "verdict": verdict(fig, snap)[:1] if fig["forward_steps"] else [],
         }
 
 
@@ -317,7 +320,7 @@ def rank_lines(s: Mapping[str, Any]) -> list[str]:
         f"{s['rank']} pid {s['pid']} {s['role']}: {s['steps_per_s']:.1f} steps/s, "
         f"{s['steps_total']:,} steps, {s['dropped']:,} dropped, {s['faults']} faults",
         f"  FULL {_pct(h['full_hit_rate'])}  graph {_pct(h['graph_rate'])}  "
-        f"decode FULL {_pct(h['decode_full_hit_rate'])}  (window {h['steps']:,} steps)",
+        f"decode FULL {_pct(h['decode_full_hit_rate'])}  (window {h['steps']:,} steady steps)",
     ]
     if s["miss_reasons"]:
         out.append(
@@ -348,13 +351,18 @@ def rank_lines(s: Mapping[str, Any]) -> list[str]:
                 f"{_us(min(ls))}-{_us(max(ls))} µs"
             )
     if s.get("warmup"):
-        out.append(f"  warm-up: {s['warmup']:,} steps apart (first shapes, pre-replay, captures)")
+        out.append(
+            f"  warm-up: {s['warmup']:,} steps apart (captures, profile, pre-replay, "
+            "compile/JIT first uses)"
+        )
     g = s["gpu"]
     if g["steps_timed"]:
         line = (
             f"  GPU idle share {_pct(g['idle_share'])}; host-bound "
             f"{_pct(g['host_bound_share'])} (idle > {g['host_bound_threshold']:.0%} of step)"
         )
+        if g.get("engine_idle_gaps"):
+            line += f"; engine idle {g['engine_idle_ns'] / 1e9:,.1f} s"
         if g["host_bound_top_phase"]:
             line += f", top {g['host_bound_top_phase']}"
         out.append(line)

@@ -3,7 +3,7 @@ machines (``--json``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -12,10 +12,9 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.analysis import ranks
-from probe.analysis import summary as analysis
+from probe.analysis import views as analysis
 from probe.analysis.cost import has_timing
 from probe.reader.recording import Recording
-from probe.step import Step
 
 
 def _us(ns: float | None) -> str:
@@ -26,29 +25,32 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
-def build_report(rec: Recording) -> dict[str, Any]:
-    """Everything ``probe report`` shows, as plain data (the ``--json`` output).
+def build_report(rec: Recording | Sequence[Recording]) -> dict[str, Any]:
+    """Everything ``probe report`` shows, as plain data (the ``--json`` output), rendered
+    from one :class:`probe.analysis.summary.Summary` of the recording (several recordings: their
+    summaries merged, as one).
 
-    Counts and rates (``hit_rates``, ``miss_reasons``, ``ratios``: every ratio of
-    :data:`probe.analysis.summary.RATIOS`) are over every forward step, as the exported counters
-    and the dashboards are; timings and verdicts (``phases``, ``gpu``, ``verdict``,
-    ``probe_cost``, each rank's) are over steady state, and ``warmup`` holds the steps
-    before it (:data:`probe.analysis.summary.WARMUP_RULE`) with their own figures.
+    Every figure is over steady state by the rules of :mod:`probe.analysis.rules` (``rules``):
+    ``hit_rates``, ``ratios`` (each ratio the metrics' PromQL computes, on the series of
+    steady steps), ``phases``, ``gpu``, ``throughput``, ``probe_cost``, ``verdict`` and
+    each rank's; ``hit_rates_all`` and ``miss_reasons`` count every forward step (with the
+    steady ones), ``warmup`` holds the steps apart with their own figures, ``gpu``'s
+    ``engine_idle_*`` the gaps with nothing scheduled.
     """
-    steps = list(rec.iter_steps())
-    procs = rec.processes()
-    flags = analysis.warmup(steps)
-    steady, warm = analysis.split_steady(steps, flags)
-    cals = {p["pid"]: analysis.calibration_of(p.get("snapshot")) for p in procs}
+    from probe.analysis.summary import summarize_recordings, verdict
+
+    recs = [rec] if isinstance(rec, Recording) else list(rec)
+    summ = summarize_recordings(recs)
+    fig = summ.figures()
+    procs = [p for r in recs for p in r.processes()]
     per_rank = []
+    rank_figs = []
     for p in procs:
-        rows = [s for s in steps if s.pid == p["pid"]]
-        if not rows:
+        if p["pid"] not in fig["ranks"]:
             continue
         snap = p.get("snapshot") or {}
-        r_steady = [s for s in steady if s.pid == p["pid"]]
-        r_warm = [s for s in warm if s.pid == p["pid"]]
-        cost = analysis.probe_cost(r_steady, cals)
+        f = summ.figures(p["pid"])
+        rank_figs.append((p["pid"], f))
         per_rank.append(
             {
                 "pid": p["pid"],
@@ -57,56 +59,78 @@ def build_report(rec: Recording) -> dict[str, Any]:
                 "dp_rank": p.get("dp_rank"),
                 "runner": p.get("runner"),
                 "dropped_records": p.get("dropped"),
-                "hit_rates": analysis.hit_rates(rows),
-                "warmup_steps": len(r_warm),
-                "gpu": analysis.gpu_summary(r_steady),
-                "probe_cost": cost,
-                "verdict": analysis.verdict(r_steady, snap, warm=r_warm, cost=cost),
+                "hit_rates": f["hit_rates"],
+                "hit_rates_all": f["hit_rates_all"],
+                "warmup_steps": f["warmup"]["steps"],
+                "gpu": f["gpu"],
+                "throughput": f["throughput"],
+                "probe_cost": f["probe_cost"],
+                "headline": f["headline"],
+                "verdict": verdict(f, snap),
             }
         )
     main_snap: dict[str, Any] = next((p["snapshot"] for p in procs if p.get("snapshot")), {}) or {}
-    cost = analysis.probe_cost(steady, cals)
     return {
-        "recording": str(rec.path),
-        "meta": rec.meta(),
+        "recording": ", ".join(str(r.path) for r in recs),
+        "recordings": [str(r.path) for r in recs],
+        "meta": recs[0].meta() if len(recs) == 1 else [r.meta() for r in recs],
+        "rules": fig["rules"],
+        "percentile_error": fig["percentile_error"],
         "processes": [{k: v for k, v in p.items() if k != "snapshot"} for p in procs],
-        "hit_rates": analysis.hit_rates(steps),
-        "miss_reasons": analysis.miss_reasons(steps),
-        # every exported ratio over every forward step: what the dashboards' PromQL gives
-        "ratios": {name: r.of(steps) for name, r in analysis.RATIOS.items()},
-        "steady_steps": len(steady),
-        "phases": analysis.phase_breakdown(steady),
-        "gpu": analysis.gpu_summary(steady),
-        "warmup": analysis.warmup_summary(warm, flags),
-        "probe_cost": cost,
-        "reorder": analysis.reorder_summary(steps),
-        "builds": analysis.build_summary(steps, rec.builder_names()),
-        "faults": rec.faults(),
-        "outside_steps": rec.outside(),
-        "anomalies": rec.anomalies(),
+        "headline": fig["headline"],
+        "hit_rates": fig["hit_rates"],
+        "hit_rates_all": fig["hit_rates_all"],
+        "miss_reasons": fig["miss_reasons"],
+        "ratios": analysis.ratios_of(fig, summ),
+        "steady_steps": fig["steady_steps"],
+        "phases": fig["phases"],
+        "gpu": fig["gpu"],
+        "throughput": fig["throughput"],
+        "warmup": fig["warmup"],
+        "probe_cost": fig["probe_cost"],
+        "reorder": summ.reorder_figures(),
+        "builds": summ.build_figures(),
+        "faults": [f for r in recs for f in r.faults()],
+        "outside_steps": [o for r in recs for o in r.outside()],
+        "anomalies": [a for r in recs for a in r.anomalies()],
         "per_rank": per_rank,
-        "verdict": analysis.verdict(steady, main_snap, warm=warm, cost=cost),
-        **_traps(procs, steps),
-        "ranks": ranks_report(rec),
+        "verdict": verdict(fig, main_snap, rank_figs),
+        **_traps(procs, summ),
+        "ranks": ranks_report(recs),
     }
 
 
-def _traps(procs: Sequence[Mapping[str, Any]], steps: Sequence[Step]) -> dict[str, Any]:
+def _traps(procs: Sequence[Mapping[str, Any]], summ: Any) -> dict[str, Any]:
     """``traps`` and ``not_checked`` of every process with a snapshot, each once
-    (:func:`probe.analysis.traps.over_processes`: what ``probe doctor`` prints per process)."""
+    (:func:`probe.analysis.traps.over_processes`: what ``probe doctor`` prints per process),
+    the steps counted by the one summary."""
     from probe.analysis.traps import over_processes
 
-    by_pid: dict[int, list[Step]] = {}
-    for s in steps:
-        by_pid.setdefault(s.pid, []).append(s)
     return over_processes(
-        (p["snapshot"], by_pid.get(p["pid"], [])) for p in procs if p.get("snapshot")
+        (p["snapshot"], reason_counts(summ, p["pid"])) for p in procs if p.get("snapshot")
     )
 
 
-def ranks_report(rec: Recording) -> dict[str, Any]:
-    """The ranks section as plain data (:class:`probe.analysis.ranks.RanksSummary`)."""
-    return ranks.ranks_of_recording(rec).as_dict()
+def reason_counts(summ: Any, pid: int) -> dict[tuple[str, str], int]:
+    """One process's steps by (mode, miss reason), from its summary (none: no steps)."""
+    try:
+        rows = summ.figures(pid)["miss_reasons"]
+    except KeyError:
+        return {}
+    return {(r["mode"], r["reason"]): int(r["count"]) for r in rows}
+
+
+def ranks_report(rec: Recording | Sequence[Recording]) -> dict[str, Any]:
+    """The ranks section as plain data (:class:`probe.analysis.ranks.RanksSummary`); of
+    several recordings, each one's engines and data-parallel ranks side by side (the ranks
+    of one engine are matched within a recording)."""
+    recs = [rec] if isinstance(rec, Recording) else list(rec)
+    out: dict[str, Any] = {"engines": [], "dp": []}
+    for r in recs:
+        one = ranks.ranks_of_recording(r).as_dict()
+        out["engines"] += one["engines"]
+        out["dp"] += one["dp"]
+    return out
 
 
 def command_line(meta: Mapping[str, Any]) -> tuple[str, str]:
@@ -136,10 +160,12 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
     label, line = command_line(meta)
     if line:
         head.add_row(label, line)
+    ha = rep.get("hit_rates_all") or hr
     head.add_row(
         "forward steps",
-        f"{hr['steps']:,} incl. warm-up  (FULL {hr['full']:,} · PIECEWISE "
-        f"{hr['piecewise']:,} · NONE {hr['none']:,})",
+        f"{ha['steps']:,}  (FULL {ha['full']:,} · PIECEWISE "
+        f"{ha['piecewise']:,} · NONE {ha['none']:,}); steady state {hr['steps']:,}, "
+        f"warm-up {ha['steps'] - hr['steps']:,} (rates, times and shares below: steady)",
     )
     head.add_row("full hit rate", _pct(hr["full_hit_rate"]))
     head.add_row("graph rate", _pct(hr["graph_rate"]))
@@ -150,6 +176,13 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
     )
     head.add_row("replay confirmed", f"{_pct(hr['replay_confirmed_rate'])} of graph steps")
     head.add_row("padding waste", _pct(hr["padding_waste"]))
+    tp = rep.get("throughput") or {}
+    if tp.get("tokens_per_s"):
+        head.add_row(
+            "steady throughput",
+            f"{tp['tokens_per_s']:,.0f} scheduled tokens/s of steady serving time "
+            f"({tp['tokens']:,} tokens in {tp['serving_ns'] / 1e9:,.2f} s)",
+        )
     sample = int(meta.get("sample_every") or 1)
     if sample > 1:
         head.add_row(
@@ -263,6 +296,13 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
         )
     else:
         tail.add_row("GPU", "no device timings (CPU engine, or PROBE_GPU_TIMING=0)")
+    if "engine_idle_ns" in gpu:
+        tail.add_row(
+            "engine idle",
+            f"{gpu['engine_idle_ns'] / 1e9:,.2f} s in {gpu['engine_idle_gaps']:,} gap(s) of "
+            f"{gpu['engine_idle_threshold_ns'] / 1e6:g} ms or more between steps (nothing "
+            "scheduled; not in the GPU idle share or the host-bound verdict)",
+        )
     drops = sum(p.get("dropped") or 0 for p in rep["processes"])
     faults = sum(f["count"] for f in rep["faults"])
     tail.add_row("probe health", f"{drops:,} records dropped; {faults:,} hook faults")
@@ -433,13 +473,16 @@ def _thresholds(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{'none' if k == '-1' else k} in {n:,}" for k, n in counts.items())
 
 
-def doctor(snapshot: Mapping[str, Any], steps: Iterable[Step] | None = None) -> dict[str, Any]:
+def doctor(
+    snapshot: Mapping[str, Any], counts: Mapping[tuple[str, str], int] | None = None
+) -> dict[str, Any]:
     """The static view from one process's snapshot, with ``traps`` and ``not_checked``
-    from :func:`probe.analysis.traps.traps` (``steps``: that process's, from a recording)."""
+    from :func:`probe.analysis.traps.traps` (``counts``: that process's steps by (mode,
+    miss reason), from a recording)."""
     from probe.analysis.traps import traps
 
     out = dict(snapshot)
-    out.update(traps(snapshot, steps))
+    out.update(traps(snapshot, counts=counts))
     return out
 
 

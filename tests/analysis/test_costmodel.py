@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe.analysis import summary as analysis
+from probe.analysis import views as analysis
 from probe.analysis.costmodel import Costs, Point, leave_one_shape_out, predict, steady_keys
 from probe.reader.recording import Recording
 from probe.records import Mode

@@ -254,7 +254,7 @@ def test_replayer_refuses_graphs_outside_a_session() -> None:
 def _steady_mean(path: Path) -> tuple[float, float]:
     """The recording's own steady host time and CPU launch overhead per step, counted
     here from analysis's steady split (not through probe.analysis.costmodel)."""
-    from probe.analysis import summary as analysis
+    from probe.analysis import views as analysis
 
     steady, _ = analysis.split_steady(load(path)[0])
     rows = [s for s in steady if s.num_tokens > 0]

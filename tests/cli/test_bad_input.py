@@ -65,11 +65,11 @@ def report_steps(path: Path) -> int:
     """The forward steps ``probe report`` counts in ``path`` (it must succeed)."""
     r = probe("report", "--json", str(path))
     assert r.returncode == 0, r.stderr
-    return int(json.loads(r.stdout)["hit_rates"]["steps"])
+    return int(json.loads(r.stdout)["hit_rates_all"]["steps"])
 
 
 def forward_steps_among_first(n: int) -> int:
-    from probe.analysis import summary as analysis
+    from probe.analysis import views as analysis
     from probe.reader.recording import Recording
 
     rec = Recording.open(BUNDLED)

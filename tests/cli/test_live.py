@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 from rich.live import Live
 
-from probe.analysis import summary as analysis
+from probe.analysis import views as analysis
 from probe.cli.render_live import LiveStats, header_line, plain_lines, rank_lines, render, sparkline
 from probe.records import Mode, Reason, Reorder
 from probe.step import GpuSample, Step
@@ -97,7 +97,7 @@ def stats() -> LiveStats:
 def test_late_gpu_timings_join_their_steps() -> None:
     """Device timings arrive a few steps after their steps; the view joins each into its
     step, and the GPU numbers are analysis's own over the steady-state steps the report
-    would keep (step 1, the first of its shape, is warm-up)."""
+    would keep (step 1, the first of its shape but no slower, is steady state)."""
     st = LiveStats(clock_ns=lambda: 10**12, roles={11: "worker"})
     proc: Any = FakeProc(11, {"tp_rank": 0})
     st.on_process(proc)
@@ -109,8 +109,8 @@ def test_late_gpu_timings_join_their_steps() -> None:
     v = st.active()[0]
     assert [s.gpu_idle_before_ns for s in v.steps] == [100_000, 200_000, 300_000, *[None] * 5]
     g = st.summary(v)["gpu"]
-    assert g["steps_timed"] == 2
-    assert g["idle_share"] == pytest.approx(500_000 / (500_000 + 2 * 800_000))
+    assert g["steps_timed"] == 3
+    assert g["idle_share"] == pytest.approx(600_000 / (600_000 + 3 * 800_000))
     assert g == analysis.gpu_summary(analysis.split_steady(v.steps)[0])
 
 
@@ -345,14 +345,15 @@ def test_history_per_rank_as_sparklines() -> None:
             ],
         )
     v = st.active()[0]
-    assert sorted(v.warm) == [1, 2, 3, 4, 5]
+    assert sorted(v.warm) == [1, 2, 3, 4]  # before the first replay (5)
     tr = st.trend(v)
     assert tr["full_share"] == [0.0, None, 1.0, 0.5, 1.0]
-    # launch overhead is 300 µs + n µs: slot 98 keeps steps 6-8 (5 is the first FULL)
-    assert tr["cpu_launch_overhead_ns"] == [None, None, 307_000, 310_500, 314_500]
+    # launch overhead is 300 µs + n µs: slot 98 keeps steps 5-8 (5, the first FULL, is
+    # no slower than the rest: steady)
+    assert tr["cpu_launch_overhead_ns"] == [None, None, 306_500, 310_500, 314_500]
     lines = rank_lines(st.summary(v))
     assert any(ln.startswith("  FULL ") and "▁ █▅█" in ln for ln in lines), lines
-    assert any(ln.startswith("  launch ") and "  ▁▄█" in ln for ln in lines), lines
+    assert any(ln.startswith("  launch ") and "  ▁▅█" in ln for ln in lines), lines
     assert sparkline([None, 1.0, 1.0]) == " ▅▅"  # a flat line sits mid-height
 
 

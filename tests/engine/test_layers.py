@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 READER_SIDE = (
-    "probe.analysis.summary",
+    "probe.analysis.views",
     "probe.reader.assemble",
     "probe.cli.main",
     "probe.reader.collector",

@@ -85,7 +85,7 @@ def test_editing_the_generator_without_regenerating_fails(tmp_path: Path) -> Non
 
 
 def test_every_ratio_is_documented_as_defined() -> None:
-    """docs/metrics.md shows each ratio's PromQL as probe.analysis.summary.RATIOS writes it."""
+    """docs/metrics.md shows each ratio's PromQL as probe.analysis.views.RATIOS writes it."""
     from exporters.metrics import ratio_queries
 
     doc = (ROOT / "docs" / "metrics.md").read_text()
@@ -102,7 +102,7 @@ def test_the_recording_render_draws_the_probe_cost_as_the_promql_computes(tmp_pa
     from calibrated import CALIBRATION, calibrated_copy
 
     from dashboards.render_recording import Data, draw
-    from probe.analysis import summary as analysis
+    from probe.analysis import views as analysis
     from probe.analysis.cost import cost_per_step_ns
     from probe.reader.recording import Recording, default_recording
 
@@ -139,7 +139,7 @@ def test_every_panel_renders_from_a_recording(tmp_path: Path) -> None:
     import matplotlib.pyplot as plt
 
     from dashboards.render_recording import STAT_RATIOS, Data, draw, render
-    from probe.analysis.summary import RATIOS
+    from probe.analysis.views import RATIOS
     from probe.reader.recording import Recording, default_recording
 
     rec = Recording.open(default_recording())

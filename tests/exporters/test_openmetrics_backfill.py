@@ -30,7 +30,7 @@ from dashboards.generate import DASHBOARDS, queries
 from dashboards.render_recording import RANK_PANELS
 from exporters.metrics import probe_cost_queries, ratio_queries
 from exporters.series import timelines
-from probe.analysis import summary as analysis
+from probe.analysis import views as analysis
 from probe.analysis.cost import TIMINGS, cost_per_step_ns
 from probe.reader.recording import Recording, default_recording
 
@@ -169,7 +169,7 @@ def _report() -> dict[str, Any]:
 
 
 def _reported(rep: dict[str, Any], name: str) -> float:
-    """``probe report --json``'s value of one ratio of probe.analysis.summary.RATIOS, over every
+    """``probe report --json``'s value of one ratio of probe.analysis.views.RATIOS, over every
     forward step (its ``ratios`` block: what the dashboards compute; the report's own
     timings and verdict are over steady-state steps only)."""
     if name not in rep["ratios"]:
@@ -205,7 +205,10 @@ def test_the_probe_cost_over_the_recording(backfilled: tuple[str, float, float])
     base, start, end = backfilled
     window = f"{int(end - start) + 2}s"
     rec = Recording.open(default_recording())
+    # the steady-state steps, as the report and the PromQL (steady="true") take them
     steps = [s for s in rec.iter_steps() if s.forward]
+    steady = analysis.is_steady(steps)
+    steps = [s for s, ok in zip(steps, steady, strict=True) if ok]
     [snap] = [p["snapshot"] for p in rec.processes() if p["snapshot"]]
     cal = analysis.calibration_of({**snap, "probe": {"calibration": dict(CALIBRATION)}})
     assert cal is not None

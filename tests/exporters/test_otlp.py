@@ -202,19 +202,19 @@ def _check(got: Received, n_steps: int) -> None:
     } <= set(points)
     steps = points["vllm_graph_probe_steps"][-1]
     assert steps.WhichOneof("data") == "sum" and steps.sum.is_monotonic
-    counts = {
-        (_attrs(p.attributes)["mode"], _attrs(p.attributes)["reason"]): _value(p)
-        for p in steps.sum.data_points
-    }
+    counts: dict[tuple[str, str], int] = {}
+    for p in steps.sum.data_points:  # steady and warm-up series (the `steady` label)
+        key = (_attrs(p.attributes)["mode"], _attrs(p.attributes)["reason"])
+        counts[key] = counts.get(key, 0) + _value(p)
     assert counts[("piecewise", "backend_support_too_low")] == 1291
     launch = points["vllm_graph_probe_cpu_launch_overhead_seconds"][-1]
     # explicit buckets, the Prometheus path's bounds (the Collector keeps `_bucket{le}`)
     assert launch.WhichOneof("data") == "histogram"
     assert launch.unit == "s"
-    dp = next(
-        p for p in launch.histogram.data_points if _attrs(p.attributes)["mode"] == "piecewise"
-    )
-    assert dp.count == 1292
+    dps = [p for p in launch.histogram.data_points if _attrs(p.attributes)["mode"] == "piecewise"]
+    assert sum(p.count for p in dps) == 1292
+    dp = next(p for p in dps if _attrs(p.attributes)["steady"] == "true")
+    assert dp.count == 1290
     assert list(dp.explicit_bounds) == list(LAUNCH_BUCKETS)
     assert sum(dp.bucket_counts) == dp.count
     assert 1e-3 < dp.min < dp.max

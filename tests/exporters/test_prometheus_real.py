@@ -31,7 +31,8 @@ from dashboards.render_recording import RANK_PANELS
 from exporters.base import processes_from_recording, replay
 from exporters.metrics import PROBE_COST, ratio_queries
 from exporters.prometheus import ServingSink
-from probe.analysis import summary as analysis
+from probe.analysis import rules
+from probe.analysis import views as analysis
 from probe.analysis.cost import TIMINGS, cost_per_step_ns
 from probe.reader.recording import Recording, default_recording
 
@@ -271,7 +272,7 @@ def twice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.mark.parametrize("name", sorted(analysis.RATIOS))
 def test_every_ratio_agrees_with_its_promql(twice: str, name: str) -> None:
-    """Each ratio through probe.analysis.summary on the recording's Steps, and through its PromQL
+    """Each ratio through probe.analysis.views on the recording's Steps, and through its PromQL
     (the dashboards' text) on a real Prometheus loaded from the export: within 1%."""
     steps = list(Recording.open(default_recording()).iter_steps())
     want = analysis.ratio(name, steps)
@@ -284,14 +285,22 @@ def test_every_ratio_agrees_with_its_promql(twice: str, name: str) -> None:
 
 def test_gpu_idle_share_is_idle_over_the_step_period() -> None:
     """The number the report and the dashboard used to disagree on (31.3% vs 75.1% on
-    this recording): one definition now, idle / (idle + the step's device span)."""
+    this recording): one definition now, idle / (idle + the step's device span), over
+    the steady steps with device timing that follow no engine-idle gap (probe.analysis.rules)."""
     steps = list(Recording.open(default_recording()).iter_steps())
-    timed = [s for s in steps if s.forward and s.gpu_busy_ns is not None]
+    steady = analysis.is_steady(steps)
+    prev: int | None = None
+    timed = []
+    for s, ok in zip(steps, steady, strict=True):
+        after_idle = prev is not None and s.t0 - prev >= rules.ENGINE_IDLE_GAP_NS
+        prev = s.t1
+        timing = s.gpu_idle_before_ns is not None and s.gpu_step_ns is not None
+        if ok and timing and not after_idle:
+            timed.append(s)
     idle = sum(s.gpu_idle_before_ns or 0 for s in timed)
     period = idle + sum(s.gpu_step_ns or 0 for s in timed)
-    busy = idle + sum(s.gpu_busy_ns or 0 for s in timed)
-    assert analysis.ratio("gpu_idle_share", steps) == idle / period
-    assert round(idle / period, 3) == 0.313 and round(idle / busy, 3) == 0.751
+    assert analysis.ratio("gpu_idle_share", steps) == pytest.approx(idle / period, rel=1e-12)
+    assert round(idle / period, 3) == 0.172
     assert "gpu_step_seconds_sum" in ratio_queries()["gpu_idle_share"]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from probe.analysis import summary as analysis
+from probe.analysis import views as analysis
 from probe.reader.assemble import Step, StepAssembler
 from probe.reader.recording import Recording, RecordingError, RecordingWriter
 from probe.records import (

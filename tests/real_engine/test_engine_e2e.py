@@ -149,7 +149,7 @@ def test_report_prints_the_probe_cost_from_the_engines_calibration(runs: dict[st
     step's records show."""
     from rich.console import Console
 
-    from probe.analysis import summary as analysis
+    from probe.analysis import views as analysis
     from probe.analysis.cost import RANGE_NOTE
     from probe.cli.render_report import build_report, render_report
     from probe.reader.recording import Recording

@@ -93,7 +93,7 @@ def test_the_override_predicts_the_run_recorded_under_it(
 def test_costs_from_the_run_recorded_under_it_predict_its_steady_host_time(
     source: str, support: Any, target: str, tree_vllm: Vllm
 ) -> None:
-    from probe.analysis import summary as analysis
+    from probe.analysis import views as analysis
     from probe.analysis.costmodel import Costs
     from probe.analysis.whatif import Setting, whatif
 

@@ -8,24 +8,27 @@
     # or compare recordings made elsewhere (e.g. by benchmarks/gpu/harness.py)
     probe ab --a stock*.probe.db --b ustd*.probe.db
 
-Each run is a ``probe record`` session. Per arm the report shows throughput (scheduled
-tokens per second of step time, from the recording, and the command's wall time), the
-full and decode-FULL hit rates, the top miss reasons, CPU launch overhead and phase
-medians of uniform decode steps, GPU idle, each as the median over repetitions with the
-min-max spread, and the ratio B/A.
+Each run is a ``probe record`` session. Per arm the comparison shows, over steady state
+(the rules of :mod:`probe.analysis.rules`, from :mod:`probe.analysis.summary`): throughput
+(scheduled tokens
+per second of steady serving time), host time per step, CPU launch overhead, the decode
+FULL share, and the workload's wall time when ``ab`` ran it; each B/A with a 95% interval
+over the repetitions (one repetition per arm: over ten runs of consecutive steps within
+it, and it says so). The verdict names the faster arm only where the throughput interval
+excludes 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,122 +36,193 @@ from rich.console import Console
 from rich.table import Table
 
 from probe import progress
-from probe.analysis import summary as analysis
-from probe.step import Step
 from probe.terminal import SafeConsole
 
-PHASES = ("prepare_inputs", "metadata_build", "forward_launch", "sample", "draft")
+#: the figures compared, with how each is printed and which way is faster
+FIGURES: tuple[tuple[str, str, int], ...] = (
+    ("steady_tokens_per_s", "steady throughput (tokens/s)", 1),
+    ("steady_host_ns", "steady host time per step", -1),
+    ("cpu_launch_overhead_ns", "CPU launch overhead (mean)", -1),
+    ("decode_full_share", "decode FULL share", 1),
+    ("forward_launch_ns", "forward launch (mean)", -1),
+    ("draft_ns", "draft (mean)", -1),
+    ("wall_s", "workload wall time (s)", -1),
+)
+BLOCKS = 10
+
+# two-sided 95% Student t quantiles by degrees of freedom (1..30; above: 1.96)
+_T95 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+    2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+    2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
 
 
-def _phase_median(phase: str, steps: Sequence[Step]) -> float | None:
-    return statistics.median(s.phases.get(phase, 0) for s in steps) if steps else None
-
-
-def _mode_reason(s: Step) -> str:
-    mode = s.mode.name.lower() if s.mode is not None else None
-    return f"{mode}/{s.reason.label if s.reason is not None else None}"
+def _t95(df: int) -> float:
+    return _T95[df - 1] if 1 <= df <= len(_T95) else 1.96
 
 
 def summarize(path: Path, bars: progress.Progress = progress.SILENT) -> dict[str, Any]:
-    """One recording -> the numbers ``probe ab`` compares (``bars``: one advance when
-    it is read)."""
+    """One recording -> the figures ``probe ab`` compares (``bars``: one advance when it
+    is read): the whole run's, and those of :data:`BLOCKS` runs of consecutive steps."""
+    from probe.analysis.summary import ab_values, block_figures
     from probe.errors import UsageError
     from probe.reader.recording import Recording, RecordingError
 
     try:
         rec = Recording.open(path)
+        whole, blocks = block_figures(rec, BLOCKS)
+        meta = rec.meta()
     except RecordingError as exc:
         raise UsageError(str(exc)) from None
-    try:
-        fw = analysis.forward_steps(rec.iter_steps())
-    except RecordingError as exc:
-        raise UsageError(str(exc)) from None
-    meta = rec.meta()
     rec.close()
     bars.advance()
-    if not fw:
+    fig = whole.figures()
+    if not fig["forward_steps"]:
         raise UsageError(f"{path}: no forward steps recorded")
-    rates = analysis.hit_rates(fw)
-    busy_ns = sum(s.t1 - s.t0 for s in fw)
-    tokens = sum(s.num_tokens for s in fw)
-    dec = [s for s in fw if s.decode]
+    from probe.cli.render_report import command_line
 
-    def med(value: Callable[[Step], int | None], steps: Sequence[Step]) -> float | None:
-        vals = [v for s in steps if (v := value(s)) is not None]
-        return statistics.median(vals) if vals else None
-
-    wall = None
-    if meta.get("started_epoch_ns") and meta.get("ended_epoch_ns"):
+    wall = None  # the workload's own wall time: a `probe record` of a command (ab's runs)
+    ran = command_line(meta)[0] == "command"
+    if ran and meta.get("started_epoch_ns") and meta.get("ended_epoch_ns"):
         wall = (int(meta["ended_epoch_ns"]) - int(meta["started_epoch_ns"])) / 1e9
+    reasons = {f"{r['mode']}/{r['reason']}": r["steady"] for r in fig["miss_reasons"][:3]}
     return {
         "recording": str(path),
-        "steps": len(fw),
-        # scheduled tokens per second of step time: insensitive to idle gaps between runs
-        "tokens_per_step_second": tokens / (busy_ns / 1e9) if busy_ns else None,
-        "wall_s": wall,
-        "full_hit_rate": rates["full_hit_rate"],
-        "decode_full_hit_rate": rates["decode_full_hit_rate"],
-        "reasons": dict(Counter(_mode_reason(s) for s in fw).most_common(3)),
-        "decode_host_ns": med(lambda s: s.host_ns, dec),
-        "decode_cpu_launch_overhead_ns": med(lambda s: s.cpu_launch_overhead_ns, dec),
-        "decode_gpu_idle_before_ns": med(lambda s: s.gpu_idle_before_ns, dec),
-        **{f"decode_{p}_ns": _phase_median(p, dec) for p in PHASES},
+        "steps": fig["forward_steps"],
+        "steady_steps": fig["steady_steps"],
+        "values": {**ab_values(whole), "wall_s": wall},
+        "blocks": blocks,
+        "reasons": reasons,
+        "headline": fig["headline"],
     }
 
 
-def _spread(vals: Sequence[float | None]) -> dict[str, float | None]:
-    xs = [v for v in vals if v is not None]
-    if not xs:
-        return {"median": None, "min": None, "max": None}
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+def _mean_se(xs: Sequence[float]) -> tuple[float, float | None, int]:
+    """Mean, its standard error (None for one value) and the degrees of freedom."""
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, None, 0
+    return m, statistics.stdev(xs) / len(xs) ** 0.5, len(xs) - 1
+
+
+def _interval(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    """B/A of the means, with a 95% interval from the relative standard errors (delta
+    method on the log ratio, Student t at the smaller arm's degrees of freedom)."""
+    ma, sa, da = _mean_se(a)
+    mb, sb, db = _mean_se(b)
+    if not ma:
+        return {"ratio": None, "low": None, "high": None}
+    r = mb / ma
+    if sa is None or sb is None or not mb or r <= 0:
+        return {"ratio": r, "low": None, "high": None}
+    rel = math.hypot(sa / ma, sb / mb)
+    t = _t95(min(da, db))
+    return {"ratio": r, "low": r * math.exp(-t * rel), "high": r * math.exp(t * rel)}
 
 
 def compare(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = [k for k in a[0] if isinstance(a[0][k], (int, float)) or a[0][k] is None]
-    keys = [k for k in keys if k not in ("steps",)]
-    out: dict[str, Any] = {"reps": {"A": len(a), "B": len(b)}, "metrics": {}}
-    for k in keys:
-        sa = _spread([x.get(k) for x in a])
-        sb = _spread([x.get(k) for x in b])
-        ratio = (sb["median"] / sa["median"]) if sa["median"] and sb["median"] is not None else None
-        out["metrics"][k] = {"A": sa, "B": sb, "ratio_B_over_A": ratio}
+    """The arms side by side: per figure, each arm's value (the mean over repetitions, or
+    the one run's), B/A and its interval, over repetitions, or over the runs of steps of
+    the one repetition each arm has (``interval_over``)."""
+    reps = min(len(a), len(b))
+    over = (
+        "repetitions"
+        if reps >= 2
+        else f"{BLOCKS} runs of consecutive steps within the one repetition"
+    )
+    out: dict[str, Any] = {
+        "reps": {"A": len(a), "B": len(b)},
+        "interval_over": over,
+        "metrics": {},
+    }
+    for key, label, better in FIGURES:
+        va = [x["values"][key] for x in a if x["values"][key] is not None]
+        vb = [x["values"][key] for x in b if x["values"][key] is not None]
+        if not va or not vb:
+            continue
+        if reps >= 2:
+            iv = _interval(va, vb)
+        else:
+            ba = [x[key] for x in a[0]["blocks"] if x.get(key) is not None]
+            bb = [x[key] for x in b[0]["blocks"] if x.get(key) is not None]
+            point = vb[0] / va[0] if va[0] else None
+            iv = {"ratio": point, "low": None, "high": None}
+            if point and len(ba) > 1 and len(bb) > 1:
+                # the runs' spread, around the whole run's B/A (the point the table shows)
+                b_iv = _interval(ba, bb)
+                if b_iv["low"] is not None and b_iv["ratio"]:
+                    iv["low"] = point * b_iv["low"] / b_iv["ratio"]
+                    iv["high"] = point * b_iv["high"] / b_iv["ratio"]
+        out["metrics"][key] = {
+            "label": label,
+            "better": "higher" if better > 0 else "lower",
+            "A": statistics.fmean(va),
+            "B": statistics.fmean(vb),
+            "ratio_B_over_A": iv["ratio"],
+            "low": iv["low"],
+            "high": iv["high"],
+        }
     out["reasons"] = {"A": a[0]["reasons"], "B": b[0]["reasons"]}
+    out["headline"] = {"A": a[0]["headline"], "B": b[0]["headline"]}
+    out["verdict"] = _verdict(out)
     return out
+
+
+def _verdict(cmp: dict[str, Any]) -> str:
+    m = cmp["metrics"].get("steady_tokens_per_s")
+    if not m or m["ratio_B_over_A"] is None:
+        return "no steady throughput in one of the arms: no verdict"
+    r, lo, hi = m["ratio_B_over_A"], m["low"], m["high"]
+    if lo is None or hi is None:
+        return f"steady throughput B/A {r:.3f}, no interval: no verdict"
+    if hi < 1:
+        return (
+            f"A is faster: steady throughput B/A {r:.3f} [{lo:.3f}, {hi:.3f}] "
+            f"(B {1 - r:.0%} slower; interval over {cmp['interval_over']})"
+        )
+    if lo > 1:
+        return (
+            f"B is faster: steady throughput B/A {r:.3f} [{lo:.3f}, {hi:.3f}] "
+            f"(B {r - 1:.0%} faster; interval over {cmp['interval_over']})"
+        )
+    return (
+        f"no difference shown: steady throughput B/A {r:.3f} [{lo:.3f}, {hi:.3f}] includes 1 "
+        f"(interval over {cmp['interval_over']})"
+    )
 
 
 def render(cmp: dict[str, Any], console: Console, labels: tuple[str, str]) -> None:
     t = Table(
-        title=f"probe ab: A = {labels[0]}   B = {labels[1]}   "
-        f"(median over {cmp['reps']['A']}/{cmp['reps']['B']} runs, min-max)",
+        title=f"probe ab: A = {labels[0]}   B = {labels[1]}   ({cmp['reps']['A']}/"
+        f"{cmp['reps']['B']} runs; steady state; B/A with a 95% interval over "
+        f"{cmp['interval_over']})",
         title_justify="left",
     )
-    for c in ("metric", "A", "B", "B/A"):
+    for c in ("metric", "A", "B", "B/A", "95% interval"):
         t.add_column(c, justify="left" if c == "metric" else "right")
 
-    def fmt(k: str, s: dict[str, float | None]) -> str:
-        if s["median"] is None:
-            return "-"
+    def fmt(k: str, v: float) -> str:
         if k.endswith("_ns"):
-            return (
-                f"{s['median'] / 1e3:,.0f} µs ({(s['min'] or 0) / 1e3:,.0f}-"
-                f"{(s['max'] or 0) / 1e3:,.0f})"
-            )
-        if "rate" in k:
-            return f"{s['median']:.1%}"
-        return f"{s['median']:,.1f} ({s['min']:,.1f}-{s['max']:,.1f})"
+            return f"{v / 1e3:,.0f} µs"
+        if k.endswith("share"):
+            return f"{v:.1%}"
+        return f"{v:,.1f}"
 
     for k, m in cmp["metrics"].items():
         r = m["ratio_B_over_A"]
-        t.add_row(
-            k.removesuffix("_ns").replace("_", " "),
-            fmt(k, m["A"]),
-            fmt(k, m["B"]),
-            "-" if r is None else f"{r:.3f}",
-        )
+        iv = "-" if m["low"] is None else f"[{m['low']:.3f}, {m['high']:.3f}]"
+        t.add_row(m["label"], fmt(k, m["A"]), fmt(k, m["B"]), "-" if r is None else f"{r:.3f}", iv)
     console.print(t)
+    if min(cmp["reps"].values()) < 2:
+        console.print(
+            "one repetition per arm: the intervals are over runs of steps within it (the "
+            "run-to-run spread is not in them; --reps 5 gives intervals over repetitions)"
+        )
+    console.print(f"verdict: {cmp['verdict']}")
     for arm in ("A", "B"):
         reasons = ", ".join(f"{k} x{v}" for k, v in cmp["reasons"][arm].items())
-        console.print(f"{arm}: top mode/reason: {reasons}")
+        console.print(f"{arm}: top mode/reason (steady): {reasons}")
 
 
 def run_arms(

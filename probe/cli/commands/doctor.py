@@ -52,11 +52,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if not procs:
             raise UsageError(f"doctor: {rec.path} holds no static snapshot (no step was recorded)")
         # the recording's steps too: a trap the snapshot alone cannot decide is counted
-        # from them, as `probe report` does (probe.analysis.traps.traps)
-        by_pid: dict[int, list[Any]] = {}
-        for step in rec.iter_steps():
-            by_pid.setdefault(step.pid, []).append(step)
-        out = [doctor(p["snapshot"], by_pid.get(p["pid"], [])) for p in procs]
+        # from them by the one summary, as `probe report` does (probe.analysis.traps.traps)
+        from probe.analysis.summary import summarize_recordings
+        from probe.cli.render_report import reason_counts
+
+        summ = summarize_recordings([rec])
+        out = [doctor(p["snapshot"], reason_counts(summ, p["pid"])) for p in procs]
     if args.json:
         print(json.dumps(out, indent=2, default=str))
     else:

@@ -1,7 +1,10 @@
-"""``probe report``: summarize a recording (no file: the bundled H200 recording).
+"""``probe report``: summarize a recording (no file: the bundled H200 recording), or
+several as one (rolling files of one agent, the ranks of several hosts; a quoted glob is
+expanded), their summaries merged.
 
 probe report run.probe.db
 probe report run.probe.db --json
+probe report 'agent-*.probe.db'
 """
 
 from __future__ import annotations
@@ -17,13 +20,34 @@ def cmd_report(args: argparse.Namespace) -> int:
     from probe.cli.render_report import build_report, render_report
 
     # a damaged recording read past its checks raises RecordingError (Recording turns
-    # SQLite's damage into one too): one line from probe.cli.main.main, as for every command
-    rep = build_report(open_recording(args.recording))
+    # SQLite's damage into one too): one line from probe.cli.main, as for every command
+    paths = _expand(args.recording) if args.recording else [None]
+    recs = [open_recording(p) for p in paths]
+    rep = build_report(recs[0] if len(recs) == 1 else recs)
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
     else:
         render_report(rep, console(args))
     return 0
+
+
+def _expand(patterns: list[str]) -> list[str]:
+    """Each argument as a path, or the files a glob in it names (sorted); a glob that
+    names nothing is a usage error."""
+    import glob
+
+    from probe.errors import UsageError
+
+    out: list[str] = []
+    for p in patterns:
+        if glob.has_magic(p):
+            hits = sorted(glob.glob(p))
+            if not hits:
+                raise UsageError(f"report: no recording matches {p!r}")
+            out += hits
+        else:
+            out.append(p)
+    return out
 
 
 def add_recording_args(q: argparse.ArgumentParser) -> None:
@@ -34,6 +58,12 @@ def add_recording_args(q: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: Any) -> None:
-    q = sub.add_parser("report", help="summarize a recording")
-    add_recording_args(q)
+    q = sub.add_parser("report", help="summarize a recording (or several as one)")
+    q.add_argument(
+        "recording",
+        nargs="*",
+        help="recording(s) or a quoted glob, summarised as one (default: the bundled one)",
+    )
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+    q.add_argument("--width", type=width, help="terminal width in columns (20..1000)")
     q.set_defaults(func=cmd_report)

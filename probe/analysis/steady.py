@@ -1,0 +1,174 @@
+"""The steady-state split step by step, for the consumers that need it per step: the
+metric updates (:class:`Classes`), ``probe whatif`` and the doctor (:func:`steady_mask`),
+and the summary of Steps (:func:`summarize_steps`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from probe.analysis import rules
+from probe.analysis.accumulators import _PENDING, _total, percentile_of
+from probe.analysis.rules import CLASSES, STEADY
+from probe.analysis.summary import Summary, columns_of_steps
+from probe.step import Step
+
+
+class Classes:
+    """Each step's (steady, engine idle) as the metric updates need it, step by step:
+    a running :class:`Summary` per rank. ``decided`` and ``replayed`` come from a finished
+    summary of the same steps (offline exports: the same split as the report); without
+    them (live) a first use is judged against the rank's steady median so far, and steps
+    before a first replay that has not come yet count as steady."""
+
+    def __init__(
+        self,
+        decided: Mapping[tuple[int, int], str] | None = None,
+        replayed: Iterable[int] | None = None,
+        keep: int = 8192,
+    ) -> None:
+        self.decided = decided
+        self.replayed = set(replayed) if replayed is not None else None
+        self.keep = keep
+        self.ranks: dict[int, Summary] = {}
+        #: why each warm-up step classified so far is warm-up, ``(pid, step) -> class``
+        self.why: dict[tuple[int, int], str] = {}
+        #: live: per rank, the steps before a first replay not seen yet (steady so far)
+        self.pending: dict[int, list[int]] = {}
+        #: per rank, per step: (steady, after an engine-idle gap, period ns, gap ns)
+        self.recent: dict[int, dict[int, tuple[bool, bool, int, int]]] = {}
+
+    @classmethod
+    def of(cls, summ: Summary) -> Classes:
+        """The split of a finished summary (an offline export of the steps it summarised)."""
+        _, decided = summ.resolved()
+        return cls(decided, [p for p, r in summ.ranks.items() if r.replayed])
+
+    def get(self, pid: int, step: int) -> tuple[bool, bool, int, int] | None:
+        return self.recent.get(pid, {}).get(step)
+
+    def classify(self, steps: Sequence[Step]) -> list[tuple[int, int, str]]:
+        """Classify steps not seen yet (in (pid, step) order per rank); returns the
+        warm-up steps found, ``(pid, step, why)``: these, and (live) earlier steps of a
+        rank that turned out to precede its first replay when that replay came."""
+        todo = [s for s in steps if self.get(s.pid, s.step) is None]
+        by_pid: dict[int, list[Step]] = {}
+        for s in todo:
+            by_pid.setdefault(s.pid, []).append(s)
+        found: list[tuple[int, int, str]] = []
+        for pid, rows in by_pid.items():
+            rows.sort(key=lambda s: s.step)
+            summ = self.ranks.setdefault(pid, Summary())
+            was_replayed = summ.ranks[pid].replayed if pid in summ.ranks else False
+            summ.add_columns(columns_of_steps(rows))
+            raw, idle, cand, shape, period, gap = summ.last
+            recent = self.recent.setdefault(pid, {})
+            pending = self.pending.setdefault(pid, [])
+            if self.replayed is None and not was_replayed and summ.ranks[pid].replayed:
+                why = CLASSES[rules.BEFORE_REPLAY]
+                for n in pending:
+                    if n in recent and (pid, n) not in self.why:
+                        self.why[(pid, n)] = why
+                        recent[n] = (False, *recent[n][1:])
+                        found.append((pid, n, why))
+                pending.clear()
+            for j, s in enumerate(rows):
+                c = int(raw[j])
+                if c == _PENDING:
+                    c = STEADY
+                    if self.replayed is not None and pid in self.replayed:
+                        c = rules.BEFORE_REPLAY
+                    elif self.replayed is None:
+                        pending.append(s.step)
+                if cand[j]:
+                    c = self._first_use(summ, pid, s, int(shape[j]))
+                    # judged warm-up: no longer waiting on a first replay
+                    if c != STEADY and pending and pending[-1] == s.step:
+                        pending.pop()
+                if s.mode is not None and c != STEADY:
+                    self.why[(pid, s.step)] = CLASSES[c]
+                    found.append((pid, s.step, CLASSES[c]))
+                recent[s.step] = (
+                    c == STEADY and s.mode is not None,
+                    bool(idle[j]),
+                    int(period[j]),
+                    int(gap[j]),
+                )
+            while len(recent) > self.keep:
+                old = next(iter(recent))
+                del recent[old]
+                self.why.pop((pid, old), None)
+            del pending[: max(0, len(pending) - self.keep)]
+        return found
+
+    def _first_use(self, summ: Summary, pid: int, s: Step, shape: int) -> int:
+        if self.decided is not None:
+            return rules.FIRST_USE if (pid, s.step) in self.decided else STEADY
+        c = summ.candidates.get((pid, shape))
+        mode = int(s.mode) if s.mode is not None else -1
+        of_mode = [a for k, a in summ.groups.items() if k[1] == mode and k[5] == STEADY]
+        pool = of_mode or [a for k, a in summ.groups.items() if k[5] == STEADY]
+        med = percentile_of(_total(pool), "host_ns", 50) if pool else None
+        slow = rules.first_use_slow(s.host_ns, med)
+        if c is not None:
+            # decided now: into the running summary's groups
+            del summ.candidates[(pid, shape)]
+            summ._add_group((*c.key[:5], rules.FIRST_USE if slow else STEADY), c.acc)  # type: ignore[arg-type]
+        return rules.FIRST_USE if slow else STEADY
+
+
+def steady_mask(steps: Sequence[Step]) -> np.ndarray:
+    """Per step (in the order given): True for a steady-state forward step by the rules of
+    :mod:`probe.analysis.rules`, decided over these steps as one summary decides them (the
+    predicate ``probe whatif`` and ``probe doctor`` split by; the same as
+    :func:`probe.analysis.views.is_steady`)."""
+    from probe.analysis.views import is_steady
+
+    return np.array(is_steady(steps), dtype=bool)
+
+
+def summarize_steps(
+    steps: Iterable[Step],
+    calibrations: Mapping[int, Mapping[str, Any] | None] | None = None,
+    builder_names: Mapping[int, Mapping[int, str]] | None = None,
+    warm: Mapping[tuple[int, int], str] | None = None,
+) -> Summary:
+    """The summary of Steps (a live window, a test's steps). ``warm``: the warm-up steps
+    decided already, ``(pid, step) -> why`` (a live view's running split); without it the
+    rules split these steps."""
+    rows = list(steps)
+    s = Summary()
+    s.calibrations = {p: dict(c) for p, c in (calibrations or {}).items() if c is not None}
+    if warm is None:
+        s.add_steps(rows)
+    else:
+        rows.sort(key=lambda x: (x.pid, x.step))
+        for x in rows:
+            for o in x.reorders:
+                s._reorder(o.changed, o.moved, o.threshold, o.spec_as_decode, o.num_decodes)
+                s.reorders["reqs"] += o.num_reqs
+        code = {name: i for i, name in enumerate(CLASSES)}
+        forced = np.array(
+            [code.get(warm.get((x.pid, x.step), "steady"), rules.FIRST_USE) for x in rows],
+            dtype=np.int64,
+        )
+        if rows:
+            s.add_columns(columns_of_steps(rows, s.calibrations), forced)
+    if builder_names is not None:
+        s.add_builds(builder_names, rows)
+    s.sources = 1
+    return s
+
+
+def iter_chunks(steps: Iterable[Step], n: int = 4096) -> Iterator[list[Step]]:
+    """Steps in lists of ``n`` (a stream of Steps summarised as it comes)."""
+    buf: list[Step] = []
+    for s in steps:
+        buf.append(s)
+        if len(buf) >= n:
+            yield buf
+            buf = []
+    if buf:
+        yield buf

@@ -1,0 +1,198 @@
+"""The recording's ``steps`` table as validated numpy columns, in chunks: what the
+summary's streaming pass reads (:func:`iter_step_columns`). Every value is checked as
+:meth:`probe.reader.recording.Recording.iter_steps` checks it, vectorised."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from probe.reader.recording import Recording, RecordingError, _check_order, _Reader, damaged_error
+from probe.sqlite_errors import SQLITE_DAMAGED
+from probe.step import STEP_COLUMNS
+
+# -- columnar reading (the summary's streaming pass) -------------------------------------------
+
+#: rows per chunk of :meth:`Recording.iter_step_columns` (bounded memory, numpy-sized work)
+STEP_CHUNK_ROWS = 65_536
+#: the code of a NULL in an enum or nullable integer column of a chunk
+NULL = -1
+_BAD = -2  # a text value that is none of its column's names: refused
+
+
+def _column_sql(c: Any) -> str:
+    """How a ``steps`` column is selected for a chunk: integers as stored (NULL as -1,
+    told apart by the chunk's null mask), an enum or a text column as its code (the
+    member's value; the index in ``choices``), -2 for anything else."""
+    q = f'"{c.name}"'
+    if c.kind is str:
+        names = c.choices
+    elif isinstance(c.kind, type) and issubclass(c.kind, enum.Enum):
+        names = tuple(m.lower() for m in c.kind.__members__)
+    else:
+        return f"ifnull({q}, {NULL})" if c.nullable else q
+    members = [] if c.kind is str else list(c.kind.__members__.values())  # type: ignore[union-attr]
+    codes = range(len(names)) if c.kind is str else [int(m.value) for m in members]
+    whens = " ".join(f"WHEN '{n}' THEN {v}" for n, v in zip(names, codes, strict=True))
+    null = f"WHEN {q} IS NULL THEN {NULL} " if c.nullable else ""
+    inner = f"CASE {q} {whens} ELSE {_BAD} END"
+    return f"CASE {null}WHEN typeof({q}) != 'text' THEN {_BAD} ELSE {inner} END"
+
+
+def _nullable_ints() -> list[Any]:
+    return [
+        c
+        for c in STEP_COLUMNS
+        if c.nullable and not (c.kind is str or issubclass(c.kind, enum.Enum))
+    ]
+
+
+def _chunk_sql(where: str) -> str:
+    cols = [_column_sql(c) for c in STEP_COLUMNS]
+    mask = (
+        " | ".join(f'(("{c.name}" IS NULL) << {i})' for i, c in enumerate(_nullable_ints())) or "0"
+    )
+    return f"SELECT {', '.join(cols)}, {mask} FROM steps {where} ORDER BY pid, step"
+
+
+def _column_checks(cols: Mapping[str, Any], nulls: Any) -> Any:
+    """Per row: True where some value does not fit its column (numpy, every value)."""
+    import numpy as np
+
+    bad = np.zeros(len(nulls), dtype=bool)
+    masks = {c.name: ((nulls >> i) & 1).astype(bool) for i, c in enumerate(_nullable_ints())}
+    for c in STEP_COLUMNS:
+        v = cols[c.name]
+        if c.kind is str or issubclass(c.kind, enum.Enum):
+            bad |= v == _BAD
+            if not c.nullable:
+                bad |= v == NULL
+        elif c.kind is bool:
+            bad |= (v != 0) & (v != 1)
+        elif c.min is not None:
+            below = v < c.min
+            if c.name in masks:
+                below &= ~masks[c.name]
+            bad |= below
+    bad |= cols["t1_ns"] < cols["t0_ns"]
+    return bad
+
+
+def _iter_step_columns(rec: Recording, pid: int | None, chunk: int) -> Iterator[dict[str, Any]]:
+    from array import array
+    from itertools import chain
+
+    import numpy as np
+
+    where, params = ("WHERE pid = ?", (pid,)) if pid is not None else ("", ())
+    names = [c.name for c in STEP_COLUMNS]
+    width = len(names) + 1
+    cur = rec.db.cursor()
+    cur.row_factory = None
+    cur.execute(_chunk_sql(where), params)
+    while True:
+        rows = cur.fetchmany(chunk)
+        if not rows:
+            return
+        try:
+            flat = array("q", chain.from_iterable(rows))
+        except (TypeError, OverflowError):
+            _refuse(rec, rows, None)
+            raise AssertionError("unreachable") from None  # _refuse raises
+        a = np.frombuffer(flat, dtype=np.int64).reshape(len(rows), width)
+        cols = {n: a[:, i] for i, n in enumerate(names)}
+        nulls = a[:, -1]
+        bad = _column_checks(cols, nulls)
+        if bad.any():
+            _refuse(rec, rows, int(np.argmax(bad)))
+        cols["_nulls"] = nulls
+        yield cols
+
+
+def _refuse(rec: Recording, rows: list[Any], index: int | None) -> None:
+    """Raise the :class:`RecordingError` that :meth:`Recording.iter_steps` raises for the
+    first row of a chunk with a value that does not fit (``index``: that row, when the
+    vectorised checks found it), naming the table, the step and the column."""
+    keys = [(r[0], r[1]) for r in (rows if index is None else rows[index : index + 1])]
+    rd = _Reader(rec.path)
+    cols = ", ".join(f'"{c.name}"' for c in STEP_COLUMNS)
+    for pid, step in keys:
+        raw = rec.db.execute(
+            f"SELECT {cols} FROM steps WHERE pid IS ? AND step IS ?", (pid, step)
+        ).fetchone()
+        if raw is None:
+            continue
+        raw = tuple(raw)
+        kw: dict[str, Any] = {}
+        for c, v in zip(STEP_COLUMNS, raw, strict=True):
+            kw[c.field] = rd.value(
+                "steps", raw, c.name, v, c.kind, nullable=c.nullable, min=c.min, choices=c.choices
+            )
+        _check_order(rd, "steps", raw, kw)
+    raise RecordingError(f"{rec.path}: damaged recording: steps: a value does not fit its column")
+
+
+def iter_step_columns(
+    rec: Recording, pid: int | None = None, chunk: int = STEP_CHUNK_ROWS
+) -> Iterator[dict[str, Any]]:
+    """The ``steps`` table (of ``pid``, or all) in (pid, step) order, ``chunk`` rows at a
+    time, as numpy ``int64`` columns named as the table's: integers as stored, booleans
+    0/1, an enum column its member's value (``mode``: :class:`~probe.records.Mode`), the
+    ``runner`` its index in the column's choices, NULL as -1 (``_nulls``: a bit per
+    nullable integer column, in table order, set where it is NULL).
+
+    Every value is checked as :meth:`Recording.iter_steps` checks it (type, enum name,
+    range, ``t1`` not before ``t0``), vectorised; a value that does not fit raises the
+    same :class:`RecordingError`. Memory is one chunk, whatever the recording's size.
+    """
+    try:
+        yield from _iter_step_columns(rec, pid, chunk)
+    except SQLITE_DAMAGED as exc:
+        raise damaged_error(rec.path, exc) from None
+
+
+def _detail_check_sql(t: Any) -> str:
+    """A condition true for a row of detail table ``t`` with a value that does not fit
+    its column (what :meth:`Recording.iter_steps` refuses), in SQL."""
+    from probe.records import Flag
+
+    bad = ["typeof(pid) != 'integer'", "typeof(step) != 'integer'", "pid < 0", "step < 0"]
+    for c in t.columns:
+        q = f'"{c.name}"'
+        if isinstance(c.kind, Flag) or c.kind is bool:
+            bad.append(f"typeof({q}) != 'integer' OR {q} NOT IN (0, 1)")
+        elif c.kind is str:
+            bad.append(f"({q} IS NOT NULL AND typeof({q}) != 'text')")
+        elif isinstance(c.kind, type) and issubclass(c.kind, enum.Enum):
+            names = ", ".join(f"'{m.lower()}'" for m in c.kind.__members__)
+            bad.append(f"typeof({q}) != 'text' OR {q} NOT IN ({names})")
+        else:
+            low = f" OR {q} < {c.min}" if c.min is not None else ""
+            bad.append(f"typeof({q}) != 'integer'{low}")
+    bad.append("t1_ns < t0_ns")
+    return " OR ".join(f"({b})" for b in bad)
+
+
+def check_detail_tables(rec: Recording) -> None:
+    """Every value of the detail tables (spans, dispatches, replays, builds, reorders)
+    checked in one SQLite scan per table; the first that does not fit raises the
+    :class:`RecordingError` :meth:`Recording.iter_steps` raises for it. Rows of a step
+    that is not in ``steps`` belong to no step, as there."""
+    from probe.reader.recording_schema import DETAIL_TABLES
+
+    try:
+        for t in DETAIL_TABLES:
+            row = rec.db.execute(
+                f"SELECT pid, step FROM {t.name} AS d WHERE ({_detail_check_sql(t)}) AND EXISTS "
+                "(SELECT 1 FROM steps AS s WHERE s.pid = d.pid AND s.step = d.step) LIMIT 1"
+            ).fetchone()
+            if row is None:
+                continue
+            rd = _Reader(rec.path)
+            ids = {p: {n: i for i, n in names.items()} for p, names in rec.builder_names().items()}
+            for _ in rec._detail_rows(t, rd, ids, "WHERE pid IS ? AND step IS ?", tuple(row)):
+                pass
+            raise RecordingError(f"{rec.path}: damaged recording: {t.name}: a value does not fit")
+    except SQLITE_DAMAGED as exc:
+        raise damaged_error(rec.path, exc) from None

@@ -1,0 +1,337 @@
+"""One number on every surface: each headline figure of every committed recording, as
+``probe report`` prints it (text and ``--json``), as ``probe ab`` of the recording against
+itself reads it, as a real Prometheus computes it from the OpenMetrics export after
+``promtool tsdb create-blocks-from openmetrics`` (the dashboards' PromQL), and from the
+OTLP export decoded with the official protobufs: equal (percentiles within one bucket of
+the exported histogram).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_openmetrics_backfill import _get
+from test_otlp import Received, http_receiver  # noqa: F401 (a fixture)
+from test_prometheus_real import _free_port, _wait
+
+from exporters.base import processes_from_recording
+from exporters.metrics import LAUNCH_BUCKETS, METRICS, NAMESPACE, probe_cost_queries, ratio_queries
+from exporters.series import instance_id, timelines
+from probe.analysis import views as analysis
+from probe.reader.recording import Recording
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDINGS = sorted(
+    subprocess.run(
+        ["git", "ls-files", "*.probe.db"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+)
+PROMETHEUS = shutil.which("prometheus")
+PROMTOOL = shutil.which("promtool")
+RATIO_OF = {
+    "full_hit_rate": "full_hit_rate",
+    "decode_full_hit_rate": "decode_full_hit_rate",
+    "graph_rate": "graph_rate",
+    "cpu_launch_overhead_mean_ns": "cpu_launch_overhead_mean",
+    "gpu_idle_share": "gpu_idle_share",
+    "host_bound_share": "host_bound_share",
+}
+
+
+def _probe(*args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "probe.cli.main", *args], cwd=ROOT, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[str, dict[str, Any]]:
+    return {r: json.loads(_probe("report", "--json", r)) for r in RECORDINGS}
+
+
+def _bucket_width(v: float, bounds: tuple[float, ...]) -> float:
+    """The width of the exported bucket that holds ``v`` (seconds)."""
+    lo = 0.0
+    for b in bounds:
+        if v <= b:
+            return b - lo
+        lo = b
+    return float("inf")
+
+
+def test_every_committed_recording_is_covered() -> None:
+    assert len(RECORDINGS) >= 5 and "probe/data/default.probe.db" in RECORDINGS
+
+
+@pytest.mark.parametrize("path", RECORDINGS)
+def test_text_json_and_ab_agree(path: str, reports: dict[str, dict[str, Any]]) -> None:
+    rep = reports[path]
+    h = rep["headline"]
+    # --json: the headline is the report's own figures
+    assert h["full_hit_rate"] == rep["hit_rates"]["full_hit_rate"]
+    assert h["cpu_launch_overhead_p50_ns"] == rep["phases"]["all"]["cpu_launch_overhead_ns"]["p50"]
+    assert h["gpu_idle_share"] == rep["gpu"]["idle_share"] == rep["ratios"]["gpu_idle_share"]
+    assert h["cpu_launch_overhead_mean_ns"] == rep["ratios"]["cpu_launch_overhead_mean"]
+    # the text prints the same numbers, as it rounds them
+    text = _probe("report", path, "--width", "250")
+    pct = lambda x: f"{x:.1%}"  # noqa: E731
+
+    def shown(x: float | None, fmt: Any) -> None:
+        if x is not None:
+            assert fmt(x) in text, (fmt(x), path)
+
+    shown(h["full_hit_rate"], lambda x: f"full hit rate         {pct(x)}")
+    shown(h["graph_rate"], lambda x: f"graph rate            {pct(x)}")
+    shown(h["decode_full_hit_rate"], lambda x: f"decode FULL hit rate  {pct(x)}")
+    shown(h["gpu_idle_share"], lambda x: f"idle share {pct(x)}")
+    shown(h["host_bound_share"], lambda x: f"host-bound {pct(x)}")
+    shown(h["engine_idle_s"], lambda x: f"{x:,.2f} s in")
+    lo = rep["phases"]["all"]["cpu_launch_overhead_ns"]
+    assert re.search(
+        rf"cpu_launch_overhead\s*│\s*{lo['mean'] / 1e3:,.1f}\s*│\s*{lo['p50'] / 1e3:,.1f}", text
+    ), path
+    cost = h["probe_cost_per_step_ns"]
+    if cost is not None:
+        assert f"{cost / 1e3:.1f} µs warm" in text or f"≥ {cost / 1e3:.1f} µs" in text
+    # probe ab of the recording against itself: the same headline per arm, B/A 1
+    cmp = json.loads(_probe("ab", "--a", path, "--b", path, "--json"))
+    assert cmp["headline"]["A"] == cmp["headline"]["B"] == h
+    m = cmp["metrics"]
+    assert m["cpu_launch_overhead_ns"]["A"] == h["cpu_launch_overhead_mean_ns"]
+    assert m["steady_tokens_per_s"]["A"] == h["steady_tokens_per_s"]
+    if h["decode_full_hit_rate"] is not None:
+        assert m["decode_full_share"]["A"] == h["decode_full_hit_rate"]
+    assert m["steady_tokens_per_s"]["ratio_B_over_A"] == 1.0
+    assert cmp["verdict"].startswith("no difference shown")
+
+
+# -- OpenMetrics -> promtool -> Prometheus ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Prometheus on the blocks of every committed recording's OpenMetrics export."""
+    if PROMETHEUS is None or PROMTOOL is None:
+        pytest.skip("prometheus/promtool are not installed (apt-get install prometheus)")
+    d = tmp_path_factory.mktemp("one-number")
+    data = d / "data"
+    for i, path in enumerate(RECORDINGS):
+        om = d / f"{i}.om"
+        _probe("export", path, "--openmetrics", str(om))
+        out = subprocess.run(
+            [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(om), str(data)],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
+    (d / "prometheus.yml").write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
+    port = _free_port()
+    log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={d / 'prometheus.yml'}",
+            f"--storage.tsdb.path={data}",
+            "--storage.tsdb.retention.time=100y",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait(
+            lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=1).status == 200,
+            30,
+            "prometheus to start",
+        )
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _span(path: str) -> tuple[str, float, float]:
+    """The recording's instances as a label matcher, and its first and last sample time."""
+    rec = Recording.open(ROOT / path)
+    tls = timelines(rec)
+    ids = "|".join(instance_id(tl.info) for tl in tls)
+    return (
+        f'instance=~"{ids}"',
+        min(tl.ticks[0] for tl in tls) / 1e9,
+        max(tl.ticks[-1] for tl in tls) / 1e9,
+    )
+
+
+def _query(base: str, expr: str, t: float) -> list[Any]:
+    r = _get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr, "time": f"{t:.3f}"}))
+    assert r["status"] == "success", r
+    return r["data"]["result"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("path", RECORDINGS)
+def test_prometheus_from_the_openmetrics_export_agrees(
+    path: str, prometheus: str, reports: dict[str, dict[str, Any]]
+) -> None:
+    h = reports[path]["headline"]
+    sel, start, end = _span(path)
+    window = f"{int(end - start) + 2}s"
+    # each ratio's PromQL, its rates over the recording read as the counters' totals at
+    # its end (every series starts at 0 on the first tick): rate() extrapolates each
+    # instance's series over its own sample range, which differ by a tick between ranks
+    queries = {
+        n: re.sub(r"rate\(([^\[]+)\[\d+s\]\)", r"(\1)", q)
+        for n, q in ratio_queries(window, selector=sel).items()
+    }
+    for key, name in RATIO_OF.items():
+        res = _query(prometheus, queries[name], end)
+        if h[key] is None:
+            assert not res or res[0]["value"][1] in ("NaN",), (key, res)
+            continue
+        [r] = res
+        got = float(r["value"][1]) / analysis.RATIOS[name].promql_scale
+        assert got == pytest.approx(h[key], rel=1e-6, abs=1e-12), (path, key, got, h[key])
+    # the median CPU launch overhead: within one bucket of the exported histogram
+    q = (
+        f"histogram_quantile(0.5, sum by (le) (increase({NAMESPACE}_cpu_launch_overhead_"
+        f'seconds_bucket{{steady="true", {sel}}}[{window}])))'
+    )
+    [r] = _query(prometheus, q, end)
+    p50 = h["cpu_launch_overhead_p50_ns"] / 1e9
+    assert abs(float(r["value"][1]) - p50) <= _bucket_width(p50, LAUNCH_BUCKETS), (path, r, p50)
+    # engine idle: the counter at the end
+    res = _query(prometheus, f"sum({NAMESPACE}_engine_idle_seconds_total{{{sel}}})", end)
+    got = float(res[0]["value"][1]) if res else 0.0
+    assert got == pytest.approx(h["engine_idle_s"], rel=1e-6, abs=1e-9), path
+    # the probe cost per steady step, where the recording has a calibration
+    cost_q = probe_cost_queries(window, by="job", selector=sel)["warm"]
+    res = _query(prometheus, re.sub(r"rate\(([^\[]+)\[\d+s\]\)", r"(\1)", cost_q), end)
+    if h["probe_cost_per_step_ns"] is None:
+        assert not res
+    else:
+        assert float(res[0]["value"][1]) * 1e9 == pytest.approx(
+            h["probe_cost_per_step_ns"], rel=1e-6
+        )
+
+
+# -- OTLP, decoded with the official protobufs ------------------------------------------------
+
+
+def _last_points(got: Received, instances: set[str]) -> dict[str, list[tuple[dict[str, Any], Any]]]:
+    """Per metric name, the points of the last export of each of ``instances``."""
+    from test_otlp import _attrs
+
+    last: dict[str, tuple[int, Any]] = {}
+    for req in got.metrics:
+        for rm in req.resource_metrics:
+            inst = _attrs(rm.resource.attributes).get("service.instance.id")
+            if inst not in instances:
+                continue
+            t = max(
+                (p.time_unix_nano for sm in rm.scope_metrics for m in sm.metrics
+                 for p in getattr(m, m.WhichOneof("data")).data_points),
+                default=0,
+            )  # fmt: skip
+            if inst not in last or t >= last[inst][0]:
+                last[inst] = (t, rm)
+    out: dict[str, list[tuple[dict[str, Any], Any]]] = {}
+    for _, rm in last.values():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for p in getattr(m, m.WhichOneof("data")).data_points:
+                    out.setdefault(m.name, []).append((_attrs(p.attributes), p))
+    return out
+
+
+def _matches(labels: dict[str, Any], matcher: str) -> bool:
+    for part in filter(None, (x.strip() for x in matcher.split(","))):
+        k, op, v = re.match(r'(\w+)(=~|=)"(.*)"', part).groups()  # type: ignore[union-attr]
+        have = str(labels.get(k, ""))
+        if (op == "=" and have != v) or (op == "=~" and not re.fullmatch(v, have)):
+            return False
+    return True
+
+
+def _term(points: dict[str, list[tuple[dict[str, Any], Any]]], t: Any) -> float:
+    name = f"{NAMESPACE}_{t.series}"
+    field = None
+    for suffix in ("_sum", "_count"):
+        if name.endswith(suffix) and name.removesuffix(suffix) in METRICS:
+            name, field = name.removesuffix(suffix), suffix[1:]
+    otel = METRICS[name].otel_name
+    matcher = ", ".join(x for x in (t.matcher, 'steady="true"' if t.steady else "") if x)
+    total = 0.0
+    for labels, p in points.get(otel, []):
+        if _matches(labels, matcher):
+            total += float(getattr(p, field) if field else p.as_double or p.as_int)
+    return t.sign * total
+
+
+def _otlp_quantile(points: dict[str, list[tuple[dict[str, Any], Any]]], q: float) -> float:
+    """histogram_quantile over the steady CPU launch overhead histograms' buckets."""
+    otel = METRICS[f"{NAMESPACE}_cpu_launch_overhead_seconds"].otel_name
+    counts = [0] * (len(LAUNCH_BUCKETS) + 1)
+    for labels, p in points[otel]:
+        if labels.get("steady") == "true":
+            assert tuple(p.explicit_bounds) == LAUNCH_BUCKETS
+            counts = [a + b for a, b in zip(counts, p.bucket_counts, strict=True)]
+    rank = q * sum(counts)
+    cum = 0
+    lo = 0.0
+    for b, c in zip(LAUNCH_BUCKETS, counts, strict=False):
+        if cum + c >= rank:
+            return lo + (b - lo) * (rank - cum) / c
+        cum += c
+        lo = b
+    return LAUNCH_BUCKETS[-1]
+
+
+def test_otlp_export_decoded_agrees(
+    http_receiver: tuple[str, Received],  # noqa: F811
+    reports: dict[str, dict[str, Any]],
+) -> None:
+    from exporters.otlp import write
+
+    url, got = http_receiver
+    for path in RECORDINGS:
+        rec = Recording.open(ROOT / path)
+        w = write(rec, url)
+        assert w.spans_failed == 0 and w.metric_exports_failed == 0
+        h = reports[path]["headline"]
+        ids = {instance_id(i) for i in processes_from_recording(rec)}
+        points = _last_points(got, ids)
+        for key, name in RATIO_OF.items():
+            r = analysis.RATIOS[name]
+            num = sum(_term(points, t) for t in r.numerator)
+            den = sum(_term(points, t) for t in r.denominator)
+            if h[key] is None:
+                assert den == 0, (path, key)
+                continue
+            got_v = num / den / r.promql_scale
+            assert got_v == pytest.approx(h[key], rel=1e-6, abs=1e-12), (path, key, got_v, h[key])
+        p50 = h["cpu_launch_overhead_p50_ns"] / 1e9
+        assert abs(_otlp_quantile(points, 0.5) - p50) <= _bucket_width(p50, LAUNCH_BUCKETS)
+        idle = sum(float(p.as_double) for _, p in points.get(
+            METRICS[f"{NAMESPACE}_engine_idle_seconds_total"].otel_name, []))  # fmt: skip
+        assert idle == pytest.approx(h["engine_idle_s"], rel=1e-6, abs=1e-9), path
+        got.metrics.clear()
+        got.traces.clear()

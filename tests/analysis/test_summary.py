@@ -1,0 +1,119 @@
+"""The one summary: streaming in chunks, merging, and the per-value checks of the
+columnar read."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from probe.analysis.cost import calibration_of
+from probe.analysis.summary import summarize_recording, summarize_recordings, summarize_steps
+from probe.reader.recording import Recording, RecordingError, default_recording
+from probe.reader.recording_columns import iter_step_columns
+
+ROOT = Path(__file__).resolve().parents[2]
+TP2 = ROOT / "tests/data/serve-tp2.probe.db"
+
+
+@pytest.mark.parametrize("path", [default_recording(), TP2])
+def test_chunks_of_any_size_give_the_same_summary(path: Path) -> None:
+    """The streaming pass carries each rank across chunks: 97 rows at a time is the
+    whole recording at once."""
+    rec = Recording.open(path)
+    whole = summarize_recording(rec, chunk=1 << 20).figures()
+    small = summarize_recording(rec, chunk=97).figures()
+    assert small == whole
+
+
+def test_the_columnar_pass_equals_the_steps_pass() -> None:
+    """Recording columns (SQL-counted hooked calls) and Step objects (probe.analysis.cost's
+    calls_with) give one summary."""
+    rec = Recording.open(default_recording())
+    steps = list(rec.iter_steps())
+    cals = {p["pid"]: calibration_of(p.get("snapshot")) for p in rec.processes()}
+    a = summarize_recording(rec).figures()
+    b = summarize_steps(steps, cals).figures()
+    for k in ("hit_rates", "hit_rates_all", "phases", "gpu", "throughput", "headline"):
+        assert a[k] == b[k], k
+
+
+def test_two_halves_merge_into_the_whole() -> None:
+    """Two rolling files of one rank: their summaries merged are the whole's (counts,
+    sums and histograms exactly; the first step of the second file has no step before it
+    in its file, so its period is its own span)."""
+    steps = list(Recording.open(default_recording()).iter_steps())
+    half = len(steps) // 2
+    whole = summarize_steps(steps).figures()
+    merged = summarize_steps(steps[:half]).merge(summarize_steps(steps[half:])).figures()
+    assert merged["hit_rates"] == whole["hit_rates"]
+    assert merged["phases"] == whole["phases"]
+    assert merged["warmup"]["steps"] == whole["warmup"]["steps"]
+    assert merged["gpu"]["host_bound_steps"] == whole["gpu"]["host_bound_steps"]
+    assert merged["throughput"]["tokens"] == whole["throughput"]["tokens"]
+    assert merged["throughput"]["tokens_per_s"] == pytest.approx(
+        whole["throughput"]["tokens_per_s"], rel=1e-3
+    )
+
+
+def test_several_recordings_as_one_cover_every_rank() -> None:
+    rec = Recording.open(default_recording())
+    tp2 = Recording.open(TP2)
+    both = summarize_recordings([rec, tp2]).figures()
+    a, b = summarize_recording(rec).figures(), summarize_recording(tp2).figures()
+    assert both["forward_steps"] == a["forward_steps"] + b["forward_steps"]
+    assert both["hit_rates"]["full"] == a["hit_rates"]["full"] + b["hit_rates"]["full"]
+    assert set(both["ranks"]) == set(a["ranks"]) | set(b["ranks"])
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "why"),
+    [
+        ("host_ns", -5, "host_ns is -5, below 0"),
+        ("mode", "fulll", "mode is 'fulll', not one of"),
+        ("uniform", 2, "uniform is 2, not 0 or 1"),
+        ("num_tokens", 1.5, "num_tokens is 1.5, not an integer"),
+        ("t1_ns", 1, "t1 is 1, before t0"),
+    ],
+)
+def test_the_columnar_read_refuses_what_iter_steps_refuses(
+    tmp_path: Path, column: str, value: object, why: str
+) -> None:
+    p = tmp_path / "bad.probe.db"
+    shutil.copy(default_recording(), p)
+    with sqlite3.connect(p) as db:
+        db.execute(f"UPDATE steps SET {column} = ? WHERE step = 500", (value,))
+    rec = Recording.open(p)
+    with pytest.raises(RecordingError) as col:
+        for _ in iter_step_columns(rec, chunk=128):
+            pass
+    with pytest.raises(RecordingError) as obj:
+        list(rec.iter_steps())
+    assert str(col.value) == str(obj.value)
+    assert why in str(col.value) and "step 500" in str(col.value)
+
+
+def test_report_takes_several_recordings_or_a_glob_as_one() -> None:
+    import json
+    import subprocess
+    import sys
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "probe.cli.main", "report", "--json", *args],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    stock = "tests/data/stock_mrv2_k1.probe.db"
+    out = run("tests/data/stock_*.probe.db", str(default_recording()))
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    one = [json.loads(run(p).stdout) for p in (stock, str(default_recording()))]
+    assert len(rep["recordings"]) == 2
+    assert rep["hit_rates_all"]["steps"] == sum(r["hit_rates_all"]["steps"] for r in one)
+    idle = sum(r["headline"]["engine_idle_s"] for r in one)
+    assert rep["headline"]["engine_idle_s"] == pytest.approx(idle)
+    bad = run("no-such-*.probe.db")
+    assert bad.returncode == 2 and bad.stderr.startswith("probe: error: report: no recording")
