@@ -38,7 +38,7 @@ from probe.analysis import rules
 from probe.analysis import views as analysis
 from probe.analysis.cost import TIMINGS, calls_with, has_timing
 from probe.analysis.ranks import StepRanks
-from probe.analysis.summary import Classes
+from probe.analysis.steady import Classes
 from probe.records import BuildTag, Mode
 from probe.step import PHASES, GpuSample, Step
 
@@ -423,7 +423,7 @@ def updates(
 ) -> Iterator[Update]:
     """The metric updates a batch of one process's steps (and GPU timings) makes.
 
-    ``classes`` (:class:`probe.analysis.summary.Classes`) splits steps into steady state and
+    ``classes`` (:class:`probe.analysis.steady.Classes`) splits steps into steady state and
     warm-up and finds the engine-idle gaps, by the rules of :mod:`probe.analysis.rules`; a sink
     keeps one across batches (device timings arrive a few steps after their step), an
     offline export builds it from the recording's summary (the report's split)."""

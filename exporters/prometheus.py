@@ -49,7 +49,7 @@ from prometheus_client.metrics_core import Metric
 from exporters.base import AGENT_METRICS, FIXED, ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, Update, process_updates, rank_updates, updates
 from probe.analysis.ranks import RankId, RankMatcher
-from probe.analysis.summary import Classes
+from probe.analysis.steady import Classes
 from probe.progress import SILENT, Progress
 from probe.step import Step
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import METRICS, Update, process_updates, updates
-from probe.analysis.summary import Classes, iter_chunks, summarize_recording
+from probe.analysis.steady import Classes, iter_chunks
+from probe.analysis.summary_read import summarize_recording
 from probe.progress import SILENT, Progress, counted
 from probe.reader.recording import Recording
 from probe.step import Step

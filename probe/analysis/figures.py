@@ -94,8 +94,7 @@ class FiguresOf:
         }
 
     def _probe_cost(self, steady: Mapping[Key, Acc], st: Acc) -> dict[str, Any] | None:
-        from probe.analysis.cost import has_timing
-        from probe.analysis.cost import cost_per_step_ns
+        from probe.analysis.cost import cost_per_step_ns, has_timing
 
         cals = {p: c for p, c in self.calibrations.items() if c is not None}
         per = [(cals[k[0]], a) for k, a in steady.items() if k[0] in cals and a.s[_S["costed"]]]

@@ -1,6 +1,6 @@
 """The steady-state split step by step, for the consumers that need it per step: the
-metric updates (:class:`Classes`), ``probe whatif`` and the doctor (:func:`steady_mask`),
-and the summary of Steps (:func:`summarize_steps`)."""
+metric updates (:class:`Classes`) and the summary of Steps (:func:`summarize_steps`);
+``probe whatif`` splits by :func:`probe.analysis.views.is_steady`, the same rules."""
 
 from __future__ import annotations
 
@@ -117,16 +117,6 @@ class Classes:
             del summ.candidates[(pid, shape)]
             summ._add_group((*c.key[:5], rules.FIRST_USE if slow else STEADY), c.acc)  # type: ignore[arg-type]
         return rules.FIRST_USE if slow else STEADY
-
-
-def steady_mask(steps: Sequence[Step]) -> np.ndarray:
-    """Per step (in the order given): True for a steady-state forward step by the rules of
-    :mod:`probe.analysis.rules`, decided over these steps as one summary decides them (the
-    predicate ``probe whatif`` and ``probe doctor`` split by; the same as
-    :func:`probe.analysis.views.is_steady`)."""
-    from probe.analysis.views import is_steady
-
-    return np.array(is_steady(steps), dtype=bool)
 
 
 def summarize_steps(

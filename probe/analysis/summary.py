@@ -13,6 +13,7 @@ Summaries merge (:meth:`Summary.merge`): those of several files of the same rank
 order, give the summary of them all; what depends on the order (a rank's first replay, the
 first use of a shape) is resolved when the figures are read (:meth:`Summary.figures`).
 
+    >>> from probe.analysis.summary_read import summarize_recording
     >>> from probe.reader.recording import Recording, default_recording
     >>> s = summarize_recording(Recording.open(default_recording()))
     >>> f = s.figures()
@@ -70,10 +71,6 @@ __all__ = [
     "Summary",
     "columns_of_steps",
     "percentile_of",
-    "steady_mask",
-    "summarize_recording",
-    "summarize_recordings",
-    "summarize_steps",
 ]
 
 # -- columns ---------------------------------------------------------------------------------
@@ -635,22 +632,9 @@ class Summary(FiguresOf):
         return out
 
 
-# the rest of the analysis layer's summary API, from the modules it is split into
-from probe.analysis.steady import Classes, iter_chunks, steady_mask, summarize_steps  # noqa: E402
-from probe.analysis.summary_read import (  # noqa: E402
-    ab_values,
-    block_figures,
-    summarize_recording,
-    summarize_recordings,
-)
-
 __all__ += [
     "REASON_TEXT",
     "Acc",
-    "Classes",
-    "ab_values",
-    "block_figures",
     "headline",
-    "iter_chunks",
     "verdict",
 ]

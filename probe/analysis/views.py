@@ -4,7 +4,7 @@ ratios the
 metric set exports with the PromQL beside each (:data:`RATIOS`).
 
 Each function takes ``Iterable[Step]`` (a recording's, or the live view's window) and
-returns plain data; the figures come from :func:`probe.analysis.summary.summarize_steps`, so the
+returns plain data; the figures come from :func:`probe.analysis.steady.summarize_steps`, so the
 report, the live view, ``probe ab``, the metric set and the dashboards agree:
 
 - :data:`RATIOS`: every ratio (hit rates, padding waste, GPU idle share, host-bound
@@ -97,7 +97,7 @@ def host_bound(s: Step | GpuSample, share: float = HOST_BOUND_SHARE) -> bool | N
 
 
 def _summary(steps: Iterable[Step], cals: Mapping[int, Any] | None = None) -> Any:
-    from probe.analysis.summary import summarize_steps
+    from probe.analysis.steady import summarize_steps
 
     return summarize_steps(list(steps), cals)
 

@@ -2,9 +2,9 @@
 steps per rank and renders it, as rich panels in a terminal or plain lines elsewhere.
 
 It keeps :class:`~probe.step.Step` objects and renders the one summary of them
-(:func:`probe.analysis.summary.summarize_steps`), so the live numbers and ``probe report`` share
+(:func:`probe.analysis.steady.summarize_steps`), so the live numbers and ``probe report`` share
 one set of definitions: every step is split into steady state and warm-up as it arrives,
-by a running :class:`probe.analysis.summary.Classes` (the rules of
+by a running :class:`probe.analysis.steady.Classes` (the rules of
 :mod:`probe.analysis.rules`), and the
 window's figures are over its steady steps, as the report's. A short history per rank
 (FULL share and CPU launch overhead in time buckets) is drawn as sparklines.
@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from probe.analysis import ranks
 from probe.analysis import views as analysis
-from probe.analysis.summary import Classes, summarize_steps, verdict
+from probe.analysis.steady import Classes, summarize_steps
+from probe.analysis.summary import verdict
 from probe.analysis.traps import traps
 from probe.reader.collector import ProcessState
 from probe.records import Mode

@@ -37,7 +37,8 @@ def build_report(rec: Recording | Sequence[Recording]) -> dict[str, Any]:
     steady ones), ``warmup`` holds the steps apart with their own figures, ``gpu``'s
     ``engine_idle_*`` the gaps with nothing scheduled.
     """
-    from probe.analysis.summary import summarize_recordings, verdict
+    from probe.analysis.summary import verdict
+    from probe.analysis.summary_read import summarize_recordings
 
     recs = [rec] if isinstance(rec, Recording) else list(rec)
     summ = summarize_recordings(recs)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from probe.analysis.cost import calibration_of
-from probe.analysis.summary import summarize_recording, summarize_recordings, summarize_steps
+from probe.analysis.steady import summarize_steps
+from probe.analysis.summary_read import summarize_recording, summarize_recordings
 from probe.reader.recording import Recording, RecordingError, default_recording
 from probe.reader.recording_columns import iter_step_columns
 
@@ -102,7 +103,7 @@ def test_report_takes_several_recordings_or_a_glob_as_one() -> None:
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "probe.cli.main", "report", "--json", *args],
+            [sys.executable, "-m", "probe", "report", "--json", *args],
             cwd=ROOT, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
 

@@ -5,7 +5,8 @@ side (``probe/engine/``, inside vLLM) imports the root; the reader side (``probe
 imports the root; analysis (``probe/analysis/``) the root and the reader; the CLI
 (``probe/cli/``) anything; ``exporters/`` the root, the reader and analysis; ``dashboards/``
 those and ``exporters/``. Imports inside functions count the same as those at the top, and
-no two modules may import each other, directly or around a circle.
+no two modules may import each other, directly or around a circle (imports under ``if
+TYPE_CHECKING:`` never run and are not counted).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def modules() -> dict[str, Path]:
     return out
 
 
+_TYPE_CHECKING = ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+
+
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     """The project's modules ``name`` imports: ``from a import b`` counts ``a.b`` where that
     is a module, else ``a``, as import checkers do (a package's ``__init__`` that imports
@@ -58,7 +62,17 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     is_pkg = path.name == "__init__.py"
     found: set[str] = set()
+    # imports for type checking only never run: not an edge
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) in _TYPE_CHECKING
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }
     for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]

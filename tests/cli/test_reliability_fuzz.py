@@ -551,7 +551,7 @@ def test_probe_subprocess_rejects_damaged_recording(data: Any) -> None:
     blob = data.draw(mutated(_seeds()["recording"]))
     with _case("run.probe.db", blob) as p:
         r = subprocess.run(
-            [sys.executable, "-m", "probe.cli.main", "report", str(p)],
+            [sys.executable, "-m", "probe", "report", str(p)],
             capture_output=True,
             text=True,
             timeout=60,

@@ -9,7 +9,7 @@ error instead, as the runner script sets it). Configurations are shared per modu
 Only what the tree has is imported: the classic runner's (V1) modules are gone from 0.34,
 so a test that needs them asks for ``needs_v1`` (``v1_dispatchers`` does), which skips it
 with the reason on such a tree. The platform is chosen the way ``probe whatif`` chooses it
-(:func:`probe.analysis.whatif.select_platform`: vLLM's CPU platform where no device is found).
+(:func:`probe.analysis.whatif_vllm.select_platform`: vLLM's CPU platform where no device is found).
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def _t95(df: int) -> float:
 def summarize(path: Path, bars: progress.Progress = progress.SILENT) -> dict[str, Any]:
     """One recording -> the figures ``probe ab`` compares (``bars``: one advance when it
     is read): the whole run's, and those of :data:`BLOCKS` runs of consecutive steps."""
-    from probe.analysis.summary import ab_values, block_figures
+    from probe.analysis.summary_read import ab_values, block_figures
     from probe.errors import UsageError
     from probe.reader.recording import Recording, RecordingError
 

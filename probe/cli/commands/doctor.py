@@ -53,7 +53,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             raise UsageError(f"doctor: {rec.path} holds no static snapshot (no step was recorded)")
         # the recording's steps too: a trap the snapshot alone cannot decide is counted
         # from them by the one summary, as `probe report` does (probe.analysis.traps.traps)
-        from probe.analysis.summary import summarize_recordings
+        from probe.analysis.summary_read import summarize_recordings
         from probe.cli.render_report import reason_counts
 
         summ = summarize_recordings([rec])

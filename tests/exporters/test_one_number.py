@@ -52,7 +52,7 @@ RATIO_OF = {
 
 def _probe(*args: str) -> str:
     out = subprocess.run(
-        [sys.executable, "-m", "probe.cli.main", *args], cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", "probe", *args], cwd=ROOT, capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
