@@ -25,7 +25,7 @@ from probe.records import Replay as ReplayRec
 from probe.records import Span as SpanRec
 from probe.step import Step
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TP2 = ROOT / "tests/data/serve-tp2.probe.db"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from benchmarks.derived_phases import COLUMNS, medians
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 H200_MRV2 = ROOT / "tests/data/stock_mrv2_k1.probe.db"
 
 

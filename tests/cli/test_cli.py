@@ -118,7 +118,7 @@ def test_the_version_is_the_packages() -> None:
     import probe
     from probe.cli.commands import probe_version
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     project = tomllib.loads((root / "pyproject.toml").read_text())
     assert "version" in project["project"]["dynamic"]
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "probe.__version__"}

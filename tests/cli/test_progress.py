@@ -34,7 +34,7 @@ from probe.reader.recording import Recording, default_recording
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "tests/data"
 WINDOW = H200 / "groundtruth-window.probe.db"
 KINETO = H200 / "run3-groundtruth.kineto.trimmed.json.gz"

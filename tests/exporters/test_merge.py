@@ -27,7 +27,7 @@ from exporters.timelines.load import load_profile
 from probe.cli.main import main
 from probe.reader.recording import Recording
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "tests/data"
 WINDOW = H200 / "groundtruth-window.probe.db"
 KINETO = H200 / "run3-groundtruth.kineto.trimmed.json.gz"

@@ -16,7 +16,7 @@ from exporters.perfetto import BOOTTIME_CLOCK_ID, Slice, TraceBuilder, _lanes, w
 from probe.cli.main import main
 from probe.reader.recording import Recording
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WINDOW = ROOT / "tests/data/groundtruth-window.probe.db"
 BUNDLED = ROOT / "probe/data/default.probe.db"
 

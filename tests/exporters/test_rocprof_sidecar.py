@@ -14,7 +14,7 @@ from exporters.timelines.rocpd import read_rocpd
 from exporters.timelines.rocpd_writer import create_rocpd_db
 from probe.reader.recording import Recording
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WINDOW = ROOT / "tests/data/groundtruth-window.probe.db"
 
 

@@ -39,7 +39,7 @@ from exporters.timelines.rocpd_writer import create_rocpd_db
 from exporters.timelines.rocprofv3_csv import read_rocprofv3_csv
 from probe.cli.main import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WINDOW = ROOT / "tests/data/groundtruth-window.probe.db"
 EXAMPLES = int(os.environ.get("PROBE_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(

@@ -27,7 +27,7 @@ from exporters.timelines.rocpd_writer import create_rocpd_db
 from exporters.timelines.rocprofv3_csv import read_rocprofv3_csv
 from probe.reader.recording import Recording
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WINDOW = ROOT / "tests/data/groundtruth-window.probe.db"
 KERNEL_HEADER = (
     "Kind,Agent_Id,Queue_Id,Kernel_Id,Kernel_Name,Correlation_Id,Start_Timestamp,"
