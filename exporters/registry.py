@@ -139,8 +139,17 @@ ROCPD = Exporter(
     reports_progress=True,
 )
 
+PARQUET = Exporter(
+    "parquet",
+    "the recording's tables as Parquet, partitioned by host and day (DuckDB, Spark, Trino)",
+    "DIR",
+    "exporters.parquet",
+    "parquet",
+    reports_progress=True,
+)
+
 BUILTIN: Mapping[str, Exporter] = {
-    e.name: e for e in (PROMETHEUS, OPENMETRICS, OTLP, PERFETTO, ROCPD)
+    e.name: e for e in (PROMETHEUS, OPENMETRICS, OTLP, PERFETTO, ROCPD, PARQUET)
 }
 
 
