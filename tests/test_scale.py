@@ -165,3 +165,23 @@ def test_rolling_files_of_one_process_read_as_one(tmp_path: Path) -> None:
             whole.builder_names()[b.pid][x.builder_id] for x in b.builds
         ]
     assert both.step_counts() == whole.step_counts()
+
+
+def test_openmetrics_in_bounded_memory_is_the_timelines_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The streamed exposition is the text of the whole timelines (``lines``), with events
+    spilled in sorted runs of 50 and text spooled every 10,000 characters."""
+    import io
+
+    import exporters.openmetrics as om
+    from exporters.series import timelines
+
+    rec = Recording.open(TP2)
+    whole = "".join(om.lines(timelines(rec)))
+    monkeypatch.setattr(om, "_HOLD", 50)
+    monkeypatch.setattr(om, "_HOLD_TEXT", 10_000)
+    out = io.StringIO()
+    n = om.write_to(rec, out)
+    assert out.getvalue() == whole
+    assert n == sum(1 for line in whole.splitlines() if not line.startswith("#"))
