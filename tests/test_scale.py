@@ -185,3 +185,39 @@ def test_openmetrics_in_bounded_memory_is_the_timelines_text(
     n = om.write_to(rec, out)
     assert out.getvalue() == whole
     assert n == sum(1 for line in whole.splitlines() if not line.startswith("#"))
+
+
+def test_rocpd_in_bounded_memory_is_the_same_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Detail records spooled every 40 and string ids moved to the scratch database every
+    30: the side-car's rows are those written with everything held."""
+    import exporters.perfetto as pf
+    import exporters.timelines.rocpd_writer as rw
+    from exporters.rocprof_sidecar import write_sidecar
+
+    def rows(p: Path) -> list[tuple[object, ...]]:
+        with sqlite3.connect(p) as db:
+            tables = [
+                r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            ]
+            return [(t, *r) for t in sorted(tables) for r in db.execute(f'SELECT * FROM "{t}"')]
+
+    whole = tmp_path / "whole.db"
+    write_sidecar(Recording.open(TP2), whole)
+    monkeypatch.setattr(pf._Spool.__init__, "__defaults__", (40,))
+    monkeypatch.setattr(rw, "_STRINGS_HELD", 30)
+    small = tmp_path / "small.db"
+    write_sidecar(Recording.open(TP2), small)
+
+    def masked(p: Path) -> list[tuple[object, ...]]:
+        import re
+
+        guid = re.compile(
+            r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+        )
+        return [tuple(guid.sub("G", str(v)) for v in r) for r in rows(p)]
+
+    got, want = masked(small), masked(whole)
+    assert len(want) > 10_000
+    assert got == want
