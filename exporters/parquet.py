@@ -48,7 +48,7 @@ from probe.step import STEP_COLUMNS
 
 __all__ = ["PROCESS_COLUMNS", "TABLES", "schema", "write"]
 
-CHUNK_STEPS = 8192
+CHUNK_STEPS = 2048
 """Steps per row group (and what memory holds at once)."""
 
 PROCESS_COLUMNS: tuple[tuple[str, Any], ...] = (
