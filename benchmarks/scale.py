@@ -11,7 +11,8 @@ ranks (the even ranks the bundled worker's steps, the odd ones the TP=2 workers'
 all ranks over the same stretch of time. Then each command runs as a child process of
 its own: ``report --json``, ``ab`` (the recording against itself), ``export`` to every
 offline target (``--perfetto``, ``--openmetrics``, ``--prometheus-textfile``, ``--rocpd``,
-``--parquet``), and ``merge`` with the committed Kineto profile (``--allow-unaligned``).
+``--parquet``), and ``merge`` with a real Kineto profile of vLLM's decode (from the shared
+data, ``$PROBE_SHARED_DIR``; ``--allow-unaligned``).
 Its wall time and peak resident memory (``wait4``'s ``ru_maxrss``) go into
 ``RESULTS.json`` and a table, with the file size and bytes per step, the machine's load
 average before each command, the command line and the commit. ``--only`` picks commands;
@@ -37,7 +38,9 @@ SOURCES = (
     (ROOT / "probe" / "data" / "default.probe.db", None),
     (ROOT / "benchmarks" / "results" / "h200x2-2026-11-30" / "serve-tp2.probe.db", None),
 )
-KINETO = ROOT.parent / "shared" / "data" / "profiles" / "kineto"
+SHARED = Path(os.environ.get("PROBE_SHARED_DIR") or ROOT.parent / "shared")
+KINETO = SHARED / "data" / "profiles" / "kineto"
+KINETO_FILE = "tracelens_vllm_decode_full_graph_execution_hipgraph.json.gz"
 TIMED = ("t0_ns", "t1_ns")
 
 
@@ -147,10 +150,8 @@ def _run(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
 
 
 def commands(rec: Path, work: Path) -> dict[str, list[str]]:
-    kineto = sorted(KINETO.glob("*.json*"))
+    kineto = [KINETO / KINETO_FILE] if (KINETO / KINETO_FILE).exists() else []
     cmds = {
-        "report": ["report", str(rec), "--json"],
-        "ab": ["ab", "--a", str(rec), "--b", str(rec), "--json"],
         "perfetto": ["export", str(rec), "--perfetto", str(work / "t.pftrace")],
         "openmetrics": ["export", str(rec), "--openmetrics", str(work / "t.om")],
         "textfile": ["export", str(rec), "--prometheus-textfile", str(work / "t.prom")],
@@ -161,10 +162,46 @@ def commands(rec: Path, work: Path) -> dict[str, list[str]]:
         cmds["merge"] = [
             "merge", str(rec), str(kineto[0]), "--allow-unaligned", "--out", str(work / "m.pftrace")
         ]  # fmt: skip
+    cmds["report"] = ["report", str(rec), "--json"]
+    cmds["ab"] = ["ab", "--a", str(rec), "--b", str(rec), "--json"]
     for c in cmds.values():
         if c[0] in ("export", "merge"):
             c += ["--force", "--no-progress"]
     return cmds
+
+
+def table(results: dict[str, Any]) -> str:
+    """RESULTS.json as a Markdown table: per command and size, CPU s / wall s / peak MB."""
+    sizes = sorted(results["sizes"].values(), key=lambda e: e["steps"])
+    names = list(dict.fromkeys(n for e in sizes for n in e.get("runs", {})))
+    head = "| command | " + " | ".join(f"{e['steps']:,} steps" for e in sizes) + " |"
+    rows = [head, "|---|" + "---|" * len(sizes)]
+    rows.append(
+        "| recording | " + " | ".join(
+            f"{e['file_bytes'] / 1e6:,.0f} MB, {e['bytes_per_step']:,.0f} B/step" for e in sizes
+        ) + " |"
+    )  # fmt: skip
+    for n in names:
+        cells = []
+        for e in sizes:
+            r = e.get("runs", {}).get(n)
+            if r is None:
+                cells.append("not run")
+            elif r["rc"]:
+                cells.append(f"exit {r['rc']}")
+            else:
+                cells.append(
+                    f"{r['cpu_s']:,.1f} / {r['wall_s']:,.1f} s, {r['peak_rss_mb']:,.0f} MB"
+                )
+        rows.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _save(out: Path | None, results: dict[str, Any]) -> None:
+    """RESULTS.json after every command: a run cut short keeps what it measured."""
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "RESULTS.json").write_text(json.dumps(results, indent=1) + "\n")
 
 
 def main() -> int:
@@ -176,7 +213,11 @@ def main() -> int:
     ap.add_argument("--only", nargs="+", help="commands to run (default: all)")
     ap.add_argument("--skip", nargs="*", default=[], help="NAME or NAME@STEPS to leave out")
     ap.add_argument("--keep", action="store_true", help="keep the recordings made")
+    ap.add_argument("--table", type=Path, help="print RESULTS.json of this folder as a table")
     a = ap.parse_args()
+    if a.table:
+        print(table(json.loads((a.table / "RESULTS.json").read_text())))
+        return 0
     a.work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
     commit = subprocess.run(
@@ -219,10 +260,10 @@ def main() -> int:
                     f.stat().st_size for f in (a.work / "pq").rglob("*") if f.is_file()
                 )
                 shutil.rmtree(a.work / "pq")
+            results["sizes"][str(n)] = entry
+            _save(a.out, results)
         results["sizes"][str(n)] = entry
-        if a.out:
-            a.out.mkdir(parents=True, exist_ok=True)
-            (a.out / "RESULTS.json").write_text(json.dumps(results, indent=1) + "\n")
+        _save(a.out, results)
         if not a.keep:
             rec.unlink()
     return 0
