@@ -155,7 +155,7 @@ def write_to(
     return n
 
 
-_HOLD = 1 << 16
+_HOLD = 1 << 14
 """Events held in memory before a sorted run is written to the temporary file."""
 _HOLD_TEXT = 32 << 20
 """Characters of sample text held in memory before they are appended to the file."""
@@ -284,14 +284,16 @@ def _process_samples(
     tl: int,
     progress: Progress,
 ) -> list[Key] | None:
+    same: dict[Any, Any] = {}  # one tuple per distinct label set: held events share them
+
     def events() -> Iterator[_Event]:
         done = 0
         for s in rec.iter_steps(info.pid):
             gpu = [s.gpu] if s.gpu is not None else []
-            us = [
-                (u.metric, tuple(sorted(u.labels.items())), u.value)
-                for u in updates(info, [s], gpu)
-            ]
+            us = []
+            for u in updates(info, [s], gpu):
+                pairs = tuple(sorted(u.labels.items()))
+                us.append((u.metric, same.setdefault(pairs, pairs), u.value))
             yield info.epoch_ns_of(s.t1), us
             done += 1
             if done == 256:
