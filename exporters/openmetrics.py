@@ -223,8 +223,8 @@ class _Spool:
         held.sort(key=operator.itemgetter(0))
         f = self._file()
         start, count = f.tell(), 0
-        for i in range(0, len(held), 4096):
-            pickle.dump(held[i : i + 4096], f, protocol=pickle.HIGHEST_PROTOCOL)
+        for i in range(0, len(held), 512):  # the merge holds one chunk of each run
+            pickle.dump(held[i : i + 512], f, protocol=pickle.HIGHEST_PROTOCOL)
             count += 1
         return start, count
 

@@ -150,7 +150,9 @@ _SPILL_AT = 1 << 17
 _INTERN_CAP = 1 << 17
 """Interned names held at once; past it the table starts afresh (a name met again is
 interned again under a new id), so memory stays bounded on any trace."""
-_CHUNK = 4096
+_CHUNK = 256
+"""Slices per pickled chunk of a run: a track's merge holds one chunk of each run, so
+memory is :data:`_SPILL_AT` slices plus this many per run."""
 
 
 def _packed(s: Slice) -> tuple[Any, ...]:
@@ -563,7 +565,7 @@ class TraceBuilder:
             buf: list[bytes] = []
             for packet in it:
                 buf.append(_framed(packet))
-                if len(buf) >= _CHUNK:
+                if len(buf) >= 4096:
                     events.write(b"".join(buf))
                     buf.clear()
             events.write(b"".join(buf))

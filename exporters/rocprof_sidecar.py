@@ -98,7 +98,7 @@ def sidecar_spans(recording: Recording, progress: Progress = SILENT) -> Iterator
 def _regions(steps: Iterable[Step], names: dict[int, dict[int, str]]) -> Iterator[SidecarSpan]:
     """The steps as they are read, each detail record kept in its kind's spool (memory
     to a bound, then a temporary file); then each kind's records in step order."""
-    later = [_Spool() for _ in range(5)]
+    later = [_Spool(_SPOOL_AT) for _ in range(5)]
     for s in steps:
         yield SidecarSpan(step_name(s), s.t0, s.t1, s.pid, s.pid, "PROBE_MARKER_STEP")
         for spool, attr in zip(later, _KINDS, strict=True):
@@ -139,6 +139,8 @@ def _regions(steps: Iterable[Step], names: dict[int, dict[int, str]]) -> Iterato
 
 
 _KINDS = ("spans", "dispatches", "replays", "builds", "reorders")
+_SPOOL_AT = 1 << 14
+"""Detail records held per kind before they go to the spool's temporary file."""
 
 
 @dataclass(frozen=True, slots=True)

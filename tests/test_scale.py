@@ -192,7 +192,7 @@ def test_rocpd_in_bounded_memory_is_the_same_database(
 ) -> None:
     """Detail records spooled every 40 and string ids moved to the scratch database every
     30: the side-car's rows are those written with everything held."""
-    import exporters.perfetto as pf
+    import exporters.rocprof_sidecar as sidecar
     import exporters.timelines.rocpd_writer as rw
     from exporters.rocprof_sidecar import write_sidecar
 
@@ -205,7 +205,7 @@ def test_rocpd_in_bounded_memory_is_the_same_database(
 
     whole = tmp_path / "whole.db"
     write_sidecar(Recording.open(TP2), whole)
-    monkeypatch.setattr(pf._Spool.__init__, "__defaults__", (40,))
+    monkeypatch.setattr(sidecar, "_SPOOL_AT", 40)
     monkeypatch.setattr(rw, "_STRINGS_HELD", 30)
     small = tmp_path / "small.db"
     write_sidecar(Recording.open(TP2), small)
