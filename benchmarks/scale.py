@@ -197,6 +197,14 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def _head() -> str:
+    """The commit of the tree the command ran from (a dirty tree is marked)."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", "probe", "exporters"])
+    return head.stdout.strip() + ("+dirty" if dirty.returncode else "")
+
+
 def _save(out: Path | None, results: dict[str, Any]) -> None:
     """RESULTS.json after every command: a run cut short keeps what it measured."""
     if out:
@@ -248,7 +256,7 @@ def main() -> int:
             if (a.only and name not in a.only) or name in a.skip or f"{name}@{n}" in a.skip:
                 continue
             r = _run([sys.executable, "-m", "probe", *c], env)
-            r["commit"] = commit
+            r["commit"] = _head()
             runs[name] = r
             print(json.dumps({"steps": n, "name": name, **r}), flush=True)
             for out in ("t.pftrace", "t.om", "t.prom", "t.rocpd.db", "m.pftrace"):
