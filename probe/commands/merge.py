@@ -113,6 +113,8 @@ def _is_recording(name: str) -> bool:
     """A probe recording (an SQLite file with the recording's application id), or a glob
     whose every match is one; anything else is a profile."""
     import glob
+    import os
+    import stat
 
     from probe.recording_schema import APPLICATION_ID
 
@@ -121,8 +123,15 @@ def _is_recording(name: str) -> bool:
         return False
     for p in paths:
         try:
-            with open(p, "rb") as f:
-                head = f.read(72)
+            # only a regular file is read: a FIFO would block here (the profile loader
+            # refuses it with one line)
+            if not stat.S_ISREG(os.stat(p).st_mode):
+                return False
+            fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                head = os.pread(fd, 72, 0)
+            finally:
+                os.close(fd)
         except OSError:
             return False
         if head[:16] != b"SQLite format 3\x00" or int.from_bytes(head[68:72]) != APPLICATION_ID:
