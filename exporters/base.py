@@ -51,6 +51,7 @@ EXTRAS: dict[str, str] = {
     "prometheus": "prometheus",
     "otlp": "otlp",
     "perfetto": "perfetto",
+    "parquet": "parquet",
 }
 
 

@@ -18,16 +18,35 @@ backfilled Prometheus too. No ``_created`` series are written.
 
 from __future__ import annotations
 
+import copy
+import heapq
 import math
+import operator
 import os
-from collections.abc import Iterator
+import pickle
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from exporters.metrics import METRICS, Metric
-from exporters.series import DEFAULT_INTERVAL_S, Hist, Timeline, instance_id, timelines
+from exporters.base import ProcessInfo, processes_from_recording
+from exporters.metrics import METRICS, Metric, process_updates, updates
+from exporters.series import (
+    DEFAULT_INTERVAL_S,
+    Hist,
+    Key,
+    Timeline,
+    Value,
+    _apply,
+    _key,
+    _zero,
+    instance_id,
+)
+from probe.analysis.steady import Classes, iter_chunks
+from probe.analysis.summary_read import summarize_recordings
 from probe.progress import SILENT, Progress
 from probe.reader.recording import Recording
+from probe.reader.recording_set import RecordingSet
 
 __all__ = ["JOB", "lines", "write"]
 
@@ -76,18 +95,31 @@ def lines(tls: list[Timeline], job: str = JOB) -> Iterator[str]:
                     continue
                 lab = {**target, **dict(pairs)}
                 for t, v in zip(tl.ticks, values, strict=True):
-                    ts = f"{t // 1_000_000 / 1000:.3f}"
-                    if isinstance(v, Hist):
-                        acc = 0
-                        for bound, c in zip((*v.bounds, math.inf), v.counts, strict=True):
-                            acc += c
-                            le = _labels({**lab, "le": _num_le(bound)})
-                            yield f"{m.name}_bucket{le} {acc} {ts}\n"
-                        yield f"{m.name}_count{_labels(lab)} {v.count} {ts}\n"
-                        yield f"{m.name}_sum{_labels(lab)} {_num(v.sum)} {ts}\n"
-                    else:
-                        yield f"{m.name}{_labels(lab)} {_num(v)} {ts}\n"
+                    yield from _sample(m.name, lab, t, v)
     yield "# EOF\n"
+
+
+def _header(m: Metric) -> Iterator[str]:
+    fam = _family(m)
+    yield f"# TYPE {fam} {m.kind}\n"
+    if m.unit in _UNITS and fam.endswith("_" + _UNITS[m.unit]):
+        yield f"# UNIT {fam} {_UNITS[m.unit]}\n"
+    yield f"# HELP {fam} {_escape(m.help)}\n"
+
+
+def _sample(name: str, lab: dict[str, str], t: int, v: Value) -> Iterator[str]:
+    """The lines of one series' value ``v`` at ``t`` (epoch ns)."""
+    ts = f"{t // 1_000_000 / 1000:.3f}"
+    if isinstance(v, Hist):
+        acc = 0
+        for bound, c in zip((*v.bounds, math.inf), v.counts, strict=True):
+            acc += c
+            le = _labels({**lab, "le": _num_le(bound)})
+            yield f"{name}_bucket{le} {acc} {ts}\n"
+        yield f"{name}_count{_labels(lab)} {v.count} {ts}\n"
+        yield f"{name}_sum{_labels(lab)} {_num(v.sum)} {ts}\n"
+    else:
+        yield f"{name}{_labels(lab)} {_num(v)} {ts}\n"
 
 
 def _num_le(bound: float) -> str:
@@ -102,12 +134,240 @@ def write_to(
     *,
     progress: Progress = SILENT,
 ) -> int:
-    """Write ``rec`` as OpenMetrics to ``out``; returns the number of samples written."""
-    n = 0
-    for line in lines(timelines(rec, interval_s, progress=progress)):
-        out.write(line)
-        n += not line.startswith("#")
+    """Write ``rec`` as OpenMetrics to ``out``; returns the number of samples written.
+
+    The text is the one :func:`lines` gives for :func:`exporters.series.timelines`, made
+    as the steps are read: each process's step events are sorted by time in runs held to
+    a bound (spilled to a temporary file past it) and read twice (the series that ever
+    appear, then the ticks); each series' samples are appended to a spool (memory up to
+    a bound, then the same file) and the families are written from it in order. Memory
+    holds a window of events and of text, not the recording's timelines.
+    """
+    if interval_s <= 0:
+        raise ValueError(f"interval must be above 0 s, got {interval_s}")
+    with _Spool() as spool:
+        keys = _sample_streams(rec, interval_s, spool, progress)
+        n = 0
+        for m in METRICS.values():
+            for line in _header(m):
+                out.write(line)
+            for tl, tl_keys in enumerate(keys):
+                for i, (name, _) in enumerate(tl_keys):
+                    if name == m.name:
+                        n += spool.write_stream((tl, i), out)
+        out.write("# EOF\n")
     return n
+
+
+_HOLD = 1 << 14
+"""Events held in memory before a sorted run is written to the temporary file."""
+_HOLD_TEXT = 32 << 20
+"""Characters of sample text held in memory before they are appended to the file."""
+
+_Event = tuple[int, list[tuple[str, tuple[tuple[str, str], ...], float]]]
+
+
+class _Spool:
+    """Sorted runs of events and streams of text, in memory to a bound and in one
+    temporary file past it."""
+
+    def __init__(self) -> None:
+        self.file: IO[bytes] | None = None
+        self.text: dict[tuple[int, int], list[str]] = {}
+        self.chunks: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+        self.held_text = 0
+
+    def __enter__(self) -> _Spool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def _file(self) -> IO[bytes]:
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(prefix="probe-om-")  # noqa: SIM115 (__exit__)
+        self.file.seek(0, os.SEEK_END)
+        return self.file
+
+    # -- events, sorted by (time, order read)
+
+    def sorted_events(self, events: Iterable[_Event]) -> Callable[[], Iterator[_Event]]:
+        """``events`` held in sorted runs; returns what iterates them in time order (again
+        each time it is called), ties in the order read."""
+        runs: list[tuple[int, int]] = []
+        held: list[tuple[tuple[int, int], _Event]] = []
+        for seq, e in enumerate(events):
+            held.append(((e[0], seq), e))
+            if len(held) >= _HOLD:
+                runs.append(self._run(held))
+                held = []
+        held.sort(key=operator.itemgetter(0))
+
+        def read(offset: int, count: int) -> Iterator[tuple[tuple[int, int], _Event]]:
+            f = self.file
+            assert f is not None
+            pos = offset
+            for _ in range(count):
+                f.seek(pos)
+                items: list[tuple[tuple[int, int], _Event]] = pickle.load(f)
+                pos = f.tell()
+                yield from items
+
+        def ordered() -> Iterator[_Event]:
+            merged = heapq.merge(
+                *(read(o, c) for o, c in runs), iter(held), key=operator.itemgetter(0)
+            )
+            for _, e in merged:
+                yield e
+
+        return ordered
+
+    def _run(self, held: list[tuple[tuple[int, int], _Event]]) -> tuple[int, int]:
+        held.sort(key=operator.itemgetter(0))
+        f = self._file()
+        start, count = f.tell(), 0
+        for i in range(0, len(held), 512):  # the merge holds one chunk of each run
+            pickle.dump(held[i : i + 512], f, protocol=pickle.HIGHEST_PROTOCOL)
+            count += 1
+        return start, count
+
+    # -- streams of text, appended in order
+
+    def append(self, stream: tuple[int, int], text: str) -> None:
+        self.text.setdefault(stream, []).append(text)
+        self.held_text += len(text)
+        if self.held_text >= _HOLD_TEXT:
+            f = self._file()
+            for k, parts in self.text.items():
+                if parts:
+                    data = "".join(parts).encode()
+                    self.chunks.setdefault(k, []).append((f.tell(), len(data), len(parts)))
+                    f.write(data)
+                    parts.clear()
+            self.held_text = 0
+
+    def write_stream(self, stream: tuple[int, int], out: IO[str]) -> int:
+        """Write one stream's text to ``out``; returns the number of samples (lines)."""
+        n = 0
+        for offset, size, _ in self.chunks.pop(stream, []):
+            assert self.file is not None
+            self.file.seek(offset)
+            data = self.file.read(size).decode()
+            out.write(data)
+            n += data.count("\n")
+        parts = self.text.pop(stream, [])
+        for p in parts:
+            out.write(p)
+            n += p.count("\n")
+        return n
+
+
+def _sample_streams(
+    rec: Recording | RecordingSet, interval_s: float, spool: _Spool, progress: Progress
+) -> list[list[Key]]:
+    """Every clocked process's samples into ``spool`` (stream (process, series) -> text),
+    as :func:`exporters.series.timeline` samples them; returns each process's series."""
+    infos = processes_from_recording(rec)  # type: ignore[arg-type]
+    per_pid = rec.step_counts()
+    clocked = [i for i in infos if i.boottime_ns is not None and i.epoch_ns is not None]
+    progress.stage("building timelines", sum(per_pid.get(i.pid, 0) for i in clocked), "steps")
+    # the report's steady/warm-up split, exactly (one streaming summary pass first)
+    recs = rec.recordings if isinstance(rec, RecordingSet) else [rec]
+    shared = [Classes.of(summarize_recordings(recs))]  # one split across the processes
+    out: list[list[Key]] = []
+    for info in clocked:
+        keys = _process_samples(rec, info, interval_s, spool, len(out), progress, shared)
+        if keys is not None:
+            out.append(keys)
+    return out
+
+
+def _process_samples(
+    rec: Recording | RecordingSet,
+    info: ProcessInfo,
+    interval_s: float,
+    spool: _Spool,
+    tl: int,
+    progress: Progress,
+    shared: list[Classes],
+) -> list[Key] | None:
+    same: dict[Any, Any] = {}  # one tuple per distinct label set: held events share them
+    before = copy.deepcopy(shared[0])
+
+    def events() -> Iterator[_Event]:
+        done = 0
+        # classified in chunks, as exporters.series.timeline does; the split keeps state as
+        # it goes, so each of the two reads starts from the state before this process
+        classes = copy.deepcopy(before)
+        shared[0] = classes
+        for chunk in iter_chunks(rec.iter_steps(info.pid)):
+            classes.classify(chunk)
+            for s in chunk:
+                gpu = [s.gpu] if s.gpu is not None else []
+                us = []
+                for u in updates(info, [s], gpu, classes):
+                    pairs = tuple(sorted(u.labels.items()))
+                    us.append((u.metric, same.setdefault(pairs, pairs), u.value))
+                yield info.epoch_ns_of(s.t1), us
+                done += 1
+                if done == 256:
+                    progress.advance(done)
+                    done = 0
+        progress.advance(done)
+
+    ordered = spool.sorted_events(events())
+    health = list(process_updates(info, None))
+    info_gauges = [u for u in health if METRICS[u.metric].kind == "gauge"]
+    totals = [u for u in health if METRICS[u.metric].kind != "gauge"]
+    state: dict[Key, Value] = {}
+    for u in info_gauges:
+        _apply(state, u)
+    first: int | None = None
+    last = 0
+    # every series that ever appears, present (at 0) from the first tick
+    for t, us in ordered():
+        if first is None:
+            first = t
+        last = t
+        for metric, pairs, _ in us:
+            state.setdefault((metric, pairs), _zero(metric))
+    if first is None:
+        return None
+    for u in totals:
+        state.setdefault(_key(u), _zero(u.metric))
+    step_ns = round(interval_s * 1e9)
+    t0 = first - 1_000_000
+    t0 -= t0 % 1_000_000
+    n = -(-(last - t0) // step_ns)
+    target = {"job": JOB, "instance": instance_id(info)}
+    keys = list(state)
+    labels = [{**target, **dict(pairs)} for _, pairs in keys]
+    pending = ordered()
+    nxt = next(pending, None)
+    for ti in range(n + 1):
+        tick = t0 + ti * step_ns
+        while nxt is not None and nxt[0] <= tick:
+            for metric, pairs, value in nxt[1]:
+                _bump(state, (metric, pairs), metric, value)
+            nxt = next(pending, None)
+        if ti == n:
+            for u in totals:
+                _apply(state, u)
+        for i, k in enumerate(keys):
+            spool.append((tl, i), "".join(_sample(k[0], labels[i], tick, state[k])))
+    return keys
+
+
+def _bump(state: dict[Key, Value], k: Key, metric: str, value: float) -> None:
+    """:func:`exporters.series._apply` of an update given as its key and value."""
+    cur = state.setdefault(k, _zero(metric))
+    if isinstance(cur, Hist):
+        cur.observe(value)
+    elif METRICS[metric].kind == "counter":
+        state[k] = cur + value
+    else:
+        state[k] = float(value)
 
 
 def write(

@@ -33,13 +33,29 @@ package (``pip install 'vllm-graph-probe[perfetto]'``).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from exporters.base import MissingExtra
-from probe.progress import SILENT, Progress, counted
+from exporters.perfetto_stream import (  # noqa: F401  (re-exported)
+    _SPILL_AT,
+    ArgValue,
+    Slice,
+    _events,
+    _framed,
+    _Item,
+    _Key,
+    _lanes,
+    _packed,
+    _Runs,
+    _Spool,
+    _unpacked,
+    _varint,
+)
+from probe.progress import SILENT, Progress
 from probe.reader.recording import Recording, record_fields, step_fields
 from probe.records import Build, Dispatch, Flag, Reorder, Replay, Span
 from probe.step import Step
@@ -79,62 +95,9 @@ def _protos() -> Any:
     return perfetto_trace_pb2
 
 
-ArgValue = str | int | float | bool | None
-
-
-@dataclass(frozen=True, slots=True)
-class Slice:
-    """One interval on a track; ``start_ns == end_ns`` is written as an instant.
-
-    ``flows_out`` start flow arrows at this slice, ``flows_in`` end them here.
-    """
-
-    name: str
-    start_ns: int
-    end_ns: int
-    category: str = ""
-    args: Mapping[str, ArgValue] = field(default_factory=dict)
-    flows_out: tuple[int, ...] = ()
-    flows_in: tuple[int, ...] = ()
-
-
-def _lanes(slices: Iterable[Slice]) -> list[list[Slice]]:
-    """Split slices into lanes in which every pair either nests or is disjoint.
-
-    Perfetto draws the slices of one track as a stack; two slices that overlap without
-    nesting cannot share one. Properly nested data (the probe's phases) stays in one lane.
-    """
-    lanes: list[list[Slice]] = []
-    stacks: list[list[int]] = []
-    for s in sorted(slices, key=lambda s: (s.start_ns, -s.end_ns)):
-        for lane, stack in zip(lanes, stacks, strict=True):
-            while stack and stack[-1] <= s.start_ns:
-                stack.pop()
-            if not stack or s.end_ns <= stack[-1]:
-                lane.append(s)
-                stack.append(s.end_ns)
-                break
-        else:
-            lanes.append([s])
-            stacks.append([s.end_ns])
-    return lanes
-
-
-def _events(lane: Sequence[Slice]) -> Iterator[tuple[int, str, Slice]]:
-    """Begin/end/instant events of one lane in an order that keeps the nesting."""
-    stack: list[Slice] = []
-    for s in lane:  # sorted by (start, -end) by _lanes
-        while stack and stack[-1].end_ns <= s.start_ns:
-            top = stack.pop()
-            yield top.end_ns, "E", top
-        if s.start_ns == s.end_ns:
-            yield s.start_ns, "I", s
-        else:
-            yield s.start_ns, "B", s
-            stack.append(s)
-    while stack:
-        top = stack.pop()
-        yield top.end_ns, "E", top
+_INTERN_CAP = 1 << 17
+"""Interned names held at once; past it the table starts afresh (a name met again is
+interned again under a new id), so memory stays bounded on any trace."""
 
 
 class TraceBuilder:
@@ -154,12 +117,16 @@ class TraceBuilder:
         self._pb = _protos()
         self._next_uuid = 1
         self._descriptors: list[Any] = []
-        self._slices: dict[int, list[Slice]] = {}
+        self._runs = _Runs()
+        self._seq = 0  # the order slices were added in: a tie's order on a track
+        self._rank = 0  # the highest rank given to add()
         self._names: dict[int, tuple[str, int | None, int | None]] = {}
         self._clock_pairs: list[tuple[int, int]] = []
         self._next_flow = 1
         self._iids: dict[str, int] = {}  # interned event names (one sequence)
         self._arg_iids: dict[str, int] = {}  # interned debug annotation names
+        self._next_iid: dict[int, int] = {}  # per table (by id): the last id given
+        self._extra: list[Any] = []  # descriptors of the sibling tracks of split lanes
 
     # -- tracks
 
@@ -212,12 +179,23 @@ class TraceBuilder:
 
     # -- slices
 
-    def add(self, track: int, s: Slice) -> None:
+    def add(self, track: int, s: Slice, *, rank: int | None = None) -> None:
+        """Add ``s`` to ``track``. Slices of a track are written in time order (start,
+        the longer first); a tie goes to the lower ``rank``, then to the slice added
+        first; tracks are written in the order of their first slice's (rank, order
+        added). A writer that adds several kinds of slice as it reads ranks them by kind:
+        the file is the one a pass over the data per kind would give. No ``rank``: the
+        highest given so far (what is added after such passes follows them)."""
+        if rank is None:
+            rank = self._rank
+        elif rank > self._rank:
+            self._rank = rank
         if s.start_ns < 0:
             raise ValueError(f"slice {s.name!r} starts before 0 ns ({s.start_ns})")
         if s.end_ns < s.start_ns:
             raise ValueError(f"slice {s.name!r} ends before it starts ({s.start_ns}, {s.end_ns})")
-        self._slices.setdefault(track, []).append(s)
+        self._seq += 1
+        self._runs.add(track, (s.start_ns, -s.end_ns, rank, self._seq), s)
 
     def extend(self, track: int, slices: Iterable[Slice]) -> None:
         for s in slices:
@@ -226,9 +204,8 @@ class TraceBuilder:
     # -- output
 
     def _annotation(self, key: str, value: ArgValue, interned: list[Any]) -> Any:
-        iid = self._arg_iids.get(key)
-        if iid is None:
-            iid = self._arg_iids[key] = len(self._arg_iids) + 1
+        iid, new = self._intern(self._arg_iids, key)
+        if new:
             interned.append(self._pb.DebugAnnotationName(iid=iid, name=key))
         a = self._pb.DebugAnnotation(name_iid=iid)
         if isinstance(value, bool):
@@ -250,9 +227,8 @@ class TraceBuilder:
             te.type = pb.TrackEvent.TYPE_SLICE_END
         else:
             te.type = pb.TrackEvent.TYPE_INSTANT if kind == "I" else pb.TrackEvent.TYPE_SLICE_BEGIN
-            iid = self._iids.get(s.name)
-            if iid is None:
-                iid = self._iids[s.name] = len(self._iids) + 1
+            iid, new = self._intern(self._iids, s.name)
+            if new:
                 names.append(pb.EventName(iid=iid, name=s.name))
             te.name_iid = iid
             if s.category:
@@ -275,18 +251,33 @@ class TraceBuilder:
             )
         return packet
 
-    def packets(self, progress: Progress = SILENT) -> list[Any]:
+    def _intern(self, table: dict[str, int], key: str) -> tuple[int, bool]:
+        """``key``'s id in ``table`` and whether it is new (then the packet defines it)."""
+        iid = table.get(key)
+        if iid is not None:
+            return iid, False
+        if len(table) >= _INTERN_CAP:
+            table.clear()
+        self._next_iid[id(table)] = iid = self._next_iid.get(id(table), 0) + 1
+        table[key] = iid
+        return iid, True
+
+    def iter_packets(self, progress: Progress = SILENT) -> Iterator[Any]:
         """Every packet of the trace, in writing order; ``progress`` counts the slices.
 
+        The track descriptors come first, then each track's events; a track's slices that
+        overlap without nesting go to sibling tracks whose descriptors are only known once
+        the track is read, so this yields the first packet, then the events (marked by
+        ``None`` between the two), and :meth:`write` puts the descriptors in front.
         Event and argument names are interned (``InternedData.event_names`` and
         ``debug_annotation_names``) on the one packet sequence, which the first packet
         clears.
         """
-        progress.stage("encoding trace", sum(map(len, self._slices.values())), "slices")
+        progress.stage("encoding trace", sum(self._runs.total.values()), "slices")
         pb = self._pb
         self._iids = {}
         self._arg_iids = {}
-        out: list[Any] = []
+        self._next_iid = {}
         first = pb.TracePacket(
             trusted_packet_sequence_id=_SEQUENCE_ID,
             sequence_flags=pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED,
@@ -304,39 +295,134 @@ class TraceBuilder:
             )
             first.timestamp = boot
             first.timestamp_clock_id = BOOTTIME_CLOCK_ID
-        out.append(first)
-        extra: list[Any] = []
-        events: list[Any] = []
-        for track, slices in self._slices.items():
-            lanes = _lanes(slices)
-            for i, lane in enumerate(lanes):
-                uuid = track
-                if i:
-                    name, parent, _ = self._names.get(track, (f"track {track}", None, None))
-                    uuid = self._uuid()
-                    d = pb.TrackDescriptor(uuid=uuid, name=f"{name} ({i + 1})")
-                    if parent is not None:
-                        d.parent_uuid = parent
-                    extra.append(d)
-                events.extend(self._packet(ts, kind, uuid, s) for ts, kind, s in _events(lane))
-                progress.advance(len(lane))
-        for d in [*self._descriptors, *extra]:
-            out.append(pb.TracePacket(trusted_packet_sequence_id=_SEQUENCE_ID, track_descriptor=d))
-        out.extend(events)
-        return out
+        yield first
+        yield None
+        self._extra = []
+        try:
+            for track in self._runs.tracks():
+                yield from self._track_packets(track, progress)
+        finally:
+            self._runs.close()
+
+    def _track_packets(self, track: int, progress: Progress) -> Iterator[Any]:
+        """One track's events: its first lane as the slices come, in time order; the
+        others (slices that overlap without nesting) after it, each on a sibling track."""
+        pb = self._pb
+        stacks: list[list[int]] = []  # per lane: the ends of its open slices (_lanes)
+        opened: list[list[Slice]] = []  # per lane: its open slices (_events)
+        later: list[_Spool] = []  # lanes after the first: their events, in order
+        done = 0
+        for s in self._runs.sorted(track):
+            lane = _fit(stacks, s)
+            if lane == len(opened):
+                opened.append([])
+                if lane:
+                    later.append(_Spool())
+            events = _lane_events(opened[lane], s)
+            if lane == 0:
+                for ts, kind, x in events:
+                    yield self._packet(ts, kind, track, x)
+            else:
+                for ev in events:
+                    later[lane - 1].append(ev)
+            done += 1
+            if done == 4096:
+                progress.advance(done)
+                done = 0
+        for lane, stack in enumerate(opened):
+            closing = [(top.end_ns, "E", top) for top in reversed(stack)]
+            if lane == 0:
+                for ts, kind, x in closing:
+                    yield self._packet(ts, kind, track, x)
+            else:
+                for ev in closing:
+                    later[lane - 1].append(ev)
+        progress.advance(done)
+        for i, spool in enumerate(later, start=1):
+            name, parent, _ = self._names.get(track, (f"track {track}", None, None))
+            uuid = self._uuid()
+            d = pb.TrackDescriptor(uuid=uuid, name=f"{name} ({i + 1})")
+            if parent is not None:
+                d.parent_uuid = parent
+            self._extra.append(d)
+            for ts, kind, x in spool:
+                yield self._packet(ts, kind, uuid, x)
+
+    def packets(self, progress: Progress = SILENT) -> list[Any]:
+        """Every packet of the trace, in writing order (held in memory: :meth:`write`
+        streams them)."""
+        it = self.iter_packets(progress)
+        first = next(it)
+        next(it)
+        events = list(it)
+        descriptors = [
+            self._pb.TracePacket(trusted_packet_sequence_id=_SEQUENCE_ID, track_descriptor=d)
+            for d in [*self._descriptors, *self._extra]
+        ]
+        return [first, *descriptors, *events]
 
     def serialize(self, progress: Progress = SILENT) -> bytes:
         """The trace as bytes (a ``Trace`` message: repeated ``TracePacket``)."""
-        trace = self._pb.Trace()
-        trace.packet.extend(self.packets(progress))
-        data: bytes = trace.SerializeToString()
-        return data
+        return b"".join(_framed(p) for p in self.packets(progress))
 
     def write(self, path: str | os.PathLike[str], progress: Progress = SILENT) -> Path:
-        """Write the trace to ``path``; returns the path."""
+        """Write the trace to ``path``; returns the path. The events are encoded as the
+        slices are read back in order into a temporary file beside ``path``, then follow
+        the descriptors: memory holds one window of slices, not the trace."""
         p = Path(path)
-        p.write_bytes(self.serialize(progress))
+        with tempfile.TemporaryFile(prefix=".probe-events-", dir=p.parent) as events:
+            it = self.iter_packets(progress)
+            first = _framed(next(it))
+            next(it)
+            buf: list[bytes] = []
+            for packet in it:
+                buf.append(_framed(packet))
+                if len(buf) >= 4096:
+                    events.write(b"".join(buf))
+                    buf.clear()
+            events.write(b"".join(buf))
+            with p.open("wb") as out:
+                out.write(first)
+                for d in [*self._descriptors, *self._extra]:
+                    out.write(
+                        _framed(
+                            self._pb.TracePacket(
+                                trusted_packet_sequence_id=_SEQUENCE_ID, track_descriptor=d
+                            )
+                        )
+                    )
+                events.seek(0)
+                while chunk := events.read(1 << 20):
+                    out.write(chunk)
         return p
+
+
+def _fit(stacks: list[list[int]], s: Slice) -> int:
+    """The first lane ``s`` nests in or follows (as :func:`_lanes` places it), a new one
+    when none; ``stacks`` holds each lane's open ends and takes ``s``'s."""
+    for lane, stack in enumerate(stacks):
+        while stack and stack[-1] <= s.start_ns:
+            stack.pop()
+        if not stack or s.end_ns <= stack[-1]:
+            stack.append(s.end_ns)
+            return lane
+    stacks.append([s.end_ns])
+    return len(stacks) - 1
+
+
+def _lane_events(opened: list[Slice], s: Slice) -> list[tuple[int, str, Slice]]:
+    """The events ``s`` brings to its lane (sorted input, as :func:`_events`): the ends of
+    the open slices that end by its start, then its begin (or instant)."""
+    out: list[tuple[int, str, Slice]] = []
+    while opened and opened[-1].end_ns <= s.start_ns:
+        top = opened.pop()
+        out.append((top.end_ns, "E", top))
+    if s.start_ns == s.end_ns:
+        out.append((s.start_ns, "I", s))
+    else:
+        out.append((s.start_ns, "B", s))
+        opened.append(s)
+    return out
 
 
 # --------------------------------------------------------------------------- recordings
@@ -430,10 +516,9 @@ def recording_tracks(
     """
     procs = {int(p["pid"]): p for p in recording.processes()}
     progress.stage("reading records", recording.record_count(), "records")
-    steps = list(recording.iter_steps())
     names = recording.builder_names()
-    for s in steps:  # a step whose process row is missing still gets a track
-        procs.setdefault(s.pid, {"pid": s.pid})
+    for pid in recording.step_counts():  # a step whose process row is missing gets a track
+        procs.setdefault(pid, {"pid": pid})
     process: dict[int, int] = {}
     thread: dict[int, int] = {}
     sub: dict[tuple[int, str], int] = {}
@@ -448,42 +533,56 @@ def recording_tracks(
     counts = dict.fromkeys(
         ("step", "phase", "dispatch", "replay", "build", "reorder", "reorder_mark"), 0
     )
-    # one category after the other: the order slices are added in is the order of ties on
-    # a track, and of the tracks in the file
-    for s in counted(steps, progress):
+    # the steps are read once; each kind of slice has its rank, so that ties on a track
+    # are in the order of a pass over all steps per kind (steps, phases, dispatches,
+    # replays, builds, reorders)
+    add = builder.add
+    done = 0
+    for s in recording.iter_steps():
         fields = step_fields(s)
         step_args = {"step": s.step, **{k: fields[k] for k in _STEP_ARGS}}
-        builder.add(thread[s.pid], Slice(step_name(s), s.t0, s.t1, "step", step_args))
+        add(thread[s.pid], Slice(step_name(s), s.t0, s.t1, "step", step_args), rank=0)
         counts["step"] += 1
-    for s, sp in counted(((x, sp) for x in steps for sp in x.spans), progress):
-        builder.add(thread[s.pid], Slice(phase_name(sp), sp.t0, sp.t1, "phase", {"step": s.step}))
-        counts["phase"] += 1
-    for s, d in counted(((x, d) for x in steps for d in x.dispatches), progress):
-        name = f"{drafter_prefix(d)}dispatch {d.mode.name} {d.reason.name.lower()}"
-        args = _args(d, names.get(s.pid, {}))
-        builder.add(sub[(s.pid, "graph decisions")], Slice(name, d.t0, d.t1, "dispatch", args))
-        counts["dispatch"] += 1
-    for s, r in counted(((x, r) for x in steps for r in x.replays), progress):
-        name = f"{drafter_prefix(r)}{r.kind.name.lower()} {r.mode.name}"
-        args = _args(r, names.get(s.pid, {}))
-        builder.add(sub[(s.pid, "graph decisions")], Slice(name, r.t0, r.t1, "replay", args))
-        counts["replay"] += 1
-    for s, b in counted(((x, b) for x in steps for b in x.builds), progress):
+        for sp in s.spans:
+            add(
+                thread[s.pid],
+                Slice(phase_name(sp), sp.t0, sp.t1, "phase", {"step": s.step}),
+                rank=1,
+            )
+        counts["phase"] += len(s.spans)
         builders = names.get(s.pid, {})
-        name = f"{builders.get(b.builder_id, '?')} ({b.tag.name.lower()})"
-        builder.add(
-            sub[(s.pid, "metadata builds")], Slice(name, b.t0, b.t1, "build", _args(b, builders))
-        )
-        counts["build"] += 1
-    for s, o in counted(((x, o) for x in steps for o in x.reorders), progress):
-        track = sub[(s.pid, "reorder")]
-        args = _args(o, names.get(s.pid, {}))
-        name = "reorder" + (" (changed)" if o.changed else "")
-        builder.add(track, Slice(name, o.t0, o.t1, "reorder", args))
-        counts["reorder"] += 1
-        if o.changed:
-            builder.add(track, Slice(f"reorder moved {o.moved}", o.t1, o.t1, "reorder", args))
-            counts["reorder_mark"] += 1
+        decisions = sub[(s.pid, "graph decisions")]
+        for d in s.dispatches:
+            name = f"{drafter_prefix(d)}dispatch {d.mode.name} {d.reason.name.lower()}"
+            add(decisions, Slice(name, d.t0, d.t1, "dispatch", _args(d, builders)), rank=2)
+        counts["dispatch"] += len(s.dispatches)
+        for r in s.replays:
+            name = f"{drafter_prefix(r)}{r.kind.name.lower()} {r.mode.name}"
+            add(decisions, Slice(name, r.t0, r.t1, "replay", _args(r, builders)), rank=3)
+        counts["replay"] += len(s.replays)
+        for b in s.builds:
+            name = f"{builders.get(b.builder_id, '?')} ({b.tag.name.lower()})"
+            add(
+                sub[(s.pid, "metadata builds")],
+                Slice(name, b.t0, b.t1, "build", _args(b, builders)),
+                rank=4,
+            )
+        counts["build"] += len(s.builds)
+        for o in s.reorders:
+            track = sub[(s.pid, "reorder")]
+            args = _args(o, builders)
+            name = "reorder" + (" (changed)" if o.changed else "")
+            add(track, Slice(name, o.t0, o.t1, "reorder", args), rank=5)
+            counts["reorder"] += 1
+            if o.changed:
+                add(track, Slice(f"reorder moved {o.moved}", o.t1, o.t1, "reorder", args), rank=5)
+                counts["reorder_mark"] += 1
+        done += 1 + len(s.spans) + len(s.dispatches) + len(s.replays) + len(s.builds)
+        done += len(s.reorders)
+        if done >= 4096:
+            progress.advance(done)
+            done = 0
+    progress.advance(done)
     return RecordingTracks(process, thread, counts)
 
 

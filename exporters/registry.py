@@ -143,8 +143,17 @@ ROCPD = Exporter(
     streams=False,
 )
 
+PARQUET = Exporter(
+    "parquet",
+    "the recording's tables as Parquet, partitioned by host and day (DuckDB, Spark, Trino)",
+    "DIR",
+    "exporters.parquet",
+    "parquet",
+    reports_progress=True,
+)
+
 BUILTIN: Mapping[str, Exporter] = {
-    e.name: e for e in (PROMETHEUS, OPENMETRICS, OTLP, PERFETTO, ROCPD)
+    e.name: e for e in (PROMETHEUS, OPENMETRICS, OTLP, PERFETTO, ROCPD, PARQUET)
 }
 
 

@@ -26,11 +26,11 @@ steps.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from exporters.perfetto import drafter_prefix, phase_name, step_name
+from exporters.perfetto import _Spool, drafter_prefix, phase_name, step_name
 from exporters.timelines.model import ProfileError
 from exporters.timelines.rocpd import rocpd_origin
 from exporters.timelines.rocpd_schema import DEFAULT_VERSION, FALLBACK_VERSIONS, layout_of
@@ -92,17 +92,23 @@ def sidecar_spans(recording: Recording, progress: Progress = SILENT) -> Iterator
     dispatches, replays, builds and reorders (each in step order); ``progress`` counts
     them (one region a record)."""
     progress.stage("writing regions", recording.record_count(), "records")
-    yield from counted(_regions(list(recording.iter_steps()), recording.builder_names()), progress)
+    yield from counted(_regions(recording.iter_steps(), recording.builder_names()), progress)
 
 
-def _regions(steps: list[Step], names: dict[int, dict[int, str]]) -> Iterator[SidecarSpan]:
+def _regions(steps: Iterable[Step], names: dict[int, dict[int, str]]) -> Iterator[SidecarSpan]:
+    """The steps as they are read, each detail record kept in its kind's spool (memory
+    to a bound, then a temporary file); then each kind's records in step order."""
+    later = [_Spool(_SPOOL_AT) for _ in range(5)]
     for s in steps:
         yield SidecarSpan(step_name(s), s.t0, s.t1, s.pid, s.pid, "PROBE_MARKER_STEP")
+        for spool, attr in zip(later, _KINDS, strict=True):
+            for x in getattr(s, attr):
+                spool.append((s.step, s.pid, x))
 
-    def build_name(s: Step, b: Any) -> str:
+    def build_name(s: Any, b: Any) -> str:
         return f"{names.get(s.pid, {}).get(b.builder_id, '?')} ({b.tag.name.lower()})"
 
-    kinds: tuple[tuple[str, Callable[[Step, Any], str], str], ...] = (
+    kinds: tuple[tuple[str, Callable[[Any, Any], str], str], ...] = (
         ("spans", lambda s, sp: phase_name(sp), "PHASE"),
         (
             "dispatches",
@@ -125,10 +131,24 @@ def _regions(steps: list[Step], names: dict[int, dict[int, str]]) -> Iterator[Si
             "REORDER",
         ),
     )
-    for attr, name, marker in kinds:  # each kind in step order, one kind after another
-        for s in steps:
-            for x in getattr(s, attr):
-                yield SidecarSpan(name(s, x), x.t0, x.t1, s.pid, s.pid, f"PROBE_MARKER_{marker}")
+    # each kind in step order, one kind after another
+    for spool, (_, name, marker) in zip(later, kinds, strict=True):
+        for step, pid, x in spool:
+            ref = _StepRef(step, pid)
+            yield SidecarSpan(name(ref, x), x.t0, x.t1, pid, pid, f"PROBE_MARKER_{marker}")
+
+
+_KINDS = ("spans", "dispatches", "replays", "builds", "reorders")
+_SPOOL_AT = 1 << 14
+"""Detail records held per kind before they go to the spool's temporary file."""
+
+
+@dataclass(frozen=True, slots=True)
+class _StepRef:
+    """What a region's name needs of its step."""
+
+    step: int
+    pid: int
 
 
 def write_sidecar(

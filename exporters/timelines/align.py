@@ -85,10 +85,13 @@ class Alignment:
         return f"offset {self.offset_ns} ns ({self.method}): {self.detail}"
 
 
-def _recording_range(steps: Sequence[Step]) -> tuple[int, int] | None:
-    if not steps:
-        return None
-    return min(s.t0 for s in steps), max(s.t1 for s in steps)
+def _recording_range(steps: Iterable[Step]) -> tuple[int, int] | None:
+    """The earliest step start and the latest step end, the steps read once as they come."""
+    lo = hi = None
+    for s in steps:
+        lo = s.t0 if lo is None or s.t0 < lo else lo
+        hi = s.t1 if hi is None or s.t1 > hi else hi
+    return None if lo is None or hi is None else (lo, hi)
 
 
 def profile_range(profile: Profile) -> tuple[int, int] | None:
@@ -190,8 +193,8 @@ def align(
     overlap the recording's steps; ``offset_ns`` or ``allow_unaligned`` merge anyway.
     """
     path = profile_path(profile)
-    steps = list(recording.iter_steps())
-    rec_range = _recording_range(steps)
+    # the steps are read as they come (twice when the forwards are matched), never held
+    rec_range = _recording_range(recording.iter_steps())
     prof_range = profile_range(profile)
     if rec_range is None:
         raise AlignmentError(str(recording.path), "the recording has no steps to align to")
@@ -211,7 +214,7 @@ def align(
             )
         return Alignment(offset_ns, "explicit", "offset given by the user")
     try:
-        al = _align(recording, steps, profile, path, forward_marker)
+        al = _align(recording, profile, path, forward_marker)
         shifted = (prof_range[0] + al.offset_ns, prof_range[1] + al.offset_ns)
         if not overlapping_events(profile, rec_range[0], rec_range[1], al.offset_ns):
             raise AlignmentError(
@@ -234,9 +237,7 @@ def align(
     )
 
 
-def _align(
-    recording: Recording, steps: Sequence[Step], profile: Profile, path: str, forward_marker: str
-) -> Alignment:
+def _align(recording: Recording, profile: Profile, path: str, forward_marker: str) -> Alignment:
     if profile.clock == CLOCK_BOOTTIME:
         return Alignment(0, "same clock", f"{profile.source} timestamps are BOOTTIME already")
     if profile.clock != CLOCK_UNIX_EPOCH:
@@ -252,7 +253,8 @@ def _align(
     base_note = f"Kineto baseTimeNanoseconds {base}" if base else "Kineto absolute epoch µs"
     fwd = _forward_markers(profile, forward_marker)
     prof_pids = {m.pid for m in fwd}
-    spans = _forward_spans(steps, next(iter(prof_pids)) if len(prof_pids) == 1 else None)
+    pid = next(iter(prof_pids)) if len(prof_pids) == 1 else None
+    spans = _forward_spans(recording.iter_steps(pid), pid)
     match = _match_forwards(fwd, spans, pair_off)
     fwd_off: int | None = None
     residual: tuple[int, int] | None = None

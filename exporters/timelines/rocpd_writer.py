@@ -96,6 +96,10 @@ def _machine_id() -> str:
     return uuid_module.UUID(int=uuid_module.getnode()).hex
 
 
+_STRINGS_HELD = 1 << 16
+"""Strings whose id is held in memory; past it they move to a private temporary database
+(attached as ``probe_scratch``, never part of the file written) and are looked up there."""
+
 _WRITER_CACHES = (
     "_strings",
     "_categories",
@@ -139,6 +143,8 @@ class RocpdWriter:
         schema: RocpdSql | None = None,
     ) -> None:
         self._conn = conn
+        # ATTACH cannot run inside a transaction: here, before any row is written
+        conn.execute("ATTACH DATABASE '' AS probe_scratch")
         self.path = path
         self.layout = layout
         self.guid = guid
@@ -149,6 +155,7 @@ class RocpdWriter:
         self._tmp = tmp
         self._node_id = node_id
         self._strings: dict[str, int] = {}
+        self._strings_moved = False  # some of them are in probe_scratch.strings
         self._categories: dict[str, int] = {}
         self._processes: set[int] = set()
         self._threads: dict[tuple[int, int], int] = {}
@@ -297,9 +304,31 @@ class RocpdWriter:
     def _string(self, text: str) -> int:
         sid = self._strings.get(text)
         if sid is None:
-            sid = self._insert("rocpd_string", {"string": text})
+            if self._strings_moved:
+                row = self._conn.execute(
+                    "SELECT id FROM probe_scratch.strings WHERE string = ?", (text,)
+                ).fetchone()
+                sid = None if row is None else int(row[0])
+            if sid is None:
+                sid = self._insert("rocpd_string", {"string": text})
+            if len(self._strings) >= _STRINGS_HELD:
+                self._move_strings()
             self._strings[text] = sid
         return sid
+
+    def _move_strings(self) -> None:
+        """The held string ids into the scratch database (memory stays bounded)."""
+        if not self._strings_moved:
+            # a private temporary database; DDL there is no part of the file written
+            self._conn.execute(
+                "CREATE TABLE IF NOT EXISTS probe_scratch.strings "
+                "(string TEXT PRIMARY KEY, id INTEGER) WITHOUT ROWID"
+            )
+        self._conn.executemany(
+            "INSERT OR REPLACE INTO probe_scratch.strings VALUES (?, ?)", self._strings.items()
+        )
+        self._strings.clear()
+        self._strings_moved = True
 
     def _category(self, name: str) -> int:
         if self.layout == "inline":

@@ -718,3 +718,6 @@ class Recording:
 
     def close(self) -> None:
         self.db.close()
+
+
+# -- streaming and many files -------------------------------------------------------------

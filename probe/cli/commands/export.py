@@ -6,11 +6,15 @@
     probe export run.probe.db --perfetto run.perfetto-trace
     probe export run.probe.db --openmetrics run.om      # then: promtool tsdb create-blocks-from
     probe export run.probe.db --rocpd probe_results.db  # a rocpd side-car
+    probe export run.probe.db --parquet pq/             # Parquet, by host and day
+    probe export 'ranks/*.probe.db' --perfetto all.pftrace  # several recordings as one
     probe export --to list                              # every registered exporter
     probe export run.probe.db --to rocpd --out probe_results.db
 
-Each target needs its extra (``pip install 'vllm-graph-probe[otlp]'`` and so on); a
-missing one is named in the error.
+Several recordings (or a glob) are read as one: their processes side by side, their
+steps in (pid, step) order (:class:`probe.reader.recording_set.RecordingSet`). Each target needs its
+extra (``pip install 'vllm-graph-probe[otlp]'`` and so on); a missing one is named in the
+error.
 """
 
 from __future__ import annotations
@@ -97,7 +101,7 @@ def _run_exporter(args: argparse.Namespace) -> int:
     out = check_target(args.out, force=args.force, flag="--out")
     if out is None and not exp.streams:
         raise UsageError(f"export: --to {exp.name} writes a database file; - (stdout) is not one")
-    rec = open_recording(args.recording)
+    rec = _open(args.recording)
     with progress.display_for(args, plain=out is None) as bars:
         bars.section(exp.name)
         if not exp.reports_progress:
@@ -109,6 +113,20 @@ def _run_exporter(args: argparse.Namespace) -> int:
             raise UsageError(f"export: --to {exp.name}: {exc}") from None
     print(f"probe: {exp.name} -> {out or 'standard output'}", file=sys.stderr)
     return 0
+
+
+def _open(names: list[str] | None) -> Any:
+    """The recordings named (globs expanded), one or several read as one; none: the
+    bundled one."""
+    if not names:
+        return open_recording(None)
+    from probe.reader.recording import RecordingError
+    from probe.reader.recording_set import open_many
+
+    try:
+        return open_many(names)
+    except RecordingError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _write_db(target: Path, write: Any) -> Any:
@@ -132,11 +150,16 @@ def _export(args: argparse.Namespace) -> int:
     if args.to:
         return _run_exporter(args)
     if not (
-        args.otlp or args.prometheus_textfile or args.perfetto or args.openmetrics or args.rocpd
+        args.otlp
+        or args.prometheus_textfile
+        or args.perfetto
+        or args.openmetrics
+        or args.rocpd
+        or args.parquet
     ):
         raise UsageError(
             "export: give at least one of --otlp, --prometheus-textfile, --perfetto, "
-            "--openmetrics, --rocpd, --to"
+            "--openmetrics, --rocpd, --parquet, --to"
         )
     if not 0.0 <= args.sampling <= 1.0:
         raise UsageError(f"export: --sampling must be within 0..1, got {args.sampling}")
@@ -162,7 +185,13 @@ def _export(args: argparse.Namespace) -> int:
         raise UsageError(
             "export: only one of --prometheus-textfile, --perfetto and --openmetrics can be -"
         )
-    rec = open_recording(args.recording)
+    if args.parquet:
+        if args.parquet == "-":
+            raise UsageError("export: --parquet writes a folder; - (stdout) is not one")
+        if Path(args.parquet).exists() and not Path(args.parquet).is_dir():
+            raise UsageError(f"export: --parquet {args.parquet}: not a folder")
+        _sink_module("parquet")  # a missing extra is named before anything is read
+    rec = _open(args.recording)
     with progress.display_for(args, plain=bool(dashes)) as bars:
         _write_targets(args, rec, bars, textfile, perfetto_out, om_out, rocpd_out)
     return 0
@@ -256,11 +285,25 @@ def _write_targets(
         except (ValueError, FileExistsError) as exc:
             raise UsageError(f"export: --rocpd {rocpd_out}: {exc}") from None
         say(f"probe: {n} spans -> rocpd side-car {rocpd_out}")
+    if args.parquet:
+        pq = _sink_module("parquet")
+        bars.section("parquet")
+        try:
+            n = pq.write(rec, args.parquet, progress=bars, force=args.force)
+        except (FileExistsError, ValueError) as exc:
+            raise UsageError(f"export: --parquet {args.parquet}: {exc}") from None
+        except OSError as exc:
+            raise RuntimeFailure(f"export: --parquet {args.parquet}: {exc}") from None
+        say(f"probe: {n} rows -> Parquet in {args.parquet}")
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("export", help="export a recording: OTLP, Prometheus textfile, Perfetto")
-    p.add_argument("recording", nargs="?", help="recording (default: the bundled one)")
+    p.add_argument(
+        "recording",
+        nargs="*",
+        help="recordings or globs, read as one (default: the bundled recording)",
+    )
     p.add_argument(
         "--otlp",
         metavar="ENDPOINT",
@@ -297,6 +340,11 @@ def add_parser(sub: Any) -> None:
         metavar="PATH",
         help="write OpenMetrics with the recording's timestamps (promtool tsdb "
         "create-blocks-from openmetrics PATH DIR backfills it; -: stdout)",
+    )
+    p.add_argument(
+        "--parquet",
+        metavar="DIR",
+        help="write the tables as Parquet under DIR/<table>/host=<host>/date=<day>/",
     )
     p.add_argument("--to", metavar="NAME", help="run one registered exporter ('list': list them)")
     p.add_argument("--out", metavar="TARGET", help="the target of --to (a file or an endpoint)")

@@ -4,6 +4,10 @@
     probe merge run.probe.db rocprof_out/ --out merged.pftrace           # rocprofv3 CSV dir
     probe merge run.probe.db 1234_results.db --out merged.pftrace        # rocpd
     probe merge run.probe.db trace.json.gz --report                      # per-step table
+    probe merge 'ranks/*.probe.db' trace.json.gz --out merged.pftrace    # several as one
+
+Several recordings (a glob, or recordings given before the profiles) are read as one: their
+processes side by side, their steps in (pid, step) order.
 
 Open the ``.pftrace`` at https://ui.perfetto.dev ("Open trace file"). A profile that
 cannot be placed on the recording's clock (another host, another run, no overlap) is an
@@ -27,7 +31,10 @@ def add_parser(sub: Any) -> None:
         help="merge a recording with GPU profiles (rocprofv3, rocpd, Kineto) into Perfetto",
         description=__doc__.split("\n")[0] if __doc__ else None,
     )
-    p.add_argument("recording", help="probe recording (.probe.db)")
+    p.add_argument(
+        "recording",
+        help="probe recording (.probe.db) or a glob; recordings among the profiles join it",
+    )
     p.add_argument(
         "profiles",
         nargs="+",
@@ -89,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     to_stdout = args.out == "-"
     if to_stdout and (args.report or args.json):
         raise UsageError("merge: --out - writes the trace to stdout: no --report/--json with it")
-    rec = open_recording(args.recording)
+    rec = _open(args)
     with progress.display_for(args, plain=to_stdout) as bars:
         reports = _merge(args, rec, out, bars)
     if args.json:
@@ -105,6 +112,57 @@ def _run(args: argparse.Namespace) -> int:
             print(f"\n{profile_path(prof)}")
             print(format_step_table(table))
     return 0
+
+
+def _is_recording(name: str) -> bool:
+    """A probe recording (an SQLite file with the recording's application id), or a glob
+    whose every match is one; anything else is a profile."""
+    import glob
+    import os
+    import stat
+
+    from probe.reader.recording_schema import APPLICATION_ID
+
+    paths = glob.glob(name, recursive=True) if any(c in name for c in "*?[") else [name]
+    if not paths:
+        return False
+    for p in paths:
+        try:
+            # only a regular file is read: a FIFO would block here (the profile loader
+            # refuses it with one line)
+            if not stat.S_ISREG(os.stat(p).st_mode):
+                return False
+            fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                head = os.pread(fd, 72, 0)
+            finally:
+                os.close(fd)
+        except OSError:
+            return False
+        if head[:16] != b"SQLite format 3\x00" or int.from_bytes(head[68:72]) != APPLICATION_ID:
+            return False
+    return True
+
+
+def _open(args: argparse.Namespace) -> Any:
+    """The recording argument and the recordings among the profiles, read as one; the
+    rest stay profiles (``args.profiles``)."""
+    from probe.reader.recording import RecordingError
+    from probe.reader.recording_set import open_many
+
+    names = [args.recording]
+    profiles: list[str] = []
+    for p in args.profiles:
+        (names if _is_recording(p) else profiles).append(p)
+    if not profiles:
+        raise UsageError("merge: give a GPU profile after the recording(s)")
+    args.profiles = profiles
+    if len(names) == 1 and not any(c in names[0] for c in "*?["):
+        return open_recording(names[0])
+    try:
+        return open_many(names)
+    except RecordingError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _merge(args: argparse.Namespace, rec: Any, out: Any, bars: progress.Display) -> list[Any]:

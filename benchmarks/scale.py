@@ -1,0 +1,281 @@
+"""Time and peak memory of the offline commands over recordings of 10 k to 1 M steps.
+
+    PYTHONPATH=$PWD nice -n 10 .venv/bin/python benchmarks/scale.py \\
+        --steps 10000 100000 1000000 --out benchmarks/results/scale/
+
+Each size is a recording made from real recorded steps: the bundled H200 recording
+(``probe/data/default.probe.db``, one worker) and the TP=2 serve recording
+(``tests/data/serve-tp2.probe.db``, two workers), their steps
+and every detail row repeated with shifted step numbers and times, over ``--ranks``
+ranks (the even ranks the bundled worker's steps, the odd ones the TP=2 workers' in turn),
+all ranks over the same stretch of time. Then each command runs as a child process of
+its own: ``report --json``, ``ab`` (the recording against itself), ``export`` to every
+offline target (``--perfetto``, ``--openmetrics``, ``--prometheus-textfile``, ``--rocpd``,
+``--parquet``), and ``merge`` with a real Kineto profile of vLLM's decode (from the shared
+data, ``$PROBE_SHARED_DIR``; ``--allow-unaligned``).
+Its wall time and peak resident memory (``wait4``'s ``ru_maxrss``) go into
+``RESULTS.json`` and a table, with the file size and bytes per step, the machine's load
+average before each command, the command line and the commit. ``--only`` picks commands;
+``--skip`` leaves some out (by name, at a size: ``perfetto@1000000``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SOURCES = (
+    (ROOT / "probe" / "data" / "default.probe.db", None),
+    (ROOT / "tests" / "data" / "serve-tp2.probe.db", None),
+)
+SHARED = Path(os.environ.get("PROBE_SHARED_DIR") or ROOT.parent / "shared")
+KINETO = SHARED / "data" / "profiles" / "kineto"
+KINETO_FILE = "tracelens_vllm_decode_full_graph_execution_hipgraph.json.gz"
+TIMED = ("t0_ns", "t1_ns")
+
+
+def _sources() -> list[tuple[Path, int]]:
+    """(recording, worker pid) of every recorded worker, the bundled one first."""
+    out = []
+    for path, _ in SOURCES:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            for (pid,) in db.execute("SELECT DISTINCT pid FROM steps ORDER BY pid"):
+                out.append((path, int(pid)))
+    return out
+
+
+def make(path: Path, steps: int, ranks: int) -> None:
+    """A recording of ``steps`` steps over ``ranks`` ranks from the real recorded ones."""
+    from probe.reader.recording_schema import APPLICATION_ID, DDL, SCHEMA_VERSION
+
+    path.unlink(missing_ok=True)
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=OFF")
+    db.execute("PRAGMA synchronous=OFF")
+    db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    db.executescript(DDL)
+    db.execute("BEGIN")
+    srcs = _sources()
+    first = srcs[0][0]
+    db.execute("ATTACH ? AS m", (f"file:{first}?mode=ro",))
+    db.execute("INSERT INTO meta SELECT * FROM m.meta")
+    db.execute("COMMIT")
+    db.execute("DETACH m")
+    origin: int | None = None
+    per_rank = [steps // ranks + (1 if r < steps % ranks else 0) for r in range(ranks)]
+    odd = [s for s in srcs[1:]] or srcs
+    for r in range(ranks):
+        src, spid = srcs[0] if r % 2 == 0 else odd[(r // 2) % len(odd)]
+        db.execute("ATTACH ? AS s", (f"file:{src}?mode=ro",))
+        db.execute("BEGIN")
+        top, t0, t1 = db.execute(
+            "SELECT max(step), min(t0_ns), max(t1_ns) FROM s.steps WHERE pid = ?", (spid,)
+        ).fetchone()
+        if origin is None:
+            origin = t0
+        period = t1 - t0 + 1_000_000  # one repetition after the other, 1 ms apart
+        pid = 100_000 + r
+        boot, epoch = db.execute(
+            "SELECT boottime_ns, epoch_ns FROM s.processes WHERE pid = ?", (spid,)
+        ).fetchone()
+        db.execute(
+            "INSERT INTO processes SELECT ?, role, ?, pp_rank, dp_rank, vllm_version, runner, "
+            "model, ?, ?, perf_counter_ns, dropped, snapshot FROM s.processes WHERE pid = ?",
+            (pid, r, boot - t0 + origin, epoch - t0 + origin, spid),
+        )
+        n = per_rank[r]
+        reps = -(-n // top)
+        for k in range(reps):
+            shift = origin - t0 + k * period
+            limit = n - k * top
+            for table in ("steps", "spans", "dispatches", "replays", "builds", "reorders"):
+                cols = [c[1] for c in db.execute(f"PRAGMA s.table_info({table})")]
+                sel = ", ".join(
+                    "?" if c == "pid" else "step + ?" if c == "step"
+                    else f"{c} + ?" if c in TIMED else c
+                    for c in cols
+                )  # fmt: skip
+                args: list[Any] = []
+                for c in cols:
+                    if c == "pid":
+                        args.append(pid)
+                    elif c == "step":
+                        args.append(k * top)
+                    elif c in TIMED:
+                        args.append(shift)
+                args += [spid, limit]
+                order = "step" if table == "steps" else "step, rowid"
+                db.execute(
+                    f"INSERT INTO {table} SELECT {sel} FROM s.{table} "
+                    f"WHERE pid = ? AND step <= ? ORDER BY {order}",
+                    args,
+                )
+        db.execute("COMMIT")
+        db.execute("DETACH s")
+    db.execute("VACUUM")
+    db.close()
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
+    load = os.getloadavg()
+    t = time.monotonic()
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert p.stderr is not None
+    err = p.stderr.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.monotonic() - t
+    out = {
+        "cmd": " ".join(cmd[2:]),
+        "rc": p.returncode,
+        "wall_s": round(wall, 2),
+        "cpu_s": round(ru.ru_utime + ru.ru_stime, 2),
+        "peak_rss_mb": round(ru.ru_maxrss / 1024, 1),
+        "load_before": [round(x, 2) for x in load],
+    }
+    if p.returncode:
+        out["stderr"] = err.decode(errors="replace")[-400:]
+    return out
+
+
+def commands(rec: Path, work: Path) -> dict[str, list[str]]:
+    kineto = [KINETO / KINETO_FILE] if (KINETO / KINETO_FILE).exists() else []
+    cmds = {
+        "perfetto": ["export", str(rec), "--perfetto", str(work / "t.pftrace")],
+        "openmetrics": ["export", str(rec), "--openmetrics", str(work / "t.om")],
+        "textfile": ["export", str(rec), "--prometheus-textfile", str(work / "t.prom")],
+        "rocpd": ["export", str(rec), "--rocpd", str(work / "t.rocpd.db")],
+        "parquet": ["export", str(rec), "--parquet", str(work / "pq")],
+    }
+    if kineto:
+        cmds["merge"] = [
+            "merge", str(rec), str(kineto[0]), "--allow-unaligned", "--out", str(work / "m.pftrace")
+        ]  # fmt: skip
+    cmds["report"] = ["report", str(rec), "--json"]
+    cmds["ab"] = ["ab", "--a", str(rec), "--b", str(rec), "--json"]
+    for c in cmds.values():
+        if c[0] in ("export", "merge"):
+            c += ["--force", "--no-progress"]
+    return cmds
+
+
+def table(results: dict[str, Any]) -> str:
+    """RESULTS.json as a Markdown table: per command and size, CPU s / wall s / peak MB."""
+    sizes = sorted(results["sizes"].values(), key=lambda e: e["steps"])
+    names = list(dict.fromkeys(n for e in sizes for n in e.get("runs", {})))
+    head = "| command | " + " | ".join(f"{e['steps']:,} steps" for e in sizes) + " |"
+    rows = [head, "|---|" + "---|" * len(sizes)]
+    rows.append(
+        "| recording | " + " | ".join(
+            f"{e['file_bytes'] / 1e6:,.0f} MB, {e['bytes_per_step']:,.0f} B/step" for e in sizes
+        ) + " |"
+    )  # fmt: skip
+    for n in names:
+        cells = []
+        for e in sizes:
+            r = e.get("runs", {}).get(n)
+            if r is None:
+                cells.append("not run")
+            elif r["rc"]:
+                cells.append(f"exit {r['rc']}")
+            else:
+                cells.append(
+                    f"{r['cpu_s']:,.1f} / {r['wall_s']:,.1f} s, {r['peak_rss_mb']:,.0f} MB"
+                )
+        rows.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _head() -> str:
+    """The commit of the tree the command ran from (a dirty tree is marked)."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", "probe", "exporters"])
+    return head.stdout.strip() + ("+dirty" if dirty.returncode else "")
+
+
+def _save(out: Path | None, results: dict[str, Any]) -> None:
+    """RESULTS.json after every command: a run cut short keeps what it measured."""
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "RESULTS.json").write_text(json.dumps(results, indent=1) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    ap.add_argument("--steps", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/probe-scale"))
+    ap.add_argument("--out", type=Path, help="folder for RESULTS.json (merged with what is there)")
+    ap.add_argument("--only", nargs="+", help="commands to run (default: all)")
+    ap.add_argument("--skip", nargs="*", default=[], help="NAME or NAME@STEPS to leave out")
+    ap.add_argument("--keep", action="store_true", help="keep the recordings made")
+    ap.add_argument("--table", type=Path, help="print RESULTS.json of this folder as a table")
+    a = ap.parse_args()
+    if a.table:
+        print(table(json.loads((a.table / "RESULTS.json").read_text())))
+        return 0
+    a.work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    results: dict[str, Any] = {}
+    if a.out and (a.out / "RESULTS.json").exists():
+        results = json.loads((a.out / "RESULTS.json").read_text())
+    results.setdefault("sizes", {})
+    results["command"] = "PYTHONPATH=$PWD nice -n 10 " + " ".join(
+        [".venv/bin/python", "benchmarks/scale.py", *sys.argv[1:]]
+    )
+    results["machine"] = f"{os.cpu_count()} CPUs, {os.uname().release}"
+    for n in a.steps:
+        rec = a.work / f"scale-{n}.probe.db"
+        t = time.monotonic()
+        if not rec.exists():
+            make(rec, n, a.ranks)
+        made = time.monotonic() - t
+        size = rec.stat().st_size
+        entry: dict[str, Any] = results["sizes"].get(str(n), {})
+        entry.update(
+            steps=n, ranks=a.ranks, file_bytes=size, bytes_per_step=round(size / n, 1),
+            made_s=round(made, 1), commit=commit,
+        )  # fmt: skip
+        runs = entry.setdefault("runs", {})
+        for name, c in commands(rec, a.work).items():
+            if (a.only and name not in a.only) or name in a.skip or f"{name}@{n}" in a.skip:
+                continue
+            r = _run([sys.executable, "-m", "probe", *c], env)
+            r["commit"] = _head()
+            runs[name] = r
+            print(json.dumps({"steps": n, "name": name, **r}), flush=True)
+            for out in ("t.pftrace", "t.om", "t.prom", "t.rocpd.db", "m.pftrace"):
+                if (a.work / out).exists():
+                    r.setdefault("out_bytes", (a.work / out).stat().st_size)
+                    (a.work / out).unlink()
+            if (a.work / "pq").exists():
+                r["out_bytes"] = sum(
+                    f.stat().st_size for f in (a.work / "pq").rglob("*") if f.is_file()
+                )
+                shutil.rmtree(a.work / "pq")
+            results["sizes"][str(n)] = entry
+            _save(a.out, results)
+        results["sizes"][str(n)] = entry
+        _save(a.out, results)
+        if not a.keep:
+            rec.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

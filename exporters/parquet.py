@@ -1,0 +1,243 @@
+"""A recording as Parquet: its tables, typed, hive-partitioned by host and day.
+
+``probe export run.probe.db --parquet DIR`` writes the ``steps`` table, each per-step
+detail table (``spans``, ``dispatches``, ``replays``, ``builds``, ``reorders``) and
+``processes`` as one Parquet file per table and recording::
+
+    DIR/steps/host=<host>/date=<YYYY-MM-DD>/<recording>-<id>.parquet
+    DIR/dispatches/host=<host>/date=<YYYY-MM-DD>/<recording>-<id>.parquet
+    ...
+
+``host`` is the recording's ``meta`` host, ``date`` the UTC day it started; ``<id>`` tells
+apart two recordings of one name. Many hosts' exports go into one ``DIR`` (or a bucket)
+and are read as one table per name by DuckDB, Spark or Trino::
+
+    SELECT host, count(*) FROM read_parquet('DIR/steps/**/*.parquet', hive_partitioning = true)
+    GROUP BY host
+
+The columns are the recording's (``docs/recording-schema.md``): INTEGER as ``int64``, TEXT
+as ``string``, enum members their lower-case names, flags and booleans 0/1, NULL where the
+recording has NULL. Each field's metadata carries ``unit`` (``ns`` for times and
+durations, ``0/1`` for flags, ``count`` for counts) and, for an enum, ``values``; the file
+metadata carries the recording's schema version and ``meta``. Steps are read through the
+recording's validating reader a chunk at a time and written a row group per chunk: memory
+holds one chunk. Needs ``pyarrow`` (``pip install 'vllm-graph-probe[parquet]'``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from probe.output import path_for
+from probe.progress import SILENT, Progress
+from probe.reader.recording import Recording
+from probe.reader.recording_schema import DETAIL_TABLES, SCHEMA_VERSION
+from probe.reader.recording_set import RecordingSet, encoded_rows, iter_step_chunks
+from probe.records import Flag
+from probe.step import STEP_COLUMNS
+
+__all__ = ["PROCESS_COLUMNS", "TABLES", "schema", "write"]
+
+CHUNK_STEPS = 2048
+"""Steps per row group (and what memory holds at once)."""
+
+PROCESS_COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("pid", pa.int64()),
+    ("role", pa.string()),
+    ("tp_rank", pa.int64()),
+    ("pp_rank", pa.int64()),
+    ("dp_rank", pa.int64()),
+    ("vllm_version", pa.string()),
+    ("runner", pa.string()),
+    ("model", pa.string()),
+    ("boottime_ns", pa.int64()),
+    ("epoch_ns", pa.int64()),
+    ("perf_counter_ns", pa.int64()),
+    ("dropped", pa.int64()),
+    ("snapshot", pa.string()),
+)
+TABLES = ("steps", *(t.name for t in DETAIL_TABLES), "processes")
+
+
+def _unit(name: str, kind: Any) -> str | None:
+    if name.endswith("_ns"):
+        return "ns"
+    if isinstance(kind, Flag) or kind is bool:
+        return "0/1"
+    if name in ("pid", "step"):
+        return None
+    if kind is int:
+        return "count"
+    return None
+
+
+def _field(name: str, kind: Any, nullable: bool) -> pa.Field:
+    meta: dict[str, str] = {}
+    unit = _unit(name, kind)
+    if unit:
+        meta["unit"] = unit
+    text = kind is str or (
+        isinstance(kind, type) and issubclass(kind, enum.Enum) and not isinstance(kind, Flag)
+    )
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        meta["values"] = ",".join(m.lower() for m in kind.__members__)
+    typ = pa.string() if text else pa.int64()
+    return pa.field(name, typ, nullable=nullable, metadata=meta or None)
+
+
+def schema(table: str) -> pa.Schema:
+    """The Arrow schema of ``table`` (one of :data:`TABLES`), units in field metadata."""
+    if table == "steps":
+        fields = [_field(c.name, c.kind, c.nullable) for c in STEP_COLUMNS]
+    elif table == "processes":
+        fields = [
+            pa.field(n, t, metadata={b"unit": b"ns"} if n.endswith("_ns") else None)
+            for n, t in PROCESS_COLUMNS
+        ]
+    else:
+        t = next(x for x in DETAIL_TABLES if x.name == table)
+        fields = [_field("pid", int, False), _field("step", int, False)]
+        fields += [_field(c.name, c.kind, False) for c in t.columns]
+    return pa.schema(fields)
+
+
+def _partition(value: str) -> str:
+    """A hive partition value safe as one path component."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", value) or "_"
+
+
+def _where(rec: Recording) -> tuple[str, str, dict[bytes, bytes]]:
+    """(partition folders, file name, file metadata) of one recording."""
+    meta = rec.meta()
+    host = _partition(str(meta.get("host") or "unknown"))
+    started = meta.get("started_epoch_ns") or meta.get("created_epoch_ns")
+    day = (
+        datetime.datetime.fromtimestamp(int(started) / 1e9, datetime.UTC).date().isoformat()
+        if isinstance(started, int)
+        else "unknown"
+    )
+    stem = rec.path.name.removesuffix(".db").removesuffix(".probe")
+    ident = hashlib.sha256(
+        f"{host}\0{meta.get('created_epoch_ns')}\0{rec.path.resolve()}".encode()
+    ).hexdigest()[:8]
+    file_meta = {
+        b"vllm_graph_probe.schema_version": str(SCHEMA_VERSION).encode(),
+        b"vllm_graph_probe.meta": json.dumps(meta, default=str).encode(),
+        b"vllm_graph_probe.recording": rec.path.name.encode(),
+    }
+    return f"host={host}/date={day}", f"{_partition(stem)}-{ident}.parquet", file_meta
+
+
+def _batch(table: str, rows: list[list[Any]], sch: pa.Schema) -> pa.RecordBatch:
+    cols = list(zip(*rows, strict=True)) if rows else [() for _ in sch]
+    return pa.RecordBatch.from_arrays(
+        [pa.array(list(c), type=f.type) for c, f in zip(cols, sch, strict=True)], schema=sch
+    )
+
+
+def _recordings(rec: Recording | RecordingSet) -> Iterator[Recording]:
+    if isinstance(rec, RecordingSet):
+        yield from rec.recordings
+    else:
+        yield rec
+
+
+def write(
+    recording: Recording | RecordingSet,
+    target: str | os.PathLike[str],
+    *,
+    progress: Progress = SILENT,
+    force: bool = False,
+) -> int:
+    """Write ``recording`` (several: each file its own partition files) into the folder
+    ``target`` (made when missing); returns the number of rows written. A file the export
+    would write that exists already raises ``FileExistsError`` unless ``force``."""
+    root = Path(target)
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"{root}: not a folder")
+    recs = list(_recordings(recording))
+    progress.stage("writing parquet", sum(sum(r.step_counts().values()) for r in recs), "steps")
+    plan = []
+    for r in recs:
+        part, name, file_meta = _where(r)
+        paths = {t: root / t / part / name for t in TABLES}
+        for p in paths.values():
+            if p.exists() and not force:
+                raise FileExistsError(f"{p} exists (use --force to overwrite)")
+        plan.append((r, paths, file_meta))
+    n = 0
+    for r, paths, file_meta in plan:
+        n += _write_one(r, paths, file_meta, progress)
+    return n
+
+
+def _write_one(
+    rec: Recording, paths: dict[str, Path], file_meta: dict[bytes, bytes], progress: Progress
+) -> int:
+    for p in paths.values():
+        p.parent.mkdir(parents=True, exist_ok=True)
+    schemas = {t: schema(t).with_metadata(file_meta) for t in TABLES}
+    n = 0
+    with (
+        path_for(paths["processes"]) as tmp,
+        pq.ParquetWriter(tmp, schemas["processes"], compression="zstd") as w,
+    ):
+        rows = [
+            [
+                json.dumps(p[c], default=str) if c == "snapshot" and p[c] is not None else p[c]
+                for c, _ in PROCESS_COLUMNS
+            ]
+            for p in rec.processes()
+        ]
+        w.write_batch(_batch("processes", rows, schemas["processes"]))
+        n += len(rows)
+    names = rec.builder_names()
+    step_tables = [t for t in TABLES if t != "processes"]
+    with _Writers({t: paths[t] for t in step_tables}, schemas) as writers:
+        for chunk in iter_step_chunks(rec, CHUNK_STEPS):
+            for t, rows in encoded_rows(chunk, names).items():
+                if rows:
+                    writers[t].write_batch(_batch(t, rows, schemas[t]))
+                    n += len(rows)
+            progress.advance(len(chunk))
+    return n
+
+
+class _Writers(dict[str, Any]):
+    """A ParquetWriter per table, each on a temporary file that becomes its path when
+    every table is written (:func:`probe.output.path_for`): nothing partial is left."""
+
+    def __init__(self, paths: dict[str, Path], schemas: dict[str, pa.Schema]) -> None:
+        super().__init__()
+        self.paths = paths
+        self.schemas = schemas
+        self._stack: Any = None
+
+    def __enter__(self) -> _Writers:
+        import contextlib
+
+        self._stack = contextlib.ExitStack()
+        try:
+            for t, p in self.paths.items():
+                tmp = self._stack.enter_context(path_for(p))
+                self[t] = self._stack.enter_context(
+                    pq.ParquetWriter(tmp, self.schemas[t], compression="zstd")
+                )
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.__exit__(*exc)

@@ -1,0 +1,198 @@
+"""Several recordings read as one (the rolling files of an agent, the ranks of several
+hosts, a glob), and a recording's steps in chunks, as the offline writers stream them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from probe.reader.recording import _DETAIL_ROWS, _STEP_ROW, Recording, _no_names
+from probe.reader.recording_open import (
+    RecordingError,
+)
+from probe.step import Step
+
+
+def iter_step_chunks(
+    rec: Recording | RecordingSet, size: int = 1024, pid: int | None = None
+) -> Iterator[list[Step]]:
+    """The steps of :meth:`Recording.iter_steps` (every value checked as it does) in lists
+    of at most ``size``: what a writer holds at once is one chunk, whatever the length of
+    the recording (SQLite reads the rows a page at a time under the cursor)."""
+    if size < 1:
+        raise ValueError(f"chunk size must be at least 1, got {size}")
+    chunk: list[Step] = []
+    for s in rec.iter_steps(pid):
+        chunk.append(s)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def encoded_rows(
+    steps: Iterable[Step], builder_names: Mapping[int, Mapping[int, str]]
+) -> dict[str, list[list[Any]]]:
+    """``steps`` as the rows of the recording's tables hold them: ``steps`` (its columns)
+    and each detail table (``pid``, ``step``, then its columns), encoded as the writer
+    encodes them (enum members their lower-case names, flags and booleans 0/1).
+    ``builder_names``: per pid, a build's builder id -> class name
+    (:meth:`Recording.builder_names`)."""
+    steps = list(steps)
+    out: dict[str, list[list[Any]]] = {"steps": [_STEP_ROW(s, _no_names) for s in steps]}
+    for t, encode in _DETAIL_ROWS:
+        rows: list[list[Any]] = []
+        for s in steps:
+            recs = getattr(s, t.step_field)
+            if recs:
+                names = builder_names.get(s.pid, {}).get
+                rows += [[s.pid, s.step, *encode(r, names)] for r in recs]
+        out[t.name] = rows
+    return out
+
+
+def expand_paths(names: Iterable[str | Path]) -> list[Path]:
+    """Recording names as given on a command line: a name with ``*``, ``?`` or ``[`` that
+    is not a file is a glob (``ranks/*.probe.db``, ``'**'`` included), its matches sorted;
+    every path once, in the order given. A glob that matches nothing raises
+    :class:`RecordingError`."""
+    import glob
+
+    out: list[Path] = []
+    seen: set[Path] = set()
+    for name in names:
+        s = str(name)
+        if any(c in s for c in "*?[") and not Path(s).exists():
+            found = sorted(glob.glob(s, recursive=True))
+            if not found:
+                raise RecordingError(f"{s}: no recording matches")
+            paths = [Path(f) for f in found]
+        else:
+            paths = [Path(s)]
+        for p in paths:
+            key = p.resolve()
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+    return out
+
+
+def open_many(names: Iterable[str | Path]) -> Recording | RecordingSet:
+    """The recordings named (globs expanded, :func:`expand_paths`), opened and validated:
+    one :class:`Recording`, or a :class:`RecordingSet` reading several as one. A file that
+    is not a readable recording raises :class:`RecordingError` naming it (those opened
+    before it are closed)."""
+    paths = expand_paths(names)
+    if not paths:
+        raise RecordingError("no recording given")
+    recs: list[Recording] = []
+    try:
+        for p in paths:
+            recs.append(Recording.open(p))
+        return recs[0] if len(recs) == 1 else RecordingSet(recs)
+    except BaseException:
+        for r in recs:
+            r.close()
+        raise
+
+
+class RecordingSet:
+    """Several recordings read as one, with :class:`Recording`'s reading methods.
+
+    The rolling files of one agent, or the ranks of several hosts: their processes side by
+    side, and their steps in (pid, step) order across the files. A pid found in several
+    files is one process (an agent's rolling files of one host), its steps read from each
+    file in turn; the same pid in the recordings of two hosts (``meta`` ``host``) raises
+    :class:`RecordingError`, as they cannot be told apart. Builder ids are renumbered where
+    the files numbered one process's builders differently.
+    """
+
+    def __init__(self, recordings: list[Recording]) -> None:
+        self.recordings = recordings
+        self.path = recordings[0].path
+        hosts: dict[int, tuple[str, Path]] = {}
+        for r in recordings:
+            host = str(r.meta().get("host") or "")
+            for pid in [int(p["pid"]) for p in r.processes()]:
+                seen = hosts.get(pid)
+                if seen is not None and seen[0] != host:
+                    raise RecordingError(
+                        f"{r.path}: pid {pid} is also in {seen[1]}, recorded on another host "
+                        f"({host or '?'} and {seen[0] or '?'}): read them apart"
+                    )
+                hosts.setdefault(pid, (host, r.path))
+        self._names: dict[int, dict[int, str]] = {}
+        self._remap: list[dict[int, dict[int, int]]] = []  # per file: pid -> its id -> ours
+        for r in recordings:
+            remap: dict[int, dict[int, int]] = {}
+            for pid, names in r.builder_names().items():
+                ours = self._names.setdefault(pid, {})
+                ids = {n: i for i, n in ours.items()}
+                for i, name in names.items():
+                    if name not in ids:
+                        ids[name] = len(ours) + 1
+                        ours[ids[name]] = name
+                    if ids[name] != i:
+                        remap.setdefault(pid, {})[i] = ids[name]
+            self._remap.append(remap)
+
+    def meta(self) -> dict[str, Any]:
+        """The first file's meta, with ``files``: how many were read as one."""
+        return {**self.recordings[0].meta(), "files": len(self.recordings)}
+
+    def processes(self) -> list[dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for r in self.recordings:
+            for p in r.processes():
+                out.setdefault(int(p["pid"]), p)
+        return [out[pid] for pid in sorted(out)]
+
+    def builder_names(self) -> dict[int, dict[int, str]]:
+        return {pid: dict(names) for pid, names in self._names.items()}
+
+    def step_counts(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for r in self.recordings:
+            for pid, n in r.step_counts().items():
+                out[pid] = out.get(pid, 0) + n
+        return out
+
+    def record_count(self) -> int:
+        return sum(r.record_count() for r in self.recordings)
+
+    def iter_steps(self, pid: int | None = None) -> Iterator[Step]:
+        """Every step of every file (of ``pid``, or all) in (pid, step) order; a step
+        number found in two files comes from the earlier file first."""
+        import dataclasses
+        import heapq
+
+        def each(i: int, r: Recording) -> Iterator[tuple[int, int, int, Step]]:
+            remap = self._remap[i]
+            for s in r.iter_steps(pid):
+                ids = remap.get(s.pid)
+                if ids and s.builds:
+                    builds = tuple(
+                        dataclasses.replace(b, builder_id=ids.get(b.builder_id, b.builder_id))
+                        for b in s.builds
+                    )
+                    s = dataclasses.replace(s, builds=builds)
+                yield s.pid, s.step, i, s
+
+        its = [each(i, r) for i, r in enumerate(self.recordings)]
+        for *_, s in heapq.merge(*its, key=lambda t: t[:3]):
+            yield s
+
+    def faults(self) -> list[dict[str, Any]]:
+        return [f for r in self.recordings for f in r.faults()]
+
+    def outside(self) -> list[dict[str, Any]]:
+        return [o for r in self.recordings for o in r.outside()]
+
+    def anomalies(self) -> list[str]:
+        return [a for r in self.recordings for a in r.anomalies()]
+
+    def close(self) -> None:
+        for r in self.recordings:
+            r.close()
