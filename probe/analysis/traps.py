@@ -502,7 +502,10 @@ def step_counts(steps: Iterable[Any]) -> dict[tuple[str, str], int]:
     with no mode)."""
     out: dict[tuple[str, str], int] = {}
     for s in steps:
-        key = (s.mode.name.lower() if s.mode is not None else "none", s.reason.label)
+        key = (
+            s.mode.name.lower() if s.mode is not None else "none",
+            s.reason.label if s.reason is not None else "unknown",
+        )
         out[key] = out.get(key, 0) + 1
     return out
 

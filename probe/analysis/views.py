@@ -112,6 +112,8 @@ def warmup(steps: Iterable[Step]) -> dict[tuple[int, int], str]:
     from probe.analysis.summary import Summary, columns_of_steps
 
     rows = sorted(forward_steps(steps), key=lambda s: (s.pid, s.step))
+    if not rows:
+        return {}
     summ = Summary()
     summ.add_columns(columns_of_steps(rows))
     raw, _, cand, *_ = summ.last
