@@ -341,7 +341,7 @@ def test_export_outputs_are_the_same_with_and_without_progress(tmp_path: Path) -
     samples = sum(1 for ln in om if not ln.startswith("#"))
     assert [ln.split(" -> ")[0] for ln in lines] == [
         f"probe: {samples} timestamped samples",
-        f"probe: {STEPS} steps",
+        f"probe: {STEPS:,} engine steps",
         "probe: timeline",
         f"probe: {RECORDS} spans",
     ]
