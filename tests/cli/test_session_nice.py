@@ -246,7 +246,7 @@ def test_the_command_line_attach_reports_in_the_child_and_returns_its_status() -
 @pytest.mark.parametrize("command", ["attach", "top"])
 def test_called_from_a_program_that_leads_its_group_it_never_forks_under_it(command: str) -> None:
     prog = (
-        "import os, sys\nfrom probe import cli\n"
+        "import os, sys\nfrom probe.cli import main as cli\n"
         f"rc = cli.main(['{command}', '--url', 'http://127.0.0.1:1', '--session-nice', '0'])\n"
         "print('host', os.getpid(), rc)\n"
     )
@@ -266,7 +266,7 @@ def test_called_from_a_program_that_leads_its_group_it_never_forks_under_it(comm
 @pytest.mark.parametrize("command", ["attach", "top"])
 def test_the_command_takes_its_share_before_the_parser_is_imported(command: str) -> None:
     prog = (
-        "import sys\nfrom probe import entry, session\n"
+        "import sys\nfrom probe.cli import entry\nfrom probe.reader import session\n"
         "raise_share = session.raise_share\n"
         "def spy(*a, **k):\n"
         "    heavy = ('probe.cli.main', 'argparse', 'probe.cli.commands', 'sqlite3')\n"
@@ -292,7 +292,8 @@ def test_auto_goes_on_as_started_where_the_nice_cannot_be_written() -> None:
     """A read-only ``/proc``, say: ``auto`` never stops an attach (the meta says why); an
     explicit value is the user's, so the same failure is a one-line error."""
     prog = (
-        "import errno, os, sys\nfrom probe import session\nfrom probe.errors import UsageError\n"
+        "import errno, os, sys\nfrom probe.reader import session\n"
+        "from probe.errors import UsageError\n"
         "def ro(nice, group):\n"
         "    raise OSError(errno.EROFS, os.strerror(errno.EROFS))\n"
         "session._set = ro\n"
