@@ -239,7 +239,7 @@ def teardown_module() -> None:
 # data on stdout), otherwise it is as it was; nothing else is left in its folder.
 
 EXPORTERS = ["openmetrics", "perfetto", "prometheus", "rocpd", "otlp", "nope"]
-FLAGS = ["--openmetrics", "--perfetto", "--prometheus-textfile", "--rocpd"]
+WRITE_FLAGS = ["--openmetrics", "--perfetto", "--prometheus-textfile", "--rocpd"]
 TARGETS = ["absent", "file", "symlink", "fifo", "dir", "device", "-", "name248", "name256"]
 STREAMS = ["normal", "stdout closed", "stderr closed", "reader leaves"]
 SIGNALS = [0, int(signal.SIGTERM), int(signal.SIGHUP), int(signal.SIGINT)]
@@ -282,7 +282,7 @@ def _state(d: Path) -> dict[str, tuple[int, bytes]]:
 @given(
     how=st.sampled_from(["--to", "flag"]),
     exporter=st.sampled_from(EXPORTERS),
-    flag=st.sampled_from(FLAGS),
+    flag=st.sampled_from(WRITE_FLAGS),
     target=st.sampled_from(TARGETS),
     force=st.booleans(),
     stream=st.sampled_from(STREAMS),
