@@ -43,17 +43,23 @@ from exporters.base import MissingExtra
 from exporters.perfetto_stream import (  # noqa: F401  (re-exported)
     _SPILL_AT,
     ArgValue,
-    Slice,
     _events,
     _framed,
     _Item,
     _Key,
-    _lanes,
     _packed,
     _Runs,
-    _Spool,
     _unpacked,
     _varint,
+)
+from exporters.perfetto_stream import (
+    Slice as Slice,
+)
+from exporters.perfetto_stream import (
+    _lanes as _lanes,
+)
+from exporters.perfetto_stream import (
+    _Spool as _Spool,
 )
 from probe.progress import SILENT, Progress
 from probe.reader.recording import Recording, record_fields, step_fields

@@ -29,9 +29,13 @@ from typing import Any
 
 # opening a file and the readers' one error type (re-exported: callers import them here)
 from probe.reader.recording_open import (
-    RecordingError,
+    RecordingError as RecordingError,
+)
+from probe.reader.recording_open import (
     _connect_read_only,
-    damaged_error,
+)
+from probe.reader.recording_open import (
+    damaged_error as damaged_error,
 )
 from probe.reader.recording_schema import (
     APPLICATION_ID,
