@@ -203,6 +203,12 @@ def align(
     if offset_ns is not None:
         if not -(2**62) <= offset_ns <= 2**62:
             raise AlignmentError(path, f"--offset-ns {offset_ns}: out of range (within ±2^62 ns)")
+        if prof_range[0] + offset_ns < 0:
+            raise AlignmentError(
+                path,
+                f"with --offset-ns {offset_ns} its first event would start before 0 ns "
+                f"({prof_range[0] + offset_ns})",
+            )
         if not allow_unaligned and not overlapping_events(
             profile, rec_range[0], rec_range[1], offset_ns
         ):

@@ -125,7 +125,8 @@ SNAPSHOT_SHAPE: dict[str, Any] = {
     ],
     "limiting_group": {"backend": str, "builder": str},
     "traps": [{"code": str, "message": str}],
-    "hooks": {"installed": _STR_LIST, "missing": _STR_LIST},
+    # each missing hook is (target, why)
+    "hooks": {"installed": _STR_LIST, "missing": [_STR_LIST]},
     "uniform_decode_query_len": int,
     "max_num_seqs": int,
     "max_num_batched_tokens": int,
