@@ -123,9 +123,21 @@ class Node:
         )
 
     def attached(self) -> int:
-        """The attaches the agent has logged so far."""
-        log = self.root / "agent.log"
-        return log.read_text().count("attached pid") if log.exists() else 0
+        """The processes the agent has attached to so far, as its own endpoint counts them
+        (its log is written in blocks; the counter is live)."""
+        try:
+            url = f"http://{self.instance}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return 0
+        return int(
+            sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("vllm_graph_probe_agent_attaches_total")
+            )
+        )
 
     def wait_attached(self, before: int, settle: float = 3.0) -> None:
         """Until the agent has attached to processes beyond ``before`` and its count has
