@@ -123,28 +123,14 @@ class Node:
         )
 
     def attached(self) -> int:
-        """The processes the agent has attached to so far, as its own endpoint counts them
-        (its log is written in blocks; the counter is live)."""
-        try:
-            url = f"http://{self.instance}/metrics"
-            with urllib.request.urlopen(url, timeout=5) as r:
-                text = r.read().decode()
-        except OSError:
-            return 0
-        return int(
-            sum(
-                float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines()
-                if line.startswith("vllm_graph_probe_agent_attaches_total")
-            )
-        )
+        """The attaches the agent has logged so far."""
+        log = self.root / "agent.log"
+        return log.read_text().count("attached pid") if log.exists() else 0
 
-    def wait_attached(self, before: int, settle: float = 3.0, most: float = 30.0) -> None:
+    def wait_attached(self, before: int, settle: float = 3.0) -> None:
         """Until the agent has attached to processes beyond ``before`` and its count has
-        not changed for ``settle`` seconds (the server's api, engine and worker), or
-        ``most`` seconds: the load that follows then finds the agent attached on a busy
-        host (the assertions are on what was recorded, whatever this wait saw)."""
-        deadline = time.monotonic() + most
+        not changed for ``settle`` seconds (the server's api, engine and worker)."""
+        deadline = time.monotonic() + 300
         last, since = self.attached(), time.monotonic()
         while True:
             now = self.attached()
@@ -153,7 +139,7 @@ class Node:
             if now > before and time.monotonic() - since >= settle:
                 return
             if time.monotonic() > deadline:
-                return
+                pytest.fail(f"agent {self.name} attached to nothing new in time")
             time.sleep(0.5)
 
     def wait_up(self) -> None:
