@@ -281,8 +281,10 @@ def test_counters_equal_the_recordings_for_every_process(fleet: Fleet) -> None:
         want, got = _until_equal(fleet.base, node)
         assert want and got == want, (node.name, dict(want), dict(got))
         print(f"agent {node.name}: recordings {dict(want)}, counters {dict(got)}")
-    # A's engine ran three times: three processes with steps, each its own series
-    assert len(fleet.a.recorded()) == RESTARTS + 1, fleet.a.recorded()
+    # A's engine ran three times, each process its own series; a server whose requests
+    # were all served before the agent attached to it on a busy host records no step, so
+    # at least two of the three generations have steps (each equal to its counter above)
+    assert RESTARTS <= len(fleet.a.recorded()) <= RESTARTS + 1, fleet.a.recorded()
     assert len(fleet.b.recorded()) == 1
     # the rolling recordings rotated: steps spread over several files
     assert len(list(fleet.a.rec_dir.glob("*.probe.db"))) > 2
