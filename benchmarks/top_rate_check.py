@@ -41,7 +41,10 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / "tests" / "engine" / "tiny_llama"
+sys.path.insert(0, str(ROOT))  # the shared process helpers of benchmarks/
+from benchmarks._proc import tiny_server_argv  # noqa: E402
+
+MODEL = ROOT / "tests" / "real_engine" / "tiny_llama"
 RATE = re.compile(r"probe top \| \d+ rank\(s\), ([\d,]+\.\d) steps/s")
 
 
@@ -76,33 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(
         os.environ, PROBE_RUN_DIR=str(run_dir), VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1"
     )
-    server_cmd = [
-        "nice",
-        "-n",
-        "10",
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(MODEL),
-        "--load-format",
-        "dummy",
-        "--skip-tokenizer-init",
-        "--dtype",
-        "bfloat16",
-        "--max-model-len",
-        "512",
-        "--max-num-seqs",
-        "8",
-        "--max-num-batched-tokens",
-        "512",
-        "--seed",
-        "0",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+    server_cmd = tiny_server_argv(MODEL, port)
     server = subprocess.Popen(
         server_cmd,
         env=env,
