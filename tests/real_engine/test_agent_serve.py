@@ -196,17 +196,20 @@ class Node:
         return out
 
 
-def _query(base: str, expr: str) -> list[dict[str, Any]]:
-    r = _get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+def _query(base: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+    params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+    r = _get(f"{base}/api/v1/query?" + urllib.parse.urlencode(params))
     assert r["status"] == "success", (expr, r)
     out: list[dict[str, Any]] = r["data"]["result"]
     return out
 
 
-def _by(base: str, expr: str, *labels: str) -> dict[tuple[str, ...], float]:
+def _by(
+    base: str, expr: str, *labels: str, at: float | None = None
+) -> dict[tuple[str, ...], float]:
     return {
         tuple(row["metric"].get(k, "") for k in labels): float(row["value"][1])
-        for row in _query(base, expr)
+        for row in _query(base, expr, at)
     }
 
 
@@ -226,6 +229,23 @@ def _until_equal(base: str, node: Node, timeout: float = 60) -> tuple[Counter[in
         if (want == got and want) or time.monotonic() > end:
             return want, got
         time.sleep(1)
+
+
+def _settled(base: str, nodes: tuple[Node, ...], timeout: float = 120) -> float:
+    """A moment at which every agent has caught up: for each node its recordings equal its
+    counters, and neither moved over 3 s (on a busy host an agent may still be reading
+    its rings when the load ends; recordings and counters then agree on a figure that is
+    still growing). Queries evaluated at the returned time all see the same samples."""
+    end = time.monotonic() + timeout
+    last: list[tuple[Counter[int], Counter[int]]] = []
+    while True:
+        now = [_until_equal(base, n, timeout=10) for n in nodes]
+        if now == last and all(want == got and want for want, got in now):
+            return time.time() - 1.0  # samples up to here were scraped and stored
+        if time.monotonic() > end:
+            pytest.fail(f"the agents did not settle: {now}")
+        last = now
+        time.sleep(3)
 
 
 @dataclass
@@ -277,6 +297,7 @@ def fleet() -> Iterator[Fleet]:
 
 
 def test_counters_equal_the_recordings_for_every_process(fleet: Fleet) -> None:
+    _settled(fleet.base, (fleet.a, fleet.b))
     for node in (fleet.a, fleet.b):
         want, got = _until_equal(fleet.base, node)
         assert want and got == want, (node.name, dict(want), dict(got))
@@ -345,12 +366,11 @@ def test_every_series_has_the_full_label_set_one_per_process(fleet: Fleet) -> No
 def test_the_dashboards_per_instance_and_total_equal_the_recordings(fleet: Fleet) -> None:
     from dashboards.generate import STEPS_BY_INSTANCE, STEPS_TOTAL, concrete
 
-    for node in (fleet.a, fleet.b):
-        _until_equal(fleet.base, node)
-    by_instance = _by(fleet.base, concrete(STEPS_BY_INSTANCE), "instance")
+    at = _settled(fleet.base, (fleet.a, fleet.b))
     want = {(n.instance,): float(sum(n.recorded().values())) for n in (fleet.a, fleet.b)}
+    by_instance = _by(fleet.base, concrete(STEPS_BY_INSTANCE), "instance", at=at)
     assert by_instance == want
-    [(total,)] = [tuple(_by(fleet.base, concrete(STEPS_TOTAL)).values())]
+    [(total,)] = [tuple(_by(fleet.base, concrete(STEPS_TOTAL), at=at).values())]
     assert total == sum(want.values())
 
 
