@@ -91,6 +91,7 @@ class RollingRecordings:
         self.sink: RecordingSink | None = None
         self.path: Path | None = None
         self.files: list[Path] = []  # written by this agent, oldest first
+        self.unfinished: list[Path] = []  # closed while a reader had them open
         self.next_at = 0.0
         self._open()
 
@@ -130,6 +131,8 @@ class RollingRecordings:
             return
         while len(self.files) > self.keep:
             old = self.files.pop(0)
+            if old in self.unfinished:
+                self.unfinished.remove(old)
             for suffix in ("", "-wal", "-shm"):
                 with contextlib.suppress(FileNotFoundError):
                     Path(f"{old}{suffix}").unlink()
@@ -142,8 +145,25 @@ class RollingRecordings:
     def _close_file(self) -> None:
         if self.sink is not None:
             self.sink.writer.set_meta(ended_epoch_ns=time.time_ns())
-            self.sink.close()
+            if not self.sink.writer.close() and self.path is not None:
+                self.unfinished.append(self.path)
             self.sink = None
+        self._finish_unfinished()
+
+    def _finish_unfinished(self) -> None:
+        """A file a reader held open at its close is complete but kept its ``-wal``; it is
+        made one self-contained file at a later rotation, once no reader holds it."""
+        from probe.reader.recording import finish_wal
+
+        still = []
+        for p in self.unfinished:
+            try:
+                done = finish_wal(p)
+            except sqlite3.Error:
+                done = False
+            if not done:
+                still.append(p)
+        self.unfinished = still
 
     def on_process(self, proc: ProcessState) -> None:
         self.procs[proc.pid] = proc

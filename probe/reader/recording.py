@@ -405,14 +405,42 @@ class RecordingWriter:
         self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         self._last_commit = time.monotonic()
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Commit and close; ``True`` when the file was made self-contained, ``False``
+        when a reader had it open (see :func:`finish_wal`): it is then complete but keeps
+        its ``-wal``/``-shm`` until :func:`finish_wal` succeeds."""
         self.join_gpu()
         self.commit()
-        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        # a finished recording is one self-contained file: readable on a read-only mount
-        # and by readers that create no -wal/-shm beside it
-        self.db.execute("PRAGMA journal_mode=DELETE")
+        done = _to_rollback_journal(self.db)
         self.db.close()
+        return done
+
+
+def _to_rollback_journal(db: sqlite3.Connection) -> bool:
+    """Checkpoint everything and leave WAL mode: a finished recording is one self-contained
+    file, readable on a read-only mount and by readers that create no ``-wal``/``-shm``
+    beside it. Leaving WAL mode needs the file to itself; while a reader (a ``probe
+    report`` of a live file) has it open SQLite refuses at once with "database is
+    locked": ``False``, and the file stays in WAL mode, every commit in it and readable.
+    A reader never stops a writer."""
+    try:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        mode = db.execute("PRAGMA journal_mode=DELETE").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            return False
+        raise
+    return bool(mode) and str(mode[0]).lower() == "delete"
+
+
+def finish_wal(path: str | Path) -> bool:
+    """Make a closed recording that a reader held open at its close self-contained now;
+    ``True`` once it is (or was already), ``False`` while a reader still has it open."""
+    p = Path(path)
+    if not p.is_file() or not (Path(f"{p}-wal").exists() or Path(f"{p}-shm").exists()):
+        return True
+    with contextlib.closing(sqlite3.connect(str(p), timeout=0.0)) as db:
+        return _to_rollback_journal(db)
 
 
 @functools.cache

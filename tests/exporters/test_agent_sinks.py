@@ -150,6 +150,45 @@ def test_rolling_recordings_rotate_keep_and_hold_every_step_once(tmp_path: Path)
         assert row["snapshot"]
 
 
+def test_a_reader_of_a_rolling_file_never_stops_the_rotation(tmp_path: Path) -> None:
+    """A user's ``probe report`` of the agent's current file when it rotates: the rotation
+    goes on, the file keeps every step, and a later rotation makes it self-contained."""
+    from probe.reader.agent import RollingRecordings
+
+    rec = Recording.open(default_recording())
+    [info] = processes_from_recording(rec)
+    steps = list(rec.iter_steps(info.pid))[:40]
+    clock = {"t": 0.0}
+
+    class Proc:
+        pid = info.pid
+        hello = None
+        snapshot = next(p["snapshot"] for p in rec.processes() if p["pid"] == info.pid)
+        dropped = 0
+        hook_faults = 0
+        assembler = None
+        decoder = type("Decoder", (), {"strings": {}})
+
+    roll = RollingRecordings(tmp_path, 10.0, keep=None, clock=lambda: clock["t"])
+    roll.on_process(Proc)  # type: ignore[arg-type]
+    roll.on_steps(Proc, steps[:20], [])  # type: ignore[arg-type]
+    roll.sink.writer.commit()  # type: ignore[union-attr]
+    first = roll.path
+    assert first is not None
+    reader = Recording.open(first)  # held open across the rotation
+    clock["t"] += 10.0
+    roll.tick()
+    assert roll.unfinished == [first] and Path(f"{first}-wal").exists()
+    roll.on_steps(Proc, steps[20:], [])  # type: ignore[arg-type]
+    reader.close()
+    clock["t"] += 10.0
+    roll.tick()  # the next rotation finishes the first file
+    assert roll.unfinished == [] and not Path(f"{first}-wal").exists()
+    roll.close()
+    counts = [sum(1 for _ in Recording.open(p).iter_steps()) for p in roll.files]
+    assert counts == [20, 20, 0]
+
+
 def test_the_agent_enables_a_process_and_follows_its_hooks_going_off(
     run_dir: Path, clean_probe: None
 ) -> None:

@@ -96,3 +96,32 @@ def test_a_raising_sink_does_not_stop_the_reader_or_the_recording(tmp_path: Path
         assert any("exporter bug" in e for e in col.errors)
     finally:
         ring.close()
+
+
+def test_a_reader_holding_the_file_never_fails_the_writer_close(tmp_path: Path) -> None:
+    """``probe report`` of a live recording at the moment its writer closes (the agent's
+    rotation, the end of ``probe record``): the close succeeds, every commit is in the file,
+    and the file is made self-contained once the reader is gone."""
+    from probe.reader.recording import Recording, finish_wal
+
+    ring = RingWriter.create(tmp_path / "ring-1234.shm", capacity=1024)
+    out = tmp_path / "run.probe.db"
+    writer = RecordingWriter(out, commit_every_s=0.0)
+    col = Collector(rings=[ring.path], sinks=[RecordingSink(writer)])
+    _burst(ring, 10)
+    col.poll()
+    reader = Recording.open(out)  # a live file: opened in place, read-only
+    assert sum(1 for _ in reader.iter_steps()) == 9
+    col.close()  # the writer's close, with the reader still there
+    ring.close()
+    assert Path(f"{out}-wal").exists()  # left in WAL mode: the reader holds it
+    assert not finish_wal(out)  # and still does
+    # the close wrote the 10th step (ended by the close) with the reader there
+    again = Recording.open(out)
+    assert sum(1 for _ in again.iter_steps()) == 10
+    again.close()
+    reader.close()
+    assert finish_wal(out)
+    assert not Path(f"{out}-wal").exists() and not Path(f"{out}-shm").exists()
+    assert sum(1 for _ in Recording.open(out).iter_steps()) == 10
+    assert finish_wal(out)  # once self-contained, nothing more to do
