@@ -189,10 +189,10 @@ class Node:
 
         out: Counter[int] = Counter()
         for path in sorted(self.rec_dir.glob("*.probe.db")):
-            rec = Recording.open(path)
-            for s in rec.iter_steps():
-                if s.forward:
-                    out[s.pid] += 1
+            with contextlib.closing(Recording.open(path)) as rec:
+                for s in rec.iter_steps():
+                    if s.forward:
+                        out[s.pid] += 1
         return out
 
 
