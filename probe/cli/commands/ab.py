@@ -235,7 +235,7 @@ def run_arms(
         cmd = cmd[1:]
     if not cmd:
         raise UsageError("ab: give the workload command after --, or --a/--b recordings")
-    from probe.cli.commands.record import check_command
+    from probe.cli.workload import check_command
 
     cmd = check_command(cmd, "ab")
     out = Path(args.out)

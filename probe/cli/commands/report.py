@@ -50,13 +50,6 @@ def _expand(patterns: list[str]) -> list[str]:
     return out
 
 
-def add_recording_args(q: argparse.ArgumentParser) -> None:
-    """The recording, ``--json`` and ``--width`` of ``report`` and ``doctor``."""
-    q.add_argument("recording", nargs="?", help="recording (default: the bundled one)")
-    q.add_argument("--json", action="store_true", help="machine-readable output")
-    q.add_argument("--width", type=width, help="terminal width in columns (20..1000)")
-
-
 def add_parser(sub: Any) -> None:
     q = sub.add_parser("report", help="summarize a recording (or several as one)")
     q.add_argument(
