@@ -11,7 +11,6 @@ and the same files; on a real pseudo-terminal the display appears unless ``--jso
 
 from __future__ import annotations
 
-import argparse
 import os
 import pty
 import re
@@ -180,10 +179,8 @@ def test_wanted_flag_then_plain_then_environment_then_terminal() -> None:
         assert wanted(None, plain=False, stream=tty, environ=env) is False, env
     for env in ({"CI": "false"}, {"CI": ""}, {"NO_COLOR": ""}, {"TERM": "xterm-256color"}):
         assert wanted(None, plain=False, stream=tty, environ=env) is True, env
-    args = argparse.Namespace(progress=None, json=True)
-    assert not display_for(args, stream=tty, environ={}).console
-    args = argparse.Namespace(progress=True, json=True)
-    assert display_for(args, stream=pipe, environ={}).console is not None
+    assert not display_for(None, plain=True, stream=tty, environ={}).console  # --json
+    assert display_for(True, plain=True, stream=pipe, environ={}).console is not None
 
 
 # -- the writers, through the display -------------------------------------------------------

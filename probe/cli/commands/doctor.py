@@ -61,7 +61,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2, default=str))
     else:
-        con = console(args)
+        con = console(args.width)
         for s in out:
             render_doctor(s, con)
     return 0

@@ -27,7 +27,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
     else:
-        render_report(rep, console(args))
+        render_report(rep, console(args.width))
     return 0
 
 
