@@ -86,13 +86,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent))
 
-from test_attach_serve import MODEL, PROBE, Server, _free_port  # noqa: E402
+from cpu_server import MODEL, PROBE, Server  # noqa: E402
+from loopback import free_port  # noqa: E402
 
 from benchmarks._proc import Tracer  # noqa: E402
 
 
 def start(run_dir: Path, extra: dict[str, str] | None = None) -> Server:
-    port = _free_port()
+    port = free_port()
     log = run_dir / "server.log"
     env = dict(os.environ, PROBE_RUN_DIR=str(run_dir), VLLM_CPU_KVCACHE_SPACE="1", **(extra or {}))
     cmd = [

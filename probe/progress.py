@@ -14,8 +14,8 @@ does not ask. :class:`Display` draws it with rich, one line, on stderr::
 
 Whether a command draws it (:func:`display_for`): ``--progress`` always (the argument
 wins over the rules that follow), ``--no-progress`` never; otherwise only when stderr is a
-terminal and nothing asks for plain output (``--json``, ``-`` for a written file,
-``--quiet``, ``CI``, ``NO_COLOR``, ``TERM=dumb``). It never writes to stdout or to the
+terminal and nothing asks for plain output (``--json``, ``-`` for a written file, ``CI``,
+``NO_COLOR``, ``TERM=dumb``). It never writes to stdout or to the
 files a command writes. Counts reach rich at most every ``interval_s`` (0.1 s) of the
 injected clock, never once per step.
 """
@@ -115,7 +115,7 @@ def wanted(flag: bool | None, *, plain: bool, stream: IO[str], environ: Mapping[
 
 
 def display_for(
-    args: argparse.Namespace,
+    flag: bool | None,
     *,
     plain: bool = False,
     bar: bool = True,
@@ -123,12 +123,12 @@ def display_for(
     environ: Mapping[str, str] | None = None,
 ) -> Display:
     """The :class:`Display` a command uses: drawing on ``stream`` (stderr) when
-    :func:`wanted` says so, else one that draws nothing. ``plain``: the command writes
-    data to stdout or prints JSON; ``args.json`` and ``args.quiet`` count as plain too."""
+    :func:`wanted` says so, else one that draws nothing. ``flag``: the command's
+    ``--progress``/``--no-progress`` (``args.progress``); ``plain``: the command writes data
+    to stdout or prints JSON."""
     stream = sys.stderr if stream is None else stream
     environ = os.environ if environ is None else environ
-    plain = plain or bool(getattr(args, "json", False)) or bool(getattr(args, "quiet", False))
-    if not wanted(getattr(args, "progress", None), plain=plain, stream=stream, environ=environ):
+    if not wanted(flag, plain=plain, stream=stream, environ=environ):
         return Display(None)
     from probe.terminal import SafeConsole
 

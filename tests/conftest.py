@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ring_drain import drain
 
 from probe.engine import accel
 from probe.engine.ring_writer import RingWriter
-from probe.reader.ring_reader import RingReader
-from probe.records import Decoded, Decoder
 
 MISSING = object()
 
@@ -62,14 +61,6 @@ def ring(tmp_path: Path) -> Iterator[RingWriter]:
     writer = RingWriter.create(tmp_path / "ring", capacity=4096)
     yield writer
     writer.close()
-
-
-def drain(writer: RingWriter) -> tuple[list[Decoded], Decoder]:
-    """Every data record written to ``writer`` so far, decoded."""
-    dec = Decoder()
-    with RingReader.open(writer.path) as reader:
-        out = [r for r in (dec.feed(rec) for rec in reader.read()) if r is not None]
-    return out, dec
 
 
 def owner_of(module: str, owner: str) -> Any:

@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from extras import needs
 
 from probe.cli.main import main
 from probe.reader.recording import Recording, RecordingError, default_recording
@@ -41,6 +42,7 @@ def test_chunks_are_the_steps_in_bounded_lists() -> None:
         next(iter_step_chunks(rec, 0))
 
 
+@needs("perfetto")
 def test_perfetto_in_bounded_memory_is_the_same_trace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -61,6 +63,7 @@ def test_perfetto_in_bounded_memory_is_the_same_trace(
     assert runs.read_bytes() == whole.read_bytes()
 
 
+@needs("perfetto")
 def test_spooled_lanes_keep_their_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import exporters.perfetto as pf
 
@@ -104,6 +107,7 @@ def test_export_of_a_glob_is_one_trace(tmp_path: Path) -> None:
     )
 
 
+@needs("prometheus")
 def test_textfile_of_two_recordings_counts_both(tmp_path: Path) -> None:
     d = _ranks(tmp_path)
     out = tmp_path / "m.prom"
@@ -115,6 +119,7 @@ def test_textfile_of_two_recordings_counts_both(tmp_path: Path) -> None:
             assert f'pid="{pid}"' in text
 
 
+@needs("perfetto")
 @pytest.mark.skipif(not KINETO.exists(), reason="the shared Kineto profile is not here")
 def test_merge_reads_a_glob_as_the_recordings_listed(tmp_path: Path) -> None:
     d = _ranks(tmp_path)

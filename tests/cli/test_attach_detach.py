@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from extras import needs
 
 from probe.engine import hooks
 from probe.engine.ring_writer import RingWriter
@@ -78,6 +79,7 @@ def test_a_re_attach_reuses_the_first_calibration(
     assert second == {**first, "reused": True}
 
 
+@needs("vllm")
 def test_a_calibration_taken_before_vllm_is_not_reused_after(
     ring: RingWriter, kit: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

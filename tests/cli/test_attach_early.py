@@ -51,16 +51,16 @@ def server(run_dir: Path, clean_probe: None) -> Iterator[ControlServer]:
 
 SPY = """
 import json, sys
-from probe.cli.commands import attach
+from probe.cli import attach_session
 
-enable = attach.Session.enable
+enable = attach_session.Session.enable
 
 def spy(self, *args, **kwargs):
     with open(sys.argv[1], "w") as f:
         json.dump(sorted(sys.modules), f)
     return enable(self, *args, **kwargs)
 
-attach.Session.enable = spy
+attach_session.Session.enable = spy
 from probe.cli import main as cli
 sys.exit(cli.main(sys.argv[2:]))
 """
@@ -125,14 +125,14 @@ def test_a_recording_that_cannot_be_made_after_the_enable_disables_and_leaves_no
 def test_a_fault_after_the_recording_was_opened_closes_and_removes_it(
     server: ControlServer, run_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from probe.cli import attach_session
     from probe.cli import main as cli
-    from probe.cli.commands import attach
     from probe.engine.runtime import RT
 
-    def broken(self: attach.Session, sinks: object = ()) -> None:
+    def broken(self: attach_session.Session, sinks: object = ()) -> None:
         raise RuntimeError("a bug of the reader")
 
-    monkeypatch.setattr(attach.Session, "collect", broken)
+    monkeypatch.setattr(attach_session.Session, "collect", broken)
     rec = run_dir / "a.probe.db"
     argv = ["attach", "--run-dir", str(run_dir), "--duration", "5", "--no-live"]
     with pytest.raises(RuntimeError, match="a bug of the reader"):
@@ -173,7 +173,7 @@ def test_a_ring_unlinked_at_the_deadline_before_the_reader_started_is_read(
 ) -> None:
     """The rings are opened at the enable, the collector comes later: a process whose
     deadline came in between (it unlinked its ring) is read all the same."""
-    from probe.cli.commands.attach import Session
+    from probe.cli.attach_session import Session
     from probe.engine.runtime import RT
 
     clock = SimpleNamespace(now=10**12)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from extras import needs
 
 ROOT = Path(os.environ.get("PROBE_CODE_ROOT") or Path(__file__).resolve().parents[2])
 BUNDLED = ROOT / "probe" / "data" / "default.probe.db"
@@ -263,6 +264,7 @@ def test_an_output_in_a_missing_folder_or_a_directory_is_one_line(
     assert listing(tmp_path) == before
 
 
+@needs("perfetto")
 def test_export_on_a_full_file_system_leaves_nothing(tmpfs: callable) -> None:  # type: ignore[valid-type]
     d = tmpfs("size=64k")
     r = probe("export", "--perfetto", str(d / "x.pftrace"))
@@ -291,6 +293,7 @@ def test_stdout_on_dev_full_is_one_error(cmd: list[str]) -> None:
     assert "standard output" in one_error(r, 1)  # type: ignore[arg-type]
 
 
+@needs("prometheus")
 def test_dash_writes_the_textfile_to_stdout(tmp_path: Path) -> None:
     r = probe("export", "--prometheus-textfile", "-", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -647,7 +650,10 @@ def test_a_step_of_an_undeclared_process_is_a_damaged_recording(
     assert not (tmp_path / "x.pftrace").exists()
 
 
-@pytest.mark.parametrize("cmd", [["report"], ["export", "--perfetto", "{d}/x.pftrace"]])
+@pytest.mark.parametrize(
+    "cmd",
+    [["report"], pytest.param(["export", "--perfetto", "{d}/x.pftrace"], marks=needs("perfetto"))],
+)
 def test_a_span_that_ends_before_it_starts_is_a_damaged_recording(
     tmp_path: Path, cmd: list[str]
 ) -> None:
@@ -716,7 +722,14 @@ def test_a_rocpd_database_whose_schema_name_is_not_utf8_is_a_profile_error(
 # -- what quick_check passes: a damaged snapshot, a damaged column name (found by the fuzz) ---
 
 
-@pytest.mark.parametrize("cmd", [["report"], ["doctor"], ["export", "--perfetto", "{d}/x.pftrace"]])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["report"],
+        ["doctor"],
+        pytest.param(["export", "--perfetto", "{d}/x.pftrace"], marks=needs("perfetto")),
+    ],
+)
 def test_a_snapshot_that_is_not_a_json_object_is_named(tmp_path: Path, cmd: list[str]) -> None:
     import sqlite3
 

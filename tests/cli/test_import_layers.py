@@ -6,7 +6,9 @@ imports the root; analysis (``probe/analysis/``) the root and the reader; the CL
 (``probe/cli/``) anything; ``exporters/`` the root, the reader and analysis; ``dashboards/``
 those and ``exporters/``. Imports inside functions count the same as those at the top, and
 no two modules may import each other, directly or around a circle (imports under ``if
-TYPE_CHECKING:`` never run and are not counted).
+TYPE_CHECKING:`` never run and are not counted). Within the CLI, the commands
+(``probe/cli/commands/*``) share code through the modules below them (``probe/cli/``, the
+package's own ``__init__``), never through each other.
 """
 
 from __future__ import annotations
@@ -111,6 +113,28 @@ def test_no_import_goes_against_the_layer_table() -> None:
     assert bad == []
 
 
+COMMANDS = "probe.cli.commands"
+
+
+def is_command(module: str) -> bool:
+    """One command's module: ``probe.cli.commands.<name>`` (not the package's shared helpers)."""
+    return module.startswith(f"{COMMANDS}.")
+
+
+def commands_importing_commands(g: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{m} imports {t}"
+        for m, targets in g.items()
+        if is_command(m)
+        for t in targets
+        if is_command(t)
+    )
+
+
+def test_no_command_imports_another_command() -> None:
+    assert commands_importing_commands(graph()) == []
+
+
 def _circles(g: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -160,8 +184,16 @@ def test_no_module_imports_itself_around_a_circle() -> None:
 
 def test_the_checks_see_a_violation_and_a_circle() -> None:
     """The checks are not vacuous: a made-up engine module importing the reader is a
-    violation, and two modules importing each other are a circle."""
+    violation, two modules importing each other are a circle, and a command importing
+    another command (not the shared helpers; not the parser importing a command) is seen."""
     g = {"probe.engine.x": {"probe.reader.y"}, "probe.reader.y": {"probe.engine.x"}}
     assert layer_of("probe.engine.x") == "engine"
     assert "reader" not in MAY_IMPORT["engine"]
     assert _circles(g) == [["probe.engine.x", "probe.reader.y"]]
+    shared = {"probe.cli.commands.a": {"probe.cli.commands", "probe.cli.options"}}
+    assert commands_importing_commands(shared) == []
+    g = {
+        "probe.cli.commands.a": {"probe.cli.commands.b"},
+        "probe.cli.main": {"probe.cli.commands.a"},
+    }
+    assert commands_importing_commands(g) == ["probe.cli.commands.a imports probe.cli.commands.b"]

@@ -313,7 +313,7 @@ def test_attach_with_nothing_to_attach_is_a_usage_error(run_dir: Path) -> None:
 
 
 def test_missing_exporter_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    from probe.cli.commands.attach import exporter_sink
+    from probe.cli.live_options import exporter_sink
     from probe.cli.main import UsageError
 
     monkeypatch.setitem(sys.modules, "exporters.nothere", None)

@@ -11,7 +11,6 @@ and the same files; on a real pseudo-terminal the display appears unless ``--jso
 
 from __future__ import annotations
 
-import argparse
 import os
 import pty
 import re
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from extras import needs
 from rich.console import Console
 from terminal import read_terminal
 
@@ -179,10 +179,8 @@ def test_wanted_flag_then_plain_then_environment_then_terminal() -> None:
         assert wanted(None, plain=False, stream=tty, environ=env) is False, env
     for env in ({"CI": "false"}, {"CI": ""}, {"NO_COLOR": ""}, {"TERM": "xterm-256color"}):
         assert wanted(None, plain=False, stream=tty, environ=env) is True, env
-    args = argparse.Namespace(progress=None, json=True)
-    assert not display_for(args, stream=tty, environ={}).console
-    args = argparse.Namespace(progress=True, json=True)
-    assert display_for(args, stream=pipe, environ={}).console is not None
+    assert not display_for(None, plain=True, stream=tty, environ={}).console  # --json
+    assert display_for(True, plain=True, stream=pipe, environ={}).console is not None
 
 
 # -- the writers, through the display -------------------------------------------------------
@@ -211,6 +209,7 @@ def test_openmetrics_bar_climbs_to_every_step(rec: Recording, tmp_path: Path) ->
     assert (tmp_path / "a.om").read_bytes() == (tmp_path / "b.om").read_bytes()
 
 
+@needs("perfetto")
 def test_perfetto_bars_read_every_record_and_encode_every_slice(
     rec: Recording, tmp_path: Path
 ) -> None:
@@ -276,6 +275,7 @@ def test_otlp_stages_spans_timelines_and_metric_samples(rec: Recording, otlp_end
     assert calls.done == [STEPS, STEPS, w.metric_exports]
 
 
+@needs("perfetto")
 def test_merge_stages_load_align_write(tmp_path: Path) -> None:
     from exporters.timelines.align import align
     from exporters.timelines.load import load_profiles
@@ -323,6 +323,7 @@ def _rocpd_dump(path: Path) -> list[str]:
 EXPORT = ["--perfetto", "t.pftrace", "--openmetrics", "t.om", "--prometheus-textfile", "t.prom"]
 
 
+@needs("perfetto", "prometheus")
 def test_export_outputs_are_the_same_with_and_without_progress(tmp_path: Path) -> None:
     runs = {}
     for name, flag in (("default", []), ("on", ["--progress"])):
@@ -354,6 +355,7 @@ def test_export_outputs_are_the_same_with_and_without_progress(tmp_path: Path) -
     assert counts(on, "rocpd: writing regions")[-1] == (RECORDS, RECORDS, "records")
 
 
+@needs("prometheus")
 def test_export_to_stdout_keeps_stdout_the_data(tmp_path: Path) -> None:
     plain = _probe("export", "--prometheus-textfile", "-", cwd=tmp_path)
     forced = _probe("export", "--prometheus-textfile", "-", "--progress", cwd=tmp_path)
@@ -363,6 +365,7 @@ def test_export_to_stdout_keeps_stdout_the_data(tmp_path: Path) -> None:
     assert counts(forced.stderr.decode(), "replaying steps")[-1] == (STEPS, STEPS, "steps")
 
 
+@needs("perfetto")
 def test_merge_outputs_are_the_same_with_and_without_progress(tmp_path: Path) -> None:
     runs = {}
     for name, flag in (("default", []), ("on", ["--progress"])):
@@ -508,6 +511,7 @@ def _on_a_terminal(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[int
     return proc.wait(timeout=60), stdout, seen
 
 
+@needs("prometheus")
 @pytest.mark.parametrize(
     ("extra", "env", "drawn"),
     [

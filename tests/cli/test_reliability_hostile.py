@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from extras import needs
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDING = ROOT / "probe/data/default.probe.db"
@@ -79,6 +80,7 @@ def leftovers(d: Path, *keep: str) -> list[str]:
 # -- one write path: --to NAME --out TARGET like the named flags --------------------------
 
 FILE_EXPORTERS = ["openmetrics", "perfetto", "prometheus", "rocpd"]
+PERFETTO = pytest.param("--perfetto", marks=needs("perfetto"))  # the --perfetto case of a flag
 
 
 @pytest.mark.parametrize("name", FILE_EXPORTERS)
@@ -151,7 +153,7 @@ def test_to_rocpd_out_dash_is_refused(tmp_path: Path) -> None:
     assert r.stdout == b"" and leftovers(tmp_path) == []
 
 
-@pytest.mark.parametrize("flag", ["--openmetrics", "--rocpd", "--perfetto"])
+@pytest.mark.parametrize("flag", ["--openmetrics", "--rocpd", PERFETTO])
 def test_a_legal_248_byte_name_is_written(tmp_path: Path, flag: str) -> None:
     name = "n" * 245 + ".db"
     assert len(name) == 248
@@ -176,6 +178,7 @@ def _start_export(target: Path, *extra: str) -> subprocess.Popen[bytes]:
     )
 
 
+@needs("perfetto")
 def test_two_exports_to_one_target_one_wins_the_other_fails(tmp_path: Path) -> None:
     target = tmp_path / "out.pftrace"
     procs = [_start_export(target, "--perfetto") for _ in range(2)]
@@ -187,6 +190,7 @@ def test_two_exports_to_one_target_one_wins_the_other_fails(tmp_path: Path) -> N
     assert leftovers(tmp_path, "out.pftrace") == []
 
 
+@needs("perfetto")
 def test_two_forced_exports_to_one_existing_target_one_fails(tmp_path: Path) -> None:
     target = tmp_path / "out.pftrace"
     target.write_bytes(b"old")
@@ -231,13 +235,14 @@ def _signal_mid_write(tmp_path: Path, sig: int, argv: Sequence[str]) -> int:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-@pytest.mark.parametrize("flag", ["--perfetto", "--rocpd", "--openmetrics"])
+@pytest.mark.parametrize("flag", [PERFETTO, "--rocpd", "--openmetrics"])
 def test_a_signal_mid_export_leaves_nothing(tmp_path: Path, sig: int, flag: str) -> None:
     rc = _signal_mid_write(tmp_path, sig, ["export", str(RECORDING), flag, "out"])
     assert rc == 128 + sig
     assert leftovers(tmp_path) == []
 
 
+@needs("perfetto")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_mid_merge_leaves_nothing(tmp_path: Path, sig: int) -> None:
     argv = ["merge", str(WINDOW), str(KINETO), "--out", "m.pftrace", "--rocpd", "m.db"]
@@ -332,7 +337,11 @@ def test_closed_stderr_on_an_error_still_exits_2(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["report"], ["export", "--openmetrics", "-"], ["export", "--to", "prometheus", "--out", "-"]],
+    [
+        ["report"],
+        ["export", "--openmetrics", "-"],
+        pytest.param(["export", "--to", "prometheus", "--out", "-"], marks=needs("prometheus")),
+    ],
 )
 def test_a_reader_that_leaves_early_is_quiet(argv: list[str]) -> None:
     line = " ".join(_q(a) for a in (sys.executable, "-m", "probe", *argv))
@@ -646,7 +655,7 @@ def test_a_recording_at_a_path_longer_than_sqlite_takes_opens(tmp_path: Path) ->
     assert os.listdir(d) == ["r.probe.db"]
 
 
-@pytest.mark.parametrize("flag", ["--rocpd", "--perfetto", "--openmetrics"])
+@pytest.mark.parametrize("flag", ["--rocpd", PERFETTO, "--openmetrics"])
 def test_an_output_at_a_path_longer_than_sqlite_takes(tmp_path: Path, flag: str) -> None:
     d = _deep(tmp_path)
     r = probe("export", str(RECORDING), flag, str(d / "out"))
@@ -710,6 +719,7 @@ OTLP_ARGS = {
 }
 
 
+@needs("otlp")
 @pytest.mark.parametrize("how", ["--otlp", "--to"])
 @pytest.mark.parametrize("proto", list(OTLP_ARGS))
 def test_otlp_to_a_closed_port_exits_1(how: str, proto: str) -> None:
@@ -721,6 +731,7 @@ def test_otlp_to_a_closed_port_exits_1(how: str, proto: str) -> None:
     one_error(r, "nothing exported")
 
 
+@needs("otlp")
 @pytest.mark.parametrize("how", ["--otlp", "--to"])
 @pytest.mark.parametrize("proto", list(OTLP_ARGS))
 def test_otlp_to_a_trickling_server_ends_and_exits_1(how: str, proto: str) -> None:

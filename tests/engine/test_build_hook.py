@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from ring_drain import drain
 
 from probe.engine import accel
 from probe.engine.hooks import builders
@@ -23,7 +24,6 @@ from probe.engine.runtime import RT
 from probe.reader.assemble import fill_builds
 from probe.reader.recording import Recording
 from probe.records import Build, BuildTag
-from tests.conftest import drain
 
 QSL = torch.tensor([0, 2, 4, 6, 8, 9, 12], dtype=torch.int32)
 ROOT = Path(__file__).resolve().parents[2]

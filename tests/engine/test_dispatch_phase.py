@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ring_drain import drain
 
 from probe.engine import accel
 from probe.engine.hooks import dispatch
@@ -21,7 +22,6 @@ from probe.engine.hooks._base import Installer, Target
 from probe.engine.ring_writer import RingWriter
 from probe.engine.runtime import RT
 from probe.records import Dispatch, Flag, Mode, Phase, Reason, Span
-from tests.conftest import drain
 
 needs_c = pytest.mark.skipif(not accel.COMPILED, reason=f"not built: {accel.WHY_NOT}")
 
@@ -90,8 +90,9 @@ def _run(owner_targets: list[tuple[Target, Any]], path: str, tmp: Path, case: di
         calls = _count_python_writes()
         fake = None
         if "marks" in case:  # PROBE_ROCTX=1: the marker tee over RT.put
+            from fake_roctx import FakeRoctx
+
             from probe.engine import markers
-            from tests.engine.test_roctx_live import FakeRoctx
 
             fake = FakeRoctx()
             RT.on_first_step = []

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from ring_drain import drain
 
 from probe.engine import accel
 from probe.engine.hooks import replay, step
@@ -20,7 +21,6 @@ from probe.engine.hooks._base import Installer, Target
 from probe.engine.ring_writer import RingWriter
 from probe.engine.runtime import RT
 from probe.records import GpuTiming, Span
-from tests.conftest import drain
 
 PATHS = ["python"] + (["compiled"] if accel.COMPILED else [])
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from extras import needs
 
 from probe.engine import hooks
 from probe.engine.hooks import dispatch as dispatch_hooks
@@ -52,6 +53,7 @@ def test_lifecycle_restores_by_identity(target: Target, kit: Any) -> None:
     kit.assert_restored(target, owner, original)
 
 
+@needs("vllm")
 def test_every_target_resolves_and_all_are_restored(kit: Any) -> None:
     before = kit.originals(ALL_TARGETS)
     report = hooks.install(lazy=False)
@@ -63,6 +65,7 @@ def test_every_target_resolves_and_all_are_restored(kit: Any) -> None:
         kit.assert_restored(t, owner, original)
 
 
+@needs("vllm")
 def test_second_install_warns_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
     first = hooks.install(lazy=False)
     placed = {k: h.wrapper for k, h in hooks.INSTALLER.hooks.items()}
@@ -73,6 +76,7 @@ def test_second_install_warns_and_changes_nothing(caplog: pytest.LogCaptureFixtu
     assert {k: h.wrapper for k, h in hooks.INSTALLER.hooks.items()} == placed
 
 
+@needs("vllm")
 def test_second_uninstall_warns(caplog: pytest.LogCaptureFixture) -> None:
     hooks.install(lazy=False)
     assert hooks.uninstall()
@@ -254,6 +258,7 @@ def _never(orig: Callable[..., Any], hook: Any) -> Callable[..., Any]:
     raise AssertionError("a missing target must not be wrapped")
 
 
+@needs("vllm")
 def test_missing_targets_reported_rest_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     no_module = Target("dispatch.fake.module", "vllm.no_such_module", "X", "f", _never)
     no_attr = Target(

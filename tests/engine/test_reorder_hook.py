@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ring_drain import drain
 
 from probe.engine import accel
 from probe.engine.hooks import reorder
@@ -20,7 +21,6 @@ from probe.engine.hooks._base import Installer, Target
 from probe.engine.ring_writer import RingWriter
 from probe.engine.runtime import RT
 from probe.records import Flag, Reorder
-from tests.conftest import drain
 
 # -- MRV2: sort_batch_req_ids(num_tokens_per_req, [draft_tokens,] decode_query_len) -------
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ring_drain import drain
 
 from probe.engine import accel
 from probe.engine.hooks import replay, step
@@ -23,7 +24,6 @@ from probe.engine.hooks._base import Installer, Target
 from probe.engine.ring_writer import RingWriter
 from probe.engine.runtime import RT
 from probe.records import Flag, Forward, Mode, ReplayKind
-from tests.conftest import drain
 
 fcm = pytest.importorskip("vllm.forward_context")
 
@@ -549,8 +549,9 @@ def test_python_hooks_record_each_shape(shape: str, tmp_path: Path) -> None:
 def test_live_marks_see_the_replays_on_a_compiled_ring(path: str, tmp_path: Path) -> None:
     """With PROBE_ROCTX=1 the records go through the marker tee (RT.put), not straight
     into the ring: the replay marks are there on both paths."""
+    from fake_roctx import FakeRoctx
+
     from probe.engine import markers
-    from tests.engine.test_roctx_live import FakeRoctx
 
     w = _world()
     inst = Installer()

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fake_roctx import FakeRoctx
 
 from probe.engine import markers as roctx_live
 from probe.engine.hooks import step as step_hooks
@@ -22,38 +23,6 @@ from probe.engine.runtime import RT
 from probe.records import Mode, Phase, Reason, RecordKind, ReplayKind
 
 ON = {"PROBE_ROCTX": "1"}
-
-
-class FakeRoctx(types.ModuleType):
-    def __init__(self, fail_on: str | None = None) -> None:
-        super().__init__("roctx")
-        self.calls: list[tuple[Any, ...]] = []
-        self.fail_on = fail_on
-        self._next = 0
-
-    def _call(self, *c: Any) -> None:
-        if c[0] == self.fail_on:
-            raise RuntimeError(f"{c[0]} failed")
-        self.calls.append(c)
-
-    def rangePush(self, message: str) -> int:
-        self._call("rangePush", message)
-        return 0
-
-    def rangePop(self) -> int:
-        self._call("rangePop")
-        return 0
-
-    def mark(self, message: str) -> None:
-        self._call("mark", message)
-
-    def rangeStart(self, message: str) -> int:
-        self._next += 1
-        self._call("rangeStart", message)
-        return self._next
-
-    def rangeStop(self, range_id: int) -> None:
-        self._call("rangeStop", range_id)
 
 
 class Writer:

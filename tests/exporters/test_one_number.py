@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import otlp_receiver
 import pytest
-from test_openmetrics_backfill import _get
-from test_otlp import Received, http_receiver  # noqa: F401 (a fixture)
-from test_prometheus_real import _free_port, _wait
+from loopback import free_port, get_answer, wait_for
+from otlp_receiver import Received, attrs
 
 from exporters.base import processes_from_recording
 from exporters.metrics import LAUNCH_BUCKETS, METRICS, NAMESPACE, probe_cost_queries, ratio_queries
@@ -31,6 +31,7 @@ from probe.analysis import views as analysis
 from probe.reader.recording import Recording
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(600)]
+
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = sorted(
@@ -139,7 +140,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         )  # fmt: skip
         assert out.returncode == 0, out.stdout + out.stderr
     (d / "prometheus.yml").write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
-    port = _free_port()
+    port = free_port()
     log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         [
@@ -154,7 +155,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait(
+        wait_for(
             lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=1).status == 200,
             30,
             "prometheus to start",
@@ -183,7 +184,9 @@ def _span(path: str) -> tuple[str, float, float]:
 
 
 def _query(base: str, expr: str, t: float) -> list[Any]:
-    r = _get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr, "time": f"{t:.3f}"}))
+    r = get_answer(
+        f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr, "time": f"{t:.3f}"})
+    )
     assert r["status"] == "success", r
     return r["data"]["result"]  # type: ignore[no-any-return]
 
@@ -236,14 +239,18 @@ def test_prometheus_from_the_openmetrics_export_agrees(
 # -- OTLP, decoded with the official protobufs ------------------------------------------------
 
 
+@pytest.fixture
+def http_receiver() -> Iterator[tuple[str, Received]]:
+    with otlp_receiver.http_receiver() as r:
+        yield r
+
+
 def _last_points(got: Received, instances: set[str]) -> dict[str, list[tuple[dict[str, Any], Any]]]:
     """Per metric name, the points of the last export of each of ``instances``."""
-    from test_otlp import _attrs
-
     last: dict[str, tuple[int, Any]] = {}
     for req in got.metrics:
         for rm in req.resource_metrics:
-            inst = _attrs(rm.resource.attributes).get("service.instance.id")
+            inst = attrs(rm.resource.attributes).get("service.instance.id")
             if inst not in instances:
                 continue
             t = max(
@@ -258,7 +265,7 @@ def _last_points(got: Received, instances: set[str]) -> dict[str, list[tuple[dic
         for sm in rm.scope_metrics:
             for m in sm.metrics:
                 for p in getattr(m, m.WhichOneof("data")).data_points:
-                    out.setdefault(m.name, []).append((_attrs(p.attributes), p))
+                    out.setdefault(m.name, []).append((attrs(p.attributes), p))
     return out
 
 
@@ -306,7 +313,7 @@ def _otlp_quantile(points: dict[str, list[tuple[dict[str, Any], Any]]], q: float
 
 
 def test_otlp_export_decoded_agrees(
-    http_receiver: tuple[str, Received],  # noqa: F811
+    http_receiver: tuple[str, Received],
     reports: dict[str, dict[str, Any]],
 ) -> None:
     from exporters.otlp import write

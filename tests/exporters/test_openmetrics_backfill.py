@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 from calibrated import CALIBRATION, calibrated_copy
-from test_prometheus_real import LABEL_VALUES, _free_port, _wait
+from loopback import free_port, get_answer, wait_for
+from prometheus_server import LABEL_VALUES, PROMETHEUS
 
 from dashboards.generate import DASHBOARDS, queries
 from dashboards.render_recording import RANK_PANELS
@@ -36,17 +37,8 @@ from probe.reader.recording import Recording, default_recording
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(180)]
 
-PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _get(url: str) -> Any:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:  # 400/422 carry Prometheus's error as JSON
-        return json.loads(exc.read())
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +72,7 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     assert out.returncode == 0, out.stdout + out.stderr
     assert any(p.is_dir() and (p / "meta.json").exists() for p in data.iterdir()), out.stdout
     (d / "prometheus.yml").write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
-    port = _free_port()
+    port = free_port()
     log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         [
@@ -96,7 +88,7 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     base = f"http://127.0.0.1:{port}"
     [tl] = timelines(Recording.open(default_recording()))
     try:
-        _wait(
+        wait_for(
             lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=1).status == 200,
             30,
             "prometheus to start",
@@ -122,9 +114,9 @@ def _range(base: str, expr: str, start: float, end: float) -> dict[str, Any]:
     lv = LABEL_VALUES.match(expr)
     if lv:
         q = {"match[]": lv[1], "start": f"{start:.3f}", "end": f"{end:.3f}"}
-        return _get(f"{base}/api/v1/label/{lv[2]}/values?" + urllib.parse.urlencode(q))  # type: ignore[no-any-return]
+        return get_answer(f"{base}/api/v1/label/{lv[2]}/values?" + urllib.parse.urlencode(q))  # type: ignore[no-any-return]
     q = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "1"}
-    return _get(f"{base}/api/v1/query_range?" + urllib.parse.urlencode(q))  # type: ignore[no-any-return]
+    return get_answer(f"{base}/api/v1/query_range?" + urllib.parse.urlencode(q))  # type: ignore[no-any-return]
 
 
 # panels of the agent's own series (restarts, processes attached): a replay has none
@@ -136,7 +128,7 @@ ALL = [(f, where, expr) for f, build in DASHBOARDS.items() for where, expr in qu
 def test_the_blocks_hold_the_recordings_steps(backfilled: tuple[str, float, float]) -> None:
     base, _, end = backfilled
     q = {"query": "sum(vllm_graph_probe_steps_total)", "time": f"{end:.3f}"}
-    r = _get(f"{base}/api/v1/query?" + urllib.parse.urlencode(q))
+    r = get_answer(f"{base}/api/v1/query?" + urllib.parse.urlencode(q))
     steps = Recording.open(default_recording()).iter_steps()
     assert float(r["data"]["result"][0]["value"][1]) == sum(1 for s in steps if s.forward)
 
@@ -193,7 +185,7 @@ def test_every_ratio_equals_the_reports(backfilled: tuple[str, float, float]) ->
     checked = []
     for name, expr in ratio_queries(window).items():
         q = {"query": expr, "time": f"{end:.3f}"}
-        r = _get(f"{base}/api/v1/query?" + urllib.parse.urlencode(q))
+        r = get_answer(f"{base}/api/v1/query?" + urllib.parse.urlencode(q))
         assert r["status"] == "success", r
         [res] = r["data"]["result"]
         got = float(res["value"][1]) / analysis.RATIOS[name].promql_scale
@@ -222,7 +214,7 @@ def test_the_probe_cost_over_the_recording(backfilled: tuple[str, float, float])
     calls = [analysis.hooked_calls(s, *flags) for s in steps]
     for timing, expr in probe_cost_queries(window).items():
         q = {"query": expr, "time": f"{end:.3f}"}
-        r = _get(f"{base}/api/v1/query?" + urllib.parse.urlencode(q))
+        r = get_answer(f"{base}/api/v1/query?" + urllib.parse.urlencode(q))
         assert r["status"] == "success", r
         [res] = r["data"]["result"]
         want = sum(

@@ -8,24 +8,16 @@ Two in-test receivers on loopback decode what the SDK's exporters send: an HTTP 
 
 from __future__ import annotations
 
-import gzip
 import re
 import sys
-import threading
 from collections.abc import Iterator
-from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import grpc
+import otlp_receiver
 import pytest
 from calibrated import calibrated_copy
-from opentelemetry.proto.collector.metrics.v1 import (
-    metrics_service_pb2,
-    metrics_service_pb2_grpc,
-)
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from otlp_receiver import Received, attrs, value
 
 from exporters.base import AGENT_METRICS, MissingExtra, load_sink, replay
 from exporters.metrics import LAUNCH_BUCKETS, NAMESPACE
@@ -36,104 +28,16 @@ from probe.reader.recording import Recording
 pytestmark = pytest.mark.timeout(120)
 
 
-class Received:
-    def __init__(self) -> None:
-        self.traces: list[trace_service_pb2.ExportTraceServiceRequest] = []
-        self.metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
-        self.lock = threading.Lock()
-
-    def spans(self) -> list[tuple[dict[str, Any], Any]]:
-        """(resource attributes, span) for every span received."""
-        out = []
-        for req in self.traces:
-            for rs in req.resource_spans:
-                res = _attrs(rs.resource.attributes)
-                for ss in rs.scope_spans:
-                    out += [(res, s) for s in ss.spans]
-        return out
-
-    def metric_points(self) -> dict[str, list[Any]]:
-        out: dict[str, list[Any]] = {}
-        for req in self.metrics:
-            for rm in req.resource_metrics:
-                for sm in rm.scope_metrics:
-                    for m in sm.metrics:
-                        out.setdefault(m.name, []).append(m)
-        return out
-
-
-def _value(v: Any) -> Any:
-    kind = v.WhichOneof("value")
-    return getattr(v, kind)
-
-
-def _attrs(kvs: Any) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in kvs}
-
-
 @pytest.fixture
 def http_receiver() -> Iterator[tuple[str, Received]]:
-    got = Received()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            if self.headers.get("Content-Encoding") == "gzip":
-                body = gzip.decompress(body)
-            assert self.headers["Content-Type"] == "application/x-protobuf"
-            with got.lock:
-                if self.path == "/v1/traces":
-                    got.traces.append(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
-                    reply = trace_service_pb2.ExportTraceServiceResponse()
-                elif self.path == "/v1/metrics":
-                    got.metrics.append(
-                        metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)
-                    )
-                    reply = metrics_service_pb2.ExportMetricsServiceResponse()
-                else:
-                    self.send_error(404)
-                    return
-            data = reply.SerializeToString()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", got
-    server.shutdown()
-    server.server_close()
+    with otlp_receiver.http_receiver() as r:
+        yield r
 
 
 @pytest.fixture
 def grpc_receiver() -> Iterator[tuple[str, Received]]:
-    got = Received()
-
-    class Traces(trace_service_pb2_grpc.TraceServiceServicer):
-        def Export(self, request: Any, context: Any) -> Any:
-            with got.lock:
-                got.traces.append(request)
-            return trace_service_pb2.ExportTraceServiceResponse()
-
-    class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
-        def Export(self, request: Any, context: Any) -> Any:
-            with got.lock:
-                got.metrics.append(request)
-            return metrics_service_pb2.ExportMetricsServiceResponse()
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield f"127.0.0.1:{port}", got
-    server.stop(grace=None)
+    with otlp_receiver.grpc_receiver() as r:
+        yield r
 
 
 def _export(endpoint: str, protocol: Any, sampling: float = 1.0) -> int:
@@ -173,8 +77,8 @@ def _check(got: Received, n_steps: int) -> None:
     first = min(rec.iter_steps(), key=lambda s: s.t0)
     expected_t0 = first.t0 - proc["boottime_ns"] + proc["epoch_ns"]
     assert min(s.start_time_unix_nano for s in roots) == expected_t0
-    a = _attrs(
-        next(s for s in roots if _attrs(s.attributes)["vllm_graph_probe.step"] == 101).attributes
+    a = attrs(
+        next(s for s in roots if attrs(s.attributes)["vllm_graph_probe.step"] == 101).attributes
     )
     assert a["vllm_graph_probe.graph.mode"] == "piecewise"
     assert a["vllm_graph_probe.graph.reason"] == "backend_support_too_low"
@@ -204,23 +108,23 @@ def _check(got: Received, n_steps: int) -> None:
     assert steps.WhichOneof("data") == "sum" and steps.sum.is_monotonic
     counts: dict[tuple[str, str], int] = {}
     for p in steps.sum.data_points:  # steady and warm-up series (the `steady` label)
-        key = (_attrs(p.attributes)["mode"], _attrs(p.attributes)["reason"])
-        counts[key] = counts.get(key, 0) + _value(p)
+        key = (attrs(p.attributes)["mode"], attrs(p.attributes)["reason"])
+        counts[key] = counts.get(key, 0) + value(p)
     assert counts[("piecewise", "backend_support_too_low")] == 1291
     launch = points["vllm_graph_probe_cpu_launch_overhead_seconds"][-1]
     # explicit buckets, the Prometheus path's bounds (the Collector keeps `_bucket{le}`)
     assert launch.WhichOneof("data") == "histogram"
     assert launch.unit == "s"
-    dps = [p for p in launch.histogram.data_points if _attrs(p.attributes)["mode"] == "piecewise"]
+    dps = [p for p in launch.histogram.data_points if attrs(p.attributes)["mode"] == "piecewise"]
     assert sum(p.count for p in dps) == 1292
-    dp = next(p for p in dps if _attrs(p.attributes)["steady"] == "true")
+    dp = next(p for p in dps if attrs(p.attributes)["steady"] == "true")
     assert dp.count == 1290
     assert list(dp.explicit_bounds) == list(LAUNCH_BUCKETS)
     assert sum(dp.bucket_counts) == dp.count
     assert 1e-3 < dp.min < dp.max
     phases = points["vllm_graph_probe_phase_host_seconds"][-1]
     assert phases.WhichOneof("data") == "histogram"
-    assert {_attrs(p.attributes)["phase"] for p in phases.histogram.data_points} >= {
+    assert {attrs(p.attributes)["phase"] for p in phases.histogram.data_points} >= {
         "prepare_inputs",
         "forward_launch",
         "sync_stall",
@@ -326,7 +230,7 @@ def collector_series(got: Received) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for req in got.metrics:
         for rm in req.resource_metrics:
-            res = _attrs(rm.resource.attributes)
+            res = attrs(rm.resource.attributes)
             target = {"job": res["service.name"], "instance": res["service.instance.id"]}
             for sm in rm.scope_metrics:
                 for m in sm.metrics:
@@ -341,7 +245,7 @@ def collector_series(got: Received) -> dict[str, list[dict[str, Any]]]:
                     for p in pts:
                         labels = {
                             re.sub(r"[^0-9A-Za-z_]", "_", k): v
-                            for k, v in _attrs(p.attributes).items()
+                            for k, v in attrs(p.attributes).items()
                         }
                         for n in names:
                             out.setdefault(n, []).append({**target, **labels})
@@ -490,7 +394,7 @@ def test_service_instance_id_is_stable_per_process(http_receiver: tuple[str, Rec
     _written(url)
     _written(url)
     ids = {
-        _attrs(rm.resource.attributes)["service.instance.id"]
+        attrs(rm.resource.attributes)["service.instance.id"]
         for req in got.metrics
         for rm in req.resource_metrics
     }
@@ -525,7 +429,7 @@ def test_live_labels_fixed_at_the_first_step_and_last_values_pushed_when_a_proce
     last: dict[tuple[tuple[str, Any], ...], float] = {}
     for m in points:
         for p in m.sum.data_points:
-            last[tuple(sorted(_attrs(p.attributes).items()))] = p.as_double or p.as_int
+            last[tuple(sorted(attrs(p.attributes).items()))] = p.as_double or p.as_int
     assert last and all(dict(k)["model_name"] == info.model for k in last)
     assert sum(last.values()) == sum(1 for s in steps if s.forward)
     sink.close()

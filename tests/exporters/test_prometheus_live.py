@@ -10,7 +10,6 @@ engine produces (every step NONE / ``graphs_disabled``).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,19 +17,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_prometheus_real import ALL, _concrete, _free_port, _get, prometheus_server
+from loopback import free_port, get_json
+from prometheus_server import PROMETHEUS, concrete, prometheus_server
+
+from dashboards.generate import DASHBOARDS, queries
 
 pytestmark = [pytest.mark.engine, pytest.mark.prometheus, pytest.mark.timeout(600)]
 
-PROMETHEUS = shutil.which("prometheus")
 SCRIPT = Path(__file__).resolve().parents[1] / "real_engine" / "run_llm.py"
+ALL = [(f, where, expr) for f, build in DASHBOARDS.items() for where, expr in queries(build())]
 
 
 def _query_at(base: str, expr: str, at: float) -> dict:  # type: ignore[type-arg]
     import urllib.parse
 
     q = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"})
-    return _get(f"{base}/api/v1/query?{q}")  # type: ignore[no-any-return]
+    return get_json(f"{base}/api/v1/query?{q}")  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float]]
         pytest.skip("the prometheus binary is not installed (apt-get install prometheus)")
     pytest.importorskip("vllm")
     d = tmp_path_factory.mktemp("promlive")
-    probe_port = _free_port()
+    probe_port = free_port()
     with prometheus_server(d, [f"127.0.0.1:{probe_port}"]) as base:
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
         probe = Path(sys.executable).with_name("probe")
@@ -68,7 +70,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float]]
         )
         assert rec.returncode == 0, rec.stderr[-3000:]
         # the last moment Prometheus saw the probe up: queries are evaluated there
-        up = _get(f"{base}/api/v1/query?query=timestamp(up%7Bjob%3D%22probe%22%7D%3D%3D1)")
+        up = get_json(f"{base}/api/v1/query?query=timestamp(up%7Bjob%3D%22probe%22%7D%3D%3D1)")
         yield (
             base,
             float(up["data"]["result"][0]["value"][1]) if up["data"]["result"] else time.time(),
@@ -77,7 +79,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float]]
 
 def test_engine_steps_reach_prometheus(run: tuple[str, float]) -> None:
     base, _ = run
-    r = _get(f"{base}/api/v1/query?query=max_over_time(vllm_graph_probe_steps_total%5B10m%5D)")
+    r = get_json(f"{base}/api/v1/query?query=max_over_time(vllm_graph_probe_steps_total%5B10m%5D)")
     series = r["data"]["result"]
     assert series, "no step counter was scraped"
     labels = {(s["metric"].get("mode"), s["metric"].get("reason")) for s in series}
@@ -92,7 +94,7 @@ def test_every_dashboard_query_runs_on_live_data(
     base, at = run
     if expr.startswith("label_values("):
         pytest.skip("a Grafana variable query, not PromQL (covered by test_prometheus_real)")
-    r = _query_at(base, _concrete(expr), at - 2)
+    r = _query_at(base, concrete(expr), at - 2)
     assert r["status"] == "success", (dash, where, expr, r)
 
 

@@ -10,21 +10,15 @@ must return data with the recording's values.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import re
-import shutil
-import socket
-import subprocess
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from calibrated import calibrated_copy
+from loopback import wait_for
+from prometheus_server import PROMETHEUS, concrete, prometheus_server, query
 
 from dashboards.generate import DASHBOARDS, queries
 from dashboards.render_recording import RANK_PANELS
@@ -38,89 +32,7 @@ from probe.reader.recording import Recording, default_recording
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(120)]
 
-PROMETHEUS = shutil.which("prometheus")
 CHUNKS = 6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str, timeout: float = 5.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
-LABEL_VALUES = re.compile(r"^label_values\((.+),\s*(\w+)\)$")
-
-
-def _query(base: str, expr: str) -> dict[str, Any]:
-    """An instant query; a Grafana ``label_values(metric, label)`` variable query goes to
-    the label-values API, as Grafana sends it."""
-    lv = LABEL_VALUES.match(expr)
-    if lv:
-        url = f"{base}/api/v1/label/{lv[2]}/values?" + urllib.parse.urlencode({"match[]": lv[1]})
-    else:
-        url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    try:
-        return _get(url)  # type: ignore[no-any-return]
-    except urllib.error.HTTPError as exc:  # 400/422 carry Prometheus's error as JSON
-        return json.loads(exc.read())  # type: ignore[no-any-return]
-
-
-def _wait(pred: Any, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            if pred():
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@contextlib.contextmanager
-def prometheus_server(d: Any, targets: list[str]) -> Iterator[str]:
-    """A real Prometheus on a loopback port scraping ``targets`` every second; its URL."""
-    if PROMETHEUS is None:
-        pytest.skip("the prometheus binary is not installed (apt-get install prometheus)")
-    port = _free_port()
-    (d / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: probe\n    static_configs:\n"
-        f"      - targets: {targets!r}\n"
-    )
-    log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed in teardown)
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={d / 'prometheus.yml'}",
-            f"--storage.tsdb.path={d / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--web.enable-lifecycle",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait(
-            lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=1).status == 200,
-            30,
-            "prometheus to start",
-        )
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture(scope="module")
@@ -150,41 +62,32 @@ def fed(prom: tuple[str, ServingSink]) -> str:
         time.sleep(1.2)
 
     def scraped_all() -> bool:
-        r = _query(base, "sum(vllm_graph_probe_steps_total)")
+        r = query(base, "sum(vllm_graph_probe_steps_total)")
         res = r["data"]["result"]
         return bool(res) and float(res[0]["value"][1]) == 1298
 
-    _wait(scraped_all, 20, "the last chunk to be scraped")
+    wait_for(scraped_all, 20, "the last chunk to be scraped")
     time.sleep(1.5)
     return base
-
-
-def _concrete(expr: str) -> str:
-    """A dashboard query as Grafana would send it with every variable at "All"."""
-    return re.sub(
-        r"\$\{?(\w+)\}?",
-        ".*",
-        expr.replace("$__rate_interval", "1m").replace("$__range", "1h"),
-    )
 
 
 ALL = [(f, where, expr) for f, build in DASHBOARDS.items() for where, expr in queries(build())]
 
 
 def test_prometheus_scrapes_the_probe(fed: str) -> None:
-    up = _query(fed, 'up{job="probe"}')["data"]["result"]
+    up = query(fed, 'up{job="probe"}')["data"]["result"]
     assert up and up[0]["value"][1] == "1"
 
 
 @pytest.mark.parametrize(("dash", "where", "expr"), ALL, ids=[f"{f}:{w}" for f, w, _ in ALL])
 def test_every_dashboard_query_runs(fed: str, dash: str, where: str, expr: str) -> None:
-    r = _query(fed, _concrete(expr))
+    r = query(fed, concrete(expr))
     assert r["status"] == "success", r
     assert r["data"] is not None
 
 
 def _values(base: str, expr: str) -> dict[str, float]:
-    r = _query(base, _concrete(expr))
+    r = query(base, concrete(expr))
     assert r["status"] == "success"
     return {
         json.dumps(x["metric"], sort_keys=True): float(x["value"][1]) for x in r["data"]["result"]
@@ -243,7 +146,7 @@ def test_panels_show_the_recordings_picture(fed: str) -> None:
 
 
 def _scraped(base: str, total: int) -> bool:
-    res = _query(base, "sum(vllm_graph_probe_steps_total)")["data"]["result"]
+    res = query(base, "sum(vllm_graph_probe_steps_total)")["data"]["result"]
     return bool(res) and float(res[0]["value"][1]) == total
 
 
@@ -262,9 +165,9 @@ def twice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             replay(Recording.open(default_recording()), sink)
             # steps_total counts forward steps
             n = sum(1 for s in Recording.open(default_recording()).iter_steps() if s.forward)
-            _wait(lambda: _scraped(base, n), 20, "the first export to be scraped")
+            wait_for(lambda: _scraped(base, n), 20, "the first export to be scraped")
             replay(Recording.open(default_recording()), sink)
-            _wait(lambda: _scraped(base, 2 * n), 20, "the second export to be scraped")
+            wait_for(lambda: _scraped(base, 2 * n), 20, "the second export to be scraped")
             yield base
     finally:
         sink.close()
@@ -359,9 +262,9 @@ def calibrated_twice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
         ) as base:
             replay(Recording.open(path), sink)
             n = sum(1 for s in Recording.open(path).iter_steps() if s.forward)
-            _wait(lambda: _scraped(base, n), 20, "the first export to be scraped")
+            wait_for(lambda: _scraped(base, n), 20, "the first export to be scraped")
             replay(Recording.open(path), sink)
-            _wait(lambda: _scraped(base, 2 * n), 20, "the second export to be scraped")
+            wait_for(lambda: _scraped(base, 2 * n), 20, "the second export to be scraped")
             yield base, path
     finally:
         sink.close()

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_prometheus_real import PROMETHEUS, _concrete, _query, _wait, prometheus_server
+from loopback import wait_for
+from prometheus_server import PROMETHEUS, concrete, prometheus_server, query
 
 from dashboards.generate import DASHBOARDS
 from dashboards.render_recording import RANK_PANELS
@@ -24,7 +25,7 @@ LAST = "vllm_graph_probe_rank_last_steps_total"
 
 
 def _total(base: str) -> float:
-    res = _query(base, f"sum({LAST})")["data"]["result"]
+    res = query(base, f"sum({LAST})")["data"]["result"]
     return float(res[0]["value"][1]) if res else 0.0
 
 
@@ -36,9 +37,9 @@ def twice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         with prometheus_server(tmp_path_factory.mktemp("prom"), [f"127.0.0.1:{sink.port}"]) as b:
             replay(Recording.open(TP2), sink)
-            _wait(lambda: _total(b) == 1193, 20, "the first export to be scraped")
+            wait_for(lambda: _total(b) == 1193, 20, "the first export to be scraped")
             replay(Recording.open(TP2), sink)
-            _wait(lambda: _total(b) == 2 * 1193, 20, "the second export to be scraped")
+            wait_for(lambda: _total(b) == 2 * 1193, 20, "the second export to be scraped")
             yield b
     finally:
         sink.close()
@@ -57,7 +58,7 @@ def test_last_rank_share_panel_is_the_reports_share(twice: str) -> None:
     named = sum(r.last for r in e.ranks)
     want = {(str(r.rank.tp_rank), phase): n / named for r in e.ranks for phase, n in r.phases}
     (expr,) = _panel(RANK_PANELS[0])
-    r = _query(twice, _concrete(expr).replace("[1m]", "[5m]"))
+    r = query(twice, concrete(expr).replace("[1m]", "[5m]"))
     assert r["status"] == "success"
     got = {
         (x["metric"]["tp_rank"], x["metric"]["phase"]): float(x["value"][1])
@@ -71,7 +72,7 @@ def test_last_rank_share_panel_is_the_reports_share(twice: str) -> None:
 
 def test_skew_panel_has_both_ranks(twice: str) -> None:
     for expr in _panel(RANK_PANELS[1]):
-        r = _query(twice, _concrete(expr).replace("[1m]", "[5m]"))
+        r = query(twice, concrete(expr).replace("[1m]", "[5m]"))
         assert r["status"] == "success"
         ranks = {x["metric"]["tp_rank"]: float(x["value"][1]) for x in r["data"]["result"]}
         assert set(ranks) == {"0", "1"}, json.dumps(r["data"])

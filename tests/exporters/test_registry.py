@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from extras import needs
 
 from exporters import registry
 from exporters.base import ExportSink
@@ -30,7 +31,13 @@ def test_pyproject_registers_every_builtin_in_the_group() -> None:
         assert getattr(registry, attr) is registry.BUILTIN[name]
 
 
-@pytest.mark.parametrize("name", sorted(registry.BUILTIN))
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=needs(exp.extra) if exp.extra else ())
+        for name, exp in sorted(registry.BUILTIN.items())
+    ],
+)
 def test_every_builtin_has_the_contract(name: str) -> None:
     exp = registry.get(name)
     mod = exp.load()
@@ -51,7 +58,15 @@ def test_to_list_lists_every_exporter(capsys: pytest.CaptureFixture[str]) -> Non
     assert names == sorted(registry.BUILTIN)
 
 
-@pytest.mark.parametrize("name", ["openmetrics", "prometheus", "perfetto", "rocpd"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "openmetrics",
+        pytest.param("prometheus", marks=needs("prometheus")),
+        pytest.param("perfetto", marks=needs("perfetto")),
+        "rocpd",
+    ],
+)
 def test_to_runs_each_file_exporter(name: str, tmp_path: Path) -> None:
     out = tmp_path / f"out.{name}"
     assert main(["export", "--to", name, "--out", str(out)]) == 0

@@ -504,7 +504,7 @@ def test_attach_enables_a_server_without_deadlines_without_one(
     reader enables it without, and turns the hooks off itself."""
     from types import SimpleNamespace
 
-    from probe.cli.commands.attach import Session
+    from probe.cli.attach_session import Session
     from probe.engine.runtime import RT
 
     old = dict(control.COMMANDS, enable=frozenset({"gpu_timing", "hooks", "sample_every"}))

@@ -105,7 +105,7 @@ def test_attach_enables_and_disables_every_process_and_undoes_a_failed_start(
 ) -> None:
     """One process refusing the enable: the one that accepted is disabled again and the
     error names the refusing pid (as when they were asked one after the other)."""
-    from probe.cli.commands.attach import Session
+    from probe.cli.attach_session import Session
     from probe.engine.runtime import RT
     from probe.errors import UsageError
 

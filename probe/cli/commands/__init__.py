@@ -48,12 +48,12 @@ def open_recording(path: str | Path | None) -> Recording:
         raise UsageError(str(exc)) from None
 
 
-def console(args: argparse.Namespace) -> Console:
-    """A rich console for a command's output, ``--width`` columns when given; the text it
-    renders has its control characters escaped (:mod:`probe.terminal`)."""
+def console(width: int | None = None) -> Console:
+    """A rich console for a command's output, ``width`` (``--width``) columns when given;
+    the text it renders has its control characters escaped (:mod:`probe.terminal`)."""
     from probe.terminal import SafeConsole
 
-    return SafeConsole(width=getattr(args, "width", None) or None, soft_wrap=False)
+    return SafeConsole(width=width or None, soft_wrap=False)
 
 
 def storage_guard(fn: Callable[[], Any], out: Path) -> str | None:

@@ -235,7 +235,7 @@ def run_arms(
         cmd = cmd[1:]
     if not cmd:
         raise UsageError("ab: give the workload command after --, or --a/--b recordings")
-    from probe.cli.commands.record import check_command
+    from probe.cli.workload import check_command
 
     cmd = check_command(cmd, "ab")
     out = Path(args.out)
@@ -312,7 +312,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
                 except OverrideError as exc:
                     raise UsageError(f"ab: {exc}") from None
         labels = (args.a_override or "stock", args.b_override)
-    with progress.display_for(args) as bars:
+    with progress.display_for(args.progress, plain=args.json) as bars:
         if run_mode:
             a_paths, b_paths = run_arms(args, bars)
         bars.stage("ab: reading recordings", len(a_paths) + len(b_paths), "recordings")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.cli.commands import address, endpoint, positive_float, positive_int
+from probe.cli.live_options import add_sample_arg, exporter_sink, sample_every
 from probe.errors import UsageError
 
 
@@ -35,8 +36,6 @@ def _record_dir(text: str) -> Path:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from probe.cli.commands.attach import exporter_sink, sample_every_arg
-
     if not (args.prometheus or args.otlp or args.record_dir):
         raise UsageError("agent: give at least one of --prometheus, --otlp, --record-dir")
     hooks = [h.strip() for h in args.hooks.split(",")] if args.hooks else None
@@ -48,7 +47,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"--hooks: unknown hook families {unknown}; known: {', '.join(hook_table.FAMILIES)}"
             )
-    sample = sample_every_arg(args)
+    sample = sample_every(args.sample)
     dirs = _run_dirs(args)
     record_dir = _record_dir(args.record_dir) if args.record_dir else None
     sinks: list[Any] = []
@@ -140,8 +139,6 @@ def _run_dirs(args: argparse.Namespace) -> list[Path]:
 
 
 def add_parser(sub: Any) -> None:
-    from probe.cli.commands.attach import add_sample_arg
-
     p = sub.add_parser(
         "agent", help="follow every armed vLLM process of this host and export continuously"
     )

@@ -61,7 +61,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     seen_writer = False
     failed: str | None = None
     try:
-        with progress.display_for(args, bar=False) as status:
+        with progress.display_for(args.progress, bar=False) as status:
             status.stage(f"collect: waiting for rings in {run_dir}", None, "")
             while not stop["now"] and failed is None:
                 failed = storage_guard(col.poll, out)

@@ -11,16 +11,16 @@ import json
 import sys
 from typing import Any
 
-from probe.cli.commands import console, open_recording
+from probe.cli.commands import console, open_recording, width
+from probe.cli.targets import Target, add_target_args, discover
 from probe.errors import UsageError
 
 
-def _live_snapshots(args: argparse.Namespace) -> list[dict[str, Any]]:
+def _live_snapshots(target: Target) -> list[dict[str, Any]]:
     """Snapshots of a running server's processes, over their control sockets."""
-    from probe.cli.commands.ps import discover
     from probe.reader.control import request_all
 
-    procs = [p for p in discover(args) if not p.error]
+    procs = [p for p in discover(target) if not p.error]
     snaps = []
     for proc, reply in zip(
         procs, request_all([p.socket for p in procs], "snapshot"), strict=True
@@ -45,7 +45,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.pid or args.url:
         if args.recording:
             raise UsageError("doctor: give a recording or --pid/--url, not both")
-        out = [doctor(s) for s in _live_snapshots(args)]
+        out = [doctor(s) for s in _live_snapshots(Target.from_args(args))]
     else:
         rec = open_recording(args.recording)
         procs = [p for p in rec.processes() if p.get("snapshot")]
@@ -61,17 +61,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2, default=str))
     else:
-        con = console(args)
+        con = console(args.width)
         for s in out:
             render_doctor(s, con)
     return 0
 
 
 def add_parser(sub: Any) -> None:
-    from probe.cli.commands.ps import add_target_args
-    from probe.cli.commands.report import add_recording_args
-
     q = sub.add_parser("doctor", help="static graph-support picture and known traps")
-    add_recording_args(q)
+    q.add_argument("recording", nargs="?", help="recording (default: the bundled one)")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+    q.add_argument("--width", type=width, help="terminal width in columns (20..1000)")
     add_target_args(q)
     q.set_defaults(func=cmd_doctor)

@@ -102,7 +102,7 @@ def _run_exporter(args: argparse.Namespace) -> int:
     if out is None and not exp.streams:
         raise UsageError(f"export: --to {exp.name} writes a database file; - (stdout) is not one")
     rec = _open(args.recording)
-    with progress.display_for(args, plain=out is None) as bars:
+    with progress.display_for(args.progress, plain=out is None) as bars:
         bars.section(exp.name)
         if not exp.reports_progress:
             bars.stage("writing", None, "")
@@ -192,7 +192,7 @@ def _export(args: argparse.Namespace) -> int:
             raise UsageError(f"export: --parquet {args.parquet}: not a folder")
         _sink_module("parquet")  # a missing extra is named before anything is read
     rec = _open(args.recording)
-    with progress.display_for(args, plain=bool(dashes)) as bars:
+    with progress.display_for(args.progress, plain=bool(dashes)) as bars:
         _write_targets(args, rec, bars, textfile, perfetto_out, om_out, rocpd_out)
     return 0
 

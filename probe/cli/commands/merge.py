@@ -97,7 +97,7 @@ def _run(args: argparse.Namespace) -> int:
     if to_stdout and (args.report or args.json):
         raise UsageError("merge: --out - writes the trace to stdout: no --report/--json with it")
     rec = _open(args)
-    with progress.display_for(args, plain=to_stdout) as bars:
+    with progress.display_for(args.progress, plain=to_stdout or args.json) as bars:
         reports = _merge(args, rec, out, bars)
     if args.json:
         print(

@@ -9,62 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-from probe.cli.commands import process_id
-from probe.errors import UsageError
-
-
-def run_dir(args: argparse.Namespace) -> Path:
-    from probe.ring_dir import UnsafeRingDirError, default_ring_dir
-
-    try:
-        if getattr(args, "run_dir", None):
-            from probe.ring_dir import check_ring_dir
-
-            return check_ring_dir(args.run_dir)
-        return default_ring_dir()
-    except (UnsafeRingDirError, FileNotFoundError, NotADirectoryError) as exc:
-        raise UsageError(str(exc)) from None
-
-
-def run_dirs(args: argparse.Namespace) -> list[Path]:
-    """``--run-dir``, or every safe place a server of ours may have its socket in (the
-    shared default and the fallbacks a server uses when that one is not safe)."""
-    if getattr(args, "run_dir", None):
-        return [run_dir(args)]
-    from probe.ring_dir import candidate_run_dirs
-
-    return candidate_run_dirs() or [run_dir(args)]
-
-
-def discover(args: argparse.Namespace) -> list[Any]:
-    from probe.reader.discover import DiscoveryError, find_processes
-
-    out: dict[int, Any] = {}
-    try:
-        for d in run_dirs(args):
-            for a in find_processes(
-                d,
-                pids=[args.pid] if getattr(args, "pid", None) else None,
-                url=getattr(args, "url", None),
-            ):
-                out.setdefault(a.pid, a)
-    except DiscoveryError as exc:
-        raise UsageError(str(exc)) from None
-    return list(out.values())
-
-
-def add_target_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--url", help="the server's URL: its listening process and children")
-    g.add_argument("--pid", type=process_id, help="a process id: it and its children")
-    p.add_argument("--run-dir", help="where the control sockets are (default: PROBE_RUN_DIR)")
+from probe.cli.targets import Target, add_target_args, discover
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    procs = discover(args)
+    procs = discover(Target.from_args(args))
     if args.json:
         print(
             json.dumps(

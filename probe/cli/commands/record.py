@@ -28,27 +28,9 @@ from probe.cli.commands import (
     probe_version,
     storage_guard,
 )
+from probe.cli.live_options import add_sample_arg, exporter_sink, sample_every
+from probe.cli.workload import check_command
 from probe.errors import RuntimeFailure, UsageError
-
-
-def check_command(cmd: list[str], who: str) -> list[str]:
-    """The command after ``--``, checked: it exists and can be executed."""
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        raise UsageError(
-            f"{who}: give the command to run after --, e.g. "
-            "probe record --out run.probe.db -- vllm serve MODEL"
-        )
-    exe = cmd[0]
-    found = shutil.which(exe) if os.sep not in exe else exe
-    if found is None or not Path(found).exists():
-        raise UsageError(f"{who}: command not found: {exe}")
-    if Path(found).is_dir():
-        raise UsageError(f"{who}: {exe} is a directory, not a command")
-    if not os.access(found, os.X_OK):
-        raise UsageError(f"{who}: {exe} is not executable")
-    return cmd
 
 
 def check_probe_env(env: dict[str, str], who: str) -> None:
@@ -93,12 +75,11 @@ def session_parent(run_dir: str | None, who: str) -> Path | None:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from probe.cli.commands.attach import sample_every_arg
     from probe.output import check_target, new_file_in_place
     from probe.reader.collector import Collector, RecordingSink, ring_dir_for_session
     from probe.reader.recording import RecordingWriter
 
-    sample = sample_every_arg(args)
+    sample = sample_every(args.sample)
     cmd = check_command(list(args.command), "record")
     out = check_target(args.out, force=args.force, flag="--out")
     if out is None:
@@ -117,13 +98,10 @@ def cmd_record(args: argparse.Namespace) -> int:
         env[config.SAMPLE_EVERY.name] = str(sample)
     check_probe_env(env, "record")
     sinks: list[Any] = []
-    if args.prometheus or args.otlp:
-        from probe.cli.commands.attach import exporter_sink
-
-        if args.prometheus:
-            sinks.append(exporter_sink("prometheus", "--prometheus", args.prometheus))
-        if args.otlp:
-            sinks.append(exporter_sink("otlp", "--otlp", args.otlp))
+    if args.prometheus:
+        sinks.append(exporter_sink("prometheus", "--prometheus", args.prometheus))
+    if args.otlp:
+        sinks.append(exporter_sink("otlp", "--otlp", args.otlp))
     # everything is checked: from here on a failure is the command's or the disk's
     new_file_in_place(out)
     try:
@@ -220,8 +198,6 @@ def _run(
 
 
 def add_parser(sub: Any) -> None:
-    from probe.cli.commands.attach import add_sample_arg
-
     r = sub.add_parser("record", help="run a command with the probe on; write a recording")
     r.add_argument("--out", "-o", required=True, help="recording file to write (.probe.db)")
     r.add_argument("--force", action="store_true", help="overwrite --out if it exists")

@@ -27,7 +27,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
     else:
-        render_report(rep, console(args))
+        render_report(rep, console(args.width))
     return 0
 
 
@@ -48,13 +48,6 @@ def _expand(patterns: list[str]) -> list[str]:
         else:
             out.append(p)
     return out
-
-
-def add_recording_args(q: argparse.ArgumentParser) -> None:
-    """The recording, ``--json`` and ``--width`` of ``report`` and ``doctor``."""
-    q.add_argument("recording", nargs="?", help="recording (default: the bundled one)")
-    q.add_argument("--json", action="store_true", help="machine-readable output")
-    q.add_argument("--width", type=width, help="terminal width in columns (20..1000)")
 
 
 def add_parser(sub: Any) -> None:

@@ -12,20 +12,22 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from probe.cli.attach_session import (
+    SessionOptions,
+    add_session_args,
+    add_share_arg,
+    run_session,
+    take_share,
+)
+
 
 def cmd_top(args: argparse.Namespace) -> int:
-    from probe.cli.commands.attach import run_session, take_share
-
-    take_share(args)
-    args.record = getattr(args, "record", None)
-    args.force = getattr(args, "force", False)
-    args.no_live = False
-    return run_session(args, title="probe top", live_default=True)
+    take_share(args.session_nice, args.cmd)
+    opts = SessionOptions.from_args(args, no_live=False)
+    return run_session(opts, title="probe top", live_default=True)
 
 
 def add_parser(sub: Any) -> None:
-    from probe.cli.commands.attach import add_session_args, add_share_arg
-
     p = sub.add_parser("top", help="live per-rank view of a running vLLM server")
     add_session_args(p)
     p.add_argument("--record", metavar="FILE", help="also write a recording of what it shows")

@@ -97,7 +97,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
-        render(result, console(args))
+        render(result, console(args.width))
     return 0
 
 

@@ -1,0 +1,49 @@
+"""What the commands that read rings as they fill (``record``, ``attach``, ``top``,
+``agent``) share: ``--sample`` and the live exporter sinks (``--prometheus``, ``--otlp``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+from probe.cli.commands import positive_int
+from probe.errors import UsageError
+
+
+def add_sample_arg(p: argparse.ArgumentParser) -> None:
+    """``--sample N``."""
+    p.add_argument(
+        "--sample",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="record one engine step in N (the probe's cost per step divides by about N)",
+    )
+
+
+def sample_every(n: int | None) -> int:
+    """The value of ``--sample``, checked (None: every step)."""
+    if n is None:
+        return 1
+    if n < 1:
+        raise UsageError(f"--sample must be 1 or more (got {n})")
+    return int(n)
+
+
+def exporter_sink(module: str, flag: str, arg: str) -> Any:
+    """``exporters.<module>.make_sink(arg)``, or a UsageError naming what is missing."""
+    try:
+        mod = importlib.import_module(f"exporters.{module}")
+    except ImportError as exc:
+        raise UsageError(
+            f"{flag}: exporters.{module} is not available ({exc}); install the "
+            f"'{module}' extra: pip install 'vllm-graph-probe[{module}]'"
+        ) from None
+    make = getattr(mod, "make_sink", None)
+    if make is None:
+        raise UsageError(f"{flag}: exporters.{module} has no make_sink(); update vllm-graph-probe")
+    try:
+        return make(arg)
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"{flag} {arg}: {exc}") from None
