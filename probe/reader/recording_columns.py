@@ -56,6 +56,17 @@ def _chunk_sql(where: str) -> str:
     return f"SELECT {', '.join(cols)}, {mask} FROM steps {where} ORDER BY pid, step"
 
 
+def null_mask(cols: Mapping[str, Any], name: str) -> Any:
+    """Per row of a chunk of :func:`iter_step_columns`: True where the nullable integer
+    column ``name`` is NULL (its value there reads -1)."""
+    import numpy as np
+
+    for i, c in enumerate(_nullable_ints()):
+        if c.name == name:
+            return ((cols["_nulls"] >> i) & 1).astype(bool)
+    return np.zeros(len(cols["_nulls"]), dtype=bool)
+
+
 def _column_checks(cols: Mapping[str, Any], nulls: Any) -> Any:
     """Per row: True where some value does not fit its column (numpy, every value)."""
     import numpy as np
