@@ -73,7 +73,7 @@ class _Stream:
         from probe.reader.recording_columns import iter_step_columns, null_mask
 
         self._null_mask = null_mask
-        self._it = iter_step_columns(rec, pid, chunk)
+        self._it = iter_step_columns(rec, pid, chunk, only=_READ)
         self.buf: dict[str, np.ndarray] = {k: np.zeros(0, np.int64) for k in self._names()}
         self.done = False
         self.count = 0
