@@ -188,10 +188,15 @@ class _Calls:
 
 def _call_counts(rec: Any, cals: Mapping[int, Mapping[str, Any]]) -> _Calls:
     """Per step, the counts :func:`probe.analysis.cost.hooked_calls` makes, from SQL aggregates."""
-    bracket = "('execute', 'sample_tokens', 'forward_launch')"
+    # the step's bracket spans; the others are the rest of its rows (only the rows of a
+    # step in steps are looked up, and those are checked: a known, non-NULL phase)
+    bracket = (
+        "CASE phase WHEN 'execute' THEN 1 WHEN 'sample_tokens' THEN 1 "
+        "WHEN 'forward_launch' THEN 1 ELSE 0 END"
+    )
     parts = {
         "spans": (
-            "SELECT pid, step, sum(phase NOT IN " + bracket + "), sum(phase IN " + bracket + "), "
+            f"SELECT pid, step, count(*) - sum({bracket}), sum({bracket}), "
             "max(phase = 'forward_launch' AND drafter = 0) FROM spans GROUP BY pid, step"
         ),
         "derived": (
@@ -200,14 +205,14 @@ def _call_counts(rec: Any, cals: Mapping[int, Mapping[str, Any]]) -> _Calls:
             " AND b.drafter = 0 AND b.t0_ns = a.t1_ns WHERE a.phase = 'prepare_inputs' AND "
             "a.drafter = 0 GROUP BY a.pid, a.step"
         ),
-        "in_phase": (
-            "SELECT d.pid, d.step, count(*) FROM dispatches AS d WHERE d.drafter = 0 AND EXISTS "
-            "(SELECT 1 FROM spans AS s WHERE s.pid = d.pid AND s.step = d.step AND s.phase = "
-            "'dispatch' AND s.drafter = 0 AND s.t0_ns = d.t0_ns AND s.t1_ns = d.t1_ns) "
-            "GROUP BY d.pid, d.step"
+        # each step's dispatches, and those inside its dispatch phase, in one scan
+        "dispatches": (
+            "SELECT d.pid, d.step, count(*), sum(CASE WHEN d.drafter = 0 AND EXISTS (SELECT 1 "
+            "FROM spans AS s WHERE s.pid = d.pid AND s.step = d.step AND s.phase = 'dispatch' "
+            "AND s.drafter = 0 AND s.t0_ns = d.t0_ns AND s.t1_ns = d.t1_ns) THEN 1 ELSE 0 END) "
+            "FROM dispatches AS d GROUP BY d.pid, d.step"
         ),
         "replays": "SELECT pid, step, count(*) FROM replays WHERE kind != 'capture' GROUP BY 1, 2",
-        "dispatches": "SELECT pid, step, count(*) FROM dispatches GROUP BY 1, 2",
         "builds": "SELECT pid, step, count(*) FROM builds GROUP BY 1, 2",
         "reorders": "SELECT pid, step, count(*) FROM reorders GROUP BY 1, 2",
     }
@@ -233,7 +238,7 @@ def _call_counts(rec: Any, cals: Mapping[int, Mapping[str, Any]]) -> _Calls:
     hooks = col("spans", 1) + col("replays") + col("dispatches") + col("builds") + col("reorders")
     c = _Calls(keys, spans, hooks)
     c.launch = col("spans", 2)
-    c.in_phase = col("in_phase")
+    c.in_phase = col("dispatches", 1)
     c.pids = np.array(sorted(cals), dtype=np.int64)
     c.merged_mrv2 = np.array([p for p, x in cals.items() if x.get("launch_is_replay")], np.int64)
     c.merged_v1 = np.array([p for p, x in cals.items() if x.get("v1_launch_is_replay")], np.int64)
