@@ -149,14 +149,82 @@ def summarize_recordings(recs: Sequence[Any]) -> Summary:
     return out
 
 
+class _Part:
+    """One per-step aggregate's rows, in (pid, step) order, read as far as the steps'
+    chunks reach (memory: a fetch, not the recording)."""
+
+    FETCH = 16_384
+
+    def __init__(self, rec: Any, sql: str) -> None:
+        from probe.sqlite_errors import SQLITE_DAMAGED
+
+        self.rec, self.damaged = rec, SQLITE_DAMAGED
+        self.cur = rec.db.cursor()
+        self.cur.row_factory = None
+        self.buf: np.ndarray | None = None
+        self.done = False
+        self._run(lambda: self.cur.execute(sql + " ORDER BY 1, 2"))
+
+    def _run(self, fn: Any) -> Any:
+        from probe.reader.recording import damaged_error
+
+        try:
+            return fn()
+        except self.damaged as exc:
+            raise damaged_error(self.rec.path, exc) from None
+
+    def upto(self, pid: int, step: int) -> np.ndarray:
+        """The rows up to (``pid``, ``step``), those before included, taken off."""
+        while not self.done and (
+            self.buf is None or len(self.buf) == 0 or tuple(self.buf[-1, :2]) <= (pid, step)
+        ):
+            rows = self._run(lambda: self.cur.fetchmany(self.FETCH))
+            if not rows:
+                self.done = True
+                break
+            a = np.array(rows, dtype=np.int64).reshape(len(rows), -1)
+            self.buf = a if self.buf is None else np.concatenate([self.buf, a])
+        if self.buf is None:
+            return np.zeros((0, 5), np.int64)
+        p, s = self.buf[:, 0], self.buf[:, 1]
+        n = int(((p < pid) | ((p == pid) & (s <= step))).sum())
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+
 class _Calls:
     """Each step's hooked calls (:func:`probe.analysis.cost.hooked_calls`), counted in SQLite from
-    the detail tables, looked up per chunk by (pid, step)."""
+    the detail tables, each aggregate read alongside the steps' chunks (in (pid, step)
+    order both) and looked up per chunk by (pid, step)."""
 
-    def __init__(self, keys: np.ndarray, spans: np.ndarray, hooks: np.ndarray) -> None:
-        self.keys, self.spans, self.hooks = keys, spans, hooks
+    def __init__(self, rec: Any, parts: Mapping[str, str]) -> None:
+        self.parts = {name: _Part(rec, sql) for name, sql in parts.items()}
+
+    def _counts(self, pid: int, step: int) -> None:
+        """The counts of the steps up to (``pid``, ``step``) not yet taken."""
+        tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for name, part in self.parts.items():
+            a = part.upto(pid, step)
+            tables[name] = (a[:, 0] * (1 << 40) + a[:, 1], a[:, 2:])
+        keys = np.unique(np.concatenate([k for k, _ in tables.values()]))
+
+        def col(name: str, j: int = 0) -> np.ndarray:
+            k, v = tables[name]
+            out = np.zeros(len(keys), dtype=np.int64)
+            if len(k):
+                out[np.searchsorted(keys, k)] = v[:, j]
+            return out
+
+        self.keys = keys
+        self.spans = col("spans", 0) - col("derived")
+        self.hooks = (
+            col("spans", 1) + col("replays") + col("dispatches") + col("builds") + col("reorders")
+        )
+        self.launch = col("spans", 2)
+        self.in_phase = col("dispatches", 1)
 
     def take(self, cols: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        self._counts(int(cols["pid"][-1]), int(cols["step"][-1]))
         k = cols["pid"] * (1 << 40) + cols["step"]
         i = np.searchsorted(self.keys, k)
         i = np.minimum(i, max(len(self.keys) - 1, 0))
@@ -178,6 +246,9 @@ class _Calls:
         use = fw & has_cal
         return np.where(use, spans, -1), np.where(use, hooks, -1)
 
+    keys: np.ndarray
+    spans: np.ndarray
+    hooks: np.ndarray
     pids: np.ndarray
     merged_mrv2: np.ndarray
     merged_v1: np.ndarray
@@ -187,7 +258,8 @@ class _Calls:
 
 
 def _call_counts(rec: Any, cals: Mapping[int, Mapping[str, Any]]) -> _Calls:
-    """Per step, the counts :func:`probe.analysis.cost.hooked_calls` makes, from SQL aggregates."""
+    """Per step, the counts :func:`probe.analysis.cost.hooked_calls` makes, from SQL aggregates
+    (each grouped by (pid, step), read in that order as the steps' chunks are)."""
     # the step's bracket spans; the others are the rest of its rows (only the rows of a
     # step in steps are looked up, and those are checked: a known, non-NULL phase)
     bracket = (
@@ -216,29 +288,7 @@ def _call_counts(rec: Any, cals: Mapping[int, Mapping[str, Any]]) -> _Calls:
         "builds": "SELECT pid, step, count(*) FROM builds GROUP BY 1, 2",
         "reorders": "SELECT pid, step, count(*) FROM reorders GROUP BY 1, 2",
     }
-    tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for name, sql in parts.items():
-        rows = rec._rows(sql)
-        a = (
-            np.array(rows, dtype=np.int64).reshape(len(rows), -1)
-            if rows
-            else np.zeros((0, 5), np.int64)
-        )
-        tables[name] = (a[:, 0] * (1 << 40) + a[:, 1], a[:, 2:])
-    keys = np.unique(np.concatenate([k for k, _ in tables.values()]))
-
-    def col(name: str, j: int = 0) -> np.ndarray:
-        k, v = tables[name]
-        out = np.zeros(len(keys), dtype=np.int64)
-        if len(k):
-            out[np.searchsorted(keys, k)] = v[:, j]
-        return out
-
-    spans = col("spans", 0) - col("derived")
-    hooks = col("spans", 1) + col("replays") + col("dispatches") + col("builds") + col("reorders")
-    c = _Calls(keys, spans, hooks)
-    c.launch = col("spans", 2)
-    c.in_phase = col("dispatches", 1)
+    c = _Calls(rec, parts)
     c.pids = np.array(sorted(cals), dtype=np.int64)
     c.merged_mrv2 = np.array([p for p, x in cals.items() if x.get("launch_is_replay")], np.int64)
     c.merged_v1 = np.array([p for p, x in cals.items() if x.get("v1_launch_is_replay")], np.int64)
