@@ -153,33 +153,20 @@ class _Part:
     """One per-step aggregate's rows, in (pid, step) order, read as far as the steps'
     chunks reach (memory: a fetch, not the recording)."""
 
-    FETCH = 16_384
-
     def __init__(self, rec: Any, sql: str) -> None:
-        from probe.sqlite_errors import SQLITE_DAMAGED
+        from probe.reader.recording_columns import iter_aggregate
 
-        self.rec, self.damaged = rec, SQLITE_DAMAGED
-        self.cur = rec.db.cursor()
-        self.cur.row_factory = None
+        self.it = iter_aggregate(rec, sql + " ORDER BY 1, 2")
         self.buf: np.ndarray | None = None
         self.done = False
-        self._run(lambda: self.cur.execute(sql + " ORDER BY 1, 2"))
-
-    def _run(self, fn: Any) -> Any:
-        from probe.reader.recording import damaged_error
-
-        try:
-            return fn()
-        except self.damaged as exc:
-            raise damaged_error(self.rec.path, exc) from None
 
     def upto(self, pid: int, step: int) -> np.ndarray:
         """The rows up to (``pid``, ``step``), those before included, taken off."""
         while not self.done and (
             self.buf is None or len(self.buf) == 0 or tuple(self.buf[-1, :2]) <= (pid, step)
         ):
-            rows = self._run(lambda: self.cur.fetchmany(self.FETCH))
-            if not rows:
+            rows = next(self.it, None)
+            if rows is None:
                 self.done = True
                 break
             a = np.array(rows, dtype=np.int64).reshape(len(rows), -1)

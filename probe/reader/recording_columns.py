@@ -178,6 +178,19 @@ def iter_step_columns(
         raise damaged_error(rec.path, exc) from None
 
 
+def iter_aggregate(rec: Recording, sql: str, fetch: int = 16_384) -> Iterator[list[Any]]:
+    """The rows of ``sql`` (an aggregate over the recording's tables), ``fetch`` at a
+    time; what SQLite raises on a damaged file is a :class:`RecordingError`."""
+    try:
+        cur = rec.db.cursor()
+        cur.row_factory = None
+        cur.execute(sql)
+        while rows := cur.fetchmany(fetch):
+            yield rows
+    except SQLITE_DAMAGED as exc:
+        raise damaged_error(rec.path, exc) from None
+
+
 def _detail_check_sql(t: Any) -> str:
     """A condition true for a row of detail table ``t`` with a value that does not fit
     its column (what :meth:`Recording.iter_steps` refuses), in SQL."""
