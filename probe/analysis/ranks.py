@@ -7,9 +7,11 @@ module matches one engine's workers step by step and says, per step, which rank 
 by how much, and which phase made it late.
 
     >>> from probe.reader.recording import Recording, default_recording
-    >>> from probe.analysis.ranks import ranks_of_recording
+    >>> from probe.analysis.ranks_columns import ranks_of_recording
     >>> ranks_of_recording(Recording.open(default_recording())).engines  # one worker: none
     ()
+
+(:mod:`probe.analysis.ranks_columns` computes the same figures over a recording's columns.)
 
 Definitions (the report prints them with the numbers):
 
@@ -61,7 +63,7 @@ from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from probe.records import Reason
 from probe.step import Step
@@ -85,7 +87,6 @@ __all__ = [
     "compare",
     "engine_ranks",
     "per_step",
-    "ranks_of_recording",
     "ranks_summary",
     "recording_ranks",
 ]
@@ -267,11 +268,22 @@ class RanksSummary:
 # -- matching ----------------------------------------------------------------------------------
 
 
-def _batch(s: Step) -> tuple[int, int]:
+class Batched(Protocol):
+    """What matching reads of a step: its number and its batch (a :class:`Step` is one)."""
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_reqs(self) -> int: ...
+
+
+def _batch(s: Batched) -> tuple[int, int]:
     return (s.num_tokens, s.num_reqs)
 
 
-def align_offsets(prefixes: Sequence[Sequence[Step]]) -> tuple[tuple[int, ...], str]:
+def align_offsets(prefixes: Sequence[Sequence[Batched]]) -> tuple[tuple[int, ...], str]:
     """Each rank's step-number offset from the first rank, read from the batches of the
     first steps (see the module's Matching), and how it was decided."""
     ref = {s.step: _batch(s) for s in prefixes[0]}
@@ -723,18 +735,3 @@ def recording_ranks(rec: Any) -> RecordingRanks:
     for r in inputs:
         by_dp.setdefault(r.rank.dp_rank, []).append(r)
     return RecordingRanks(by_dp, sync_launch)
-
-
-def ranks_of_recording(rec: Any, *, epoch_sync_ns: int = DEFAULT_EPOCH_SYNC_NS) -> RanksSummary:
-    """:func:`ranks_summary` of a :class:`probe.reader.recording.Recording`'s workers: one engine
-    per data-parallel rank, ranks in (pp, tp) order, all on the recording's host;
-    ``sync_launch`` where the workers run on the CPU platform. With several
-    data-parallel ranks, each rank's data-parallel costs too."""
-    rr = recording_ranks(rec)
-    summary = ranks_summary(rr.engines, epoch_sync_ns=epoch_sync_ns, sync_launch=rr.sync_launch)
-    dp = (
-        tuple(dp_rank(r, rec.iter_steps(r.rank.pid)) for e in rr.by_dp.values() for r in e)
-        if len(rr.by_dp) > 1
-        else ()
-    )
-    return RanksSummary(summary.engines, dp)

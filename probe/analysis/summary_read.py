@@ -149,14 +149,69 @@ def summarize_recordings(recs: Sequence[Any]) -> Summary:
     return out
 
 
+class _Part:
+    """One per-step aggregate's rows, in (pid, step) order, read as far as the steps'
+    chunks reach (memory: a fetch, not the recording)."""
+
+    def __init__(self, rec: Any, sql: str) -> None:
+        from probe.reader.recording_columns import iter_aggregate
+
+        self.it = iter_aggregate(rec, sql + " ORDER BY 1, 2")
+        self.buf: np.ndarray | None = None
+        self.done = False
+
+    def upto(self, pid: int, step: int) -> np.ndarray:
+        """The rows up to (``pid``, ``step``), those before included, taken off."""
+        while not self.done and (
+            self.buf is None or len(self.buf) == 0 or tuple(self.buf[-1, :2]) <= (pid, step)
+        ):
+            rows = next(self.it, None)
+            if rows is None:
+                self.done = True
+                break
+            a = np.array(rows, dtype=np.int64).reshape(len(rows), -1)
+            self.buf = a if self.buf is None else np.concatenate([self.buf, a])
+        if self.buf is None:
+            return np.zeros((0, 5), np.int64)
+        p, s = self.buf[:, 0], self.buf[:, 1]
+        n = int(((p < pid) | ((p == pid) & (s <= step))).sum())
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+
 class _Calls:
     """Each step's hooked calls (:func:`probe.analysis.cost.hooked_calls`), counted in SQLite from
-    the detail tables, looked up per chunk by (pid, step)."""
+    the detail tables, each aggregate read alongside the steps' chunks (in (pid, step)
+    order both) and looked up per chunk by (pid, step)."""
 
-    def __init__(self, keys: np.ndarray, spans: np.ndarray, hooks: np.ndarray) -> None:
-        self.keys, self.spans, self.hooks = keys, spans, hooks
+    def __init__(self, rec: Any, parts: Mapping[str, str]) -> None:
+        self.parts = {name: _Part(rec, sql) for name, sql in parts.items()}
+
+    def _counts(self, pid: int, step: int) -> None:
+        """The counts of the steps up to (``pid``, ``step``) not yet taken."""
+        tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for name, part in self.parts.items():
+            a = part.upto(pid, step)
+            tables[name] = (a[:, 0] * (1 << 40) + a[:, 1], a[:, 2:])
+        keys = np.unique(np.concatenate([k for k, _ in tables.values()]))
+
+        def col(name: str, j: int = 0) -> np.ndarray:
+            k, v = tables[name]
+            out = np.zeros(len(keys), dtype=np.int64)
+            if len(k):
+                out[np.searchsorted(keys, k)] = v[:, j]
+            return out
+
+        self.keys = keys
+        self.spans = col("spans", 0) - col("derived")
+        self.hooks = (
+            col("spans", 1) + col("replays") + col("dispatches") + col("builds") + col("reorders")
+        )
+        self.launch = col("spans", 2)
+        self.in_phase = col("dispatches", 1)
 
     def take(self, cols: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        self._counts(int(cols["pid"][-1]), int(cols["step"][-1]))
         k = cols["pid"] * (1 << 40) + cols["step"]
         i = np.searchsorted(self.keys, k)
         i = np.minimum(i, max(len(self.keys) - 1, 0))
@@ -178,6 +233,9 @@ class _Calls:
         use = fw & has_cal
         return np.where(use, spans, -1), np.where(use, hooks, -1)
 
+    keys: np.ndarray
+    spans: np.ndarray
+    hooks: np.ndarray
     pids: np.ndarray
     merged_mrv2: np.ndarray
     merged_v1: np.ndarray
@@ -187,11 +245,17 @@ class _Calls:
 
 
 def _call_counts(rec: Any, cals: Mapping[int, Mapping[str, Any]]) -> _Calls:
-    """Per step, the counts :func:`probe.analysis.cost.hooked_calls` makes, from SQL aggregates."""
-    bracket = "('execute', 'sample_tokens', 'forward_launch')"
+    """Per step, the counts :func:`probe.analysis.cost.hooked_calls` makes, from SQL aggregates
+    (each grouped by (pid, step), read in that order as the steps' chunks are)."""
+    # the step's bracket spans; the others are the rest of its rows (only the rows of a
+    # step in steps are looked up, and those are checked: a known, non-NULL phase)
+    bracket = (
+        "CASE phase WHEN 'execute' THEN 1 WHEN 'sample_tokens' THEN 1 "
+        "WHEN 'forward_launch' THEN 1 ELSE 0 END"
+    )
     parts = {
         "spans": (
-            "SELECT pid, step, sum(phase NOT IN " + bracket + "), sum(phase IN " + bracket + "), "
+            f"SELECT pid, step, count(*) - sum({bracket}), sum({bracket}), "
             "max(phase = 'forward_launch' AND drafter = 0) FROM spans GROUP BY pid, step"
         ),
         "derived": (
@@ -200,40 +264,18 @@ def _call_counts(rec: Any, cals: Mapping[int, Mapping[str, Any]]) -> _Calls:
             " AND b.drafter = 0 AND b.t0_ns = a.t1_ns WHERE a.phase = 'prepare_inputs' AND "
             "a.drafter = 0 GROUP BY a.pid, a.step"
         ),
-        "in_phase": (
-            "SELECT d.pid, d.step, count(*) FROM dispatches AS d WHERE d.drafter = 0 AND EXISTS "
-            "(SELECT 1 FROM spans AS s WHERE s.pid = d.pid AND s.step = d.step AND s.phase = "
-            "'dispatch' AND s.drafter = 0 AND s.t0_ns = d.t0_ns AND s.t1_ns = d.t1_ns) "
-            "GROUP BY d.pid, d.step"
+        # each step's dispatches, and those inside its dispatch phase, in one scan
+        "dispatches": (
+            "SELECT d.pid, d.step, count(*), sum(CASE WHEN d.drafter = 0 AND EXISTS (SELECT 1 "
+            "FROM spans AS s WHERE s.pid = d.pid AND s.step = d.step AND s.phase = 'dispatch' "
+            "AND s.drafter = 0 AND s.t0_ns = d.t0_ns AND s.t1_ns = d.t1_ns) THEN 1 ELSE 0 END) "
+            "FROM dispatches AS d GROUP BY d.pid, d.step"
         ),
         "replays": "SELECT pid, step, count(*) FROM replays WHERE kind != 'capture' GROUP BY 1, 2",
-        "dispatches": "SELECT pid, step, count(*) FROM dispatches GROUP BY 1, 2",
         "builds": "SELECT pid, step, count(*) FROM builds GROUP BY 1, 2",
         "reorders": "SELECT pid, step, count(*) FROM reorders GROUP BY 1, 2",
     }
-    tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for name, sql in parts.items():
-        rows = rec._rows(sql)
-        a = (
-            np.array(rows, dtype=np.int64).reshape(len(rows), -1)
-            if rows
-            else np.zeros((0, 5), np.int64)
-        )
-        tables[name] = (a[:, 0] * (1 << 40) + a[:, 1], a[:, 2:])
-    keys = np.unique(np.concatenate([k for k, _ in tables.values()]))
-
-    def col(name: str, j: int = 0) -> np.ndarray:
-        k, v = tables[name]
-        out = np.zeros(len(keys), dtype=np.int64)
-        if len(k):
-            out[np.searchsorted(keys, k)] = v[:, j]
-        return out
-
-    spans = col("spans", 0) - col("derived")
-    hooks = col("spans", 1) + col("replays") + col("dispatches") + col("builds") + col("reorders")
-    c = _Calls(keys, spans, hooks)
-    c.launch = col("spans", 2)
-    c.in_phase = col("in_phase")
+    c = _Calls(rec, parts)
     c.pids = np.array(sorted(cals), dtype=np.int64)
     c.merged_mrv2 = np.array([p for p, x in cals.items() if x.get("launch_is_replay")], np.int64)
     c.merged_v1 = np.array([p for p, x in cals.items() if x.get("v1_launch_is_replay")], np.int64)

@@ -11,9 +11,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from probe.analysis import ranks
 from probe.analysis import views as analysis
 from probe.analysis.cost import has_timing
+from probe.analysis.ranks_columns import ranks_of_recording
 from probe.reader.recording import Recording
 
 
@@ -128,7 +128,7 @@ def ranks_report(rec: Recording | Sequence[Recording]) -> dict[str, Any]:
     recs = [rec] if isinstance(rec, Recording) else list(rec)
     out: dict[str, Any] = {"engines": [], "dp": []}
     for r in recs:
-        one = ranks.ranks_of_recording(r).as_dict()
+        one = ranks_of_recording(r).as_dict()
         out["engines"] += one["engines"]
         out["dp"] += one["dp"]
     return out

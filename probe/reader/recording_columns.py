@@ -5,7 +5,7 @@ summary's streaming pass reads (:func:`iter_step_columns`). Every value is check
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from probe.reader.recording import Recording, RecordingError, _check_order, _Reader, damaged_error
@@ -48,21 +48,38 @@ def _nullable_ints() -> list[Any]:
     ]
 
 
-def _chunk_sql(where: str) -> str:
-    cols = [_column_sql(c) for c in STEP_COLUMNS]
+def _chunk_sql(where: str, columns: Sequence[Any] = STEP_COLUMNS) -> str:
+    cols = [_column_sql(c) for c in columns]
     mask = (
-        " | ".join(f'(("{c.name}" IS NULL) << {i})' for i, c in enumerate(_nullable_ints())) or "0"
+        " | ".join(
+            f'(("{c.name}" IS NULL) << {i})' for i, c in enumerate(_nullable_ints()) if c in columns
+        )
+        or "0"
     )
     return f"SELECT {', '.join(cols)}, {mask} FROM steps {where} ORDER BY pid, step"
 
 
-def _column_checks(cols: Mapping[str, Any], nulls: Any) -> Any:
-    """Per row: True where some value does not fit its column (numpy, every value)."""
+def null_mask(cols: Mapping[str, Any], name: str) -> Any:
+    """Per row of a chunk of :func:`iter_step_columns`: True where the nullable integer
+    column ``name`` is NULL (its value there reads -1)."""
+    import numpy as np
+
+    for i, c in enumerate(_nullable_ints()):
+        if c.name == name:
+            return ((cols["_nulls"] >> i) & 1).astype(bool)
+    return np.zeros(len(cols["_nulls"]), dtype=bool)
+
+
+def _column_checks(
+    cols: Mapping[str, Any], nulls: Any, columns: Sequence[Any] = STEP_COLUMNS
+) -> Any:
+    """Per row: True where some value of ``columns`` does not fit its column (numpy, every
+    value)."""
     import numpy as np
 
     bad = np.zeros(len(nulls), dtype=bool)
     masks = {c.name: ((nulls >> i) & 1).astype(bool) for i, c in enumerate(_nullable_ints())}
-    for c in STEP_COLUMNS:
+    for c in columns:
         v = cols[c.name]
         if c.kind is str or issubclass(c.kind, enum.Enum):
             bad |= v == _BAD
@@ -79,18 +96,22 @@ def _column_checks(cols: Mapping[str, Any], nulls: Any) -> Any:
     return bad
 
 
-def _iter_step_columns(rec: Recording, pid: int | None, chunk: int) -> Iterator[dict[str, Any]]:
+def _iter_step_columns(
+    rec: Recording, pid: int | None, chunk: int, only: Collection[str] | None
+) -> Iterator[dict[str, Any]]:
     from array import array
     from itertools import chain
 
     import numpy as np
 
     where, params = ("WHERE pid = ?", (pid,)) if pid is not None else ("", ())
-    names = [c.name for c in STEP_COLUMNS]
+    keep = {"pid", "step", "t0_ns", "t1_ns", *only} if only is not None else None
+    columns = [c for c in STEP_COLUMNS if keep is None or c.name in keep]
+    names = [c.name for c in columns]
     width = len(names) + 1
     cur = rec.db.cursor()
     cur.row_factory = None
-    cur.execute(_chunk_sql(where), params)
+    cur.execute(_chunk_sql(where, columns), params)
     while True:
         rows = cur.fetchmany(chunk)
         if not rows:
@@ -103,7 +124,7 @@ def _iter_step_columns(rec: Recording, pid: int | None, chunk: int) -> Iterator[
         a = np.frombuffer(flat, dtype=np.int64).reshape(len(rows), width)
         cols = {n: a[:, i] for i, n in enumerate(names)}
         nulls = a[:, -1]
-        bad = _column_checks(cols, nulls)
+        bad = _column_checks(cols, nulls, columns)
         if bad.any():
             _refuse(rec, rows, int(np.argmax(bad)))
         cols["_nulls"] = nulls
@@ -134,7 +155,10 @@ def _refuse(rec: Recording, rows: list[Any], index: int | None) -> None:
 
 
 def iter_step_columns(
-    rec: Recording, pid: int | None = None, chunk: int = STEP_CHUNK_ROWS
+    rec: Recording,
+    pid: int | None = None,
+    chunk: int = STEP_CHUNK_ROWS,
+    only: Collection[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The ``steps`` table (of ``pid``, or all) in (pid, step) order, ``chunk`` rows at a
     time, as numpy ``int64`` columns named as the table's: integers as stored, booleans
@@ -145,9 +169,24 @@ def iter_step_columns(
     Every value is checked as :meth:`Recording.iter_steps` checks it (type, enum name,
     range, ``t1`` not before ``t0``), vectorised; a value that does not fit raises the
     same :class:`RecordingError`. Memory is one chunk, whatever the recording's size.
+    ``only``: the columns to read (with ``pid``, ``step``, ``t0_ns`` and ``t1_ns``), the
+    others neither read nor checked.
     """
     try:
-        yield from _iter_step_columns(rec, pid, chunk)
+        yield from _iter_step_columns(rec, pid, chunk, only)
+    except SQLITE_DAMAGED as exc:
+        raise damaged_error(rec.path, exc) from None
+
+
+def iter_aggregate(rec: Recording, sql: str, fetch: int = 16_384) -> Iterator[list[Any]]:
+    """The rows of ``sql`` (an aggregate over the recording's tables), ``fetch`` at a
+    time; what SQLite raises on a damaged file is a :class:`RecordingError`."""
+    try:
+        cur = rec.db.cursor()
+        cur.row_factory = None
+        cur.execute(sql)
+        while rows := cur.fetchmany(fetch):
+            yield rows
     except SQLITE_DAMAGED as exc:
         raise damaged_error(rec.path, exc) from None
 
@@ -165,8 +204,10 @@ def _detail_check_sql(t: Any) -> str:
         elif c.kind is str:
             bad.append(f"({q} IS NOT NULL AND typeof({q}) != 'text')")
         elif isinstance(c.kind, type) and issubclass(c.kind, enum.Enum):
-            names = ", ".join(f"'{m.lower()}'" for m in c.kind.__members__)
-            bad.append(f"typeof({q}) != 'text' OR {q} NOT IN ({names})")
+            # a CASE of equalities: true for NULL, a number, a blob and any other text,
+            # as ``typeof(x) != 'text' OR x NOT IN (...)``, at half its cost
+            whens = " ".join(f"WHEN '{m.lower()}' THEN 0" for m in c.kind.__members__)
+            bad.append(f"CASE {q} {whens} ELSE 1 END")
         else:
             low = f" OR {q} < {c.min}" if c.min is not None else ""
             bad.append(f"typeof({q}) != 'integer'{low}")

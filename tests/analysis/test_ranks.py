@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from probe.analysis import ranks
+from probe.analysis.ranks_columns import ranks_of_recording
 from probe.cli.render_report import build_report, render_report
 from probe.reader.recording import Recording
 from probe.records import Mode, Reason
@@ -107,7 +108,7 @@ def sql() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def engine() -> ranks.EngineRanks:
-    (e,) = ranks.ranks_of_recording(Recording.open(TP2)).engines
+    (e,) = ranks_of_recording(Recording.open(TP2)).engines
     return e
 
 
@@ -191,7 +192,7 @@ def test_report_json_from_the_cli() -> None:
 def test_one_worker_has_no_ranks_section() -> None:
     from probe.reader.recording import default_recording
 
-    assert ranks.ranks_of_recording(Recording.open(default_recording())).engines == ()
+    assert ranks_of_recording(Recording.open(default_recording())).engines == ()
 
 
 # -- rules pinned to exact inputs ------------------------------------------------------------

@@ -17,9 +17,11 @@ from probe.reader.recording_columns import iter_step_columns
 
 ROOT = Path(__file__).resolve().parents[2]
 TP2 = ROOT / "tests/data/serve-tp2.probe.db"
+# calibrated: each step's hooked calls are counted from the detail tables, chunk by chunk
+CHUNKED = ROOT / "tests/data/chunked_mrv2_k1.probe.db"
 
 
-@pytest.mark.parametrize("path", [default_recording(), TP2])
+@pytest.mark.parametrize("path", [default_recording(), TP2, CHUNKED])
 def test_chunks_of_any_size_give_the_same_summary(path: Path) -> None:
     """The streaming pass carries each rank across chunks: 97 rows at a time is the
     whole recording at once."""
@@ -27,6 +29,14 @@ def test_chunks_of_any_size_give_the_same_summary(path: Path) -> None:
     whole = summarize_recording(rec, chunk=1 << 20).figures()
     small = summarize_recording(rec, chunk=97).figures()
     assert small == whole
+
+
+def test_the_hooked_call_counts_follow_chunks_of_any_size() -> None:
+    """Each aggregate of the detail tables is read alongside the steps' chunks: 7 rows at
+    a time give the probe cost of the whole recording at once."""
+    rec = Recording.open(CHUNKED)
+    whole = summarize_recording(rec, chunk=1 << 20).figures()
+    assert whole["probe_cost"] and summarize_recording(rec, chunk=7).figures() == whole
 
 
 def test_the_columnar_pass_equals_the_steps_pass() -> None:

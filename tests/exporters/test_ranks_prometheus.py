@@ -17,7 +17,7 @@ from dashboards.generate import DASHBOARDS
 from dashboards.render_recording import RANK_PANELS
 from exporters.base import replay
 from exporters.prometheus import ServingSink
-from probe.analysis.ranks import ranks_of_recording
+from probe.analysis.ranks_columns import ranks_of_recording
 from probe.reader.recording import Recording
 
 TP2 = Path(__file__).resolve().parents[2] / "tests/data/serve-tp2.probe.db"
