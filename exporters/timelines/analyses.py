@@ -14,6 +14,7 @@ They work the same on an AMD rocprofv3 capture and a torch-profiler trace::
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -197,11 +198,18 @@ def gpu_busy_idle(
 
     starts_sorted = sorted(k.start_ns for k in kernels)
     ends_sorted = sorted(k.end_ns for k in kernels)
+    # a kernel overlaps (start, end) when it starts before end and ends after start: all
+    # that start before end, less those that end by start. Those two sets differ by the
+    # zero-length kernels at t in a zero-length window (t, t): ended by start, yet not
+    # started before end; they are counted back
+    instants = Counter(k.start_ns for k in kernels if k.start_ns == k.end_ns)
     out: list[BusyIdle] = []
     for start, end in windows:
         if end < start:
             raise ValueError(f"window ({start}, {end}) ends before it starts")
         busy = covered_before(end) - covered_before(start)
         count = bisect.bisect_left(starts_sorted, end) - bisect.bisect_right(ends_sorted, start)
-        out.append(BusyIdle(start, end, busy, (end - start) - busy, max(count, 0)))
+        if start == end:
+            count += instants[start]
+        out.append(BusyIdle(start, end, busy, (end - start) - busy, count))
     return tuple(out)

@@ -335,3 +335,14 @@ def test_bad_inputs_name_the_file(tmp_path: Path) -> None:
     corrupt.write_bytes(real[:10] + b"\x00" * 64 + real[74:])
     with pytest.raises(ProfileError, match="gzip"):
         read_kineto(corrupt)
+
+
+def test_gpu_busy_idle_counts_a_kernel_across_an_instant() -> None:
+    """A zero-length window inside a kernel counts that kernel, also with a zero-length
+    kernel at the same instant (found by the property test above)."""
+    kernels = [GpuKernel("k", 0, 2, 0, 0, 0, 1, 1), GpuKernel("k", 1, 1, 0, 1, 1, 1, 1)]
+    profile = Profile.build("test", CLOCK_UNIX_EPOCH, kernels)
+    (r,) = gpu_busy_idle(profile, [(1, 1)])
+    assert (r.busy_ns, r.idle_ns, r.kernel_count) == (0, 0, 1)
+    (r,) = gpu_busy_idle(profile, [(2, 2)])
+    assert r.kernel_count == 0
