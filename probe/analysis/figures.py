@@ -75,10 +75,8 @@ class FiguresOf:
                     decided[(c.key[0], c.step)],
                     c.key[1],
                     int(a.s[_S["tokens"]]),
-                    int(a.s[_S["graph_padded_tokens"]]),
-                    int(a.q[_Q["cpu_launch_overhead_ns"], 1])
-                    if a.q[_Q["cpu_launch_overhead_ns"], 0]
-                    else -1,
+                    c.padded_tokens,
+                    c.cpu_launch_overhead_ns,
                     c.host_ns,
                 )
             )

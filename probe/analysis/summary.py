@@ -159,6 +159,9 @@ class _Candidate:
     step: int
     host_ns: int
     acc: Acc
+    # as the warm-up list shows a step: its padded tokens and launch overhead as recorded
+    padded_tokens: int = 0
+    cpu_launch_overhead_ns: int = -1
 
 
 @dataclass
@@ -280,6 +283,8 @@ class Summary(FiguresOf):
                 int(cols["step"][j]),
                 int(cols["host_ns"][j]),
                 acc,
+                int(cols["padded_tokens"][j]),
+                int(cols["cpu_launch_overhead_ns"][j]),
             )
         out = cls.copy()
         out[out == _PENDING] = STEADY
