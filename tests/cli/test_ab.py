@@ -47,6 +47,10 @@ def test_compare_mode_on_real_h200_recordings() -> None:
     assert 1.7 < m["steady_host_ns"]["ratio_B_over_A"] < 2.2
     assert "piecewise/backend_support_too_low" in cmp["reasons"]["B"]
     assert "full/hit" in cmp["reasons"]["A"]
+    # the commonest in steady state: none listed that no steady step had
+    for arm in ("A", "B"):
+        counts = list(cmp["reasons"][arm].values())
+        assert counts and all(n > 0 for n in counts) and counts == sorted(counts, reverse=True)
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:

@@ -86,7 +86,13 @@ def summarize(path: Path, bars: progress.Progress = progress.SILENT) -> dict[str
     ran = command_line(meta)[0] == "command"
     if ran and meta.get("started_epoch_ns") and meta.get("ended_epoch_ns"):
         wall = (int(meta["ended_epoch_ns"]) - int(meta["started_epoch_ns"])) / 1e9
-    reasons = {f"{r['mode']}/{r['reason']}": r["steady"] for r in fig["miss_reasons"][:3]}
+    # the three commonest in steady state (a reason seen only in warm-up is not one of them)
+    steady = sorted(
+        ((f"{r['mode']}/{r['reason']}", int(r["steady"])) for r in fig["miss_reasons"]),
+        key=lambda kv: -kv[1],
+    )
+    reasons = {k: n for k, n in steady if n}
+    reasons = dict(list(reasons.items())[:3])
     return {
         "recording": str(path),
         "steps": fig["forward_steps"],
