@@ -17,7 +17,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -204,7 +204,24 @@ def test_two_forced_exports_to_one_existing_target_one_fails(tmp_path: Path) -> 
 # -- signals --------------------------------------------------------------------------------
 
 
-def _signal_mid_write(tmp_path: Path, sig: int, argv: Sequence[str]) -> int:
+def _dispositions(ignore_hup: bool) -> Callable[[], None]:
+    """The child's signal dispositions as a terminal's foreground command has them, set
+    explicitly: a runner started under ``nohup`` (SIGHUP ignored) or as a background job of
+    a shell without job control (SIGINT ignored) passes its ignored signals on, and the
+    probe rightly keeps a signal its caller ignores."""
+
+    def set_them() -> None:
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_DFL)
+        if ignore_hup:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    return set_them
+
+
+def _signal_mid_write(
+    tmp_path: Path, sig: int, argv: Sequence[str], *, ignore_hup: bool = False
+) -> int:
     """Start ``argv`` writing into ``tmp_path``; once its temporary exists, stop it, send
     ``sig``, let it go on; returns its exit status. The stop makes the moment certain."""
     e = {**os.environ, "PYTHONPATH": str(ROOT), "PROBE_PROGRESS": "0"}
@@ -214,6 +231,7 @@ def _signal_mid_write(tmp_path: Path, sig: int, argv: Sequence[str]) -> int:
         env=e,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        preexec_fn=_dispositions(ignore_hup),
     )
     try:
         for _ in range(60_000):  # behaviour, not time: until the temporary shows
@@ -240,6 +258,15 @@ def test_a_signal_mid_export_leaves_nothing(tmp_path: Path, sig: int, flag: str)
     rc = _signal_mid_write(tmp_path, sig, ["export", str(RECORDING), flag, "out"])
     assert rc == 128 + sig
     assert leftovers(tmp_path) == []
+
+
+def test_under_nohup_a_sighup_mid_export_changes_nothing(tmp_path: Path) -> None:
+    """A signal the caller ignores stays ignored: under ``nohup`` the export goes on to
+    its end and its file is whole."""
+    argv = ["export", str(RECORDING), "--openmetrics", "out"]
+    assert _signal_mid_write(tmp_path, signal.SIGHUP, argv, ignore_hup=True) == 0
+    assert leftovers(tmp_path, "out") == []
+    assert (tmp_path / "out").read_text().endswith("# EOF\n")
 
 
 @needs("perfetto")
