@@ -303,16 +303,16 @@ def verdict(
         what = f"decode steps with MTP (query length {uq})" if uq > 1 else "decode steps"
         if top_mode == "full":
             out.append(
-                f"{what} replayed FULL graphs: {rates['decode_full_hit_rate']:.0%} of {n_dec}"
+                f"{what} replayed FULL graphs: {rates['decode_full_hit_rate']:.0%} of {n_dec:,}"
             )
         else:
             reason = next(iter(dec["reasons"]), "unknown")
             out.append(
                 f"{what} ran {top_mode.upper()} because {why(reason)} "
-                f"({dec['modes'][top_mode]} of {n_dec} decode steps)"
+                f"({dec['modes'][top_mode]:,} of {n_dec:,} decode steps)"
             )
     for reason, n in list(dec["others"].items())[:2]:
-        out.append(f"{n} non-decode step(s) missed FULL: {why(reason)}")
+        out.append(f"{n:,} non-decode step(s) missed FULL: {why(reason)}")
     rc = rates["replay_confirmed_rate"]
     if rc is not None and rc < 0.999:
         out.append(
@@ -322,8 +322,8 @@ def verdict(
     lo = fig["phases"]["all"]["cpu_launch_overhead_ns"]
     if lo["p50"] is not None:
         out.append(
-            f"CPU launch overhead median {lo['p50'] / 1e3:.0f} µs, p99 "
-            f"{(lo['p99'] or 0) / 1e3:.0f} µs per step (steady state)"
+            f"CPU launch overhead median {lo['p50'] / 1e3:,.0f} µs, p99 "
+            f"{(lo['p99'] or 0) / 1e3:,.0f} µs per step (steady state)"
         )
     line = cost_line(fig.get("probe_cost"))
     if line:
@@ -332,13 +332,13 @@ def verdict(
     if w["steps"]:
         worst = (w["cpu_launch_overhead_ns"] or {}).get("p99") or 0
         out.append(
-            f"{w['steps']} warm-up step(s) apart from these figures (CPU launch overhead p99 "
+            f"{w['steps']:,} warm-up step(s) apart from these figures (CPU launch overhead p99 "
             f"{worst / 1e3:,.0f} µs, {w['host_ns_total'] / 1e6:,.0f} ms of host time)"
         )
     g = fig["gpu"]
     if g["engine_idle_gaps"]:
         out.append(
-            f"engine idle {g['engine_idle_ns'] / 1e9:,.1f} s in {g['engine_idle_gaps']} gap(s) "
+            f"engine idle {g['engine_idle_ns'] / 1e9:,.1f} s in {g['engine_idle_gaps']:,} gap(s) "
             f"of {g['engine_idle_threshold_ns'] / 1e6:g} ms or more (nothing scheduled): "
             "apart from the GPU idle share and the host-bound verdict"
         )
@@ -348,14 +348,14 @@ def verdict(
         rule = f"the GPU waiting for the host over {thr:.0%} of the step period"
         if g["host_bound_steps"]:
             line = (
-                f"host-bound: {g['host_bound_share']:.0%} of {n} timed steps ({rule}); "
+                f"host-bound: {g['host_bound_share']:.0%} of {n:,} timed steps ({rule}); "
                 "their largest host phases: "
                 + ", ".join(f"{p['phase']} {p['share']:.0%}" for p in g["host_bound_phases"][:2])
                 + " of their phase time"
             )
         else:
             line = (
-                f"not host-bound: 0 of {n} timed steps had {rule} "
+                f"not host-bound: 0 of {n:,} timed steps had {rule} "
                 f"(GPU idle share {g['idle_share']:.1%})"
             )
         out.append(line)

@@ -178,15 +178,41 @@ def _start_export(target: Path, *extra: str) -> subprocess.Popen[bytes]:
     )
 
 
+def _second_writer_while_the_first_writes(
+    target: Path, *extra: str
+) -> tuple[tuple[int, bytes], tuple[int, bytes]]:
+    """The first export holds its temporary (stopped there), the second runs to its end,
+    then the first goes on: the overlap is certain, not a matter of timing."""
+    first = _start_export(target, *extra)
+    try:
+        for _ in range(60_000):  # behaviour, not time: until the temporary shows
+            if (
+                any(n.startswith(".") for n in os.listdir(target.parent))
+                or first.poll() is not None
+            ):
+                break
+            time.sleep(0.002)
+        assert first.poll() is None, "the first export ended before its temporary was seen"
+        first.send_signal(signal.SIGSTOP)
+        second = _start_export(target, *extra)
+        out2 = second.communicate(timeout=120)[1]
+        first.send_signal(signal.SIGCONT)
+        out1 = first.communicate(timeout=120)[1]
+        return (first.returncode, out1), (second.returncode, out2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            first.send_signal(signal.SIGCONT)
+            first.kill()
+        first.wait()
+
+
 @needs("perfetto")
 def test_two_exports_to_one_target_one_wins_the_other_fails(tmp_path: Path) -> None:
     target = tmp_path / "out.pftrace"
-    procs = [_start_export(target, "--perfetto") for _ in range(2)]
-    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs if p.stderr]
-    codes = sorted(rc for rc, _ in results)
-    assert codes == [0, 1], results
-    loser = next(err for rc, err in results if rc == 1).decode()
-    assert "another writer" in loser and "Traceback" not in loser
+    (rc1, err1), (rc2, err2) = _second_writer_while_the_first_writes(target, "--perfetto")
+    # the second finished first and stands; the first finds it there and replaces nothing
+    assert (rc1, rc2) == (1, 0), (err1, err2)
+    assert b"another writer" in err1 and b"Traceback" not in err1
     assert leftovers(tmp_path, "out.pftrace") == []
 
 
@@ -194,9 +220,11 @@ def test_two_exports_to_one_target_one_wins_the_other_fails(tmp_path: Path) -> N
 def test_two_forced_exports_to_one_existing_target_one_fails(tmp_path: Path) -> None:
     target = tmp_path / "out.pftrace"
     target.write_bytes(b"old")
-    procs = [_start_export(target, "--force", "--perfetto") for _ in range(2)]
-    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs if p.stderr]
-    assert sorted(rc for rc, _ in results) == [0, 1], results
+    (rc1, err1), (rc2, err2) = _second_writer_while_the_first_writes(
+        target, "--force", "--perfetto"
+    )
+    assert (rc1, rc2) == (1, 0), (err1, err2)
+    assert b"another writer" in err1 and b"Traceback" not in err1
     assert target.read_bytes() != b"old"
     assert leftovers(tmp_path, "out.pftrace") == []
 
