@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,23 +117,29 @@ def test_an_ended_process_is_forgotten() -> None:
     assert not sink._fixed and not sink._known
 
 
-def test_rolling_recordings_rotate_keep_and_hold_every_step_once(tmp_path: Path) -> None:
-    from probe.reader.agent import RollingRecordings
-
+def _bundled_process(n: int) -> tuple[Any, list[Any]]:
+    """The bundled recording's worker as the collector hands it to a sink (a
+    ``ProcessState``'s fields), and its first ``n`` steps."""
     rec = Recording.open(default_recording())
     [info] = processes_from_recording(rec)
-    steps = list(rec.iter_steps(info.pid))[:90]
-    clock = {"t": 0.0}
 
-    class Proc:  # what the collector hands a sink: a ProcessState's fields
+    class Proc:
         pid = info.pid
         hello = None
         snapshot = next(p["snapshot"] for p in rec.processes() if p["pid"] == info.pid)
         dropped = 0
         hook_faults = 0
         assembler = None
-
         decoder = type("Decoder", (), {"strings": {}})
+
+    return Proc, list(rec.iter_steps(info.pid))[:n]
+
+
+def test_rolling_recordings_rotate_keep_and_hold_every_step_once(tmp_path: Path) -> None:
+    from probe.reader.agent import RollingRecordings
+
+    Proc, steps = _bundled_process(90)
+    clock = {"t": 0.0}
 
     roll = RollingRecordings(tmp_path, 10.0, keep=2, clock=lambda: clock["t"])
     for i in range(3):
@@ -155,19 +162,8 @@ def test_a_reader_of_a_rolling_file_never_stops_the_rotation(tmp_path: Path) -> 
     goes on, the file keeps every step, and a later rotation makes it self-contained."""
     from probe.reader.agent import RollingRecordings
 
-    rec = Recording.open(default_recording())
-    [info] = processes_from_recording(rec)
-    steps = list(rec.iter_steps(info.pid))[:40]
+    Proc, steps = _bundled_process(40)
     clock = {"t": 0.0}
-
-    class Proc:
-        pid = info.pid
-        hello = None
-        snapshot = next(p["snapshot"] for p in rec.processes() if p["pid"] == info.pid)
-        dropped = 0
-        hook_faults = 0
-        assembler = None
-        decoder = type("Decoder", (), {"strings": {}})
 
     roll = RollingRecordings(tmp_path, 10.0, keep=None, clock=lambda: clock["t"])
     roll.on_process(Proc)  # type: ignore[arg-type]
