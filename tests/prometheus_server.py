@@ -49,20 +49,29 @@ def prometheus_server(d: Any, targets: list[str]) -> Iterator[str]:
     """A real Prometheus on a loopback port scraping ``targets`` every second; its URL."""
     if PROMETHEUS is None:
         pytest.skip("the prometheus binary is not installed (apt-get install prometheus)")
-    port = free_port()
     (d / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         "scrape_configs:\n  - job_name: probe\n    static_configs:\n"
         f"      - targets: {targets!r}\n"
     )
+    with running_prometheus(
+        d, f"--storage.tsdb.path={d / 'data'}", "--web.enable-lifecycle"
+    ) as base:
+        yield base
+
+
+@contextlib.contextmanager
+def running_prometheus(d: Any, *flags: str) -> Iterator[str]:
+    """Prometheus run with ``d/prometheus.yml`` and ``flags`` on a free loopback port, its
+    log in ``d``; its URL once ready, stopped on leaving."""
+    port = free_port()
     log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed in teardown)
     proc = subprocess.Popen(
         [
-            PROMETHEUS,
+            str(PROMETHEUS),
             f"--config.file={d / 'prometheus.yml'}",
-            f"--storage.tsdb.path={d / 'data'}",
+            *flags,
             f"--web.listen-address=127.0.0.1:{port}",
-            "--web.enable-lifecycle",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -21,8 +21,9 @@ from typing import Any
 
 import otlp_receiver
 import pytest
-from loopback import free_port, get_answer, wait_for
+from loopback import get_answer
 from otlp_receiver import Received, attrs
+from prometheus_server import running_prometheus
 
 from exporters.base import processes_from_recording
 from exporters.metrics import LAUNCH_BUCKETS, METRICS, NAMESPACE, probe_cost_queries, ratio_queries
@@ -140,35 +141,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         )  # fmt: skip
         assert out.returncode == 0, out.stdout + out.stderr
     (d / "prometheus.yml").write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
-    port = free_port()
-    log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={d / 'prometheus.yml'}",
-            f"--storage.tsdb.path={data}",
-            "--storage.tsdb.retention.time=100y",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(
-            lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=1).status == 200,
-            30,
-            "prometheus to start",
-        )
+    with running_prometheus(
+        d, f"--storage.tsdb.path={data}", "--storage.tsdb.retention.time=100y"
+    ) as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def _span(path: str) -> tuple[str, float, float]:

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 from calibrated import CALIBRATION, calibrated_copy
-from loopback import free_port, get_answer, wait_for
-from prometheus_server import LABEL_VALUES, PROMETHEUS
+from loopback import get_answer
+from prometheus_server import LABEL_VALUES, PROMETHEUS, running_prometheus
 
 from dashboards.generate import DASHBOARDS, queries
 from dashboards.render_recording import RANK_PANELS
@@ -72,36 +72,11 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     assert out.returncode == 0, out.stdout + out.stderr
     assert any(p.is_dir() and (p / "meta.json").exists() for p in data.iterdir()), out.stdout
     (d / "prometheus.yml").write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
-    port = free_port()
-    log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={d / 'prometheus.yml'}",
-            f"--storage.tsdb.path={data}",
-            "--storage.tsdb.retention.time=100y",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
     [tl] = timelines(Recording.open(default_recording()))
-    try:
-        wait_for(
-            lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=1).status == 200,
-            30,
-            "prometheus to start",
-        )
+    with running_prometheus(
+        d, f"--storage.tsdb.path={data}", "--storage.tsdb.retention.time=100y"
+    ) as base:
         yield base, tl.ticks[0] / 1e9, tl.ticks[-1] / 1e9
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def _concrete(expr: str, rate_interval: str) -> str:
