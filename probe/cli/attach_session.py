@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.cli.commands import address, endpoint, positive_float
-from probe.cli.live_options import add_sample_arg, exporter_sink, sample_every
+from probe.cli.live_options import add_sample_arg, exporter_sink, hook_families, sample_every
 from probe.cli.targets import Target, add_target_args, discover, run_dir
 from probe.errors import RuntimeFailure, UsageError
 from probe.reader import session as sharing
@@ -245,15 +245,7 @@ def run_session(
     if busy:
         a = busy[0]
         raise UsageError(f"pid {a.pid} ({a.role}) is attached by pid {a.status['attached_by']}")
-    hooks = [h.strip() for h in opts.hooks.split(",")] if opts.hooks else None
-    if hooks is not None:
-        from probe.engine import hooks as hook_table
-
-        unknown = sorted(set(hooks) - set(hook_table.FAMILIES))
-        if unknown:
-            raise UsageError(
-                f"--hooks: unknown hook families {unknown}; known: {', '.join(hook_table.FAMILIES)}"
-            )
+    hooks = hook_families(opts.hooks)
     sample = sample_every(opts.sample)
     rdir = run_dir(target)
     record = opts.record

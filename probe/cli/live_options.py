@@ -31,6 +31,22 @@ def sample_every(n: int | None) -> int:
     return int(n)
 
 
+def hook_families(text: str | None) -> list[str] | None:
+    """``--hooks a,b``: the hook families named, each one the hook table knows; ``None``
+    (every family) when not given."""
+    if not text:
+        return None
+    hooks = [h.strip() for h in text.split(",")]
+    from probe.engine import hooks as hook_table
+
+    unknown = sorted(set(hooks) - set(hook_table.FAMILIES))
+    if unknown:
+        raise UsageError(
+            f"--hooks: unknown hook families {unknown}; known: {', '.join(hook_table.FAMILIES)}"
+        )
+    return hooks
+
+
 def exporter_sink(module: str, flag: str, arg: str) -> Any:
     """``exporters.<module>.make_sink(arg)``, or a UsageError naming what is missing."""
     try:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.cli.commands import address, endpoint, positive_float, positive_int
-from probe.cli.live_options import add_sample_arg, exporter_sink, sample_every
+from probe.cli.live_options import add_sample_arg, exporter_sink, hook_families, sample_every
 from probe.errors import UsageError
 
 
@@ -38,15 +38,7 @@ def _record_dir(text: str) -> Path:
 def cmd_agent(args: argparse.Namespace) -> int:
     if not (args.prometheus or args.otlp or args.record_dir):
         raise UsageError("agent: give at least one of --prometheus, --otlp, --record-dir")
-    hooks = [h.strip() for h in args.hooks.split(",")] if args.hooks else None
-    if hooks is not None:
-        from probe.engine import hooks as hook_table
-
-        unknown = sorted(set(hooks) - set(hook_table.FAMILIES))
-        if unknown:
-            raise UsageError(
-                f"--hooks: unknown hook families {unknown}; known: {', '.join(hook_table.FAMILIES)}"
-            )
+    hooks = hook_families(args.hooks)
     sample = sample_every(args.sample)
     dirs = _run_dirs(args)
     record_dir = _record_dir(args.record_dir) if args.record_dir else None
