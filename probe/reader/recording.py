@@ -427,7 +427,7 @@ def _to_rollback_journal(db: sqlite3.Connection) -> bool:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         mode = db.execute("PRAGMA journal_mode=DELETE").fetchone()
     except sqlite3.OperationalError as exc:
-        if "locked" in str(exc) or "busy" in str(exc):
+        if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
             return False
         raise
     return bool(mode) and str(mode[0]).lower() == "delete"
