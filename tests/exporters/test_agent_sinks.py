@@ -228,6 +228,75 @@ def test_the_agent_enables_a_process_and_follows_its_hooks_going_off(
         srv.close()
 
 
+ARMED_CHILD = """
+import sys, time
+from probe.engine import hooks
+from probe.engine.control_server import ControlServer
+hooks.install(list(hooks.ALWAYS_ON))
+srv = ControlServer(sys.argv[1], environ={"PROBE_GPU_TIMING": "0"})
+srv.open()
+print("up", flush=True)
+time.sleep(120)
+"""
+
+
+def _armed_child(run_dir: Path) -> Any:
+    """A process with the probe's control socket in ``run_dir``, up when this returns."""
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    child = subprocess.Popen(
+        [sys.executable, "-c", ARMED_CHILD, str(run_dir)],
+        stdout=subprocess.PIPE,
+        env=env,
+        cwd=root,
+    )
+    assert child.stdout is not None and child.stdout.readline() == b"up\n"
+    return child
+
+
+@pytest.mark.parametrize("off_first", [False, True], ids=["killed", "hooks-off-then-killed"])
+def test_a_replaced_process_counts_as_a_restart(run_dir: Path, off_first: bool) -> None:
+    """The server's process ends and its successor (same run dir, role and rank) is armed
+    before the agent's next turn: the new one is a restart, whether the old one is still
+    attached in that turn or was finished earlier because its hooks went off while it
+    closed."""
+    import io
+
+    from probe.reader import agent as agent_mod
+    from probe.reader.control import request
+
+    clock = {"t": 0.0}
+    log = io.StringIO()
+    ag = agent_mod.Agent(
+        [run_dir], [PrometheusSink()], scan_s=1.0, log=log, clock=lambda: clock["t"]
+    )
+    children = [_armed_child(run_dir)]
+    try:
+        ag.step()
+        assert list(ag.attached) == [children[0].pid]
+        if off_first:
+            request(next(run_dir.glob(f"ctl-{children[0].pid}.sock")), "disable", timeout=5)
+            clock["t"] += agent_mod.STATUS_EVERY_S
+            ag.step()
+            assert not ag.attached and "its hooks went off" in log.getvalue()
+        children[0].kill()
+        children[0].wait()
+        children.append(_armed_child(run_dir))
+        clock["t"] += 1.0
+        ag.step()
+        assert list(ag.attached) == [children[1].pid]
+        assert ag.counts == {"attaches": 2, "detaches": 1, "restarts": 1}
+        assert log.getvalue().count("(a restart)") == 1
+        ag.close()
+    finally:
+        for c in children:
+            c.kill()
+            c.wait()
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
