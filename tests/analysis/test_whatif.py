@@ -157,7 +157,7 @@ def test_the_command_at_80_columns(capsys: pytest.CaptureFixture[str], vl: Vllm)
     assert max(len(line) for line in out.splitlines()) <= 80
     text = " ".join(out.split())
     steps = len(forward(load(STOCK)[0]))
-    assert f"{steps} of {steps} steps" in text
+    assert f"{steps:,} of {steps:,} steps" in text and f"{steps:,} forward steps" in text
     assert "steps: full hit → piecewise backend_support_too_low" in text
     assert "suggested capture sizes" in text
 

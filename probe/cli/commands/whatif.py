@@ -124,13 +124,13 @@ def render_worth(r: dict[str, Any], con: Any) -> None:
         w = c["worth"]
         if w["measured"]:
             continue
-        priced = ", ".join(f"{n} {how}" for how, n in w["priced"].items()) or "none"
-        con.print(f"  {c['column']}: {w['steady_steps']} steady steps priced: {priced}")
+        priced = ", ".join(f"{n:,} {how}" for how, n in w["priced"].items()) or "none"
+        con.print(f"  {c['column']}: {w['steady_steps']:,} steady steps priced: {priced}")
         if w["no_cost"]:
             shown = w["no_cost"][:6]
             con.print(
                 f"  [yellow]{c['column']}: no cost for[/] "
-                + "; ".join(f"{m['shape']} ({m['steps']} steps)" for m in shown)
+                + "; ".join(f"{m['shape']} ({m['steps']:,} steps)" for m in shown)
                 + (f"; and {len(w['no_cost']) - 6} more shapes" if len(w["no_cost"]) > 6 else "")
             )
     if any(c["worth"]["no_cost"] for c in r["columns"]):
@@ -154,7 +154,7 @@ def render(r: dict[str, Any], con: Any) -> None:
     by = {c["column"]: c for c in cols}
     ranks = f"{r['ranks']} rank" + ("s" if r["ranks"] != 1 else "")
     con.print(
-        f"[bold]what-if[/] {r['recording']}: {cols[0]['steps']} forward steps, {ranks}, "
+        f"[bold]what-if[/] {r['recording']}: {cols[0]['steps']:,} forward steps, {ranks}, "
         f"{'/'.join(r['runner'])}, recorded on vLLM {', '.join(r['vllm_recorded'])}; "
         f"replayed through the installed vLLM {r['vllm_installed']}'s own dispatcher"
     )
@@ -188,7 +188,7 @@ def render(r: dict[str, Any], con: Any) -> None:
         ("padding waste", "padding_waste"),
     ):
         t.add_row(label, *(_pct(c[key]) for c in cols))
-    t.add_row("padded − real tokens", *(f"{c['padded_tokens'] - c['real_tokens']}" for c in cols))
+    t.add_row("padded − real tokens", *(f"{c['padded_tokens'] - c['real_tokens']:,}" for c in cols))
     for label, key in (
         ("steady host time per step", "host_ns_per_step"),
         ("steady CPU launch overhead", "cpu_launch_overhead_ns"),
@@ -201,26 +201,26 @@ def render(r: dict[str, Any], con: Any) -> None:
     for c in cols:
         reasons += [k for k in c["reasons"] if k not in reasons]
     for k in reasons:
-        t.add_row(k, *(str(c["reasons"].get(k, 0)) for c in cols))
+        t.add_row(k, *(f"{c['reasons'].get(k, 0):,}" for c in cols))
     con.print(t)
     rep = r["reproduction"]
     con.print(
         f"replay check: the recording's settings give the recorded mode and reason on "
-        f"{rep['mode_and_reason_match']} of {rep['steps']} steps (padding too: "
-        f"{rep['padding_match']}); {r['kept_as_recorded']} kept as recorded (not decided "
+        f"{rep['mode_and_reason_match']:,} of {rep['steps']:,} steps (padding too: "
+        f"{rep['padding_match']:,}); {r['kept_as_recorded']:,} kept as recorded (not decided "
         "by the batch shape)"
     )
     for m in rep["mismatches"]:
         con.print(
             f"  [red]differs[/] pid {m['pid']} step {m['step']}: recorded {m['recorded']}, "
-            f"replayed {m['replayed']} ({m['num_tokens']} tokens, {m['num_reqs']} reqs)"
+            f"replayed {m['replayed']} ({m['num_tokens']:,} tokens, {m['num_reqs']:,} reqs)"
         )
     if "what-if" in by:
         w, rc = by["what-if"], by["recorded"]
         con.print("[bold]expected change[/] (what-if against the recording):")
         for ch in r["changes"] or [{"from": "", "to": "", "steps": 0}]:
             if ch["steps"]:
-                con.print(f"  {ch['steps']} steps: {ch['from']} → {ch['to']}")
+                con.print(f"  {ch['steps']:,} steps: {ch['from']} → {ch['to']}")
             else:
                 con.print("  no step changes its mode or reason")
         for label, key in (("FULL share", "full_share"), ("padding waste", "padding_waste")):
@@ -236,13 +236,13 @@ def render(r: dict[str, Any], con: Any) -> None:
         con.print(
             f"[bold]suggested graph sizes[/] (at most {s['limit']} each, keeping each "
             f"largest, for the {s['settings']} settings): {lists} — padding "
-            f"{s['padding_tokens']} tokens (now {s['padding_tokens_now']})"
+            f"{s['padding_tokens']:,} tokens (now {s['padding_tokens_now']:,})"
         )
     elif s.get("sizes") and s.get("verified"):
         con.print(
             f"[bold]suggested capture sizes[/] (at most {s['limit']}, keeping the largest "
             f"{s['largest']}, for the {s['settings']} settings): {', '.join(map(str, s['sizes']))}"
-            f" — padding {s['padding_tokens']} tokens (now {s['padding_tokens_now']})"
+            f" — padding {s['padding_tokens']:,} tokens (now {s['padding_tokens_now']:,})"
         )
     elif s.get("sizes"):
         con.print("suggested capture sizes: none verified better than the current ones")
