@@ -19,9 +19,10 @@ message is the ``pip install`` line to run.
 from __future__ import annotations
 
 import importlib
+import itertools
 import socket
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
@@ -248,20 +249,27 @@ def replay(
     chunk with the device timings of its steps; ``progress`` gets a stage of the
     recording's steps, advanced a chunk at a time.
 
+    The processes take turns, a batch each, as a live sink meets them: the ranks of an
+    engine arrive side by side, so a sink matching them (ranks side by side) holds a few
+    batches per rank, not a whole rank's steps.
+
     Returns the number of steps fed. The sink is not closed.
     """
     n = 0
     progress.stage("replaying steps", sum(rec.step_counts().values()), "steps")
-    for info in processes_from_recording(rec):
+    infos = processes_from_recording(rec)
+    for info in infos:
         sink.process(info)
-        chunk: list[Step] = []
-        for s in rec.iter_steps(info.pid):
-            chunk.append(s)
-            if len(chunk) == batch:
+    turns = [(info, rec.iter_steps(info.pid)) for info in infos]
+    while turns:
+        still: list[tuple[ProcessInfo, Iterator[Step]]] = []
+        for info, steps in turns:
+            chunk = list(itertools.islice(steps, batch))
+            if chunk:
                 n += _feed(sink, info, chunk, progress)
-                chunk = []
-        if chunk:
-            n += _feed(sink, info, chunk, progress)
+            if len(chunk) == batch:
+                still.append((info, steps))
+        turns = still
     return n
 
 

@@ -466,9 +466,10 @@ class RankMatcher:
     One host (shared BOOTTIME). An engine's ranks are the processes of one data-parallel
     rank that sent steps; their offsets are read (:func:`align_offsets`) once each has
     :data:`LIVE_ALIGN` steps, and read again when a rank joins. Holds at most ``pending``
-    unmatched steps per rank (the oldest go first): a replay that feeds one process's
-    steps after another's (:func:`exporters.base.replay`) is matched whole only up to
-    that many steps per rank; :func:`per_step` has no such bound.
+    unmatched steps per rank (the oldest go first): a feed of one process's steps after
+    another's would be matched only up to that many steps per rank, so
+    :func:`exporters.base.replay` feeds the processes in turns, a batch each;
+    :func:`per_step` has no such bound.
     """
 
     def __init__(self, *, sync_launch: bool = False, pending: int = 4096) -> None:
@@ -477,6 +478,7 @@ class RankMatcher:
         self._ranks: dict[int, list[RankId]] = {}
         self._steps: dict[int, dict[int, Step]] = {}
         self._offsets: dict[int, tuple[int, ...]] = {}
+        self._unordered: set[int] = set()  # pids whose held steps came out of step order
 
     def add(self, rank: RankId, steps: Sequence[Step]) -> list[tuple[list[RankId], StepRanks]]:
         """Matched steps, each with its engine's ranks (in the order of its tuples)."""
@@ -486,10 +488,16 @@ class RankMatcher:
             members.sort(key=lambda r: (r.pp_rank, r.tp_rank, r.pid))
             self._offsets.pop(rank.dp_rank, None)
         mine = self._steps.setdefault(rank.pid, {})
+        if not mine:
+            self._unordered.discard(rank.pid)
         for s in steps:
+            if mine and s.step < next(reversed(mine)):
+                self._unordered.add(rank.pid)
             mine[s.step] = s
+        # steps held in step order (as they come): the oldest is the first key
+        ordered = rank.pid not in self._unordered
         while len(mine) > self.pending:
-            del mine[min(mine)]
+            del mine[next(iter(mine)) if ordered else min(mine)]
         if len(members) < 2:
             return []
         offsets = self._offsets.get(rank.dp_rank)

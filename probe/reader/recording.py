@@ -717,6 +717,7 @@ class Recording:
         cur = self.db.cursor()
         cur.row_factory = None
         q = f"SELECT {cols} FROM {t.name} {where} ORDER BY pid, step, rowid"
+        has_flags = "flags" in {f.name for f in fields(t.record)}
         for row in cur.execute(q, params):
             pid = rd.value(t.name, row, "pid", row[0], int)
             step = rd.value(t.name, row, "step", row[1], int)
@@ -733,7 +734,7 @@ class Recording:
                     kw[c.attr] = bid
                 else:
                     kw[c.attr] = rd.value(t.name, row, c.name, v, c.kind, min=c.min)
-            if "flags" in {f.name for f in fields(t.record)}:
+            if has_flags:
                 kw["flags"] = int(flags)
             _check_order(rd, t.name, row, kw)
             yield (pid, step), t.record(**kw)

@@ -402,3 +402,53 @@ def test_live_otlp_sink_sends_the_rank_series_on_the_last_ranks_resource() -> No
     assert last == {("0", "start"): 894, ("0", "prepare_inputs"): 4,
                     ("0", "forward_launch"): 1, ("1", "start"): 294}  # fmt: skip
     assert skews == {"0": 899, "1": 294}
+
+
+def _last_rank_total(sink: Any) -> int:
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in sink.exposition().decode().splitlines()
+        if line.startswith("vllm_graph_probe_rank_last_steps_total{")
+    )
+
+
+def test_an_offline_export_matches_every_step_whatever_the_matchers_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The replay behind the textfile and OTLP exports feeds the workers in turns, a batch
+    each, so the live matcher holding only 64 steps per rank still pairs every step the
+    report pairs (fed one worker after the other, it paired at most 64)."""
+    import functools
+
+    import exporters.prometheus as prom
+    from exporters.base import replay
+
+    (e,) = ranks_of_recording(Recording.open(TP2)).engines
+    named = sum(r.last for r in e.ranks)
+    assert named > 1000
+    sinks = []
+    for pending in (4096, 64):
+        monkeypatch.setattr(
+            prom, "RankMatcher", functools.partial(ranks.RankMatcher, pending=pending)
+        )
+        sink = prom.PrometheusSink()
+        replay(Recording.open(TP2), sink, batch=32)
+        sinks.append(sink)
+    assert _last_rank_total(sinks[0]) == _last_rank_total(sinks[1]) == named
+    assert sinks[0].exposition() == sinks[1].exposition()
+
+
+def test_the_matcher_drops_the_oldest_steps_in_any_arrival_order() -> None:
+    """Past its bound a rank's oldest held steps go, whether they came in step order (the
+    first held) or not (the smallest step number)."""
+
+    def held(order: list[int]) -> list[int]:
+        m = ranks.RankMatcher(pending=4)
+        rank = ranks.RankId(1, 0, 0, 0)
+        for k in order:
+            m.add(rank, [_step(1, k, k * 10_000)])
+        return sorted(m._steps[1])
+
+    assert held([1, 2, 3, 4, 5, 6]) == [3, 4, 5, 6]
+    assert held([6, 5, 4, 3, 2, 1]) == [3, 4, 5, 6]
+    assert held([3, 1, 2, 5, 4, 6, 0]) == [3, 4, 5, 6]
