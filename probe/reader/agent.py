@@ -29,7 +29,6 @@ import socket
 import sqlite3
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,10 +219,9 @@ class Agent:
         self.collector = Collector(None, self.sinks, now_ns=now_ns, assemble_s=ASSEMBLE_SLICE_S)
         self.attached: dict[int, Attached] = {}
         self.skipped: dict[int, str] = {}  # pid -> why (attached by another reader, ...)
-        self.ended: Counter[tuple[str, str, str]] = Counter()  # keys whose process ended
-        # processes finished while alive (their hooks went off, a closing server): they
-        # count as ended once they are gone
-        self.left: dict[tuple[str, str, str], set[int]] = {}
+        # per key (run dir, role, rank): the processes finished and not yet succeeded; one
+        # that is gone makes the next new process of its key a restart
+        self.finished: dict[tuple[str, str, str], set[int]] = {}
         self.gone: dict[int, float] = {}  # pid -> when it was finished (series to forget)
         self.counts = {"attaches": 0, "detaches": 0, "restarts": 0}
         self.steps_done = 0  # steps of the processes already finished
@@ -305,12 +303,8 @@ class Agent:
                 fd = os.open(ring, OPEN_FLAGS)
             self.collector.add_ring(ring, fd)
             key = (str(run_dir), a.role, a.rank_label)
-            self._settle(key, a.pid)
-            restart = self.ended[key] > 0
+            restart = self._succeeds(key, a.pid)
             if restart:
-                self.ended[key] -= 1
-                if not self.ended[key]:
-                    del self.ended[key]
                 self.counts["restarts"] += 1
                 self._event("restarts")
             now = self.clock()
@@ -344,28 +338,27 @@ class Agent:
         self.counts["detaches"] += 1
         self._event("detaches")
         self._event("attached", len(self.attached))
-        if why == "exited":
-            self.ended[att.key] += 1
-        else:
-            self.left.setdefault(att.key, set()).add(pid)
+        self.finished.setdefault(att.key, set()).add(pid)
         self.say(f"detached pid {pid} ({att.armed.role} {att.armed.rank_label}): {why}; "
                  f"{steps:,} steps, {dropped:,} dropped")  # fmt: skip
 
-    def _settle(self, key: tuple[str, str, str], new_pid: int) -> None:
-        """Before ``new_pid`` is taken for ``key``: its predecessors that are gone count as
-        ended, whichever order this turn met them in (the old one still attached, or
-        finished earlier while its hooks went off as it closed)."""
+    def _succeeds(self, key: tuple[str, str, str], new_pid: int) -> bool:
+        """Whether ``new_pid`` takes the place of a process of ``key`` that is gone (one
+        predecessor per successor), whichever order this turn met them in: the old one
+        still attached, or finished earlier (exited, or its hooks went off as it closed)."""
         for pid, att in list(self.attached.items()):
             if att.key == key and pid != new_pid and not pid_alive(pid):
                 self._finish(pid, "exited")
-        left = self.left.get(key)
-        if left is not None:
-            left.discard(new_pid)  # the same process enabled again: no restart
-            for pid in [p for p in left if not pid_alive(p)]:
-                left.discard(pid)
-                self.ended[key] += 1
-            if not left:
-                del self.left[key]
+        before = self.finished.get(key)
+        if before is None:
+            return False
+        before.discard(new_pid)  # the same process enabled again: no restart
+        gone = min((p for p in before if not pid_alive(p)), default=None)
+        if gone is not None:
+            before.discard(gone)
+        if not before:
+            del self.finished[key]
+        return gone is not None
 
     def check(self) -> None:
         """Finish the processes that ended, or whose hooks went off without us (their
