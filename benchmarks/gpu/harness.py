@@ -849,6 +849,7 @@ def out_of_time(deadline: float, started: float, done: int) -> bool:
 
 
 def run_ab(a: Engine, b: Engine, reps: int, deadline: float = float("inf")) -> dict[str, Any]:
+    """Both arms' engines up at once, their repetitions interleaved (A B, B A, ...)."""
     results: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
     started = time.time()
     for i in range(reps):
@@ -860,24 +861,54 @@ def run_ab(a: Engine, b: Engine, reps: int, deadline: float = float("inf")) -> d
             r = eng.run(rep=i, probe="attached", seed=100 + i)
             results[arm].append(r)
             log(f"ab rep {i} {arm} {eng.label}: {r['tok_s']:.0f} tok/s")
+    return ab_result(a, b, results)
+
+
+def run_ab_sequential(
+    start: Any, names: tuple[str, str], reps: int, deadline: float = float("inf")
+) -> dict[str, Any]:
+    """One arm's engine at a time (A's repetitions, then B's), for a model whose two
+    engines do not fit the GPU together. ``start(name)`` starts an engine; each is closed
+    after its repetitions, its recording complete."""
+    results: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
+    engines = []
+    for arm, name in zip(("A", "B"), names, strict=True):
+        eng = start(name)
+        started = time.time()
+        for i in range(reps):
+            if out_of_time(deadline, started, i):
+                log(f"ab: {arm} stopping after {i} repetitions (deadline)")
+                break
+            r = eng.run(rep=i, probe="attached", seed=100 + i)
+            results[arm].append(r)
+            log(f"ab rep {i} {arm} {eng.label}: {r['tok_s']:.0f} tok/s")
+        eng.close()
+        engines.append(eng)
+    return ab_result(engines[0], engines[1], results)
+
+
+def ab_result(a: Engine, b: Engine, results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     ta = [r["tok_s"] for r in results["A"]]
     tb = [r["tok_s"] for r in results["B"]]
+    arms = {}
+    for arm, eng in (("A", a), ("B", b)):
+        rs = results[arm]
+        arms[arm] = {
+            "scenario": eng.ready["scenario"],
+            "tok_s": spread([r["tok_s"] for r in rs]),
+            "init_s": eng.ready["init_s"],
+            "recording": eng.recording.name,
+            # each repetition's window on CLOCK_BOOTTIME, its wall time and output tokens:
+            # split_reps.py cuts the recording into one recording a repetition by these
+            "windows": [r["boottime"] for r in rs],
+            "elapsed_s": [r["elapsed_s"] for r in rs],
+            "out_tokens": [r["out_tokens"] for r in rs],
+            "tokens_sha": [r["tokens_sha"] for r in rs],
+        }
     return {
-        "A": {
-            "scenario": a.ready["scenario"],
-            "tok_s": spread(ta),
-            "init_s": a.ready["init_s"],
-            "recording": a.recording.name,
-            "windows": [r["boottime"] for r in results["A"]],
-        },
-        "B": {
-            "scenario": b.ready["scenario"],
-            "tok_s": spread(tb),
-            "init_s": b.ready["init_s"],
-            "recording": b.recording.name,
-            "windows": [r["boottime"] for r in results["B"]],
-        },
-        "ratio_B_over_A": statistics.median(tb) / statistics.median(ta),
+        **arms,
+        "ratio_B_over_A": statistics.median(tb) / statistics.median(ta) if ta and tb else None,
+        "snapshots": {"A": a.ready.get("snapshot"), "B": b.ready.get("snapshot")},
         "paired_ratios": [y / x for x, y in zip(ta, tb, strict=False)],
     }
 
@@ -977,7 +1008,7 @@ EXPERIMENT_KEYS = {
     "stepwise": {"variants", "variant_s", "budget_s"},
     "groundtruth": {"budget_s"},
     "record": {"reps", "run", "budget_s"},
-    "ab": {"a", "b", "reps", "budget_s"},
+    "ab": {"a", "b", "reps", "budget_s", "sequential"},
 }
 VARIANT_KEYS = {
     "design", "block", "bare_timer", "generates", "null", "gpu_timing", "exclude",
@@ -1112,12 +1143,15 @@ def suite(args: argparse.Namespace) -> None:
                     for i in range(int(exp.get("reps", 1)))
                 ]
                 res = {"runs": runs, "recording": e.recording.name}
+            elif exp["kind"] == "ab" and exp.get("sequential"):
+                res = run_ab_sequential(
+                    lambda name: (engine(name), engines.pop(name))[1],
+                    (exp["a"], exp["b"]),
+                    exp.get("reps", 5),
+                    deadline,
+                )
             elif exp["kind"] == "ab":
                 res = run_ab(engine(exp["a"]), engine(exp["b"]), exp.get("reps", 5), deadline)
-                res["snapshots"] = {
-                    "A": engines[exp["a"]].ready.get("snapshot"),
-                    "B": engines[exp["b"]].ready.get("snapshot"),
-                }
             else:
                 raise ValueError(f"unknown experiment kind {exp['kind']}")
             summary["experiments"].append({**exp, "result": res})
