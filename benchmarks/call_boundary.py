@@ -181,7 +181,7 @@ def _inframe_method(core: Any, phase: int) -> Callable[..., Any]:
             t0 = clk(boot)
         r = x  # vLLM's body
         if on:
-            put(core.step, phase, t0, clk(boot), 0, 0, 0)
+            put(core.step, phase, t0, clk(boot), 0, 0, 0, 0)
         return r
 
     return m

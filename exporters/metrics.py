@@ -174,8 +174,9 @@ _DEFS = (
         "engine_idle_seconds_total",
         "counter",
         "s",
-        "Gaps between two steps of a rank of probe.analysis.rules.ENGINE_IDLE_GAP_NS or more: the "
-        "engine with nothing scheduled (not host-bound time).",
+        "Gaps between two steps of a rank with nothing in flight (the step after it carried "
+        "over no request; probe.analysis.rules.engine_idle): not serving time, not host-bound "
+        "time.",
     ),
     _m(
         "draft_steps_total",
@@ -439,8 +440,8 @@ def updates(
     calls = [0, 0, 0, 0]  # span, hook calls of steady steps; of warm-up steps
     for s in steps:
         got = cl.get(s.pid, s.step)
-        steady, _, period, gap = got if got is not None else (False, False, 0, 0)
-        if gap >= rules.ENGINE_IDLE_GAP_NS:
+        steady, idle, period, gap = got if got is not None else (False, False, 0, 0)
+        if idle:
             yield u("engine_idle_seconds_total", gap / 1e9)
         if s.mode is None:
             continue  # no forward ran (not counted by any hit rate)

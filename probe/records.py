@@ -32,10 +32,10 @@ unknown. STRING and BLOB records reuse bytes 8..63 as 56 bytes of UTF-8 payload.
 Example::
 
     >>> put = packers(lambda *rec: print(rec))
-    >>> put.span(7, 4, 100, 250, 0, 0, 0)
+    >>> put.span(7, 4, 100, 250, 0, 0, 0, 0)
     (1, 4, 0, 0, 7, 100, 250, 0, 0, 0, 0, 0)
     >>> decode(encode(1, 4, 0, 0, 7, 100, 250))
-    Span(step=7, phase=<Phase.DISPATCH: 4>, t0=100, t1=250, flags=0, v0=0, v1=0)
+    Span(step=7, phase=<Phase.DISPATCH: 4>, t0=100, t1=250, flags=0, v0=0, v1=0, v2=0)
 
 Adding a field: add it to the dataclass with :func:`at` naming a free slot (or half
 slot); the packers, the decoder, the round-trip test (``tests/engine/test_records.py``) and the
@@ -279,6 +279,12 @@ class Span:
     flags: int = at("c", default=0)
     v0: int = at("v0", unit="tokens", doc="EXECUTE: total scheduled tokens", default=0)
     v1: int = at("v1", unit="requests", doc="EXECUTE: scheduled requests", default=0)
+    v2: int = at(
+        "v2",
+        unit="requests",
+        doc="EXECUTE: scheduled requests carried over from an earlier step (not new); -1 unknown",
+        default=-1,
+    )
 
     @property
     def dur_ns(self) -> int:

@@ -68,6 +68,10 @@ class Step:
     step (None until then, and on engines without device timing): ``gpu_busy_ns`` is the
     forward's busy time, ``gpu_idle_before_ns`` the gap since the previous step's last
     event, ``gpu_step_ns`` the step's span on the stream (first to last event).
+    ``carried_reqs`` is how many of the step's requests were scheduled before it (carried
+    over, running), the rest new this step: 0 means nothing was in flight in the gap
+    before the step (the engine-idle rule, :mod:`probe.analysis.rules`); None where it
+    was not recorded (recordings of schema version 1).
     """
 
     pid: int
@@ -96,6 +100,7 @@ class Step:
     draft_reason: Reason | None = None
     draft_replays: int = 0
     draft_dispatches: int = 0
+    carried_reqs: int | None = None
     runner: Annotated[str, Col(choices=("v1", "mrv2"))] = "v1"
     spans: tuple[Span, ...] = ()
     builds: tuple[Build, ...] = ()
@@ -140,7 +145,7 @@ _STEP_REQUIRED = frozenset(k for k, v in _STEP_TEMPLATE.items() if v is _REQUIRE
 
 
 def new_step(**kw: typing.Any) -> Step:
-    """``Step(**kw)``, built without the frozen dataclass's ``__init__``, which sets its 32
+    """``Step(**kw)``, built without the frozen dataclass's ``__init__``, which sets its 33
     fields one ``object.__setattr__`` at a time (once per step in the reader; this takes
     about half as long). The same fields, defaults and errors for a missing or unknown
     field; ``tests/reader/test_assemble.py`` compares the two."""

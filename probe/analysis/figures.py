@@ -339,8 +339,7 @@ def verdict(
     if g["engine_idle_gaps"]:
         out.append(
             f"engine idle {g['engine_idle_ns'] / 1e9:,.1f} s in {g['engine_idle_gaps']:,} gap(s) "
-            f"of {g['engine_idle_threshold_ns'] / 1e6:g} ms or more (nothing scheduled): "
-            "apart from the GPU idle share and the host-bound verdict"
+            f"{idle_rule_words(g)}: apart from the GPU idle share and the host-bound verdict"
         )
     if g["host_bound_share"] is not None:
         n = g["idle_before_ns"]["n"]
@@ -447,8 +446,35 @@ def _gpu(st: Acc, ranks: Sequence[Any]) -> dict[str, Any]:
         # engine idle before every step (warm-up and no-forward ones too): nothing to run
         "engine_idle_ns": sum(r.idle_ns for r in ranks),
         "engine_idle_gaps": sum(r.idle_gaps for r in ranks),
+        "engine_idle_rule": _idle_rule(ranks),
         "engine_idle_threshold_ns": rules.ENGINE_IDLE_GAP_NS,
     }
+
+
+def idle_rule_words(g: Mapping[str, Any]) -> str:
+    """How the engine-idle gaps of ``g`` (the figures' ``gpu``) were judged, in words, for
+    every surface that prints them."""
+    rule = g.get("engine_idle_rule", "host_gap")
+    gap = f"of {g['engine_idle_threshold_ns'] / 1e6:g} ms or more between steps"
+    if rule == "engine_state":
+        return "with no request in flight (the engine's state)"
+    if rule == "mixed":
+        return (
+            "with no request in flight (the engine's state; steps recorded without it: "
+            f"gaps {gap}, the fallback)"
+        )
+    return f"{gap} (fallback rule: recorded without the engine's state)"
+
+
+def _idle_rule(ranks: Sequence[Any]) -> str:
+    """Which engine-idle rule judged the gaps between steps
+    (:func:`probe.analysis.rules.engine_idle`): ``engine_state`` (the steps carry
+    ``carried_reqs``), ``host_gap`` (the fallback: recorded without it), ``mixed``."""
+    by_gap = sum(r.by_gap for r in ranks)
+    by_state = sum(r.by_state for r in ranks)
+    if by_gap and by_state:
+        return "mixed"
+    return "host_gap" if by_gap else "engine_state"
 
 
 def _throughput(st: Acc) -> dict[str, Any]:

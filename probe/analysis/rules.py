@@ -9,10 +9,15 @@
   over :data:`FIRST_USE_SLOWER` times the median host time of the rank's steady steps of
   the same mode (of all its steady steps when the mode has no other), and over
   :data:`FIRST_USE_MIN_NS`. Every other forward step is steady state.
-- **Engine idle** (:data:`ENGINE_IDLE_GAP_NS`): a host gap of at least this long between
-  two consecutive steps of a rank (the end of one to the start of the next) is the engine
-  with nothing scheduled; the step after it does not count in the GPU idle share or the
-  host-bound verdict, and the gap is reported as engine idle time.
+- **Engine idle** (:func:`engine_idle`): the gap between two consecutive steps of a rank
+  (the end of one to the start of the next) is the engine with nothing in flight when the
+  step after it carried over no request from an earlier one (``Step.carried_reqs`` 0:
+  every request it runs is new, so none was running in the gap). The step after it does
+  not count in the GPU idle share or the host-bound verdict, and the gap is reported as
+  engine idle time. A gap before a step that carried requests over is serving time,
+  however long: the host waiting for the GPU (a large prefill on a large model takes
+  hundreds of ms) while requests run. Recordings without the engine's state (schema
+  version 1) fall back to the host gap's length, :data:`ENGINE_IDLE_GAP_NS` or more.
 - **Host-bound** (:data:`HOST_BOUND_SHARE`, :func:`host_bound`): a step is host-bound when
   the GPU sat idle before it for more than this share of the step period (the idle gap plus
   the step's span on the device), the engine not idle.
@@ -31,6 +36,7 @@ __all__ = [
     "RULES",
     "STEADY",
     "WARMUP_WHY",
+    "engine_idle",
     "first_use_slow",
     "host_bound",
 ]
@@ -39,9 +45,10 @@ __all__ = [
 #: step period (idle gap + the step's span on the device)
 HOST_BOUND_SHARE = 0.10
 
-#: a host gap between two steps of a rank of at least this long is engine idle: a serving
-#: engine with work runs its next step within a few milliseconds (one scheduler pass); a
-#: tenth of a second with nothing launched is the engine waiting for requests
+#: the fallback engine-idle rule, for steps recorded without the engine's state
+#: (``carried_reqs``, schema version 1): a host gap between two steps of a rank of at
+#: least this long is engine idle. It reads a long wait for the GPU (a large prefill on a
+#: large model) as idle too, which the engine's state does not
 ENGINE_IDLE_GAP_NS = 100_000_000
 
 #: a first use of a shape is warm-up only when its host time is over this many times the
@@ -79,9 +86,11 @@ RULES = {
     f"{FIRST_USE_SLOWER:g}x the steady median of its mode on the rank and over "
     f"{FIRST_USE_MIN_NS / 1e6:g} ms (compile/JIT cost); "
     "every other forward step is steady state",
-    "engine_idle": f"engine idle: a gap of {ENGINE_IDLE_GAP_NS / 1e6:g} ms or more between "
-    "two steps of a rank (nothing scheduled); reported apart, and the step after it counts "
-    "in neither the GPU idle share nor the host-bound verdict",
+    "engine_idle": "engine idle: the gap before a step that carried over no request from "
+    "an earlier step (nothing in flight); reported apart, and the step after it counts in "
+    "neither the GPU idle share nor the host-bound verdict; a gap while requests run (the "
+    "host waiting for the GPU) is serving time; steps recorded without the engine's state "
+    f"fall back to a gap of {ENGINE_IDLE_GAP_NS / 1e6:g} ms or more",
     "host_bound": f"host-bound: the GPU idle before a step over {HOST_BOUND_SHARE:.0%} of "
     "the step period (idle gap + the step on the device), the engine not idle",
 }
@@ -90,6 +99,19 @@ RULES = {
 def host_bound(idle_before_ns: Any, step_ns: Any, share: float = HOST_BOUND_SHARE) -> Any:
     """:data:`HOST_BOUND_SHARE`'s test: scalars or numpy arrays alike."""
     return idle_before_ns > share * (idle_before_ns + step_ns)
+
+
+def engine_idle(gap_ns: Any, carried_reqs: Any) -> Any:
+    """The engine-idle test of the gap before a step: the step carried over no request
+    (``carried_reqs`` 0); where it was not recorded (below 0 in columns, None for one
+    step) the gap is :data:`ENGINE_IDLE_GAP_NS` or more. Scalars or numpy arrays alike."""
+    if carried_reqs is None:
+        return gap_ns >= ENGINE_IDLE_GAP_NS
+    if isinstance(carried_reqs, int):
+        return carried_reqs == 0 if carried_reqs >= 0 else gap_ns >= ENGINE_IDLE_GAP_NS
+    import numpy as np
+
+    return np.where(carried_reqs >= 0, carried_reqs == 0, gap_ns >= ENGINE_IDLE_GAP_NS)
 
 
 def first_use_slow(host_ns: int, median: float | None) -> bool:

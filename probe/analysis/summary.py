@@ -103,6 +103,7 @@ def columns_of_steps(
         "host_ns": arr(s.host_ns for s in steps),
         "num_tokens": arr(s.num_tokens for s in steps),
         "num_reqs": arr(s.num_reqs for s in steps),
+        "carried_reqs": arr(opt(s.carried_reqs) for s in steps),
         "max_query_len": arr(s.max_query_len for s in steps),
         "mode": arr(opt(s.mode) for s in steps),
         "reason": arr(opt(s.reason) for s in steps),
@@ -142,11 +143,15 @@ class _Rank:
     replayed: bool = False
     first_step: int | None = None
     seen: set[int] = field(default_factory=set)
+    #: gaps judged by the engine's state (``carried_reqs``), and by the fallback rule
+    #: (the step after the gap recorded without it)
+    by_state: int = 0
+    by_gap: int = 0
 
     def copy(self) -> _Rank:
         return _Rank(
             self.prev_t1, self.idle_ns, self.idle_gaps, self.replayed, self.first_step,
-            set(self.seen),
+            set(self.seen), self.by_state, self.by_gap,
         )  # fmt: skip
 
 
@@ -215,12 +220,24 @@ class Summary(FiguresOf):
                 prev[i] = r.prev_t1
                 has_prev[i] = True
         gap = np.where(has_prev, t0 - prev, 0)
-        idle = has_prev & (gap >= rules.ENGINE_IDLE_GAP_NS)
+        carried = cols.get("carried_reqs")
+        if carried is None:  # columns without the engine's state
+            carried = np.full(n, -1, dtype=np.int64)
+        idle = has_prev & rules.engine_idle(gap, carried)
         period = np.where(has_prev & ~idle, t1 - prev, t1 - t0)
         for j in np.flatnonzero(idle):
             r = self.ranks[int(pid[j])]
             r.idle_ns += int(gap[j])
             r.idle_gaps += 1
+        for known in (True, False):
+            judged = has_prev & ((carried >= 0) == known)
+            pids, counts = np.unique(pid[judged], return_counts=True)
+            for p, c in zip(pids, counts, strict=True):
+                r = self.ranks[int(p)]
+                if known:
+                    r.by_state += int(c)
+                else:
+                    r.by_gap += int(c)
         ends = np.append(starts[1:], n) - 1
         for i in ends:
             self.ranks[int(pid[i])].prev_t1 = int(t1[i])
@@ -533,6 +550,8 @@ class Summary(FiguresOf):
                 continue
             mine.idle_ns += r.idle_ns
             mine.idle_gaps += r.idle_gaps
+            mine.by_state += r.by_state
+            mine.by_gap += r.by_gap
             if r.replayed and not mine.replayed:
                 out._resolve_pending(pid)
             mine.replayed |= r.replayed

@@ -30,6 +30,7 @@ from typing import Any
 
 from probe.analysis import rules
 from probe.analysis.cost import calibration_of, cost_line, hooked_calls, probe_cost
+from probe.analysis.figures import idle_rule_words
 from probe.analysis.summary import REASON_TEXT
 from probe.step import PHASES, GpuSample, Step
 
@@ -50,6 +51,7 @@ __all__ = [
     "hit_rates",
     "hooked_calls",
     "host_bound",
+    "idle_rule_words",
     "is_steady",
     "miss_reasons",
     "percentile",

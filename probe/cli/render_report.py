@@ -35,7 +35,8 @@ def build_report(rec: Recording | Sequence[Recording]) -> dict[str, Any]:
     steady steps), ``phases``, ``gpu``, ``throughput``, ``probe_cost``, ``verdict`` and
     each rank's; ``hit_rates_all`` and ``miss_reasons`` count every forward step (with the
     steady ones), ``warmup`` holds the steps apart with their own figures, ``gpu``'s
-    ``engine_idle_*`` the gaps with nothing scheduled.
+    ``engine_idle_*`` the gaps with nothing in flight (``engine_idle_rule``: how they were
+    judged, :func:`probe.analysis.rules.engine_idle`).
     """
     from probe.analysis.summary import verdict
     from probe.analysis.summary_read import summarize_recordings
@@ -300,9 +301,9 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
     if "engine_idle_ns" in gpu:
         tail.add_row(
             "engine idle",
-            f"{gpu['engine_idle_ns'] / 1e9:,.2f} s in {gpu['engine_idle_gaps']:,} gap(s) of "
-            f"{gpu['engine_idle_threshold_ns'] / 1e6:g} ms or more between steps (nothing "
-            "scheduled; not in the GPU idle share or the host-bound verdict)",
+            f"{gpu['engine_idle_ns'] / 1e9:,.2f} s in {gpu['engine_idle_gaps']:,} gap(s) "
+            f"{analysis.idle_rule_words(gpu)}; not in the GPU idle share or the host-bound "
+            "verdict",
         )
     drops = sum(p.get("dropped") or 0 for p in rep["processes"])
     faults = sum(f["count"] for f in rep["faults"])

@@ -317,6 +317,9 @@ class StepAssembler:
             host_ns=host,
             num_tokens=ex_rec.v0 if ex_rec is not None else 0,
             num_reqs=ex_rec.v1 if ex_rec is not None else 0,
+            carried_reqs=(
+                ex_rec.v2 if ex_rec is not None and 0 <= ex_rec.v2 <= ex_rec.v1 else None
+            ),
             mode=mode,
             reason=d.reason if d is not None else None,
             padded_tokens=d.padded_tokens if d is not None else 0,

@@ -1,4 +1,4 @@
-"""The recording file: one SQLite database per session (schema version 1).
+"""The recording file: one SQLite database per session (schema version 2; version 1 reads).
 
 Queryable with standard tools (``sqlite3``, pandas, DuckDB) and crash-safe: it is written
 in WAL mode by the reader process and committed every half second, so a crash of either
@@ -42,9 +42,12 @@ from probe.reader.recording_schema import (
     DDL,
     DETAIL_TABLES,
     INDEXES,
+    READ_VERSIONS,
     SCHEMA_VERSION,
     TABLES,
     DetailTable,
+    absent_columns,
+    upgrade_sql,
 )
 from probe.records import (
     Build,
@@ -451,9 +454,10 @@ def _columns() -> dict[str, list[str]]:
         return {t: [r[1] for r in db.execute(f"PRAGMA table_info({t})")] for t in TABLES}
 
 
-def _check_schema(p: Path, db: sqlite3.Connection) -> None:
+def _check_schema(p: Path, db: sqlite3.Connection, version: int = SCHEMA_VERSION) -> None:
     """Refuse anything but this schema's tables and indexes (a view, a trigger, a table
-    that is not ours, a column missing)."""
+    that is not ours, a column missing; a file of an earlier ``version`` lacks the
+    columns added since, :func:`probe.reader.recording_schema.absent_columns`)."""
     objects = {(r[0], r[1]) for r in db.execute("SELECT type, name FROM sqlite_master")}
     missing = sorted(t for t in TABLES if ("table", t) not in objects)
     if missing:
@@ -471,9 +475,10 @@ def _check_schema(p: Path, db: sqlite3.Connection) -> None:
     )
     if foreign:
         raise RecordingError(f"{p}: not a probe recording (it also holds {', '.join(foreign)})")
+    later = set(absent_columns(version))
     for table, cols in _columns().items():
         have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
-        lost = [c for c in cols if c not in have]
+        lost = [c for c in cols if c not in have and not (table == "steps" and c in later)]
         if lost:
             raise RecordingError(
                 f"{p}: damaged or incomplete recording (table {table} has no {', '.join(lost)})"
@@ -572,7 +577,11 @@ class Recording:
         p = Path(path)
         db = _connect_read_only(p)
         try:
-            cls._validate(p, db)
+            version = cls._validate(p, db)
+            have = {r[1] for r in db.execute("PRAGMA table_info(steps)")}
+            upgrade = upgrade_sql(version, have)
+            if upgrade is not None:
+                db.execute(upgrade)
         except BaseException:
             db.close()
             raise
@@ -580,7 +589,8 @@ class Recording:
         return cls(p, db)
 
     @staticmethod
-    def _validate(p: Path, db: sqlite3.Connection) -> None:
+    def _validate(p: Path, db: sqlite3.Connection) -> int:
+        """Check the file; its schema version."""
         try:
             app = db.execute("PRAGMA application_id").fetchone()[0]
             ver = db.execute("PRAGMA user_version").fetchone()[0]
@@ -588,18 +598,20 @@ class Recording:
             raise damaged_error(p, exc) from None
         if app != APPLICATION_ID:
             raise RecordingError(f"{p}: an SQLite database, but not a probe recording")
-        if ver != SCHEMA_VERSION:
+        if ver not in READ_VERSIONS:
+            read = " and ".join(str(v) for v in READ_VERSIONS)
             raise RecordingError(
-                f"{p}: recording schema version {ver}; this probe reads version {SCHEMA_VERSION}"
+                f"{p}: recording schema version {ver}; this probe reads versions {read}"
             )
         try:
             check = db.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise damaged_error(p, RuntimeError(check))
-            _check_schema(p, db)
+            _check_schema(p, db, ver)
             _check_pids(p, db)
         except SQLITE_DAMAGED as exc:
             raise damaged_error(p, exc) from None
+        return int(ver)
 
     def _rows(self, sql: str) -> list[Any]:
         """All rows of ``sql``; what SQLite raises on a damaged file is a RecordingError."""

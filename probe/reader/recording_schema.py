@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +26,31 @@ from probe.records import (
 )
 from probe.step import STEP_COLUMNS
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 APPLICATION_ID = 0x56475052  # "VGPR"
+
+#: the ``steps`` columns added since version 1, with the version that added them: a file
+#: of an earlier version has none of them, and reads them as NULL (not recorded)
+ADDED_COLUMNS: dict[str, int] = {"carried_reqs": 2}
+#: the schema versions this probe reads (it writes :data:`SCHEMA_VERSION`)
+READ_VERSIONS: tuple[int, ...] = (1, 2)
+
+
+def absent_columns(version: int) -> tuple[str, ...]:
+    """The ``steps`` columns a file of schema ``version`` does not have."""
+    return tuple(c for c, v in ADDED_COLUMNS.items() if v > version)
+
+
+def upgrade_sql(version: int, have: Collection[str]) -> str | None:
+    """SQL that makes a file of an earlier ``version`` whose ``steps`` table has the
+    columns ``have`` read as this version on a read-only connection: a temporary ``steps``
+    view over the file's table (unqualified names find the temporary schema first), with
+    each column it lacks as NULL. None when nothing is missing."""
+    absent = [c for c in absent_columns(version) if c not in have]
+    if not absent:
+        return None
+    nulls = ", ".join(f"NULL AS {c}" for c in absent)
+    return f"CREATE TEMP VIEW steps AS SELECT *, {nulls} FROM main.steps"
 
 
 # -- the per-step detail tables ---------------------------------------------------------------

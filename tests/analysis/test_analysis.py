@@ -69,7 +69,7 @@ def _after_idle(steps: list[Step]) -> dict[tuple[int, int], int]:
     out = {}
     prev: dict[int, int] = {}
     for s in sorted(steps, key=lambda s: (s.pid, s.step)):
-        if s.pid in prev and s.t0 - prev[s.pid] >= rules.ENGINE_IDLE_GAP_NS:
+        if s.pid in prev and rules.engine_idle(s.t0 - prev[s.pid], s.carried_reqs):
             out[(s.pid, s.step)] = s.t0 - prev[s.pid]
         prev[s.pid] = s.t1
     return out

@@ -195,7 +195,7 @@ def test_gpu_idle_share_is_idle_over_the_step_period() -> None:
     prev: int | None = None
     timed = []
     for s, ok in zip(steps, steady, strict=True):
-        after_idle = prev is not None and s.t0 - prev >= rules.ENGINE_IDLE_GAP_NS
+        after_idle = prev is not None and bool(rules.engine_idle(s.t0 - prev, s.carried_reqs))
         prev = s.t1
         timing = s.gpu_idle_before_ns is not None and s.gpu_step_ns is not None
         if ok and timing and not after_idle:

@@ -353,12 +353,13 @@ def test_iter_steps_gives_back_the_steps_written(tmp_path: Path) -> None:
     finally:
         rec.close()
 
-    # what the recording does not keep: a span's v0/v1 (the step's num_tokens/num_reqs
-    # carry them) and the ring's builder ids (names are stored; ids are the recording's)
+    # what the recording does not keep: a span's v0/v1/v2 (the step's num_tokens,
+    # num_reqs and carried_reqs carry them) and the ring's builder ids (names are stored;
+    # ids are the recording's)
     def kept(s: Step) -> Step:
         return replace(
             s,
-            spans=tuple(replace(x, v0=0, v1=0) for x in s.spans),
+            spans=tuple(replace(x, v0=0, v1=0, v2=-1) for x in s.spans),
             builds=tuple(replace(b, builder_id=0) for b in s.builds),
         )
 

@@ -318,6 +318,7 @@ PyMODINIT_FUNC PyInit__accel(void) {
     if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL;
     INTERN(S_total, "total_num_scheduled_tokens");
     INTERN(S_num_sched, "num_scheduled_tokens");
+    INTERN(S_new_reqs, "scheduled_new_reqs");
     INTERN(S_on_first_step, "on_first_step");
     INTERN(S_num_reqs, ARG_NUM_REQS);
     INTERN(S_num_tokens, ARG_NUM_TOKENS);

@@ -4,7 +4,7 @@
 #ifndef PROBE_ACCEL_GEN_H
 #define PROBE_ACCEL_GEN_H
 
-#define DECLARATION "9ba870e32bd0373f"
+#define DECLARATION "837a56b639f44103"
 
 /* the ring's header: its size and the 64-bit words the writer uses (probe/ring.py) */
 #define HEADER 128
@@ -109,11 +109,11 @@
 #define ARG_NEED_EAGER "need_eager"
 
 /* one staging function per record kind: STAGE_<KIND>(ring, .field = value, ...) */
-/* SPAN: RT.put.span(step, phase, t0, t1, flags, v0, v1) */
+/* SPAN: RT.put.span(step, phase, t0, t1, flags, v0, v1, v2) */
 typedef struct {
-    long long step, phase, t0, t1, flags, v0, v1;
+    long long step, phase, t0, t1, flags, v0, v1, v2;
 } rec_span;
-#define SPAN_FIELDS 7
+#define SPAN_FIELDS 8
 #define SPAN_F_STEP 0
 #define SPAN_F_PHASE 1
 #define SPAN_F_T0 2
@@ -121,9 +121,10 @@ typedef struct {
 #define SPAN_F_FLAGS 4
 #define SPAN_F_V0 5
 #define SPAN_F_V1 6
+#define SPAN_F_V2 7
 static inline void put_span(uint8_t *p, const rec_span *x) {
     uint32_t s = (uint32_t)(x->step);
-    int64_t v[7] = {x->t0, x->t1, x->v0, x->v1, 0, 0, 0};
+    int64_t v[7] = {x->t0, x->t1, x->v0, x->v1, x->v2, 0, 0};
     p[OFF_KIND] = KIND_SPAN;
     p[OFF_A] = (uint8_t)(x->phase);
     p[OFF_B] = (uint8_t)(0);

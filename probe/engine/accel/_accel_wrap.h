@@ -37,6 +37,9 @@ static PyTypeObject GateType;
 
 /* No compiled ring bound (a Python writer is attached): write through ``core.put.span``
    like the Python hook would, keeping vLLM's exception (if any) as it was. */
+#if SPAN_FIELDS != 8
+#error "span_fallback passes 8 values to RT.put.span: update it with the SPAN declaration"
+#endif
 static void span_fallback(CoreObject *c, int phase, int flags, long long step, int64_t t0,
                           int64_t t1) {
     PyObject *et, *ev, *tb;
@@ -46,8 +49,9 @@ static void span_fallback(CoreObject *c, int phase, int flags, long long step, i
         PyObject *fn = PyObject_GetAttrString(put, "span");
         Py_DECREF(put);
         if (fn != NULL) {
-            PyObject *r = PyObject_CallFunction(fn, "LiLLiii", step, phase, (long long)t0,
-                                                (long long)t1, flags, 0, 0);
+            /* RT.put.span(step, phase, t0, t1, flags, v0, v1, v2): SPAN_FIELDS values */
+            PyObject *r = PyObject_CallFunction(fn, "LiLLiiii", step, phase, (long long)t0,
+                                                (long long)t1, flags, 0, 0, 0);
             Py_XDECREF(r);
             Py_DECREF(fn);
         }
@@ -214,7 +218,7 @@ static PyTypeObject GateType =
 /* cannot read), so both write the same records.                                       */
 /* ---------------------------------------------------------------------------------- */
 
-static PyObject *S_total, *S_num_sched, *S_on_first_step, *S_num_reqs, *S_num_tokens,
+static PyObject *S_total, *S_num_sched, *S_new_reqs, *S_on_first_step, *S_num_reqs, *S_num_tokens,
     *S_cg_mode, *S_uniform_decode, *S_udql, *S_dql, *S_uniform_token_count, *S_max_query_len,
     *S_dummy_run, *S_is_profile, *S_timer_tick, *S_graph_ctx, *S_keys_init, *S_cudagraph_mode;
 
@@ -281,9 +285,10 @@ static int has_first_step(CoreObject *c) {
 }
 
 /* The step bracket's original, inside the step and timed first and last thing, and its
-   SPAN record (v0, v1: execute_model's tokens and requests) */
+   SPAN record (v0, v1, v2: execute_model's tokens, requests and requests carried over) */
 static PyObject *in_step_call(WrapObject *self, PyObject *const *args, size_t nargsf,
-                              PyObject *kwnames, int phase, long long v0, long long v1) {
+                              PyObject *kwnames, int phase, long long v0, long long v1,
+                              long long v2) {
     CoreObject *c = self->core;
     c->in_step++;
     int64_t t0 = now_ns(c);
@@ -292,7 +297,7 @@ static PyObject *in_step_call(WrapObject *self, PyObject *const *args, size_t na
     c->in_step--;
     if (c->ring != NULL)
         STAGE_SPAN(c->ring, .step = c->step, .phase = phase, .flags = self->mrv2 ? FLAG_MRV2 : 0,
-                   .t0 = t0, .t1 = t1, .v0 = v0, .v1 = v1);
+                   .t0 = t0, .t1 = t1, .v0 = v0, .v1 = v1, .v2 = v2);
     return res;
 }
 
@@ -323,17 +328,30 @@ static PyObject *step_call(WrapObject *self, PyObject *const *args, size_t nargs
         Py_ssize_t nreq = PyObject_Size(sched);
         Py_DECREF(sched);
         if (nreq < 0) goto slow_clear;
+        /* carried over: scheduled before, not new this step (-1: unknown) */
+        long long carried = -1;
+        PyObject *fresh = PyObject_GetAttr(so, S_new_reqs);
+        if (fresh == NULL) {
+            PyErr_Clear();
+        } else {
+            Py_ssize_t nnew = fresh == Py_None ? -1 : PyObject_Size(fresh);
+            Py_DECREF(fresh);
+            if (nnew < 0)
+                PyErr_Clear();
+            else
+                carried = (long long)nreq - (long long)nnew;
+        }
         PyObject *tick = timed ? timer_tick_of(c) : NULL;
         if (timed && tick == NULL) goto slow;
         c->step++;
         if (tick != NULL) timer_tick(tick, TICK_STEP_START);
-        return in_step_call(self, args, nargsf, kwnames, PHASE_EXECUTE, ntok, nreq);
+        return in_step_call(self, args, nargsf, kwnames, PHASE_EXECUTE, ntok, nreq, carried);
     }
     if (!c->enabled) goto slow;
     int end = every > 0 && c->step % every == 0, before = every > 0 && (c->step + 1) % every == 0;
     PyObject *tick = end || before ? timer_tick_of(c) : NULL;
     if ((end || before) && tick == NULL) goto slow;
-    PyObject *res = in_step_call(self, args, nargsf, kwnames, PHASE_SAMPLE_TOKENS, 0, 0);
+    PyObject *res = in_step_call(self, args, nargsf, kwnames, PHASE_SAMPLE_TOKENS, 0, 0, 0);
     if (tick != NULL) {
         if (end && before) Py_INCREF(tick); /* every == 1: both points, one reference each */
         if (end) timer_tick(tick, TICK_STEP_END);

@@ -205,7 +205,7 @@ def _close_phase(t0: int, t1: int, extra: int, draft: bool = False) -> None:
         _put(decision, t0, t1, 0 if draft else _SPANF)
     elif not draft:
         f = extra | (0 if rt.in_step else _OUTSIDE) | (_DRAFTER if rt.drafter else 0)
-        rt.put.span(rt.step, _PHASE, t0, t1, f, 0, 0)
+        rt.put.span(rt.step, _PHASE, t0, t1, f, 0, 0, 0)
 
 
 def _abandon_phase(hook: Hook, exc: BaseException) -> None:

@@ -82,7 +82,7 @@ def span(
                     f = extra if rt.in_step else extra | _OUTSIDE
                     if rt.drafter:
                         f |= _DRAFTER
-                    rt.put.span(rt.step, ph, t0, t1, f, 0, 0)
+                    rt.put.span(rt.step, ph, t0, t1, f, 0, 0, 0)
                 except Exception as exc:
                     hook.fail(exc)
 
@@ -283,6 +283,10 @@ def execute(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]:
                     _first_step(self)
                 n_tok = scheduler_output.total_num_scheduled_tokens
                 n_req = len(scheduler_output.num_scheduled_tokens)
+                # carried over: scheduled before (running), not new this step; 0 tells
+                # the reader nothing was in flight in the gap before the step
+                new = getattr(scheduler_output, "scheduled_new_reqs", None)
+                carried = n_req - len(new) if new is not None else -1
                 RT.step += 1
                 timer = _sampled_timer()
                 if timer is not None:
@@ -298,7 +302,7 @@ def execute(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]:
                 t1 = _clock(BOOTTIME)
                 RT.in_step -= 1
                 try:
-                    RT.put.span(RT.step, _EXECUTE, t0, t1, c, n_tok, n_req)
+                    RT.put.span(RT.step, _EXECUTE, t0, t1, c, n_tok, n_req, carried)
                 except Exception as exc:
                     hook.fail(exc)
 
@@ -326,7 +330,7 @@ def sample_tokens(runner_kind: str) -> Callable[[Callable[..., Any], Hook], Any]
                 t1 = _clock(BOOTTIME)
                 RT.in_step -= 1
                 try:
-                    RT.put.span(RT.step, _SAMPLE_TOKENS, t0, t1, c, 0, 0)
+                    RT.put.span(RT.step, _SAMPLE_TOKENS, t0, t1, c, 0, 0, 0)
                     timer = _timer()
                     if timer is not None:
                         timer.tick(TICK_STEP_END)
@@ -368,7 +372,7 @@ def forward_record(hook: Hook) -> Callable[..., None]:
             if opened:
                 _write_scope(f, t0, t1)
             elif not outer:
-                RT.put.span(RT.step, _FORWARD, t0, t1, f, 0, 0)
+                RT.put.span(RT.step, _FORWARD, t0, t1, f, 0, 0, 0)
         except Exception as exc:
             hook.fail(exc)
 
@@ -466,7 +470,7 @@ class _TimedContext:
             if self._opened:
                 _write_scope(f, self._t0, t1)
             elif not self._outer:
-                RT.put.span(RT.step, _FORWARD, self._t0, t1, f, 0, 0)
+                RT.put.span(RT.step, _FORWARD, self._t0, t1, f, 0, 0, 0)
         except Exception:
             pass
         return self._cm.__exit__(*exc)
