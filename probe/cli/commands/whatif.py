@@ -254,6 +254,10 @@ def add_parser(sub: Any) -> None:
     q = sub.add_parser(
         "whatif",
         help="a recording's batch shapes through vLLM's real dispatcher under other settings",
+        description="Replay a recording's batch shapes through the installed vLLM's own "
+        "graph-mode resolver and dispatcher (CPU is enough) under other settings: a "
+        "builder's graph support, capture sizes, the graph mode; and price each change in "
+        "steady host time per step.",
     )
     q.add_argument("recording", nargs="?", help="recording (default: the bundled one)")
     q.add_argument("--mode", type=_mode, help=f"requested cudagraph_mode: {', '.join(MODE_NAMES)}")
