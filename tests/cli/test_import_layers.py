@@ -316,4 +316,3 @@ def test_the_configuration_imports_no_other_module_of_the_probe() -> None:
     """``config`` is the floor: the ring, the run directory and the control protocol read
     it, and it reads none of them."""
     assert graph()["probe.config"] == set()
-
