@@ -1,4 +1,4 @@
-"""The GPU harness's own arithmetic, which docs/evidence.md's overhead numbers rest on:
+"""The GPU harness's own arithmetic, which benchmarks/evidence/overhead.md's overhead numbers rest on:
 the stepwise cost per step (on/off blocks), the bootstrap interval, CPU pinning specs,
 the per-repetition deadline; and a TP=2 recording from the H200 read per rank."""
 
