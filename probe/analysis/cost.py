@@ -186,7 +186,9 @@ IN_ENGINE_NOTE = (
 """What a warm-only calibration leaves out, as measured end to end
 (benchmarks/gpu/crossover.py); printed for recordings without cold timings."""
 
-COLD_NOTE = "calibrated with cold caches: a floor, end to end 1-5x this (benchmarks/evidence/overhead.md)"
+COLD_NOTE = (
+    "calibrated with cold caches: a floor, end to end 1-5x this (benchmarks/evidence/overhead.md)"
+)
 """How the data-only cold estimate was taken (:mod:`probe.engine.calibrate`) and what it is worth
 alone, measured end to end (``benchmarks/gpu/crossover.py``, same runs): on the real CPU
 engine it read 15.3-16.8 µs per V1 step where the crossover measured +14.3 [+10.8, +17.0]
@@ -197,7 +199,8 @@ calibration has no code-evicted figures (the older ones)."""
 
 RANGE_NOTE = (
     "calibrated at attach with cold caches, data evicted to code evicted too;"
-    " end to end an attach measured 1.3-2.4x the top (H200 MRV2, H100 V1; benchmarks/evidence/overhead.md)"
+    " end to end an attach measured 1.3-2.4x the top (H200 MRV2, H100 V1;"
+    " benchmarks/evidence/overhead.md)"
 )
 """What the cold range is worth, measured end to end in the same runs. The calibration
 times a wrapped no-op against a bare one, so it stands for what attaching costs: the

@@ -284,7 +284,8 @@ def test_costs_from_the_other_run_predict_its_steady_host_time(
     assert not w["no_cost"] and w["steady_steps"] == cols["recorded"]["steady_steps"]
     assert w["host_ns_per_step"] == pytest.approx(host, rel=0.05)
     assert w["cpu_launch_overhead_ns"] == pytest.approx(launch, rel=0.05)
-    # the predicted B/A points the way the two runs differ (about 2x, benchmarks/evidence/graph-support-ab.md)
+    # the predicted B/A points the way the two runs differ (about 2x,
+    # benchmarks/evidence/graph-support-ab.md)
     assert w["host_ns_per_step_vs_recorded"] == pytest.approx(host / own_host, rel=0.05)
     assert abs(w["host_ns_per_step_vs_recorded"] - 1) > 0.4
     # the recording's own settings, priced by its own costs, are what it measured

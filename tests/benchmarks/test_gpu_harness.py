@@ -1,6 +1,7 @@
-"""The GPU harness's own arithmetic, which benchmarks/evidence/overhead.md's overhead numbers rest on:
-the stepwise cost per step (on/off blocks), the bootstrap interval, CPU pinning specs,
-the per-repetition deadline; and a TP=2 recording from the H200 read per rank."""
+"""The GPU harness's own arithmetic, which the overhead figures of
+benchmarks/evidence/overhead.md rest on: the stepwise cost per step (on/off blocks), the
+bootstrap interval, CPU pinning specs, the per-repetition deadline; and a TP=2 recording
+from the H200 read per rank."""
 
 from __future__ import annotations
 
