@@ -15,7 +15,7 @@ recorded spans, so the reader could take them from those spans' edges:
 A derived phase takes in vLLM's own code between the hooked calls. For every FULL target
 step with all of these spans (the recording's ``spans`` table, drafter 0), this prints the
 median of the hooked phase, of the derived one and of the two gaps, in µs, one row per
-recording: how much a derived phase would differ from what DESIGN's phase measures today.
+recording: how much a derived phase would differ from what the hooked phase measures today.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from probe.records import RECORD, RecordKind
 from probe.ring import MAX_CAPACITY
 
 SCENARIOS = ("room", "drained", "busy", "full", "raw", "step")
-PER_STEP = 17  # records per MRV2 engine step on the H200 (docs/evidence.md)
+PER_STEP = 17  # records per MRV2 engine step on the H200 (benchmarks/evidence/overhead.md)
 READER_PERIOD_S = {"drained": 0.001, "busy": 0.0}
 
 

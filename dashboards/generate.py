@@ -653,8 +653,9 @@ def host_overhead() -> dict[str, Any]:
             "times each call's cost, calibrated at attach in the engine process. cold (data "
             "evicted) to cold_code (code evicted too) is the range `probe report` prints; "
             "end to end, pooled over runs, the probe's cost measured inside it "
-            "(docs/evidence.md); warm is a hot loop's figure. Set it against the CPU launch "
-            "overhead, which it inflates. Empty for processes recorded without a calibration.",
+            "(benchmarks/evidence/overhead.md); warm is a hot loop's figure. Set it against the "
+            "CPU launch overhead, which it inflates. Empty for processes recorded without a "
+            "calibration.",
             [target(COST[name], f"{label} {{{{pid}}}}") for name, label in COST_LABELS.items()],
             unit="s",
             no_value=NO_CALIBRATION,

@@ -20,7 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+try:
+    import matplotlib
+except ModuleNotFoundError as exc:  # the optional 'plots' extra
+    if exc.name != "matplotlib":
+        raise
+    NEEDS = "the plots need the 'plots' extra (matplotlib is not installed): "
+    PIP = "pip install 'vllm-graph-probe[plots]'"
+    if __name__ == "__main__":
+        sys.exit(f"python -m dashboards.render_recording: error: {NEEDS}{PIP}")
+    raise ModuleNotFoundError(NEEDS + PIP, name="matplotlib") from None
 
 matplotlib.use("Agg")
 import itertools

@@ -31,6 +31,8 @@ RUN_DIR = EnvVar(
     "Directory for rings and control sockets (default: /dev/shm/vllm-graph-probe-<uid>).",
 )
 RING_CAPACITY = EnvVar("PROBE_RING_CAPACITY", "Records per ring, a power of two.", "65536")
+MAX_RING_CAPACITY = 1 << 24
+"""The most records a ring holds (1 GiB of 64-byte slots); the ring's layout takes it too."""
 GPU_TIMING = EnvVar(
     "PROBE_GPU_TIMING",
     "N: time every N-th step with device events (never synchronized); 0: off.",
@@ -168,12 +170,10 @@ def validate(environ: Mapping[str, str] | None = None) -> None:
     so that a bad value is one error line here, not an empty recording and a line in the
     child's log. (Hook family names and the override are checked by their own parsers.)
     """
-    from probe.ring import MAX_CAPACITY
-
     env = os.environ if environ is None else environ
     for var in (ENABLE, CONTROL, PLUGIN, ROCTX, NVTX):
         get_bool(var, env)
-    cap = _int_in(RING_CAPACITY, env, 64, MAX_CAPACITY)
+    cap = _int_in(RING_CAPACITY, env, 64, MAX_RING_CAPACITY)
     if cap & (cap - 1):
         raise ConfigError(RING_CAPACITY.name, str(cap), "expected a power of two")
     _int_in(GPU_TIMING, env, 0, MAX_STEP_INTERVAL)

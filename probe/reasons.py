@@ -2,7 +2,7 @@
 
 The hooks call these functions right after vLLM's own dispatch returned. They take the
 real vLLM objects as arguments, read the same state the dispatch read, and name the
-first thing that kept the step off a FULL graph (DESIGN: "Graph decision"). Nothing
+first thing that kept the step off a FULL graph (docs/architecture.md, "Definitions"). Nothing
 here imports vLLM at module import time; :func:`split_from_metadata` imports vLLM's
 ``split_decodes_and_prefills`` on first use.
 

@@ -81,7 +81,7 @@ class RecordKind(enum.IntEnum):
 
 
 class Phase(enum.IntEnum):
-    """Host phases of an engine step (DESIGN: "phases (host ns)")."""
+    """Host phases of an engine step (docs/architecture.md, "Definitions")."""
 
     EXECUTE = 1  # Worker/runner execute_model: opens a step
     SAMPLE_TOKENS = 2  # runner sample_tokens: closes a step
@@ -105,7 +105,7 @@ class Mode(enum.IntEnum):
 
 
 class Reason(enum.IntEnum):
-    """Why a step did or did not replay a FULL graph (DESIGN: miss_reason)."""
+    """Why a step did or did not replay a FULL graph (docs/architecture.md, "Definitions")."""
 
     UNKNOWN = 0
     HIT = 1

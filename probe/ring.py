@@ -84,6 +84,7 @@ import struct
 import sys
 import time
 
+from probe.config import MAX_RING_CAPACITY
 from probe.records import RECORD_SIZE
 
 __all__ = [
@@ -99,7 +100,7 @@ MAGIC = b"VGPRING1"
 VERSION = 1
 HEADER_SIZE = 128
 DEFAULT_CAPACITY = 1 << 16
-MAX_CAPACITY = 1 << 24  # 1 GiB of slots
+MAX_CAPACITY = MAX_RING_CAPACITY  # 1 GiB of slots; PROBE_RING_CAPACITY is checked against it
 
 _HEAD = struct.Struct("<8sIIIIQQQIIQ")  # the writer's cache line, offsets 0..63
 _U32 = struct.Struct("<I")

@@ -1,40 +1,32 @@
-"""Locate the real profiler output files kept outside the repository.
+"""The real profiler output files the timeline tests read, kept in the repository.
 
-The files live in ``<shared>/data/profiles`` (see its ``SOURCES.md``), where ``<shared>``
-is ``$PROBE_SHARED_DIR`` if set, else the ``shared`` folder beside the repository root.
-They are never copied into the repository; a test that needs one is skipped, with the path
-it looked for, when it is absent.
+``tests/data/profiles`` holds rocprofv3 CSV and JSON files and Kineto traces, and
+``tests/data/rocpd-schema`` AMD's own rocpd SQL: byte-for-byte copies from public MIT
+repositories, each folder with a ``SOURCES.md`` (repository, path and commit of every
+file) and the licence texts. No test reads anything outside the repository.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import pytest
-
-ENV_VAR = "PROBE_SHARED_DIR"
-
-
-def shared_dir() -> Path:
-    """``$PROBE_SHARED_DIR``, or ``<repo root>/../shared``."""
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / "shared"
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def profiles_dir() -> Path:
     """The folder holding the real profile files and their ``SOURCES.md``."""
-    return shared_dir() / "data" / "profiles"
+    return DATA / "profiles"
+
+
+def rocpd_schema_dir() -> Path:
+    """AMD's rocpd SQL files (ROCm/rocm-systems) and their ``SOURCES.md``."""
+    return DATA / "rocpd-schema"
 
 
 def profile_path(*parts: str) -> Path:
-    """Path of one real profile file or folder; skips the calling test when it is absent."""
+    """Path of one real profile file or folder (it is in the repository: a missing one is
+    an error, never a skip)."""
     path = profiles_dir().joinpath(*parts)
     if not path.exists():
-        pytest.skip(
-            f"real profile data not found at {path}: set {ENV_VAR} to the folder that holds "
-            "data/profiles (default: the 'shared' folder beside the repository root)"
-        )
+        raise FileNotFoundError(f"real profile data missing from the repository: {path}")
     return path

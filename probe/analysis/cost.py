@@ -181,23 +181,26 @@ def has_timing(cal: Mapping[str, Any], timing: str) -> bool:
 
 IN_ENGINE_NOTE = (
     "a lower bound: in a real engine the hooks cost more than around a no-op"
-    " (one H200, MRV2 k=1: 34-37 µs per step end to end, docs/evidence.md)"
+    " (one H200, MRV2 k=1: 34-37 µs per step end to end, benchmarks/evidence/overhead.md)"
 )
 """What a warm-only calibration leaves out, as measured end to end
 (benchmarks/gpu/crossover.py); printed for recordings without cold timings."""
 
-COLD_NOTE = "calibrated with cold caches: a floor, end to end 1-5x this (docs/evidence.md)"
+COLD_NOTE = (
+    "calibrated with cold caches: a floor, end to end 1-5x this (benchmarks/evidence/overhead.md)"
+)
 """How the data-only cold estimate was taken (:mod:`probe.engine.calibrate`) and what it is worth
 alone, measured end to end (``benchmarks/gpu/crossover.py``, same runs): on the real CPU
 engine it read 15.3-16.8 µs per V1 step where the crossover measured +14.3 [+10.8, +17.0]
-(docs/evidence.md); on one H200 (MRV2 k=1, a KVM guest with a 300 MB
+(benchmarks/evidence/overhead.md); on one H200 (MRV2 k=1, a KVM guest with a 300 MB
 shared L3) 10.9-26.6 µs where the crossover measured 28-62 µs per run
-(docs/evidence.md). So a floor: printed for recordings whose
+(benchmarks/evidence/overhead.md). So a floor: printed for recordings whose
 calibration has no code-evicted figures (the older ones)."""
 
 RANGE_NOTE = (
     "calibrated at attach with cold caches, data evicted to code evicted too;"
-    " end to end an attach measured 1.3-2.4x the top (H200 MRV2, H100 V1; docs/evidence.md)"
+    " end to end an attach measured 1.3-2.4x the top (H200 MRV2, H100 V1;"
+    " benchmarks/evidence/overhead.md)"
 )
 """What the cold range is worth, measured end to end in the same runs. The calibration
 times a wrapped no-op against a bare one, so it stands for what attaching costs: the
@@ -206,7 +209,7 @@ crossover's attached-afresh-against-absent design, which on one H200 (MRV2 k=1) 
 against dormant, which leaves out the dormant wrappers' own presence, measured 1.0-1.3x
 the top on the H200, and inside the range on the real CPU engine (V1). So the range is
 the calibration's, and the note says how far above it the GPU machines measured (the
-figures, their methods and data: docs/evidence.md, "The probe's overhead")."""
+figures, their methods and data: benchmarks/evidence/overhead.md, "The probe's overhead")."""
 
 
 def cost_line(cost: Mapping[str, Any] | None, short: bool = False) -> str | None:

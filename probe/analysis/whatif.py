@@ -65,6 +65,7 @@ from probe.analysis.whatif_vllm import (
     mrv2_context,
     select_platform,
 )
+from probe.progress import SILENT, Progress
 from probe.reasons import SUPPORT_NAMES
 from probe.records import Mode, Reason
 from probe.step import Step
@@ -224,6 +225,7 @@ def whatif(
     suggest_count: int | None = None,
     vl: Vllm | None = None,
     costs_from: costmodel.Costs | None = None,
+    progress: Progress = SILENT,
 ) -> dict[str, Any]:
     """Replay ``steps`` (a recording's) under its own settings and under ``setting``.
 
@@ -234,19 +236,24 @@ def whatif(
     CPU launch overhead, predicted by :mod:`probe.analysis.costmodel` from the costs measured in
     the recording (then in ``costs_from``, another recording's; the recorded column:
     measured). Raises :class:`WhatIfError` for input it cannot use (before vLLM is
-    imported) and :class:`VllmError` when vLLM is not importable.
+    imported) and :class:`VllmError` when vLLM is not importable. ``progress`` hears each
+    stage: loading vLLM (seconds: most of the command's time), then each replay.
     """
     steps = list(steps)
     r = Replayer(steps, snapshots)
     fw, engines = r.steps, r.engines
     own_a, target_a = r.applied(Setting()), r.applied(setting)
     first = next(iter(engines.values()))
-    vl = vl or load_vllm()
+    if vl is None:
+        progress.stage("loading the installed vLLM", None, "")
+        vl = load_vllm()
     r_platform = vl.platform
     gone = settings_not_in(vl, engines.values())
     with r.session(vl):
+        progress.stage("replaying the recording's own settings", len(fw))
         own = r.graphs(own_a)
         own_steps = r.replay(own)
+        progress.advance(len(fw))
         columns = [
             {
                 "column": "recorded",
@@ -262,8 +269,10 @@ def whatif(
         replayed = {"recorded": fw, "replay": own_steps}
         target, target_steps = own, own_steps
         if not setting.empty:
+            progress.stage(f"replaying the what-if ({setting.label})", len(fw))
             target = r.graphs(target_a)
             target_steps = r.replay(target)
+            progress.advance(len(fw))
             columns.append(_column("what-if", setting.label, target, target_steps))
             replayed["what-if"] = target_steps
         on = "what-if" if not setting.empty else "recorded"
@@ -279,8 +288,10 @@ def whatif(
                 )
                 for p, a in (target_a if not setting.empty else own_a).items()
             }
+            progress.stage("checking the suggested capture sizes", len(fw))
             got = r.graphs(sized)
             sug_steps = r.replay(got)
+            progress.advance(len(fw))
             col = _column("suggested", "suggested capture sizes", got, sug_steps)
             base = columns[-1]
             suggestion["verified"] = (

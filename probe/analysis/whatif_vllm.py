@@ -179,6 +179,37 @@ def _one_line(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
+def quiet_vllm() -> Iterator[None]:
+    """vLLM's own log lines and prints held back, for a command that imports vLLM in
+    ``probe``'s process (``probe whatif`` without ``--verbose``).
+
+    vLLM's logging is left unconfigured (``VLLM_CONFIGURE_LOGGING=0`` unless the
+    environment sets it) and its records end at the ``vllm`` logger, so the warnings the
+    replay keeps for its output (on ``vllm.config.*``) still reach it; what vLLM prints goes
+    nowhere. Everything is as it was afterwards."""
+    import os
+
+    log = logging.getLogger("vllm")
+    handlers, propagate = log.handlers[:], log.propagate
+    configure = os.environ.get("VLLM_CONFIGURE_LOGGING")
+    if configure is None:
+        os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+    log.handlers = [logging.NullHandler()]
+    log.propagate = False
+    try:
+        with (
+            open(os.devnull, "w", encoding="utf-8") as sink,
+            contextlib.redirect_stdout(sink),
+            contextlib.redirect_stderr(sink),
+        ):
+            yield
+    finally:
+        log.handlers, log.propagate = handlers, propagate
+        if configure is None:
+            os.environ.pop("VLLM_CONFIGURE_LOGGING", None)
+
+
+@contextlib.contextmanager
 def _vllm_warnings(into: list[str]) -> Iterator[None]:
     """vLLM's own warnings from the resolver, kept for the output instead of printed."""
     logs = [logging.getLogger(n) for n in ("vllm.config.compilation", "vllm.config.vllm")]

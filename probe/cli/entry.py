@@ -17,9 +17,9 @@ def main() -> int:
     try:
         moved = session.early(sys.argv[1:])  # nothing for a command not in session.COMMANDS
     except UsageError as exc:
-        from probe.cli.main import EXIT_USAGE, _fail
+        from probe.cli.main import EXIT_USAGE, fail
 
-        return _fail(str(exc), EXIT_USAGE)
+        return fail(str(exc), EXIT_USAGE)
     if moved is not None:  # the parent of a fork: the command ran in the child
         return moved
     from probe.cli.main import main as cli_main

@@ -162,22 +162,22 @@ def _main(entry: bool, argv: list[str]) -> int:
             os._exit(rc)
         return rc
     except UsageError as exc:
-        return _fail(str(exc), EXIT_USAGE)
+        return fail(str(exc), EXIT_USAGE)
     except ValueError as exc:  # a damaged recording met past the command's own checks
         from probe.reader.recording import RecordingError
 
         if not isinstance(exc, RecordingError):
             raise
-        return _fail(str(exc), EXIT_USAGE)
+        return fail(str(exc), EXIT_USAGE)
     except RuntimeFailure as exc:
-        return _fail(str(exc), EXIT_RUNTIME)
+        return fail(str(exc), EXIT_RUNTIME)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         raise
     except OSError as exc:  # stdout on a full device, a file that vanished mid-read
         where = exc.filename or ("standard output" if exc.errno in _STDOUT_ERRNOS else "probe")
-        return _fail(f"{where}: {exc.strerror or exc}", EXIT_RUNTIME)
+        return fail(f"{where}: {exc.strerror or exc}", EXIT_RUNTIME)
 
 
 def __getattr__(name: str) -> Any:
@@ -196,7 +196,7 @@ def _threads_left() -> bool:
     return any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate())
 
 
-def _fail(message: str, status: int) -> int:
+def fail(message: str, status: int) -> int:
     from probe.terminal import sanitize
 
     _quiet_stdout()

@@ -63,7 +63,8 @@ from probe.step import STEP_COLUMNS, GpuSample, Step
 
 
 def default_recording() -> Path:
-    """The bundled real recording (H200, tiny DeepSeek-V3.2 + MTP; see docs/evidence.md)."""
+    """The bundled real recording (H200, tiny DeepSeek-V3.2 + MTP; see
+    benchmarks/evidence/bundled-recording.md)."""
     from importlib import resources  # here: its import is a cost every command paid at start
 
     return Path(str(resources.files("probe") / "data" / "default.probe.db"))

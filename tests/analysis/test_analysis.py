@@ -1,4 +1,4 @@
-"""The verdicts of probe.analysis.views on real recordings: host-bound as DESIGN defines it,
+"""The verdicts of probe.analysis.views on real recordings: host-bound as docs/rules.md defines it,
 warm-up apart from steady state, and the probe's own cost line.
 
 The recordings are the bundled H200 one (probe/data/default.probe.db) and the H200 TP=2
@@ -44,8 +44,8 @@ def _text(rep: dict[str, Any]) -> str:
 
 def test_tp2_serve_is_not_host_bound_although_its_gpu_idled_before_every_step() -> None:
     """The H200 TP=2 recording: the GPU idled before every timed step (0.9% of the time);
-    "idled at all" called all of them CPU-bound. By DESIGN's rule (idle > 10% of the step
-    period) none is, on either rank, and the report says so."""
+    "idled at all" called all of them CPU-bound. By the host-bound rule of docs/rules.md
+    (idle > 10% of the step period) none is, on either rank, and the report says so."""
     steps = _steps(TP2)
     fw = analysis.forward_steps(steps)
     timed = [s for s in fw if s.gpu_idle_before_ns is not None]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -282,7 +284,8 @@ def test_costs_from_the_other_run_predict_its_steady_host_time(
     assert not w["no_cost"] and w["steady_steps"] == cols["recorded"]["steady_steps"]
     assert w["host_ns_per_step"] == pytest.approx(host, rel=0.05)
     assert w["cpu_launch_overhead_ns"] == pytest.approx(launch, rel=0.05)
-    # the predicted B/A points the way the two runs differ (about 2x, docs/evidence.md)
+    # the predicted B/A points the way the two runs differ (about 2x,
+    # benchmarks/evidence/graph-support-ab.md)
     assert w["host_ns_per_step_vs_recorded"] == pytest.approx(host / own_host, rel=0.05)
     assert abs(w["host_ns_per_step_vs_recorded"] - 1) > 0.4
     # the recording's own settings, priced by its own costs, are what it measured
@@ -335,3 +338,61 @@ def test_costs_from_a_recording_without_steady_steps(
     _copy(tmp_path / "idle.probe.db", lambda s: s.mode is None, snapshot=True)
     line = _error(capsys, 2, str(STOCK), "--costs-from", str(tmp_path / "idle.probe.db"))
     assert "no steady forward step to cost" in line
+
+
+# -- quiet by default, with progress ----------------------------------------------------------
+
+
+def _whatif_process(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``probe whatif`` in a fresh interpreter (vLLM's logging is set up at its first import)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_LOGGING")}
+    return subprocess.run(
+        [sys.executable, "-m", "probe", "whatif", *argv],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(root)},
+        timeout=600,
+    )
+
+
+def test_vllms_own_log_lines_only_with_verbose() -> None:
+    ustd = ("--support", "FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE")
+    quiet = _whatif_process(str(STOCK), *ustd, "--json")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    loud = _whatif_process(str(STOCK), *ustd, "--json", "--verbose")
+    assert loud.returncode == 0 and loud.stderr.strip()  # vLLM's lines (Triton, the runner)
+    # the output is the same either way, vLLM's warnings kept for it included
+    a, b = json.loads(quiet.stdout), json.loads(loud.stdout)
+    assert a == b
+    assert any("cudagraph_mode=PIECEWISE" in m for c in a["columns"] for m in c["vllm_messages"])
+
+
+class _Stages:
+    """A :class:`probe.progress.Progress` that keeps what it hears."""
+
+    def __init__(self) -> None:
+        self.stages: list[tuple[str, int | None]] = []
+        self.done: list[int] = []
+
+    def stage(self, description: str, total: int | None = None, unit: str = "steps") -> None:
+        self.stages.append((description, total))
+        self.done.append(0)
+
+    def advance(self, n: int = 1) -> None:
+        self.done[-1] += n
+
+
+def test_the_what_if_reports_each_stage_to_its_progress(vl: Vllm) -> None:
+    steps, snaps = load(STOCK)
+    n = len(forward(steps))
+    heard = _Stages()
+    whatif(steps, snaps, Setting(support=UB), suggest_count=4, progress=heard)
+    names = [d for d, _ in heard.stages]
+    assert names[0] == "loading the installed vLLM" and heard.stages[0][1] is None
+    assert names[1:3] == [
+        "replaying the recording's own settings",
+        f"replaying the what-if ({Setting(support=UB).label})",
+    ]
+    assert all(total == n for _, total in heard.stages[1:])
+    assert heard.done[1:] == [n] * (len(names) - 1)

@@ -1,6 +1,7 @@
-"""The GPU harness's own arithmetic, which docs/evidence.md's overhead numbers rest on:
-the stepwise cost per step (on/off blocks), the bootstrap interval, CPU pinning specs,
-the per-repetition deadline; and a TP=2 recording from the H200 read per rank."""
+"""The GPU harness's own arithmetic, which the overhead figures of
+benchmarks/evidence/overhead.md rest on: the stepwise cost per step (on/off blocks), the
+bootstrap interval, CPU pinning specs, the per-repetition deadline; and a TP=2 recording
+from the H200 read per rank."""
 
 from __future__ import annotations
 
@@ -262,7 +263,7 @@ def test_every_committed_plan_checks_and_a_typo_does_not() -> None:
 
     for p in plans:
         assert harness.check_plan(json.loads(p.read_text())) == [], p.name
-    plan = json.loads((ROOT / "benchmarks/gpu/plan_final2_mrv2.json").read_text())
+    plan = json.loads((ROOT / "benchmarks/gpu/plan_cost_crossover_ten_arms_mrv2.json").read_text())
     plan["experiments"][0]["variants"][1]["gpu_timng"] = 8
     plan["experiments"].append({"kind": "overhead", "scenario": "stock_v3", "modes": ["absnt"]})
     plan["experiments"].append({"kind": "stepwize", "scenario": "stock_mrv2_k1"})

@@ -12,17 +12,11 @@ from extras import needs
 from probe.cli.main import main
 from probe.reader.recording import Recording, RecordingError, default_recording
 from probe.reader.recording_set import RecordingSet, iter_step_chunks, open_many
-from tests.profiles_data import shared_dir
+from tests.profiles_data import profiles_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 TP2 = ROOT / "tests" / "data" / "serve-tp2.probe.db"
-KINETO = (
-    shared_dir()
-    / "data"
-    / "profiles"
-    / "kineto"
-    / "tracelens_vllm_decode_full_graph_execution_hipgraph.json.gz"
-)
+KINETO = profiles_dir() / "kineto" / "tracelens_vllm_decode_full_graph_execution_hipgraph.json.gz"
 
 
 def _ranks(tmp_path: Path) -> Path:
@@ -120,7 +114,6 @@ def test_textfile_of_two_recordings_counts_both(tmp_path: Path) -> None:
 
 
 @needs("perfetto")
-@pytest.mark.skipif(not KINETO.exists(), reason="the shared Kineto profile is not here")
 def test_merge_reads_a_glob_as_the_recordings_listed(tmp_path: Path) -> None:
     d = _ranks(tmp_path)
     a, b = tmp_path / "glob.pftrace", tmp_path / "list.pftrace"

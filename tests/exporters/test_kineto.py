@@ -1,6 +1,6 @@
 """Kineto trace import and the graph-launch / HTA-style analyses, on real traces.
 
-The traces come from ``shared/data/profiles/kineto`` (HolisticTraceAnalysis and TraceLens
+The traces come from ``tests/data/profiles/kineto`` (HolisticTraceAnalysis and TraceLens
 test data, see ``SOURCES.md``). Every count below was checked against the raw JSON.
 """
 

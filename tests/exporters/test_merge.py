@@ -139,7 +139,8 @@ def test_cli_merge_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_committed_merged_trace_is_current() -> None:
-    tr = read_trace(ROOT / "docs/merged-h200-window.pftrace")
+    merged = "benchmarks/results/ab-graph-support-h200/merged-groundtruth-window.pftrace"
+    tr = read_trace(ROOT / merged)
     assert len(tr.by_category("step")) == 25
     assert len([s for s in tr.slices if s.name == "cudaGraphLaunch"]) == 23
 

@@ -1,4 +1,4 @@
-"""rocpd against AMD's own SQL (``shared/data/rocpd-schema``, copied from ROCm/rocm-systems).
+"""rocpd against AMD's own SQL (``tests/data/rocpd-schema``, copied from ROCm/rocm-systems).
 
 For each schema version stored there, a database is built by executing AMD's SQL (tables,
 indexes, views, with the ``{{uuid}}``/``{{guid}}`` rule of ``SOURCES.md`` §4), the side-car
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from profiles_data import profile_path, shared_dir
+from profiles_data import profile_path, rocpd_schema_dir
 
 from exporters.rocprof_sidecar import sidecar_spans
 from exporters.timelines.model import GpuKernel
@@ -38,10 +38,7 @@ GUID = "00000000-0000-0000-0000-000000000000"
 
 
 def _schema_dir() -> Path:
-    d = shared_dir() / "data" / "rocpd-schema"
-    if not (d / "SOURCES.md").exists():
-        pytest.skip(f"AMD's rocpd SQL files not found at {d}")
-    return d
+    return rocpd_schema_dir()
 
 
 def _amd(version: str) -> RocpdSql:

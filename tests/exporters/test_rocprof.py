@@ -1,6 +1,6 @@
 """rocprofv3 CSV/JSON readers, the rocpd writer and reader, and the roctx emitter.
 
-Real files come from ``shared/data/profiles`` (see ``SOURCES.md`` there). No public rocpd
+Real files come from ``tests/data/profiles`` (see ``SOURCES.md`` there). No public rocpd
 database exists, so the rocpd databases used here are BUILT BY THIS PROJECT's schema code
 (:func:`exporters.timelines.rocpd_writer.create_rocpd_db`) and filled from the real rocprofv3
 CSV rows; ``test_rocpd_amd.py`` builds them with AMD's own SQL.

@@ -1,6 +1,6 @@
 """Fuzz: mutated real profiles through ``probe merge``, one invariant for every case.
 
-Seeds are real files from ``shared/data/profiles`` (a Kineto trace, rocprofv3 kernel and
+Seeds are real files from ``tests/data/profiles`` (a Kineto trace, rocprofv3 kernel and
 API CSVs) and a rocpd database the side-car writer builds from real rocprofv3 rows. Each
 case mutates one (bytes flipped, truncated, spliced; JSON values or CSV fields replaced)
 and runs ``probe merge RECORDING PROFILE --out OUT --allow-unaligned`` in-process:

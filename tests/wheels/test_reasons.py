@@ -453,7 +453,7 @@ def test_min_support_matches_real_backends(vl: Vllm) -> None:
 
 
 def test_min_support_what_if(vl: Vllm, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The DESIGN what-if: the ROCm builder set back to UNIFORM_SINGLE_TOKEN_DECODE."""
+    """The what-if of docs/whatif.md: the ROCm builder set back to UNIFORM_SINGLE_TOKEN_DECODE."""
     from vllm.v1.attention.backends.mla.flashmla_sparse import FlashMLASparseBackend
     from vllm.v1.attention.backends.mla.rocm_aiter_mla_sparse import (
         ROCMAiterMLASparseBackend,

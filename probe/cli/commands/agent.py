@@ -132,7 +132,13 @@ def _run_dirs(args: argparse.Namespace) -> list[Path]:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
-        "agent", help="follow every armed vLLM process of this host and export continuously"
+        "agent",
+        help="follow every armed vLLM process of this host and export continuously",
+        description="Stay on beside a host's vLLM servers: attach to every armed vLLM process "
+        "under the run directories as it appears (a new server, a restarted engine, a new "
+        "rank), export its steps to Prometheus and/or OTLP, optionally write rolling "
+        "recordings (--record-dir, a new file every --rotate minutes), until SIGTERM or "
+        "Ctrl-C; then every hook goes dormant again.",
     )
     p.add_argument(
         "--run-dir",
@@ -147,7 +153,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--otlp", metavar="ENDPOINT", type=endpoint, help="export OTLP to ENDPOINT")
     p.add_argument("--record-dir", metavar="DIR", help="write rolling recordings into DIR")
     p.add_argument(
-        "--rotate", type=positive_float, default=60.0, metavar="MIN", help="a new file every MIN"
+        "--rotate",
+        type=positive_float,
+        default=60.0,
+        metavar="MIN",
+        help="a new recording file every MIN minutes (default 60)",
     )
     p.add_argument(
         "--keep", type=positive_int, default=24, metavar="N", help="keep the newest N files"

@@ -98,7 +98,12 @@ def status_line(procs: Iterable[ProcessState], alive: int) -> str:
 
 
 def add_parser(sub: Any) -> None:
-    c = sub.add_parser("collect", help="read the rings of a run directory into a recording")
+    c = sub.add_parser(
+        "collect",
+        help="read the rings of a run directory into a recording",
+        description="Read what the rings of a run directory still hold (the processes "
+        "of a run that wrote them, alive or ended) into one recording file (--out).",
+    )
     c.add_argument("--run-dir", required=True, help="the directory the rings are in")
     c.add_argument("--out", "-o", required=True, help="recording file to write (.probe.db)")
     c.add_argument("--force", action="store_true", help="overwrite --out if it exists")

@@ -68,7 +68,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    q = sub.add_parser("doctor", help="static graph-support picture and known traps")
+    q = sub.add_parser(
+        "doctor",
+        help="static graph-support picture and known traps",
+        description="The static picture of a recording (or of a running server with --url): "
+        "vLLM version, runner, each builder's graph support per attention group, the "
+        "group that limits the engine, the resolved graph mode, and the known traps.",
+    )
     q.add_argument("recording", nargs="?", help="recording (default: the bundled one)")
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q.add_argument("--width", type=width, help="terminal width in columns (20..1000)")

@@ -298,7 +298,13 @@ def _write_targets(
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("export", help="export a recording: OTLP, Prometheus textfile, Perfetto")
+    p = sub.add_parser(
+        "export",
+        help="export a recording: OTLP, Prometheus textfile, Perfetto",
+        description="Write a recording (or several as one) into other tools' formats: the "
+        "metric set as a Prometheus textfile or OpenMetrics, spans and metrics over OTLP, "
+        "a Perfetto timeline, an AMD rocpd side-car, Parquet. Every writer streams.",
+    )
     p.add_argument(
         "recording",
         nargs="*",

@@ -46,7 +46,14 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("ps", help="list armed vLLM processes (role, rank, model, attached?)")
+    p = sub.add_parser(
+        "ps",
+        help="list armed vLLM processes (role, rank, model, attached?)",
+        description="List the vLLM processes on this host that loaded the probe's plugin "
+        "(those of the server at --url, or all under the run directory): pid, role, rank, "
+        "model, and whether a reader is attached. A server started before the probe was "
+        "installed is not listed: restart it once.",
+    )
     add_target_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_ps)

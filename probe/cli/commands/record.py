@@ -198,7 +198,13 @@ def _run(
 
 
 def add_parser(sub: Any) -> None:
-    r = sub.add_parser("record", help="run a command with the probe on; write a recording")
+    r = sub.add_parser(
+        "record",
+        help="run a command with the probe on; write a recording",
+        description="Run a command (after --, e.g. vllm serve MODEL or a benchmark script) "
+        "with the probe on from its first step, read every vLLM process it starts, and "
+        "write one recording (--out) when the command ends, --duration passes or Ctrl-C.",
+    )
     r.add_argument("--out", "-o", required=True, help="recording file to write (.probe.db)")
     r.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     r.add_argument(

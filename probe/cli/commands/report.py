@@ -51,7 +51,14 @@ def _expand(patterns: list[str]) -> list[str]:
 
 
 def add_parser(sub: Any) -> None:
-    q = sub.add_parser("report", help="summarize a recording (or several as one)")
+    q = sub.add_parser(
+        "report",
+        help="summarize a recording (or several as one)",
+        description="Summarize a recording offline: hit rates, miss reasons, CPU launch "
+        "overhead by phase, engine idle, ranks side by side and the verdict, over steady "
+        "state (warm-up apart). Several files or a quoted glob are summarised as one; with "
+        "no file, the bundled recording.",
+    )
     q.add_argument(
         "recording",
         nargs="*",

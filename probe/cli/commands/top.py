@@ -28,7 +28,14 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("top", help="live per-rank view of a running vLLM server")
+    p = sub.add_parser(
+        "top",
+        help="live per-rank view of a running vLLM server",
+        description="Enable the probe in a running vLLM server (no restart) and show its "
+        "steps live, one row per rank: graph modes, miss reasons, CPU launch overhead. In a "
+        "terminal it redraws in place, otherwise it prints plain lines every few seconds; "
+        "Ctrl-C detaches and the hooks go dormant again.",
+    )
     add_session_args(p)
     p.add_argument("--record", metavar="FILE", help="also write a recording of what it shows")
     p.add_argument("--force", action="store_true", help="overwrite --record")

@@ -20,9 +20,11 @@ to 0.34) importable; it runs on CPU, a GPU build included (docs/whatif.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from typing import Any
 
+from probe import progress
 from probe.cli.commands import console, open_recording, positive_int, width
 from probe.errors import RuntimeFailure, UsageError
 from probe.reasons import MODE_NAMES, SUPPORT_NAMES
@@ -70,11 +72,27 @@ def _costs_from(path: str | None) -> Any:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
+    from probe.analysis.whatif_vllm import quiet_vllm
+
+    rec = open_recording(args.recording)
+    with (
+        progress.display_for(args.progress, plain=args.json, bar=False) as bars,
+        contextlib.nullcontext() if args.verbose else quiet_vllm(),
+    ):
+        result = _whatif(args, rec, bars)
+    result = {"recording": str(rec.path), **result}
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        render(result, console(args.width))
+    return 0
+
+
+def _whatif(args: argparse.Namespace, rec: Any, bars: progress.Display) -> dict[str, Any]:
     from probe.analysis.capture_sizes import SPLIT_SIZE_FIELDS
     from probe.analysis.whatif import Setting, VllmError, WhatIfError, parse_support, whatif
     from probe.reader.recording import RecordingError
 
-    rec = open_recording(args.recording)
     try:
         setting = Setting(
             mode=args.mode,
@@ -88,17 +106,18 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         steps = list(rec.iter_steps())
         snaps = {p["pid"]: p["snapshot"] for p in rec.processes() if p.get("snapshot")}
         costs = _costs_from(args.costs_from)
-        result = whatif(steps, snaps, setting, suggest_count=args.suggest_count, costs_from=costs)
+        return whatif(
+            steps,
+            snaps,
+            setting,
+            suggest_count=args.suggest_count,
+            costs_from=costs,
+            progress=bars,
+        )
     except (WhatIfError, RecordingError) as exc:
         raise UsageError(f"whatif: {rec.path}: {exc}") from None
     except VllmError as exc:
         raise RuntimeFailure(f"whatif: {exc}") from None
-    result = {"recording": str(rec.path), **result}
-    if args.json:
-        print(json.dumps(result, indent=2, default=str))
-    else:
-        render(result, console(args.width))
-    return 0
 
 
 def _pct(v: float | None) -> str:
@@ -254,8 +273,14 @@ def add_parser(sub: Any) -> None:
     q = sub.add_parser(
         "whatif",
         help="a recording's batch shapes through vLLM's real dispatcher under other settings",
+        description="Replay a recording's batch shapes through the installed vLLM's own "
+        "graph-mode resolver and dispatcher (CPU is enough) under other settings: a "
+        "builder's graph support, capture sizes, the graph mode; and price each change in "
+        "steady host time per step.",
     )
     q.add_argument("recording", nargs="?", help="recording (default: the bundled one)")
+    q.add_argument("--verbose", action="store_true", help="also show vLLM's own log lines (stderr)")
+    progress.add_flag(q, "loading vLLM, then each replay")
     q.add_argument("--mode", type=_mode, help=f"requested cudagraph_mode: {', '.join(MODE_NAMES)}")
     q.add_argument(
         "--capture-sizes", type=_sizes, metavar="N,N,...", help="cudagraph_capture_sizes"

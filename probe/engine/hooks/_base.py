@@ -12,7 +12,7 @@ that does not resolve in the running vLLM is reported by name and skipped.
     >>> report.missing[0][0], report.installed
     ('demo.gone', [])
 
-Wrappers follow three rules (DESIGN "Rules for every hook"):
+Wrappers follow three rules (docs/architecture.md, "Rules for every hook"):
 - bypass first: ``if not RT.enabled: return orig(*args, **kwargs)``;
 - the original's result and exceptions pass through unchanged;
 - a fault in probe code is counted and the hook is removed (``Hook.fail``), never raised.

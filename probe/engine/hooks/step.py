@@ -9,9 +9,9 @@ numbers steps (``RT.step``) and marks "inside a step" so that capture, profile a
 runs (which call the same inner methods) are tagged and never counted as serving steps.
 Every other hook stamps its record with ``RT.step``; the reader groups by that number.
 
-Phase spans (DESIGN "phases"): reorder, prepare_inputs, dispatch, metadata_build,
-forward_launch, logits, sample, draft. Each is one SPAN record written after the wrapped
-call returns, with BOOTTIME taken immediately around it; on the compiled path
+Phase spans (docs/architecture.md, "Definitions"): reorder, prepare_inputs, dispatch,
+metadata_build, forward_launch, logits, sample, draft. Each is one SPAN record written after
+the wrapped call returns, with BOOTTIME taken immediately around it; on the compiled path
 (:mod:`probe.engine.accel`) a plain phase span is a C object that does all of that itself. The
 forward launch is one FORWARD record that also carries the graph replays seen inside it
 (:func:`forward`), counting them in the Core's hot fields (:func:`scope_replay`).

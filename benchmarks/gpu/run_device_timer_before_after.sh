@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The probe's cost, before and after, in one call on one GPU (a staged machine; see
-# ../shared/gpu/NOTES.md): the GPU timer's event record, then a plan with this tree's probe
+# The probe's cost, before and after, in one call on one GPU (a machine with vLLM staged):
+# the GPU timer's event record, then a plan with this tree's probe
 # ("after") and the same or another plan with an older probe ("before", OLD_PROBE_DIR, e.g.
-# `git archive 59e55d7 probe exporters`), all under one deadline.
-#   benchmarks/gpu/run_device_final.sh AFTER_PLAN AFTER_S BEFORE_PLAN BEFORE_S OLD_PROBE_DIR
-# e.g. benchmarks/gpu/run_device_final.sh benchmarks/gpu/plan_final2_mrv2.json 360 \
-#        benchmarks/gpu/plan_final_mrv2.json 150 .gpu-old
+# `git archive OLD_COMMIT probe exporters`), all under one deadline.
+#   benchmarks/gpu/run_device_timer_before_after.sh AFTER_PLAN AFTER_S BEFORE_PLAN BEFORE_S OLD_PROBE_DIR
+# e.g. benchmarks/gpu/run_device_timer_before_after.sh benchmarks/gpu/plan_cost_crossover_ten_arms_mrv2.json 360 \
+#        benchmarks/gpu/plan_cost_crossover_mrv2.json 150 .gpu-old
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 AP=$1; AS=$2; BP=$3; BS=$4; OLD=$(readlink -f "$5")
