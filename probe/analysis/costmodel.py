@@ -1,4 +1,4 @@
-"""Host-time cost model: what a steady step costs on the host, per graph mode and batch shape.
+"""Cost model: what a steady step costs on the host and on the GPU, per graph mode and batch shape.
 
 A recording's steady forward steps (:func:`steady_keys`, the project's steady-state rule)
 are grouped into **curves**, one per (graph mode, uniform decode or not), and within a
@@ -17,8 +17,10 @@ its mean host time per step (``Step.host_ns``) and mean CPU launch overhead
 
 :func:`predict` prices a replayed column's steady steps with one or more :class:`Costs`
 (the recording's own first, then ``--costs-from``'s) and gives the predicted steady host
-time per step, CPU launch overhead, and the shapes it had no cost for. Plain functions
-over :class:`~probe.step.Step`; nothing here imports vLLM.
+time per step, CPU launch overhead, and the shapes it had no cost for; with the recorded
+steps and their :func:`timeline`, the steady throughput too (:func:`periods`: each step's
+period from the slower of its host side and its GPU side, each shape's device timing).
+Plain functions over :class:`~probe.step.Step`; nothing here imports vLLM.
 
     >>> from probe.reader.recording import Recording, default_recording
     >>> rec = Recording.open(default_recording())

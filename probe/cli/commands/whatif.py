@@ -11,7 +11,7 @@
 
 Columns: what was recorded; the recording's own settings replayed (every step's mode and
 reason must come out as recorded); the what-if; the suggested capture sizes. Each with its
-steady host time per step and CPU launch overhead (recorded: measured; the others
+steady host time per step, CPU launch overhead and throughput (recorded: measured; the others
 predicted by :mod:`probe.analysis.costmodel` from the per-(mode, shape) costs of the
 recording, then of ``--costs-from``), or the shapes it has no cost for. Needs vLLM (0.26
 to 0.34) importable; it runs on CPU, a GPU build included (docs/whatif.md).
