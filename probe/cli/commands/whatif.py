@@ -11,7 +11,7 @@
 
 Columns: what was recorded; the recording's own settings replayed (every step's mode and
 reason must come out as recorded); the what-if; the suggested capture sizes. Each with its
-steady host time per step and CPU launch overhead (recorded: measured; the others
+steady host time per step, CPU launch overhead and throughput (recorded: measured; the others
 predicted by :mod:`probe.analysis.costmodel` from the per-(mode, shape) costs of the
 recording, then of ``--costs-from``), or the shapes it has no cost for. Needs vLLM (0.26
 to 0.34) importable; it runs on CPU, a GPU build included (docs/whatif.md).
@@ -132,6 +132,14 @@ def _ratio(v: float | None) -> str:
     return "–" if v is None else f"{v:.3f}"
 
 
+def _rate(v: float | None) -> str:
+    return "no cost" if v is None else f"{v:,.0f}"
+
+
+def _bound(b: dict[str, int] | None) -> str:
+    return "–" if not b else f"{b['host']:,}/{b['gpu']:,}"
+
+
 def render_worth(r: dict[str, Any], con: Any) -> None:
     """Where the host-time figures come from, and the shapes that have no cost."""
     sources = " then ".join(f"{c['source']} ({c['shapes']} shapes)" for c in r["costs"])
@@ -157,6 +165,26 @@ def render_worth(r: dict[str, Any], con: Any) -> None:
             "  (no guess is made for a mode or shape the recording never ran: give "
             "--costs-from a recording that ran it)"
         )
+    between = r["costs"][0].get("between_steps_ns")
+    own = (
+        f"{between / 1e3:,.0f} µs, measured before the steps the GPU waited for"
+        if between is not None
+        else "not measured here (no step had the GPU wait for the host): taken as none"
+    )
+    con.print(
+        "[bold]throughput[/] (steady scheduled tokens/s): a changed step's period moves "
+        "with the slower of its host side (host time + the host's own time between steps, "
+        f"{own}) and its GPU side (the device period of its shape where the GPU bounded it)"
+    )
+    for c in r["columns"]:
+        gaps = c["worth"].get("no_gpu_timing") or []
+        if gaps:
+            con.print(
+                f"  [yellow]{c['column']}: no device timing for[/] "
+                + "; ".join(f"{m['shape']} ({m['steps']:,} steps)" for m in gaps[:6])
+                + (f"; and {len(gaps) - 6} more shapes" if len(gaps) > 6 else "")
+                + ": their period moves with the host time alone"
+            )
 
 
 def _sizes_text(sizes: list[int]) -> str:
@@ -215,6 +243,18 @@ def render(r: dict[str, Any], con: Any) -> None:
         t.add_row(label, *(_us(c["worth"][key]) for c in cols))
         t.add_row(
             "  B/A against recorded", *(_ratio(c["worth"][f"{key}_vs_recorded"]) for c in cols)
+        )
+    t.add_row("steady period per step", *(_us(c["worth"].get("period_ns_per_step")) for c in cols))
+    t.add_row("steady throughput (tok/s)", *(_rate(c["worth"].get("tokens_per_s")) for c in cols))
+    t.add_row(
+        "  B/A against recorded",
+        *(_ratio(c["worth"].get("tokens_per_s_vs_recorded")) for c in cols),
+    )
+    t.add_row("host-/GPU-bound steps", *(_bound(c["worth"].get("bound")) for c in cols))
+    if any((c["worth"].get("bound") or {}).get("none") for c in cols):
+        t.add_row(
+            "  no device timing",
+            *(f"{(c['worth'].get('bound') or {}).get('none', 0):,}" for c in cols),
         )
     reasons: list[str] = []
     for c in cols:
