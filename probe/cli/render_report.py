@@ -315,8 +315,8 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
             "probe cost",
             f"{cost.removeprefix('probe cost ')}; {c['span_calls_per_step']:.1f} span and "
             f"{c['hook_calls_per_step']:.1f} hook calls per step at "
-            f"{_ns_pair(c, '')} ns warm"
-            + (f", {_ns_pair(c, '_cold')} ns cold" if c.get("span_cold_ns") else "")
+            f"{_ns_pair(c, '')} ns in a hot loop"
+            + (f", {_ns_pair(c, '_cold')} ns data evicted" if c.get("span_cold_ns") else "")
             + (
                 f", {_ns_pair(c, '_cold_code')} ns with code evicted too"
                 if c.get("span_cold_code_ns")
