@@ -85,6 +85,7 @@ def build_report(rec: Recording | Sequence[Recording]) -> dict[str, Any]:
         "miss_reasons": fig["miss_reasons"],
         "ratios": analysis.ratios_of(fig, summ),
         "steady_steps": fig["steady_steps"],
+        "nonforward_steps": fig["nonforward_steps"],
         "phases": fig["phases"],
         "gpu": fig["gpu"],
         "throughput": fig["throughput"],
@@ -167,7 +168,12 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
         "forward steps",
         f"{ha['steps']:,}  (FULL {ha['full']:,} · PIECEWISE "
         f"{ha['piecewise']:,} · NONE {ha['none']:,}); steady state {hr['steps']:,}, "
-        f"warm-up {ha['steps'] - hr['steps']:,} (rates, times and shares below: steady)",
+        f"warm-up {ha['steps'] - hr['steps']:,} (rates, times and shares below: steady)"
+        + (
+            f"; {rep['nonforward_steps']:,} more steps ran no forward"
+            if rep.get("nonforward_steps")
+            else ""
+        ),
     )
     head.add_row("full hit rate", _pct(hr["full_hit_rate"]))
     head.add_row("graph rate", _pct(hr["graph_rate"]))
