@@ -80,11 +80,12 @@ def mean(hist: str, by: str) -> str:
 
 R = ratio_queries(window=RI, selector=SEL, guard=True)
 COST = probe_cost_queries(window=RI, by="pid", selector=SEL)
-#: the probe cost panel's series, in its order, as its legend names them
+#: the probe cost panel's series, in its order, as its legend names them: the one figure
+#: the report prints (code evicted where calibrated), then the others by what they are
 COST_LABELS = {
-    "cold": "cold (data evicted)",
-    "cold_code": "cold (code evicted too)",
-    "warm": "warm",
+    "headline": "probe cost",
+    "cold": "data evicted (a floor)",
+    "warm": "hot loop (a lower bound)",
 }
 LEGEND = {"displayMode": "list", "placement": "bottom", "showLegend": True, "calcs": []}
 
@@ -650,12 +651,11 @@ def host_overhead() -> dict[str, Any]:
         panel(
             "Probe cost per step (calibrated)",
             "What the probe's own hooks add to each forward step: the hooked calls per step "
-            "times each call's cost, calibrated at attach in the engine process. cold (data "
-            "evicted) to cold_code (code evicted too) is the range `probe report` prints; "
-            "end to end, pooled over runs, the probe's cost measured inside it "
-            "(benchmarks/evidence/overhead.md); warm is a hot loop's figure. Set it against the "
-            "CPU launch overhead, which it inflates. Empty for processes recorded without a "
-            "calibration.",
+            "times each call's cost, calibrated at attach in the engine process. probe cost "
+            "is the one figure `probe report` prints: calibrated with code and data evicted, "
+            "which matches the cost measured end to end (benchmarks/evidence/overhead.md); data evicted "
+            "alone reads about half of it, a hot loop a tenth. Set it against the CPU launch "
+            "overhead, which it inflates. Empty for processes recorded without a calibration.",
             [target(COST[name], f"{label} {{{{pid}}}}") for name, label in COST_LABELS.items()],
             unit="s",
             no_value=NO_CALIBRATION,

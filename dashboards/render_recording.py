@@ -40,7 +40,7 @@ from matplotlib.axes import Axes
 from dashboards.generate import COST_LABELS, DASHBOARDS, R
 from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import LAUNCH_BUCKETS
-from probe.analysis.cost import TIMINGS, has_timing, probe_cost
+from probe.analysis.cost import TIMINGS, cost_key, has_timing, probe_cost
 from probe.analysis.ranks import StepRanks, per_step, recording_ranks
 from probe.analysis.views import PHASES, RATIOS, percentile
 from probe.reader.recording import Recording, default_recording
@@ -335,8 +335,9 @@ def draw(title: str, ax: Axes, d: Data) -> None:
             cal = dict(p.calibration or {})
             mine = [r for r in rows if r.step.pid == p.pid]
             for name, label in COST_LABELS.items():
-                if has_timing(cal, TIMINGS[name]):
-                    _line(ax, d, mine, _probe_cost(p.pid, cal, TIMINGS[name]), f"{label} {p.pid}")
+                if name == "headline" or has_timing(cal, TIMINGS[name]):
+                    key = "per_step_ns" if name == "headline" else cost_key(TIMINGS[name])
+                    _line(ax, d, mine, _probe_cost(p.pid, cal, key), f"{label} {p.pid}")
     elif title in RANK_PANELS:
         _draw_ranks(title, ax, d)
     else:
@@ -396,16 +397,14 @@ def _draw_ranks(title: str, ax: Axes, d: Data) -> None:
             )
 
 
-def _probe_cost(
-    pid: int, cal: dict[str, Any], timing: str
-) -> Callable[[Sequence[At]], float | None]:
-    """Seconds per forward step the probe's hooks cost in a window, by one timing of the
-    calibration: :func:`probe.analysis.cost.probe_cost` over the window's steps, what the panel's
-    PromQL computes (:data:`exporters.metrics.PROBE_COST`)."""
+def _probe_cost(pid: int, cal: dict[str, Any], key: str) -> Callable[[Sequence[At]], float | None]:
+    """Seconds per forward step the probe's hooks cost in a window, one figure (``key``) of
+    :func:`probe.analysis.cost.probe_cost` over the window's steps, what the panel's PromQL
+    computes (:data:`exporters.metrics.PROBE_COST`)."""
 
     def f(rs: Sequence[At]) -> float | None:
         c = probe_cost((r.step for r in rs), {pid: cal})
-        v = c.get(f"per_step{timing}_ns") if c else None
+        v = c.get(key) if c else None
         return None if v is None else v / 1e9
 
     return f

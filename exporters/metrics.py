@@ -373,7 +373,9 @@ def probe_cost_queries(window: str = "5m", by: str = "pid", selector: str = "") 
     """The probe's cost per forward step by each timing, as PromQL: the hooked calls per
     second of each kind, each times its calibrated cost per call, over the forward steps
     per second, of steady state; what ``probe report`` computes (:mod:`probe.analysis.summary`).
-    ``cold`` to ``cold_code`` is the range the report prints."""
+    ``headline`` is the one figure the report prints (:func:`probe.analysis.cost.
+    with_headline`): per process, ``cold_code`` where its calibration has it, else
+    ``cold``, else ``warm``."""
     sel = "{" + ", ".join(x for x in (selector, 'steady="true"') if x) + "}"
     out = {}
     for timing in TIMINGS:
@@ -383,6 +385,7 @@ def probe_cost_queries(window: str = "5m", by: str = "pid", selector: str = "") 
             f" * on (instance, pid, kind) group_left () {NAMESPACE}_hooked_call_cost_seconds"
             f"{{{cost_sel}}})\n  / sum by ({by}) (rate({NAMESPACE}_steps_total{sel}[{window}]))"
         )
+    out["headline"] = " or ".join(f"({out[t]})" for t in ("cold_code", "cold", "warm"))
     return out
 
 

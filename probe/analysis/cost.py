@@ -135,29 +135,61 @@ def probe_cost(
     per_step_cold = cold_cost / n if cold_ok else None
     mean_launch = sum(launch) / len(launch) if launch else None
     cals = list({id(c): c for _, c in cal_steps}.values())
-    return {
-        "steps": n,
-        "span_calls_per_step": spans / n,
-        "hook_calls_per_step": hooks / n,
-        "span_ns": [float(c["span_ns"]) for c in cals],
-        "hook_ns": [float(c["hook_ns"]) for c in cals],
-        "hot_path": sorted({str(c.get("hot_path")) for c in cals}),
-        "per_step_ns": per_step,
-        "cpu_launch_overhead_mean_ns": mean_launch,
-        "share_of_cpu_launch_overhead": per_step / mean_launch if mean_launch else None,
-        "span_cold_ns": [float(c["span_cold_ns"]) for c in cals] if cold_ok else None,
-        "hook_cold_ns": [float(c["hook_cold_ns"]) for c in cals] if cold_ok else None,
-        "per_step_cold_ns": per_step_cold,
-        "share_cold_of_cpu_launch_overhead": (
-            per_step_cold / mean_launch if mean_launch and per_step_cold is not None else None
-        ),
-        "span_cold_code_ns": ([float(c["span_cold_code_ns"]) for c in cals] if code_ok else None),
-        "hook_cold_code_ns": ([float(c["hook_cold_code_ns"]) for c in cals] if code_ok else None),
-        "per_step_cold_code_ns": code_cost / n if code_ok else None,
-        "share_cold_code_of_cpu_launch_overhead": (
-            code_cost / n / mean_launch if mean_launch and code_ok else None
-        ),
-    }
+    return with_headline(
+        {
+            "steps": n,
+            "span_calls_per_step": spans / n,
+            "hook_calls_per_step": hooks / n,
+            "span_ns": [float(c["span_ns"]) for c in cals],
+            "hook_ns": [float(c["hook_ns"]) for c in cals],
+            "hot_path": sorted({str(c.get("hot_path")) for c in cals}),
+            "per_step_warm_ns": per_step,
+            "cpu_launch_overhead_mean_ns": mean_launch,
+            "share_warm_of_cpu_launch_overhead": per_step / mean_launch if mean_launch else None,
+            "span_cold_ns": [float(c["span_cold_ns"]) for c in cals] if cold_ok else None,
+            "hook_cold_ns": [float(c["hook_cold_ns"]) for c in cals] if cold_ok else None,
+            "per_step_cold_ns": per_step_cold,
+            "share_cold_of_cpu_launch_overhead": (
+                per_step_cold / mean_launch if mean_launch and per_step_cold is not None else None
+            ),
+            "span_cold_code_ns": (
+                [float(c["span_cold_code_ns"]) for c in cals] if code_ok else None
+            ),
+            "hook_cold_code_ns": (
+                [float(c["hook_cold_code_ns"]) for c in cals] if code_ok else None
+            ),
+            "per_step_cold_code_ns": code_cost / n if code_ok else None,
+            "share_cold_code_of_cpu_launch_overhead": (
+                code_cost / n / mean_launch if mean_launch and code_ok else None
+            ),
+        }
+    )
+
+
+def cost_key(timing: str) -> str:
+    """The key of :func:`probe_cost`'s figure per step by one timing (a suffix of
+    :data:`TIMINGS`): ``per_step_warm_ns``, ``per_step_cold_ns``, ``per_step_cold_code_ns``."""
+    return f"per_step{timing or '_warm'}_ns"
+
+
+def with_headline(cost: dict[str, Any]) -> dict[str, Any]:
+    """``cost`` with its one headline figure: ``per_step_ns``, the probe's cost per step by
+    the calibration's code-evicted timing where it has one (the figure that matches the
+    cost measured end to end: :data:`HEADLINE_NOTE`), else by its data-evicted one, else by
+    the hot loop's (each a lower bound); ``per_step_timing`` names which (a key of
+    :data:`TIMINGS`), ``share_of_cpu_launch_overhead`` is its share of the mean CPU launch
+    overhead. Every surface shows this one; the others by their names."""
+    for timing in ("cold_code", "cold", "warm"):
+        v = cost.get(cost_key(TIMINGS[timing]))
+        if v is not None:
+            share = f"share{TIMINGS[timing] or '_warm'}_of_cpu_launch_overhead"
+            return {
+                **cost,
+                "per_step_ns": v,
+                "per_step_timing": timing,
+                "share_of_cpu_launch_overhead": cost.get(share),
+            }
+    return {**cost, "per_step_ns": None, "per_step_timing": None}
 
 
 TIMINGS: Mapping[str, str] = {"warm": "", "cold": "_cold", "cold_code": "_cold_code"}
@@ -186,9 +218,7 @@ IN_ENGINE_NOTE = (
 """What a warm-only calibration leaves out, as measured end to end
 (benchmarks/gpu/crossover.py); printed for recordings without cold timings."""
 
-COLD_NOTE = (
-    "calibrated with cold caches: a floor, end to end 1-5x this (benchmarks/evidence/overhead.md)"
-)
+COLD_NOTE = "calibrated with cold caches: a floor, end to end 1-5x this (benchmarks/evidence/overhead.md)"
 """How the data-only cold estimate was taken (:mod:`probe.engine.calibrate`) and what it is worth
 alone, measured end to end (``benchmarks/gpu/crossover.py``, same runs): on the real CPU
 engine it read 15.3-16.8 µs per V1 step where the crossover measured +14.3 [+10.8, +17.0]
@@ -197,72 +227,57 @@ shared L3) 10.9-26.6 µs where the crossover measured 28-62 µs per run
 (benchmarks/evidence/overhead.md). So a floor: printed for recordings whose
 calibration has no code-evicted figures (the older ones)."""
 
-RANGE_NOTE = (
-    "calibrated at attach with cold caches, data evicted to code evicted too;"
-    " end to end an attach measured 1.3-2.4x the top (H200 MRV2, H100 V1;"
-    " benchmarks/evidence/overhead.md)"
+HEADLINE_NOTE = (
+    "calibrated at attach with code and data evicted, which matches the cost measured end"
+    " to end (H200 MRV2: 50.1 µs against +48.9 [+27.0, +65.6]; benchmarks/evidence/overhead.md)"
 )
-"""What the cold range is worth, measured end to end in the same runs. The calibration
-times a wrapped no-op against a bare one, so it stands for what attaching costs: the
-crossover's attached-afresh-against-absent design, which on one H200 (MRV2 k=1) measured
-1.3-1.7x the code-evicted top of the range, and on one H100 (V1 k=1) 2.4x it. Enabled
-against dormant, which leaves out the dormant wrappers' own presence, measured 1.0-1.3x
-the top on the H200, and inside the range on the real CPU engine (V1). So the range is
-the calibration's, and the note says how far above it the GPU machines measured (the
-figures, their methods and data: benchmarks/evidence/overhead.md, "The probe's overhead")."""
+"""Why the code-evicted figure is the headline: of the calibration's three timings it is
+the one the end-to-end crossover measured, pooled over the same runs (one H200, MRV2 k = 1:
+mean 50.1 µs per step against +48.9 [+27.0, +65.6] enabled against dormant; the CPU engine,
+V1: 35.1 against +24.3 [+11.4, +36.6]); the data-evicted figure read about half of it
+there (26.1), the hot loop's a tenth (benchmarks/evidence/overhead.md, "The probe's overhead")."""
 
 
 def cost_line(cost: Mapping[str, Any] | None, short: bool = False) -> str | None:
-    """The probe's cost per step, in words, from the best figures the calibration has:
+    """The probe's cost per step, in words: the one headline figure (:func:`with_headline`,
+    ``per_step_ns``) and its share of the CPU launch overhead, then the calibration's other
+    figures, each named for what it is:
 
-    - with code-evicted timings (every current calibration): a range, "probe cost X-Y µs
-      per step (A-B% of CPU launch overhead; ... :data:`RANGE_NOTE`; Z µs warm)", from the
-      data-only cold figure to the code-evicted one;
-    - with data-only cold timings: "probe cost ≥ X µs per step (Y% ...; :data:`COLD_NOTE`;
-      Z µs warm)";
-    - warm only: "probe cost ≥ X µs per step (Y% ...; :data:`IN_ENGINE_NOTE`)", a hot loop
+    - with code-evicted timings (every current calibration): "probe cost X µs per step
+      (A% of CPU launch overhead; :data:`HEADLINE_NOTE`; data evicted Y µs, hot loop Z
+      µs)";
+    - with data-only cold timings: "probe cost ≥ X µs per step (A% ...; :data:`COLD_NOTE`;
+      hot loop Z µs)";
+    - warm only: "probe cost ≥ X µs per step (A% ...; :data:`IN_ENGINE_NOTE`)", a hot loop
       around a no-op, where inside vLLM's step the same hooks cost several times that.
 
     None without a calibration. ``short``: the same figures within 80 columns, for the live
-    view ("probe cost X-Y µs/step, A-B% of launch (cold range; Z warm)")."""
-    if not cost:
+    view ("probe cost X µs/step, A% of launch (data evicted Y, hot loop Z)")."""
+    if not cost or cost.get("per_step_ns") is None:
         return None
-    cold = cost.get("per_step_cold_ns")
-    code = cost.get("per_step_cold_code_ns")
-    warm = cost["per_step_ns"] / 1e3
-    if cold is not None and code is not None:
-        lo, hi = sorted((cold, code))
-        shares = sorted(
-            s
-            for s in (
-                cost.get("share_cold_of_cpu_launch_overhead"),
-                cost.get("share_cold_code_of_cpu_launch_overhead"),
-            )
-            if s is not None
-        )
-        span = f"{lo / 1e3:.1f}-{hi / 1e3:.1f} µs"
-        pct = f"{100 * shares[0]:.1f}-{shares[-1]:.1%}" if len(shares) == 2 else None
-        if short:
-            of = f", {pct} of launch" if pct else ""
-            return f"probe cost {span}/step{of} (cold range; {warm:.1f} warm)"
-        of = f"{pct} of CPU launch overhead; " if pct else ""
-        return f"probe cost {span} per step ({of}{RANGE_NOTE}; {warm:.1f} µs warm)"
-    if short:
-        if cold is None:
-            share = cost.get("share_of_cpu_launch_overhead")
-            pct = f", {share:.1%} of launch" if share is not None else ""
-            return f"probe cost ≥ {warm:.1f} µs/step{pct} (warm calibration: a lower bound)"
-        share = cost.get("share_cold_of_cpu_launch_overhead")
-        pct = f", {share:.1%} of launch" if share is not None else ""
-        return f"probe cost ≥ {cold / 1e3:.1f} µs/step{pct} (cold floor; {warm:.1f} warm)"
-    if cold is not None:
-        share = cost.get("share_cold_of_cpu_launch_overhead")
-        note = f"{share:.1%} of CPU launch overhead; " if share is not None else ""
-        return f"probe cost ≥ {cold / 1e3:.1f} µs per step ({note}{COLD_NOTE}; {warm:.1f} µs warm)"
-    line = f"probe cost ≥ {warm:.1f} µs per step"
+    head = cost["per_step_ns"] / 1e3
+    timing = cost.get("per_step_timing")
+    warm = cost["per_step_warm_ns"] / 1e3
     share = cost.get("share_of_cpu_launch_overhead")
-    note = f"{share:.1%} of CPU launch overhead; " if share is not None else ""
-    return line + f" ({note}{IN_ENGINE_NOTE})"
+    if short:
+        pct = f", {share:.1%} of launch" if share is not None else ""
+        if timing == "cold_code":
+            cold = cost["per_step_cold_ns"] / 1e3
+            tail = f"(data evicted {cold:.1f}, hot loop {warm:.1f})"
+            return f"probe cost {head:.1f} µs/step{pct} {tail}"
+        if timing == "cold":
+            return f"probe cost ≥ {head:.1f} µs/step{pct} (cold floor; hot loop {warm:.1f})"
+        return f"probe cost ≥ {head:.1f} µs/step{pct} (warm calibration: a lower bound)"
+    of = f"{share:.1%} of CPU launch overhead; " if share is not None else ""
+    if timing == "cold_code":
+        cold = cost["per_step_cold_ns"] / 1e3
+        return (
+            f"probe cost {head:.1f} µs per step ({of}{HEADLINE_NOTE}; "
+            f"data evicted {cold:.1f} µs, hot loop {warm:.1f} µs)"
+        )
+    if timing == "cold":
+        return f"probe cost ≥ {head:.1f} µs per step ({of}{COLD_NOTE}; hot loop {warm:.1f} µs)"
+    return f"probe cost ≥ {head:.1f} µs per step ({of}{IN_ENGINE_NOTE})"
 
 
 def cost_per_step_ns(cal: dict[str, Any], spans: float, hooks: float, timing: str = "") -> float:

@@ -92,7 +92,7 @@ class FiguresOf:
         }
 
     def _probe_cost(self, steady: Mapping[Key, Acc], st: Acc) -> dict[str, Any] | None:
-        from probe.analysis.cost import cost_per_step_ns, has_timing
+        from probe.analysis.cost import cost_per_step_ns, has_timing, with_headline
 
         cals = {p: c for p, c in self.calibrations.items() if c is not None}
         per = [(cals[k[0]], a) for k, a in steady.items() if k[0] in cals and a.s[_S["costed"]]]
@@ -123,25 +123,31 @@ class FiguresOf:
         def share(x: float | None) -> float | None:
             return x / mean_launch if mean_launch and x is not None else None
 
-        return {
-            "steps": n,
-            "span_calls_per_step": spans / n,
-            "hook_calls_per_step": hooks / n,
-            "span_ns": [float(c["span_ns"]) for c in used],
-            "hook_ns": [float(c["hook_ns"]) for c in used],
-            "hot_path": sorted({str(c.get("hot_path")) for c in used}),
-            "per_step_ns": per_step,
-            "cpu_launch_overhead_mean_ns": mean_launch,
-            "share_of_cpu_launch_overhead": share(per_step),
-            "span_cold_ns": [float(c["span_cold_ns"]) for c in used] if cold_ok else None,
-            "hook_cold_ns": [float(c["hook_cold_ns"]) for c in used] if cold_ok else None,
-            "per_step_cold_ns": cold,
-            "share_cold_of_cpu_launch_overhead": share(cold),
-            "span_cold_code_ns": [float(c["span_cold_code_ns"]) for c in used] if code_ok else None,
-            "hook_cold_code_ns": [float(c["hook_cold_code_ns"]) for c in used] if code_ok else None,
-            "per_step_cold_code_ns": code,
-            "share_cold_code_of_cpu_launch_overhead": share(code),
-        }
+        return with_headline(
+            {
+                "steps": n,
+                "span_calls_per_step": spans / n,
+                "hook_calls_per_step": hooks / n,
+                "span_ns": [float(c["span_ns"]) for c in used],
+                "hook_ns": [float(c["hook_ns"]) for c in used],
+                "hot_path": sorted({str(c.get("hot_path")) for c in used}),
+                "per_step_warm_ns": per_step,
+                "cpu_launch_overhead_mean_ns": mean_launch,
+                "share_warm_of_cpu_launch_overhead": share(per_step),
+                "span_cold_ns": [float(c["span_cold_ns"]) for c in used] if cold_ok else None,
+                "hook_cold_ns": [float(c["hook_cold_ns"]) for c in used] if cold_ok else None,
+                "per_step_cold_ns": cold,
+                "share_cold_of_cpu_launch_overhead": share(cold),
+                "span_cold_code_ns": [float(c["span_cold_code_ns"]) for c in used]
+                if code_ok
+                else None,
+                "hook_cold_code_ns": [float(c["hook_cold_code_ns"]) for c in used]
+                if code_ok
+                else None,
+                "per_step_cold_code_ns": code,
+                "share_cold_code_of_cpu_launch_overhead": share(code),
+            }
+        )
 
     def reorder_figures(self) -> dict[str, Any]:
         r = self.reorders

@@ -640,6 +640,8 @@ class Summary(FiguresOf):
             "rules": dict(rules.RULES),
             "percentile_error": PERCENTILE_ERROR,
             "forward_steps": int(tot.s[_S["steps"]]),
+            # the steps that ran no forward (recorded, counted by `probe record`), all ranks
+            "nonforward_steps": self.nonforward,
             "steady_steps": int(st.s[_S["steps"]]),
             "hit_rates": _hit_rates(steady),
             "hit_rates_all": _hit_rates(groups),

@@ -286,7 +286,8 @@ def run_session(
         except BaseException:
             _discard(out)
             raise
-        t_end = time.monotonic() + opts.duration if opts.duration else None
+        attached_at = time.monotonic()
+        t_end = attached_at + opts.duration if opts.duration else None
         print(
             f"probe: attached to {len(procs)} process(es): "
             + ", ".join(f"{a.pid} {a.role}" for a in procs),
@@ -349,6 +350,8 @@ def run_session(
                     next_print = time.monotonic() + 5.0
                 if not session.collector.spooled:  # behind: the next slice at once
                     time.sleep(opts.interval)
+            # the summary's rate: the steps over the attachment, not over their own span
+            stats.attached_s = time.monotonic() - attached_at
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
@@ -361,9 +364,12 @@ def run_session(
             )
         problems = session.close()
     col = session.collector
-    steps = sum(p.steps_seen for p in col.procs.values()) if col is not None else 0
+    procs_seen = list(col.procs.values()) if col is not None else []
+    steps = sum(p.steps_seen for p in procs_seen)
+    forward = sum(p.forward_seen for p in procs_seen)
     print(
-        f"probe: detached ({stop['why']}); {steps:,} steps seen; finished in "
+        f"probe: detached ({stop['why']}); {forward:,} forward steps seen ({steps - forward:,} "
+        f"more ran no forward); finished in "
         f"{session.finish_s:.2f} s ({session.left_at_detach:,} records left at detach)",
         file=err,
     )

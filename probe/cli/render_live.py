@@ -47,6 +47,7 @@ class RankView:
     steps: deque[Step] = field(default_factory=lambda: deque(maxlen=4096))
     arrivals: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
     steps_total: int = 0
+    forward_total: int = 0
     first_arrival: int | None = None
     dropped: int = 0
     faults: int = 0
@@ -98,6 +99,9 @@ class LiveStats:
         self.behind = 0
         #: processes attached (a reader's loop that attaches sets it; None: not told)
         self.attached: int | None = None
+        #: how long the attachment lasted, set at its end by a reader's loop that attaches:
+        #: once closed, the rates are the forward steps over it (None: not told)
+        self.attached_s: float | None = None
 
     def _view(self, proc: ProcessState) -> RankView:
         v = self.ranks.get(proc.pid)
@@ -133,6 +137,7 @@ class LiveStats:
         for s in steps:
             v.steps.append(s)
             if s.forward:
+                v.forward_total += 1
                 v.arrivals.append(s.t1 or now)
                 if v.first_arrival is None:
                     v.first_arrival = s.t1 or now
@@ -177,7 +182,11 @@ class LiveStats:
         saturated host the reader runs seconds behind the engine, and a window on its
         own clock held none of the steps it had (a rate of 0 while the count rose). While
         every step seen is inside the window (the first seconds of an attach), the rate
-        is over their intervals, not diluted by the part of the window before them."""
+        is over their intervals, not diluted by the part of the window before them. Once
+        the view is closed after an attachment whose length it was told
+        (:attr:`attached_s`): the rank's forward steps over the attachment."""
+        if self.closed and self.attached_s:
+            return v.forward_total / self.attached_s * self.sample_every
         if not v.arrivals:
             return 0.0
         newest = max(v.arrivals)
@@ -431,8 +440,13 @@ def header_line(stats: LiveStats, title: str, agg: Mapping[str, Any] | None = No
     agg = stats.aggregate() if agg is None else agg
     h = agg["hit_rates"]
     return (
-        f"{title} | {agg['ranks']} rank(s), {agg['steps_per_s']:.1f} steps/s, "
-        f"FULL {_pct(h['full_hit_rate'])}, graph {_pct(h['graph_rate'])}"
+        f"{title} | {agg['ranks']} rank(s), {agg['steps_per_s']:.1f} steps/s"
+        + (
+            f" over the {stats.attached_s:,.1f} s attached"
+            if stats.closed and stats.attached_s
+            else ""
+        )
+        + f", FULL {_pct(h['full_hit_rate'])}, graph {_pct(h['graph_rate'])}"
         + (f", 1 step in {stats.sample_every} recorded" if stats.sample_every > 1 else "")
         + (f", {stats.behind:,} records behind" if stats.behind and agg["ranks"] else "")
     )

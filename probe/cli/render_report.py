@@ -85,6 +85,7 @@ def build_report(rec: Recording | Sequence[Recording]) -> dict[str, Any]:
         "miss_reasons": fig["miss_reasons"],
         "ratios": analysis.ratios_of(fig, summ),
         "steady_steps": fig["steady_steps"],
+        "nonforward_steps": fig["nonforward_steps"],
         "phases": fig["phases"],
         "gpu": fig["gpu"],
         "throughput": fig["throughput"],
@@ -167,7 +168,12 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
         "forward steps",
         f"{ha['steps']:,}  (FULL {ha['full']:,} · PIECEWISE "
         f"{ha['piecewise']:,} · NONE {ha['none']:,}); steady state {hr['steps']:,}, "
-        f"warm-up {ha['steps'] - hr['steps']:,} (rates, times and shares below: steady)",
+        f"warm-up {ha['steps'] - hr['steps']:,} (rates, times and shares below: steady)"
+        + (
+            f"; {rep['nonforward_steps']:,} more steps ran no forward"
+            if rep.get("nonforward_steps")
+            else ""
+        ),
     )
     head.add_row("full hit rate", _pct(hr["full_hit_rate"]))
     head.add_row("graph rate", _pct(hr["graph_rate"]))
@@ -315,8 +321,8 @@ def render_report(rep: Mapping[str, Any], console: Console) -> None:
             "probe cost",
             f"{cost.removeprefix('probe cost ')}; {c['span_calls_per_step']:.1f} span and "
             f"{c['hook_calls_per_step']:.1f} hook calls per step at "
-            f"{_ns_pair(c, '')} ns warm"
-            + (f", {_ns_pair(c, '_cold')} ns cold" if c.get("span_cold_ns") else "")
+            f"{_ns_pair(c, '')} ns in a hot loop"
+            + (f", {_ns_pair(c, '_cold')} ns data evicted" if c.get("span_cold_ns") else "")
             + (
                 f", {_ns_pair(c, '_cold_code')} ns with code evicted too"
                 if c.get("span_cold_code_ns")

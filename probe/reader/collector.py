@@ -100,6 +100,8 @@ class ProcessState:
     assembler: StepAssembler | None = None
     snapshot: dict[str, Any] | None = None
     steps_seen: int = 0
+    #: of ``steps_seen``, the steps that ran a forward (the report's "forward steps")
+    forward_seen: int = 0
     dropped: int = 0
     announced: bool = False
     spool: Spool = field(default_factory=Spool)
@@ -286,6 +288,7 @@ class Collector:
         gpu = [GpuSample.of(g) for g in proc.assembler.take_gpu()]
         if steps or gpu:
             proc.steps_seen += len(steps)
+            proc.forward_seen += sum(1 for s in steps if s.mode is not None)
             self._each_sink("on_steps", proc, steps, gpu)
 
     def _error(self, msg: str) -> None:

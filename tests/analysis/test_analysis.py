@@ -389,10 +389,12 @@ def _bundled_cost(span_ns: float, hook_ns: float) -> tuple[float, float]:
 def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path) -> None:
     """A calibration that timed its span and hook cold (every calibration but the oldest) gives
     "probe cost ≥ X µs per step" from the cold figures (a floor: on the H200 the crossover
-    measured 2-5x it), with the warm figure beside it; one that also timed them with code
-    evicted (the current calibration) gives the range between the two. The report's panel and
-    JSON carry every figure. A damaged cold value falls back to the warm-only lower bound,
-    never to a wrong estimate."""
+    measured 2-5x it), with the hot loop's figure named beside it; one that also timed them
+    with code evicted (the current calibration) gives that one figure, the one the
+    end-to-end crossover measured, with the data-evicted and hot-loop figures named beside
+    it. The JSON's ``per_step_ns`` is the headline, ``per_step_timing`` says which; the
+    report's panel and JSON carry every figure. A damaged cold value falls back to the
+    warm-only lower bound, never to a wrong estimate."""
     # the shared figures (80/120 ns warm, 900/2800 cold, 2000/6000 code evicted too),
     # first without the code-evicted ones, as the older calibrations recorded
     cal = {k: v for k, v in CALIBRATION.items() if "_cold_code" not in k}
@@ -401,17 +403,19 @@ def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path
     c = rep["probe_cost"]
     warm, _ = _bundled_cost(80.0, 120.0)
     cold, share = _bundled_cost(900.0, 2800.0)
-    assert c["per_step_ns"] == pytest.approx(warm)
+    assert c["per_step_warm_ns"] == pytest.approx(warm)
     assert c["per_step_cold_ns"] == pytest.approx(cold)
+    assert c["per_step_ns"] == c["per_step_cold_ns"] and c["per_step_timing"] == "cold"
     assert c["span_cold_ns"] == [900.0] and c["hook_cold_ns"] == [2800.0]
     assert c["share_cold_of_cpu_launch_overhead"] == pytest.approx(share)
+    assert c["share_of_cpu_launch_overhead"] == c["share_cold_of_cpu_launch_overhead"]
     line = (
         f"probe cost ≥ {cold / 1e3:.1f} µs per step ({share:.1%} of CPU launch overhead; "
-        f"{cost.COLD_NOTE}; {warm / 1e3:.1f} µs warm)"
+        f"{cost.COLD_NOTE}; hot loop {warm / 1e3:.1f} µs)"
     )
     assert line in rep["verdict"]
     text = " ".join(_text(rep).replace("│", " ").split())  # as read, whatever the wrapping
-    assert "900 and 2800 ns cold" in text
+    assert "900 and 2800 ns data evicted" in text
     assert c["per_step_cold_code_ns"] is None and "code evicted" not in text
     # the current calibration also times with code evicted: the line
     # is the range from the data-only figure to that one (both ends measured against the
@@ -425,21 +429,25 @@ def test_a_calibration_with_cold_timings_prints_the_cold_estimate(tmp_path: Path
     assert c["share_cold_code_of_cpu_launch_overhead"] == pytest.approx(code_share)
     assert c["span_cold_code_ns"] == [2000.0] and c["hook_cold_code_ns"] == [6000.0]
     assert c["per_step_cold_ns"] == pytest.approx(cold) and line not in rep["verdict"]
-    ranged = (
-        f"probe cost {cold / 1e3:.1f}-{code_cost / 1e3:.1f} µs per step ({100 * share:.1f}-"
-        f"{code_share:.1%} of CPU launch overhead; {cost.RANGE_NOTE}; {warm / 1e3:.1f} µs warm)"
+    assert c["per_step_ns"] == c["per_step_cold_code_ns"] and c["per_step_timing"] == "cold_code"
+    assert c["share_of_cpu_launch_overhead"] == pytest.approx(code_share)
+    one = (
+        f"probe cost {code_cost / 1e3:.1f} µs per step ({code_share:.1%} of CPU launch "
+        f"overhead; {cost.HEADLINE_NOTE}; data evicted {cold / 1e3:.1f} µs, hot loop "
+        f"{warm / 1e3:.1f} µs)"
     )
-    assert ranged in rep["verdict"]
+    assert one in rep["verdict"]
     assert not any(cost.COLD_NOTE in v for v in rep["verdict"])
     text = " ".join(_text(rep).replace("│", " ").split())
-    assert "900 and 2800 ns cold, 2000 and 6000 ns with code evicted too" in text
-    # an engine whose code-evicted timings came out below the data-only ones still prints
-    # the range low to high, never an inverted one
+    assert "900 and 2800 ns data evicted, 2000 and 6000 ns with code evicted too" in text
+    # an engine whose code-evicted timings came out below the data-only ones: the headline
+    # is still the code-evicted figure, the other named beside it
     low = {**cal, "span_cold_code_ns": 100.0, "hook_cold_code_ns": 200.0}
     rep = build_report(Recording.open(_calibrated_copy(tmp_path, low)))
     low_cost, _ = _bundled_cost(100.0, 200.0)
     assert any(
-        v.startswith(f"probe cost {low_cost / 1e3:.1f}-{cold / 1e3:.1f} µs per step")
+        v.startswith(f"probe cost {low_cost / 1e3:.1f} µs per step")
+        and f"data evicted {cold / 1e3:.1f} µs" in v
         for v in rep["verdict"]
     ), rep["verdict"]
     damaged = {**cal, "hook_cold_ns": "fast"}

@@ -361,9 +361,9 @@ def test_history_per_rank_as_sparklines() -> None:
 def test_the_live_view_prints_the_probe_cost_the_report_computes(timings: str) -> None:
     """With the engine's calibration in its snapshot, each rank's view shows the probe's
     cost per step: the same figures as ``analysis.probe_cost`` over the same steady steps
-    (the report's function), within 80 columns; the range from the data-only cold figure
-    to the code-evicted one where the calibration has both, the cold floor where it has
-    only the first, else the warm lower bound."""
+    (the report's function), within 80 columns; the one headline figure, code-evicted
+    where the calibration has it (the data-evicted and hot-loop figures named beside it),
+    the cold floor where it has only data-evicted timings, else the warm lower bound."""
     cal: dict[str, Any] = {"hot_path": "compiled", "span_ns": 80.0, "hook_ns": 120.0}
     cold = timings in ("code", "cold")
     if cold:
@@ -388,17 +388,18 @@ def test_the_live_view_prints_the_probe_cost_the_report_computes(timings: str) -
     assert want is not None and s["probe_cost"] == want
     lines = [ln for ln in plain_lines(st, "probe top") if "probe cost" in ln]
     assert len(lines) == 1 and len(lines[0]) <= 80, lines
+    warm = want["per_step_warm_ns"]
     if timings == "code":
         lo, hi = want["per_step_cold_ns"], want["per_step_cold_code_ns"]
-        assert lo is not None and hi is not None and lo < hi
-        assert f"probe cost {lo / 1e3:.1f}-{hi / 1e3:.1f} µs/step" in lines[0]
-        assert f"(cold range; {want['per_step_ns'] / 1e3:.1f} warm)" in lines[0]
+        assert lo is not None and hi is not None and lo < hi and want["per_step_ns"] == hi
+        assert f"probe cost {hi / 1e3:.1f} µs/step" in lines[0]
+        assert f"(data evicted {lo / 1e3:.1f}, hot loop {warm / 1e3:.1f})" in lines[0]
     elif cold:
         assert want["per_step_cold_ns"] is not None
         assert want["per_step_cold_code_ns"] is None
         assert f"≥ {want['per_step_cold_ns'] / 1e3:.1f} µs/step" in lines[0]
-        assert f"(cold floor; {want['per_step_ns'] / 1e3:.1f} warm)" in lines[0]
+        assert f"(cold floor; hot loop {warm / 1e3:.1f})" in lines[0]
     else:
-        assert want["per_step_cold_ns"] is None
+        assert want["per_step_cold_ns"] is None and want["per_step_ns"] == warm
         assert f"≥ {want['per_step_ns'] / 1e3:.1f} µs/step" in lines[0]
         assert "warm calibration: a lower bound" in lines[0]

@@ -96,7 +96,7 @@ def test_every_ratio_is_documented_as_defined() -> None:
 def test_the_recording_render_draws_the_probe_cost_as_the_promql_computes(tmp_path: Path) -> None:
     """``dashboards.render_recording`` draws the probe cost panel from a calibrated
     recording with the PromQL's definition (every forward step's hooked calls at the
-    calibration's cost per call, per window): one line per timing, the values the same as
+    calibration's cost per call, per window): the one figure and the others, the values the same as
     ``probe.analysis.cost``'s over those steps; an uncalibrated recording says it has none."""
     import matplotlib.pyplot as plt
     from calibrated import CALIBRATION, calibrated_copy
@@ -118,10 +118,11 @@ def test_the_recording_render_draws_the_probe_cost_as_the_promql_computes(tmp_pa
     flags = (cal["launch_is_replay"], cal["v1_launch_is_replay"], cal["dispatch_in_phase"])
     forward = [s for s in rec.iter_steps() if s.forward]
     calls = [analysis.hooked_calls(s, *flags) for s in forward]
+    # the one figure (code evicted: the calibration has it), then the others by name
     for label, timing in (
-        ("cold (data evicted)", "_cold"),
-        ("cold (code evicted too)", "_cold_code"),
-        ("warm", ""),
+        ("probe cost", "_cold_code"),
+        ("data evicted (a floor)", "_cold"),
+        ("hot loop (a lower bound)", ""),
     ):
         want = sum(cost_per_step_ns(dict(CALIBRATION), a, b, timing) for a, b in calls)
         assert label in got and got[label] == pytest.approx([want / len(forward) / 1e9])

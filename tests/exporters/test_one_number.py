@@ -3,7 +3,9 @@
 itself reads it, as a real Prometheus computes it from the OpenMetrics export after
 ``promtool tsdb create-blocks-from openmetrics`` (the dashboards' PromQL), and from the
 OTLP export decoded with the official protobufs: equal (percentiles within one bucket of
-the exported histogram).
+the exported histogram). The probe cost is one figure on every surface: the report's
+headline (code evicted where calibrated), the text's, the metrics' PromQL and the
+dashboard's first series.
 """
 
 from __future__ import annotations
@@ -107,9 +109,19 @@ def test_text_json_and_ab_agree(path: str, reports: dict[str, dict[str, Any]]) -
     assert re.search(
         rf"cpu_launch_overhead\s*│\s*{lo['mean'] / 1e3:,.1f}\s*│\s*{lo['p50'] / 1e3:,.1f}", text
     ), path
+    # the probe cost: one figure, the report's headline, the text's and the JSON's
     cost = h["probe_cost_per_step_ns"]
-    if cost is not None:
-        assert f"{cost / 1e3:.1f} µs warm" in text or f"≥ {cost / 1e3:.1f} µs" in text
+    pc = rep["probe_cost"]
+    if cost is None:
+        assert pc is None and "probe cost" not in text
+    else:
+        assert cost == pc["per_step_ns"]
+        # the figure that matches the end-to-end cost: code evicted where calibrated
+        want = pc["per_step_cold_code_ns"] or pc["per_step_cold_ns"] or pc["per_step_warm_ns"]
+        assert cost == want
+        bound = "" if pc["per_step_timing"] == "cold_code" else "≥ "
+        shown_cost = re.findall(r"probe cost (≥ )?([\d.,]+) µs", text)
+        assert shown_cost and {b + v for b, v in shown_cost} == {f"{bound}{cost / 1e3:.1f}"}
     # probe ab of the recording against itself: the same headline per arm, B/A 1
     cmp = json.loads(_probe("ab", "--a", path, "--b", path, "--json"))
     assert cmp["headline"]["A"] == cmp["headline"]["B"] == h
@@ -120,6 +132,39 @@ def test_text_json_and_ab_agree(path: str, reports: dict[str, dict[str, Any]]) -
         assert m["decode_full_share"]["A"] == h["decode_full_hit_rate"]
     assert m["steady_tokens_per_s"]["ratio_B_over_A"] == 1.0
     assert cmp["verdict"].startswith("no difference shown")
+
+
+def test_the_probe_cost_is_one_figure_on_every_surface(tmp_path: Path) -> None:
+    """A recording whose calibration has every timing (the current one): the report's
+    headline, its JSON figure and its text are the code-evicted figure (the one the
+    end-to-end crossover measured), the others named for what they are; the metrics'
+    headline PromQL takes the same timing first, and the dashboard's probe cost panel
+    draws that query as its first series (test_prometheus_real.py runs it against a real
+    Prometheus; the committed recordings' figures are checked below)."""
+    from calibrated import calibrated_copy
+
+    from dashboards.generate import COST, DASHBOARDS
+
+    path = str(calibrated_copy(tmp_path / "cal.probe.db"))
+    rep = json.loads(_probe("report", "--json", path))
+    pc, h = rep["probe_cost"], rep["headline"]
+    assert pc["per_step_timing"] == "cold_code"
+    assert h["probe_cost_per_step_ns"] == pc["per_step_ns"] == pc["per_step_cold_code_ns"]
+    assert pc["per_step_warm_ns"] < pc["per_step_cold_ns"] < pc["per_step_ns"]
+    text = " ".join(_probe("report", path, "--width", "250").replace("│", " ").split())
+    head = pc["per_step_ns"] / 1e3
+    assert re.findall(r"probe cost ([\d.,]+) µs per step", text) == [f"{head:.1f}"] * 2
+    assert f"data evicted {pc['per_step_cold_ns'] / 1e3:.1f} µs" in text
+    assert f"hot loop {pc['per_step_warm_ns'] / 1e3:.1f} µs" in text
+    assert "µs warm" not in text and not re.search(r"probe cost [\d.]+-[\d.]+", text)
+    q = probe_cost_queries()["headline"]
+    assert q.index('timing="cold_code"') < q.index('timing="cold"') < q.index('timing="warm"')
+    panel = next(
+        p for b in DASHBOARDS.values() for p in b()["panels"]
+        if p["title"] == "Probe cost per step (calibrated)"
+    )  # fmt: skip
+    assert panel["targets"][0]["expr"] == COST["headline"]
+    assert panel["targets"][0]["legendFormat"].startswith("probe cost ")
 
 
 # -- OpenMetrics -> promtool -> Prometheus ------------------------------------------------------
@@ -201,8 +246,8 @@ def test_prometheus_from_the_openmetrics_export_agrees(
     res = _query(prometheus, f"sum({NAMESPACE}_engine_idle_seconds_total{{{sel}}})", end)
     got = float(res[0]["value"][1]) if res else 0.0
     assert got == pytest.approx(h["engine_idle_s"], rel=1e-6, abs=1e-9), path
-    # the probe cost per steady step, where the recording has a calibration
-    cost_q = probe_cost_queries(window, by="job", selector=sel)["warm"]
+    # the probe cost per steady step, where the recording has a calibration: the one figure
+    cost_q = probe_cost_queries(window, by="job", selector=sel)["headline"]
     res = _query(prometheus, re.sub(r"rate\(([^\[]+)\[\d+s\]\)", r"(\1)", cost_q), end)
     if h["probe_cost_per_step_ns"] is None:
         assert not res

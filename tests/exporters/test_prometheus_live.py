@@ -114,7 +114,7 @@ def test_the_engines_probe_cost_reaches_prometheus(
     cost = build_report(Recording.open(rec))["probe_cost"]
     assert cost is not None and cost["per_step_cold_code_ns"] is not None, cost
     for timing, key in (
-        ("warm", "per_step_ns"),
+        ("warm", "per_step_warm_ns"),
         ("cold", "per_step_cold_ns"),
         ("cold_code", "per_step_cold_code_ns"),
     ):

@@ -144,13 +144,13 @@ def test_sampled_recording_has_one_whole_step_in_n(runs: dict[str, Path], tmp_pa
 
 def test_report_prints_the_probe_cost_from_the_engines_calibration(runs: dict[str, Path]) -> None:
     """The engine calibrated its hooks at attach and wrote it into the snapshot; the report
-    turns it into "probe cost X-Y µs per step (A-B% of CPU launch overhead; calibrated ...
-    with cold caches, data evicted to code evicted too ...; Z µs warm)" from the calls each
-    step's records show."""
+    turns it into "probe cost X µs per step (A% of CPU launch overhead; calibrated ... with
+    code and data evicted ...; data evicted Y µs, hot loop Z µs)" from the calls each step's
+    records show."""
     from rich.console import Console
 
     from probe.analysis import views as analysis
-    from probe.analysis.cost import RANGE_NOTE
+    from probe.analysis.cost import HEADLINE_NOTE
     from probe.cli.render_report import build_report, render_report
     from probe.reader.recording import Recording
 
@@ -165,20 +165,18 @@ def test_report_prints_the_probe_cost_from_the_engines_calibration(runs: dict[st
     # its plain phase spans (prepare_inputs, sample, ...)
     assert cost["hook_calls_per_step"] >= 3 and cost["span_calls_per_step"] >= 1
     lo = cost["cpu_launch_overhead_mean_ns"]
-    assert 0 < cost["per_step_ns"] < lo
-    # the engine's calibration timed the span and the hook cold too: the line is the
-    # cold estimate, with the warm figure beside it
+    assert 0 < cost["per_step_warm_ns"] < lo
+    # the engine's calibration timed the span and the hook cold too, data evicted
     cold = cost["per_step_cold_ns"]
     assert cold is not None and 0 < cold < lo, cost
-    # and once more with code evicted too: the line is the range between the two
+    # and once more with code evicted too: that is the one figure, the others named
     code = cost["per_step_cold_code_ns"]
-    assert code is not None and code > 0, cost
-    lo, hi = sorted((cold, code))
+    assert code is not None and code > 0 and cost["per_step_ns"] == code, cost
     assert any(
-        v.startswith(f"probe cost {lo / 1e3:.1f}-{hi / 1e3:.1f} µs per step (")
+        v.startswith(f"probe cost {code / 1e3:.1f} µs per step (")
         and "of CPU launch overhead" in v
-        and RANGE_NOTE in v
-        and "µs warm)" in v
+        and HEADLINE_NOTE in v
+        and f"data evicted {cold / 1e3:.1f} µs, hot loop" in v
         for v in rep["verdict"]
     ), rep["verdict"]
     console = Console(width=80, record=True, file=open(os.devnull, "w"))  # noqa: SIM115

@@ -183,10 +183,12 @@ def _run(
         end_failed = storage_guard(finish, out)
         failed = failed or end_failed
     steps = sum(p.steps_seen for p in col.procs.values())
+    forward = sum(p.forward_seen for p in col.procs.values())
     dropped = sum(p.dropped for p in col.procs.values())
     print(
-        f"probe: {steps:,} steps from {sum(1 for p in col.procs.values() if p.steps_seen)} "
-        f"process(es) recorded to {out} ({dropped:,} records dropped)",
+        f"probe: {forward:,} forward steps ({steps - forward:,} more ran no forward) from "
+        f"{sum(1 for p in col.procs.values() if p.steps_seen)} process(es) recorded to "
+        f"{out} ({dropped:,} records dropped)",
         file=err,
     )
     for e in col.errors[:5]:
