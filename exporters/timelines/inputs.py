@@ -264,10 +264,7 @@ def open_sqlite(
     header = _check_sqlite_header(p, st.st_size)
     how, side = how_to_open(p, header[18] == 2 and header[19] == 2)
     try:
-        if how == "copy":
-            conn = private_copy(p, side)
-        else:
-            conn = sqlite3.connect(sqlite_uri(p), uri=True)
+        conn = private_copy(p, side) if how == "copy" else sqlite3.connect(sqlite_uri(p), uri=True)
     except OSError as exc:
         raise ProfileError(
             p, f"reading it needs a private copy, which failed ({exc.strerror or exc})"
