@@ -20,6 +20,9 @@ followed, nothing overwritten unasked.
   two writers to one target at once, one wins and the other fails with one line.
 - :func:`install_signal_cleanup` (done by :func:`probe.cli.main`): SIGINT, SIGTERM and
   SIGHUP remove every temporary still open and end the command with status 128+N.
+- A command of several outputs writes them :func:`together`: each to its temporary, all
+  renamed onto their targets once every one is written, so a failure leaves none of them;
+  where a rename fails at the end, the error names the outputs written and those not.
 
 User mistakes are :class:`probe.errors.UsageError` (exit 2); a write that fails is
 :class:`probe.errors.RuntimeFailure` (exit 1); both name the file and the reason.
@@ -39,6 +42,7 @@ from probe.errors import RuntimeFailure, UsageError
 
 __all__ = [
     "STDOUT",
+    "Outputs",
     "SignalExit",
     "check_target",
     "cleanup_temporaries",
@@ -49,6 +53,7 @@ __all__ = [
     "new_growing_file",
     "os_reason",
     "path_for",
+    "together",
     "write_bytes",
     "write_stdout",
     "write_to",
@@ -62,6 +67,108 @@ SHORT_PATH_MAX = 480  # longer targets are written in the temporary folder (SQLi
 _LIVE: set[Path] = set()
 # what each checked target was: (st_dev, st_ino) of the file --force replaces, None: absent
 _CHECKED: dict[str, tuple[int, int] | None] = {}
+
+
+class Outputs:
+    """The outputs of one command written :func:`together`: the renames waiting for the
+    end (``pending``: target, the rename), and the outputs that cannot wait (``done``: an
+    endpoint sent to, a folder written in place), named where the command fails."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Path, _Rename]] = []
+        self.done: list[str] = []
+        #: lines that say what was written, to say once all of it is
+        self.lines: list[str] = []
+
+    def left(self, what: str) -> None:
+        """Note an output that is there already, whatever happens to the others."""
+        self.done.append(what)
+
+    def _discard(self) -> None:
+        for _, rename in self.pending:
+            rename.discard()
+        self.pending.clear()
+
+    def _commit(self) -> None:
+        for i, (target, rename) in enumerate(self.pending):
+            try:
+                rename()
+            except RuntimeFailure as exc:
+                rest = self.pending[i + 1 :]
+                for _, r in rest:
+                    r.discard()
+                written = [str(t) for t, _ in self.pending[:i]] + self.done
+                missing = [str(target)] + [str(t) for t, _ in rest]
+                raise RuntimeFailure(
+                    f"{exc}; written: {', '.join(written) or 'none'}; "
+                    f"not written: {', '.join(missing)}"
+                ) from None
+        self.pending.clear()
+
+
+# the outputs being written together, innermost last
+_TOGETHER: list[Outputs] = []
+
+
+@contextlib.contextmanager
+def together() -> Iterator[Outputs]:
+    """Write the outputs of a block all or none: each :func:`path_for` and
+    :func:`write_to` inside it renames its file onto its target when the block ends
+    without an exception, and none does when it raises. A failure there names what was
+    left (:meth:`Outputs.left`); a rename that fails at the end names the outputs written
+    and those not. :attr:`Outputs.lines` are the caller's to say once all are written."""
+    out = Outputs()
+    _TOGETHER.append(out)
+    try:
+        yield out
+    except BaseException as exc:
+        _TOGETHER.remove(out)
+        out._discard()
+        if out.done and isinstance(exc, RuntimeFailure | UsageError):
+            raise type(exc)(f"{exc}; left written: {', '.join(out.done)}") from None
+        raise
+    _TOGETHER.remove(out)
+    out._commit()
+
+
+class _Rename:
+    """A rename waiting for the end of :func:`together` (or run at once outside it)."""
+
+    def __init__(self, tmp: Path, target: Path, d: Path | None, far: bool) -> None:
+        self.tmp, self.target, self.d, self.far = tmp, target, d, far
+
+    def __call__(self) -> None:
+        try:
+            if self.far:
+                import shutil
+
+                with open(self.tmp, "rb") as src, write_to(self.target, now=True) as dst:
+                    shutil.copyfileobj(src, dst)
+            else:
+                _commit(self.tmp, self.target)
+        except OSError as exc:
+            raise RuntimeFailure(
+                f"{self.target}: write failed ({os_reason(exc)}); nothing written"
+            ) from None
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        if self.d is not None:
+            _remove_dir(self.d)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.tmp.unlink()
+            _LIVE.discard(self.tmp)
+
+
+def _rename(rename: _Rename, now: bool) -> bool:
+    """Run ``rename``, or hold it for the end of :func:`together`; True: held."""
+    if _TOGETHER and not now:
+        _TOGETHER[-1].pending.append((rename.target, rename))
+        return True
+    rename()
+    return False
 
 
 class SignalExit(BaseException):
@@ -259,9 +366,10 @@ def _commit(tmp: Path, target: Path) -> None:
 
 
 @contextlib.contextmanager
-def write_to(target: Path | None) -> Iterator[BinaryIO]:
+def write_to(target: Path | None, *, now: bool = False) -> Iterator[BinaryIO]:
     """A binary file whose bytes become ``target`` (``None``: stdout) when the block ends
-    without an exception; on any failure nothing of it is left."""
+    without an exception (inside :func:`together`: when that ends, unless ``now``); on
+    any failure nothing of it is left."""
     if target is None:
         import tempfile
 
@@ -277,20 +385,22 @@ def write_to(target: Path | None) -> Iterator[BinaryIO]:
     except OSError as exc:
         _LIVE.discard(tmp)
         raise RuntimeFailure(f"{target}: cannot create a file there ({os_reason(exc)})") from None
+    held = False
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        _commit(tmp, target)
+        held = _rename(_Rename(tmp, target, None, False), now)
     except OSError as exc:
         raise RuntimeFailure(
             f"{target}: write failed ({os_reason(exc)}); nothing written"
         ) from None
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        _LIVE.discard(tmp)
+        if not held:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            _LIVE.discard(tmp)
 
 
 @contextlib.contextmanager
@@ -327,6 +437,7 @@ def path_for(target: Path | None, *, create: bool = True) -> Iterator[Path]:
     far = len(os.fsencode(target.absolute())) > SHORT_PATH_MAX
     d = _new_dir(Path(tempfile.gettempdir()), "probe-out-") if far else _private_dir(target)
     tmp = d / _inner_name(target)
+    held = False
     try:
         if create:
             os.close(create_exclusive(tmp))
@@ -339,21 +450,16 @@ def path_for(target: Path | None, *, create: bool = True) -> Iterator[Path]:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise RuntimeFailure(f"{target}: the temporary file was replaced; not written")
             os.fsync(fd)
-            if far:
-                with os.fdopen(os.dup(fd), "rb") as src, write_to(target) as dst:
-                    import shutil
-
-                    shutil.copyfileobj(src, dst)
         finally:
             os.close(fd)
-        if not far:
-            _commit(tmp, target)
+        held = _rename(_Rename(tmp, target, d, far), False)
     except OSError as exc:
         raise RuntimeFailure(
             f"{target}: write failed ({os_reason(exc)}); nothing written"
         ) from None
     finally:
-        _remove_dir(d)
+        if not held:
+            _remove_dir(d)
 
 
 def _raise_write_failure(target: Path | None, exc: Exception) -> None:

@@ -73,12 +73,15 @@ def default_ring_dir(
     ``$PROBE_RUN_DIR`` if set; else ``<shm_root>/vllm-graph-probe-<uid>`` when
     ``shm_root`` exists; else ``<tmp_root or tempfile.gettempdir()>/vllm-graph-probe-<uid>``.
     Raises :class:`UnsafeRingDirError` (a ``PermissionError``) when the directory is not
-    ours or is group/world-writable.
+    ours or is group/world-writable, and when ``$PROBE_RUN_DIR`` is not an absolute path.
     """
     env = os.environ if environ is None else environ
     explicit = env.get("PROBE_RUN_DIR")
     name = f"vllm-graph-probe-{os.getuid()}"
     if explicit:
+        if not os.path.isabs(explicit):
+            # a relative one would be a different folder from every working directory
+            raise UnsafeRingDirError(explicit, "PROBE_RUN_DIR must be an absolute path")
         d = Path(explicit).resolve()
     elif Path(shm_root).is_dir():
         d = Path(shm_root) / name

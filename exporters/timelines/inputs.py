@@ -8,9 +8,11 @@ Every reader goes through these functions, so the rules hold for all formats:
   :data:`GZIP_MAX_RATIO` times its compressed size (and at least :data:`GZIP_MIN_LIMIT`
   bytes), so a small decompression bomb fails with a clear error instead of taking memory;
 - JSON nesting is bounded by the parser (a document nested too deep is an error);
-- SQLite files are opened through a correctly escaped ``file:`` URI, read-only and, unless a
-  ``-wal`` or ``-journal`` file lies beside them, with ``immutable=1`` so that nothing is
-  ever created next to the input (read-only media work too); queries run under a deadline.
+- SQLite files are opened through a correctly escaped ``file:`` URI, read-only and
+  ``immutable=1``, so that nothing is ever created next to the input (read-only media work
+  too); a writer's ``-wal`` with its ``-shm`` is read through, and content waiting in a
+  ``-wal`` without its ``-shm`` or in a rollback journal is read from a private copy
+  (:mod:`probe.sqlite_read`); queries run under a deadline.
 
 :func:`timestamp_ns` is the one check of a timestamp's type and range used by the readers.
 """
@@ -195,8 +197,9 @@ def timestamp_ns(p: Path, where: str, value: Any, field: str) -> int:
 # --------------------------------------------------------------------------- SQLite
 
 
-def _check_sqlite_header(p: Path, size: int) -> None:
-    """Reject empty, non-SQLite and truncated files before sqlite3 sees them."""
+def _check_sqlite_header(p: Path, size: int) -> bytes:
+    """Reject empty, non-SQLite and truncated files before sqlite3 sees them; returns the
+    header."""
     with open_regular(p, "database") as fh:
         header = fh.read(100)
     if size == 0:
@@ -216,34 +219,56 @@ def _check_sqlite_header(p: Path, size: int) -> None:
                 f"truncated database: the header says {page_count} pages of {page_size} bytes "
                 f"({expected} bytes) but the file has {size} bytes",
             )
+    return header
 
 
 def sqlite_uri(p: Path) -> str:
-    """The ``file:`` URI that opens exactly ``p`` read-only and creates nothing beside it.
+    """The ``file:`` URI that opens exactly ``p`` read-only and creates nothing beside it:
+    ``immutable=1`` (no locks, no ``-shm``), or ``mode=ro`` where a writer's ``-wal`` and
+    ``-shm`` are both beside it (:func:`probe.sqlite_read.how_to_open`).
 
     Every character SQLite's URI parser treats specially (``?``, ``#``, ``%``) is escaped.
-    ``immutable=1`` (no locks, no ``-shm``) is used unless a ``-wal`` or ``-journal`` lies
-    beside the file: then its content is needed and ``mode=ro`` reads it.
     """
+    from probe.sqlite_read import how_to_open
+
     path = urllib.parse.quote(str(p.resolve()), safe="/")
-    pending = any(Path(f"{p}{s}").exists() for s in ("-wal", "-journal"))
-    return f"file:{path}?mode=ro" if pending else f"file:{path}?immutable=1"
+    how, _ = how_to_open(p, _wal_mode(p))
+    return f"file:{path}?mode=ro" if how == "live" else f"file:{path}?immutable=1"
+
+
+def _wal_mode(p: Path) -> bool:
+    try:
+        with open_regular(p, "database") as fh:
+            head = fh.read(20)
+    except ProfileError:
+        return False
+    return len(head) == 20 and head[18] == 2 and head[19] == 2
 
 
 def open_sqlite(
     path: str | os.PathLike[str], deadline_s: float = SQLITE_DEADLINE_S
 ) -> sqlite3.Connection:
-    """Open an existing SQLite file read-only (see :func:`sqlite_uri`).
+    """Open an existing SQLite file read-only, creating nothing beside it.
 
-    The connection refuses writes (``query_only``), does not trust functions named in the
+    Opened as :func:`sqlite_uri` says; where its content waits in a ``-wal`` without its
+    ``-shm`` or in a rollback journal (SQLite would create the ``-shm`` or roll back beside
+    it), it is read from a private copy (:func:`probe.sqlite_read.private_copy`). The
+    connection refuses writes (``query_only``), does not trust functions named in the
     file's schema (``trusted_schema=OFF``) and interrupts any statement still running
     ``deadline_s`` seconds after the open. Raises :class:`ProfileError` naming the file.
     """
+    from probe.sqlite_read import how_to_open, private_copy
+
     p = Path(path)
     st = regular_file(p, "database")
-    _check_sqlite_header(p, st.st_size)
+    header = _check_sqlite_header(p, st.st_size)
+    how, side = how_to_open(p, header[18] == 2 and header[19] == 2)
     try:
-        conn = sqlite3.connect(sqlite_uri(p), uri=True)
+        conn = private_copy(p, side) if how == "copy" else sqlite3.connect(sqlite_uri(p), uri=True)
+    except OSError as exc:
+        raise ProfileError(
+            p, f"reading it needs a private copy, which failed ({exc.strerror or exc})"
+        ) from None
     except sqlite3.Error as exc:
         raise ProfileError(p, f"cannot open as SQLite: {exc}") from exc
     end = time.monotonic() + deadline_s

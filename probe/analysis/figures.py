@@ -5,7 +5,7 @@ headline and the verdict in words (:func:`verdict`)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,17 +48,16 @@ class FiguresOf:
         wm: Acc,
         decided: Mapping[tuple[int, int], str],
         pid: int | None,
+        candidates: Iterable[_Candidate],
     ) -> dict[str, Any]:
+        """The warm-up figures; ``candidates``: the first uses of the rank ``pid`` (all
+        with None), those ``decided`` warm-up listed."""
         why: Counter[str] = Counter()
         for k, a in warm.items():
             why[CLASSES[k[5]]] += int(a.s[_S["steps"]])
         listed = []
         rows = [x for x in self.listed if pid is None or x[0] == pid]
-        extra = [
-            c
-            for (p, _), c in self.candidates.items()
-            if (p, c.step) in decided and (pid is None or p == pid)
-        ]
+        extra = [c for c in candidates if (c.key[0], c.step) in decided]
         for x in rows:
             cls = x[2]
             if cls == _PENDING:
@@ -94,8 +93,12 @@ class FiguresOf:
     def _probe_cost(self, steady: Mapping[Key, Acc], st: Acc) -> dict[str, Any] | None:
         from probe.analysis.cost import cost_per_step_ns, has_timing, with_headline
 
-        cals = {p: c for p, c in self.calibrations.items() if c is not None}
-        per = [(cals[k[0]], a) for k, a in steady.items() if k[0] in cals and a.s[_S["costed"]]]
+        cals = self.calibrations
+        per = [
+            (c, a)
+            for k, a in steady.items()
+            if (c := cals.get(k[0])) is not None and a.s[_S["costed"]]
+        ]
         if not per:
             return None
         n = sum(int(a.s[_S["costed"]]) for _, a in per)
@@ -165,9 +168,10 @@ class FiguresOf:
         out = []
         for (name, tag, drafter), h in self.builds.items():
             n = int(h[NB])
-            a = Acc()
             i = _Q["host_ns"]
-            a.h[i] = h[:NB]
+            nz = np.flatnonzero(h[:NB])
+            empty = Acc()
+            a = Acc.sparse(empty.s, empty.q, i * NB + nz, h[:NB][nz])
             a.q[i] = (n, int(h[NB + 1]), 0, np.iinfo(np.int64).max)
             out.append(
                 {

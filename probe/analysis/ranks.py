@@ -479,13 +479,27 @@ class RankMatcher:
         self._steps: dict[int, dict[int, Step]] = {}
         self._offsets: dict[int, tuple[int, ...]] = {}
         self._unordered: set[int] = set()  # pids whose held steps came out of step order
+        #: per data-parallel rank, the pids of its ranks and those holding fewer than
+        #: LIVE_ALIGN steps (its offsets wait for none): each step's work is its own rank's
+        self._pids: dict[int, set[int]] = {}
+        self._short: dict[int, set[int]] = {}
+
+    def _held(self, dp: int, pid: int) -> None:
+        """Note ``pid``'s held steps changed (short of LIVE_ALIGN or not)."""
+        if len(self._steps.get(pid, ())) < LIVE_ALIGN:
+            self._short.setdefault(dp, set()).add(pid)
+        else:
+            self._short.get(dp, set()).discard(pid)
 
     def add(self, rank: RankId, steps: Sequence[Step]) -> list[tuple[list[RankId], StepRanks]]:
         """Matched steps, each with its engine's ranks (in the order of its tuples)."""
+        import bisect
+
         members = self._ranks.setdefault(rank.dp_rank, [])
-        if all(r.pid != rank.pid for r in members):
-            members.append(rank)
-            members.sort(key=lambda r: (r.pp_rank, r.tp_rank, r.pid))
+        pids = self._pids.setdefault(rank.dp_rank, set())
+        if rank.pid not in pids:
+            pids.add(rank.pid)
+            bisect.insort(members, rank, key=lambda r: (r.pp_rank, r.tp_rank, r.pid))
             self._offsets.pop(rank.dp_rank, None)
         mine = self._steps.setdefault(rank.pid, {})
         if not mine:
@@ -498,13 +512,14 @@ class RankMatcher:
         ordered = rank.pid not in self._unordered
         while len(mine) > self.pending:
             del mine[next(iter(mine)) if ordered else min(mine)]
+        self._held(rank.dp_rank, rank.pid)
         if len(members) < 2:
             return []
         offsets = self._offsets.get(rank.dp_rank)
         if offsets is None:
-            held = [sorted(self._steps[r.pid].values(), key=lambda s: s.step) for r in members]
-            if any(len(h) < LIVE_ALIGN for h in held):
+            if self._short.get(rank.dp_rank):
                 return []
+            held = [sorted(self._steps[r.pid].values(), key=lambda s: s.step) for r in members]
             offsets = self._offsets[rank.dp_rank] = align_offsets(held)[0]
         ref = self._steps[members[0].pid]
         out: list[tuple[list[RankId], StepRanks]] = []
@@ -515,6 +530,7 @@ class RankMatcher:
                 continue
             for r, x in zip(members, keys, strict=True):
                 del self._steps[r.pid][x]
+                self._held(rank.dp_rank, r.pid)
             sr = compare([h for h in held_steps if h is not None], sync_launch=self.sync_launch)
             if sr is not None:
                 out.append((list(members), sr))

@@ -134,6 +134,8 @@ def columns_of_steps(
 
 # -- the summary -----------------------------------------------------------------------------
 
+_NONE = np.zeros(0, dtype=np.int64)
+
 
 @dataclass
 class _Rank:
@@ -188,6 +190,8 @@ class Summary(FiguresOf):
     examples: dict[tuple[int, int], list[dict[str, Any]]] = field(default_factory=dict)
     #: the last chunk's rows: raw class, engine idle, first use, shape, period, gap
     last: tuple[Any, ...] = field(default=(), repr=False)
+    #: per rank, its groups of steps before a first replay not seen yet
+    pending: dict[int, set[Key]] = field(default_factory=dict, repr=False)
 
     # -- building ------------------------------------------------------------------------
 
@@ -288,11 +292,9 @@ class Summary(FiguresOf):
         decode = (cols["uniform"] == 1) & (cols["uniform_decode_query_len"] >= 1)
         uq = np.minimum(cols["uniform_decode_query_len"], 255)
         self._accumulate(cols, fw & ~cand, cls, decode, uq, idle, gap, period, graph)
-        for j in np.flatnonzero(cand):
-            one = np.zeros(n, dtype=bool)
-            one[j] = True
-            accs = self._group_accs(cols, one, cls, decode, uq, idle, gap, period, graph)
-            ((key, acc),) = accs.items()
+        # each first use apart, in one pass: a group of its own per row
+        each = self._group_accs(cols, cand, cls, decode, uq, idle, gap, period, graph, each=True)
+        for j, ((_, key), acc) in zip(np.flatnonzero(cand), each.items(), strict=True):
             k = (int(pid[j]), int(shape[j]))
             self.candidates[k] = _Candidate(
                 (*key[:5], STEADY),  # type: ignore[arg-type]
@@ -356,7 +358,7 @@ class Summary(FiguresOf):
                 )
 
     def _resolve_pending(self, pid: int) -> None:
-        for key in [k for k in self.groups if k[0] == pid and k[5] == _PENDING]:
+        for key in self.pending.pop(pid, ()):
             acc = self.groups.pop(key)
             self._add_group((*key[:5], rules.BEFORE_REPLAY), acc)  # type: ignore[arg-type]
         self.listed = [
@@ -368,6 +370,8 @@ class Summary(FiguresOf):
         cur = self.groups.get(key)
         if cur is None:
             self.groups[key] = acc
+            if key[5] == _PENDING:
+                self.pending.setdefault(key[0], set()).add(key)
         else:
             cur.add(acc)
 
@@ -386,7 +390,10 @@ class Summary(FiguresOf):
         gap: np.ndarray,
         period: np.ndarray,
         graph: np.ndarray,
-    ) -> dict[Key, Acc]:
+        each: bool = False,
+    ) -> dict[Any, Acc]:
+        """The accumulators of ``rows`` by group (:data:`Key`); ``each``: one per row, in
+        row order, keyed ``(row, Key)``."""
         idx = np.flatnonzero(rows)
         if len(idx) == 0:
             return {}
@@ -398,8 +405,11 @@ class Summary(FiguresOf):
             | (uq[idx] << 3)
             | cls[idx]
         )
-        uniq_code, inv = np.unique(code, return_inverse=True)
-        inv = inv.reshape(-1)
+        if each:
+            uniq_code, inv = code, np.arange(len(idx))
+        else:
+            uniq_code, inv = np.unique(code, return_inverse=True)
+            inv = inv.reshape(-1)
         g = len(uniq_code)
         uniq = np.stack(
             [
@@ -452,7 +462,8 @@ class Summary(FiguresOf):
             sc[f"bound_{p}"] = np.where(bound, col(p), 0)
         s = np.stack([gsum(sc[name]) for name in SCALARS], axis=1)
         q = np.tile(_q_zero(), (g, 1, 1))
-        h = np.zeros((g, NQ, NB), dtype=np.int64)
+        # the histograms sparse: (group, quantity, bucket) as one flat key per value
+        flat: list[np.ndarray] = []
         for qi, name in enumerate(QUANTITIES):
             v = col(name)
             if name == "gpu_idle_before_ns" or name == "gpu_step_ns":
@@ -471,11 +482,14 @@ class Summary(FiguresOf):
             np.minimum.at(mn, ii, vi)
             np.maximum.at(mx, ii, vi)
             q[:, qi, 2], q[:, qi, 3] = mn, mx
-            h[:, qi, :] = np.bincount(ii * NB + _bins(vi), minlength=g * NB).reshape(g, NB)
-        out: dict[Key, Acc] = {}
-        for j in range(g):
-            key: Key = tuple(int(x) for x in uniq[:, j])  # type: ignore[assignment]
-            out[key] = Acc(s[j], q[j], h[j])
+            flat.append(ii * (NQ * NB) + qi * NB + _bins(vi))
+        hk, hv = np.unique(np.concatenate(flat) if flat else _NONE, return_counts=True)
+        bounds = np.searchsorted(hk, np.arange(g + 1) * (NQ * NB))
+        out: dict[Any, Acc] = {}
+        for j, key in enumerate(zip(*(u.tolist() for u in uniq), strict=True)):
+            lo, hi = bounds[j], bounds[j + 1]
+            acc = Acc.sparse(s[j], q[j], hk[lo:hi] - j * (NQ * NB), hv[lo:hi])
+            out[(j, key) if each else key] = acc
         return out
 
     def add_steps(self, steps: Sequence[Step]) -> np.ndarray:
@@ -526,7 +540,7 @@ class Summary(FiguresOf):
         out = Summary()
         out.calibrations = {**self.calibrations, **later.calibrations}
         for k, a in self.groups.items():
-            out.groups[k] = a.copy()
+            out._add_group(k, a.copy())
         out.candidates = dict(self.candidates)
         out.ranks = {p: r.copy() for p, r in self.ranks.items()}
         for k, a in later.groups.items():
@@ -592,13 +606,17 @@ class Summary(FiguresOf):
                 groups[key] = a.copy()
         decided: dict[tuple[int, int], str] = {}
         medians: dict[tuple[int, int], float | None] = {}
+        # each rank's steady groups (the median of a rank looks at its own alone)
+        steady: dict[int, dict[Key, Acc]] = {}
+        for k, a in groups.items():
+            if k[5] == STEADY:
+                steady.setdefault(k[0], {})[k] = a
 
         def steady_median(pid: int, mode: int) -> float | None:
             if (pid, mode) not in medians:
-                same = [a for k, a in groups.items() if k[0] == pid and k[5] == STEADY]
-                of_mode = [
-                    a for k, a in groups.items() if k[0] == pid and k[1] == mode and k[5] == STEADY
-                ]
+                mine = steady.get(pid, {})
+                same = list(mine.values())
+                of_mode = [a for k, a in mine.items() if k[1] == mode]
                 pool = of_mode if any(a.q[_Q["host_ns"], 0] for a in of_mode) else same
                 medians[(pid, mode)] = percentile_of(_total(pool), "host_ns", 50) if pool else None
             return medians[(pid, mode)]
@@ -614,11 +632,13 @@ class Summary(FiguresOf):
                 cls = rules.FIRST_USE if slow else STEADY
                 if slow:
                     decided[(pid, c.step)] = CLASSES[cls]
-            key = (*c.key[:5], cls)
+            key: Key = (*c.key[:5], cls)  # type: ignore[assignment]
             if key in groups:
-                groups[key].add(c.acc)  # type: ignore[index]
+                groups[key].add(c.acc)
             else:
-                groups[key] = c.acc.copy()  # type: ignore[index]
+                groups[key] = c.acc.copy()
+                if cls == STEADY:
+                    steady.setdefault(pid, {})[key] = groups[key]
         return groups, decided
 
     def first_replay_pending(self) -> dict[int, bool]:
@@ -627,10 +647,40 @@ class Summary(FiguresOf):
 
     def figures(self, pid: int | None = None) -> dict[str, Any]:
         """Every figure of this summary (of one rank with ``pid``), as plain data: what
-        every surface renders (see ``docs/rules.md`` for the rules)."""
+        every surface renders (see ``docs/rules.md`` for the rules). The figures of every
+        rank: :meth:`rank_figures`."""
         groups, decided = self.resolved()
-        if pid is not None:
-            groups = {k: a for k, a in groups.items() if k[0] == pid}
+        if pid is None:
+            return self._figures_of(groups, decided, None, self.candidates.values(), self.ranks)
+        mine = {k: a for k, a in groups.items() if k[0] == pid}
+        cands = [c for (p, _), c in self.candidates.items() if p == pid]
+        return self._figures_of(mine, decided, pid, cands, {pid: self.ranks.get(pid)})
+
+    def rank_figures(self) -> dict[int, dict[str, Any]]:
+        """``figures(pid)`` of every rank with forward steps, by pid in order: the groups
+        decided once for them all and each rank's read apart (time linear in ranks)."""
+        groups, decided = self.resolved()
+        by_pid: dict[int, dict[Key, Acc]] = {}
+        for k, a in groups.items():
+            by_pid.setdefault(k[0], {})[k] = a
+        cands: dict[int, list[_Candidate]] = {}
+        for (p, _), c in self.candidates.items():
+            cands.setdefault(p, []).append(c)
+        return {
+            p: self._figures_of(by_pid[p], decided, p, cands.get(p, []), {p: self.ranks.get(p)})
+            for p in sorted(by_pid)
+        }
+
+    def _figures_of(
+        self,
+        groups: Mapping[Key, Acc],
+        decided: Mapping[tuple[int, int], str],
+        pid: int | None,
+        candidates: Iterable[_Candidate],
+        ranks: Mapping[int, _Rank | None],
+    ) -> dict[str, Any]:
+        """The figures of ``groups`` (resolved: :meth:`resolved`), all of one rank with
+        ``pid``: ``candidates`` and ``ranks`` are that rank's (all with None)."""
         steady = {k: a for k, a in groups.items() if k[5] == STEADY}
         warm = {k: a for k, a in groups.items() if k[5] != STEADY}
         tot = _total(groups.values())
@@ -647,9 +697,9 @@ class Summary(FiguresOf):
             "hit_rates_all": _hit_rates(groups),
             "miss_reasons": _miss_reasons(groups, self.examples),
             "phases": _phases(steady),
-            "gpu": _gpu(st, [r for p, r in self.ranks.items() if pid is None or p == pid]),
+            "gpu": _gpu(st, [r for r in ranks.values() if r is not None]),
             "throughput": _throughput(st),
-            "warmup": self._warmup(warm, wm, decided, pid),
+            "warmup": self._warmup(warm, wm, decided, pid, candidates),
             "probe_cost": self._probe_cost(steady, st),
             "decode": _decode_split(steady),
             "ranks": sorted({k[0] for k in groups}),

@@ -44,14 +44,15 @@ def build_report(rec: Recording | Sequence[Recording]) -> dict[str, Any]:
     recs = [rec] if isinstance(rec, Recording) else list(rec)
     summ = summarize_recordings(recs)
     fig = summ.figures()
+    ranks = summ.rank_figures()
     procs = [p for r in recs for p in r.processes()]
     per_rank = []
     rank_figs = []
     for p in procs:
-        if p["pid"] not in fig["ranks"]:
+        if p["pid"] not in ranks:
             continue
         snap = p.get("snapshot") or {}
-        f = summ.figures(p["pid"])
+        f = ranks[p["pid"]]
         rank_figs.append((p["pid"], f))
         per_rank.append(
             {
@@ -98,28 +99,27 @@ def build_report(rec: Recording | Sequence[Recording]) -> dict[str, Any]:
         "anomalies": [a for r in recs for a in r.anomalies()],
         "per_rank": per_rank,
         "verdict": verdict(fig, main_snap, rank_figs),
-        **_traps(procs, summ),
+        **_traps(procs, ranks),
         "ranks": ranks_report(recs),
     }
 
 
-def _traps(procs: Sequence[Mapping[str, Any]], summ: Any) -> dict[str, Any]:
+def _traps(
+    procs: Sequence[Mapping[str, Any]], ranks: Mapping[int, Mapping[str, Any]]
+) -> dict[str, Any]:
     """``traps`` and ``not_checked`` of every process with a snapshot, each once
     (:func:`probe.analysis.traps.over_processes`: what ``probe doctor`` prints per process),
-    the steps counted by the one summary."""
+    the steps counted by the one summary (``ranks``: its :meth:`rank_figures`)."""
     from probe.analysis.traps import over_processes
 
     return over_processes(
-        (p["snapshot"], reason_counts(summ, p["pid"])) for p in procs if p.get("snapshot")
+        (p["snapshot"], counts_of(ranks.get(p["pid"]))) for p in procs if p.get("snapshot")
     )
 
 
-def reason_counts(summ: Any, pid: int) -> dict[tuple[str, str], int]:
-    """One process's steps by (mode, miss reason), from its summary (none: no steps)."""
-    try:
-        rows = summ.figures(pid)["miss_reasons"]
-    except KeyError:
-        return {}
+def counts_of(fig: Mapping[str, Any] | None) -> dict[tuple[str, str], int]:
+    """A rank's steps by (mode, miss reason), from its figures (None: no steps)."""
+    rows = (fig or {}).get("miss_reasons") or []
     return {(r["mode"], r["reason"]): int(r["count"]) for r in rows}
 
 

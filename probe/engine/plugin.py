@@ -31,10 +31,12 @@ RING_SUFFIX = ".shm"
 
 
 def ring_path_for(pid: int, environ: Mapping[str, str] | None = None) -> str:
-    from probe.ring_dir import default_ring_dir
+    from probe.ring_dir import UnsafeRingDirError, default_ring_dir
 
     env = os.environ if environ is None else environ
     run_dir = config.get(config.RUN_DIR, env)
+    if run_dir is not None and not os.path.isabs(run_dir):
+        raise UnsafeRingDirError(run_dir, "PROBE_RUN_DIR must be an absolute path")
     base = default_ring_dir() if run_dir is None else run_dir
     return os.path.join(str(base), f"{RING_PREFIX}{pid}{RING_SUFFIX}")
 

@@ -173,6 +173,9 @@ class Collector:
         self._explicit = [Path(r) for r in rings]
         self._fds = {Path(p): fd for p, fd in (ring_fds or {}).items()}
         self.errors: list[str] = []
+        #: the ring files that could not be opened (not a ring, damaged, unreadable), with
+        #: why; one that opens later leaves this
+        self.skipped: dict[Path, str] = {}
 
     def discover(self) -> None:
         paths = list(self._explicit)
@@ -189,7 +192,9 @@ class Collector:
                 msg = f"{p}: {exc}"
                 if msg not in self.errors:
                     self.errors.append(msg)
+                self.skipped[p] = str(exc)
                 continue
+            self.skipped.pop(p, None)
             self.procs[pid] = ProcessState(pid, p, reader, assembler=StepAssembler(pid))
 
     def poll(self) -> int:

@@ -23,7 +23,7 @@ import operator
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -557,6 +557,11 @@ class _Reader:
         return member
 
 
+#: a recording of more processes than this reads each process's rows of a detail table
+#: without a (pid, step) index through a private index (:meth:`Recording._rows_of_pid`)
+PID_SCAN_LIMIT = 16
+
+
 @dataclass(frozen=True)
 class Recording:
     """A recording opened for reading (validated).
@@ -572,6 +577,8 @@ class Recording:
 
     path: Path
     db: sqlite3.Connection
+    #: per detail table without a (pid, step) index, the last rowid its private index holds
+    _indexed: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def open(cls, path: str | Path) -> Recording:
@@ -645,12 +652,15 @@ class Recording:
             r["snapshot"] = _snapshot(self.path, r) if r.get("snapshot") else None
         return rows
 
-    def builder_names(self) -> dict[int, dict[int, str]]:
-        """Per pid, the id each builder class name has in :attr:`Step.builds` (as the
-        ring's string table gives ids); a build whose name was lost reads ``?``."""
+    def builder_names(self, pid: int | None = None) -> dict[int, dict[int, str]]:
+        """Per pid (``pid``'s alone with one), the id each builder class name has in
+        :attr:`Step.builds` (as the ring's string table gives ids); a build whose name was
+        lost reads ``?``."""
         out: dict[int, dict[int, str]] = {}
+        where = "" if pid is None else f"WHERE pid = {int(pid)}"
         for pid, name in self._rows(
-            "SELECT pid, builder FROM builds GROUP BY pid, builder ORDER BY pid, MIN(rowid)"
+            f"SELECT pid, builder FROM builds {where} GROUP BY pid, builder "
+            "ORDER BY pid, MIN(rowid)"
         ):
             names = out.setdefault(pid, {})
             names[len(names) + 1] = name if isinstance(name, str) else "?"
@@ -684,8 +694,9 @@ class Recording:
         try:
             where, params = ("WHERE pid = ?", (pid,)) if pid is not None else ("", ())
             rd = _Reader(self.path)
-            ids = {p: {n: i for i, n in names.items()} for p, names in self.builder_names().items()}
-            details = {t.name: self._detail_rows(t, rd, ids, where, params) for t in DETAIL_TABLES}
+            known = self.builder_names(pid)
+            ids = {p: {n: i for i, n in names.items()} for p, names in known.items()}
+            details = {t.name: self._detail_rows(t, rd, ids, pid) for t in DETAIL_TABLES}
             pending: dict[str, tuple[tuple[int, int], Any] | None] = {
                 name: next(it, None) for name, it in details.items()
             }
@@ -723,13 +734,15 @@ class Recording:
         t: DetailTable,
         rd: _Reader,
         ids: dict[int, dict[str, int]],
-        where: str,
-        params: tuple[Any, ...],
+        pid: int | None,
     ) -> Iterator[tuple[tuple[int, int], Any]]:
         cols = ", ".join(["pid", "step", *(c.name for c in t.columns)])
         cur = self.db.cursor()
         cur.row_factory = None
-        q = f"SELECT {cols} FROM {t.name} {where} ORDER BY pid, step, rowid"
+        q = f"SELECT {cols} FROM {t.name} ORDER BY pid, step, rowid"
+        params: tuple[Any, ...] = ()
+        if pid is not None:
+            q, params = self._rows_of_pid(t.name, cols), (pid,)
         has_flags = "flags" in {f.name for f in fields(t.record)}
         for row in cur.execute(q, params):
             pid = rd.value(t.name, row, "pid", row[0], int)
@@ -751,6 +764,43 @@ class Recording:
                 kw["flags"] = int(flags)
             _check_order(rd, t.name, row, kw)
             yield (pid, step), t.record(**kw)
+
+    def _rows_of_pid(self, table: str, cols: str) -> str:
+        """The query of one process's rows of ``table`` (its one parameter the pid), in
+        (step, rowid) order. A table without a (pid, step) index in a recording of many
+        processes (more than :data:`PID_SCAN_LIMIT`) is read through a private index of
+        its (pid, step, rowid), made once in the connection's temporary schema (never in
+        the file): each process's rows are found, not scanned for, so reading every
+        process in turn costs one pass, not one a process. Rows written after it was made
+        (a recording still growing) are read past its last rowid."""
+        plain = f"SELECT {cols} FROM {table} WHERE pid = ? ORDER BY pid, step, rowid"
+        if table not in self._indexed:
+            self._indexed[table] = self._index_rows(table)
+        last = self._indexed[table]
+        if last < 0:
+            return plain
+        inner = ", ".join(f"d.{c.strip()}" for c in cols.split(","))
+        return (
+            f"SELECT {cols} FROM (SELECT {inner}, d.rowid AS r FROM temp.probe_rows_{table} AS a "
+            f"JOIN main.{table} AS d ON d.rowid = a.rid WHERE a.pid = ?1 UNION ALL "
+            f"SELECT {inner}, d.rowid FROM main.{table} AS d WHERE d.rowid > {last} AND "
+            "d.pid = ?1) ORDER BY pid, step, r"
+        )
+
+    def _index_rows(self, table: str) -> int:
+        """The private index of ``table``'s rows by pid where it needs one (see
+        :meth:`_rows_of_pid`): the last rowid it holds, or -1 where none is needed."""
+        for ix in self._rows(f"PRAGMA index_list({table})"):
+            first = self._rows(f"PRAGMA index_info({ix[1]})")
+            if first and first[0][2] == "pid":
+                return -1
+        many = self._rows("SELECT count(*) FROM (SELECT DISTINCT pid FROM steps)")[0][0]
+        if many <= PID_SCAN_LIMIT:
+            return -1
+        at = f"probe_rows_{table}"
+        self._rows(f"CREATE TEMP TABLE {at} AS SELECT pid, step, rowid AS rid FROM {table}")
+        self._rows(f"CREATE INDEX temp.{at}_pid ON {at} (pid, step, rid)")
+        return int(self._rows(f"SELECT coalesce(max(rid), 0) FROM {at}")[0][0])
 
     def faults(self) -> list[dict[str, Any]]:
         """Hook faults per process: ``pid``, ``hook``, ``count``, ``disabled``."""

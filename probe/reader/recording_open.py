@@ -4,7 +4,6 @@ recording. The one error type of the readers, :class:`RecordingError`, lives her
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
 import stat
@@ -96,24 +95,12 @@ def _read_copy(p: Path, wal: Path | None) -> sqlite3.Connection:
     the copy (committed frames only) and checkpoints it, and the copy is read. A path
     longer than SQLite takes: the copy's is short. Nothing is created beside ``p``.
     """
-    import shutil
-    import tempfile
+    from probe.sqlite_read import private_copy
 
-    d = Path(tempfile.mkdtemp(prefix="probe-wal-"))
     try:
-        copy = d / "r.db"
-        shutil.copyfile(p, copy)
-        if wal is not None:
-            shutil.copyfile(wal, Path(f"{copy}-wal"))
-            with contextlib.closing(sqlite3.connect(copy)) as w:
-                w.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                w.execute("PRAGMA journal_mode=DELETE")
-        # the open descriptor keeps the copy readable once its name is gone
-        return sqlite3.connect(copy.absolute().as_uri() + "?mode=ro&immutable=1", uri=True)
+        return private_copy(p, wal)
     except OSError as exc:
         raise RecordingError(
             f"{p}: reading it needs a private copy (a -wal without its -shm, or a path "
             f"longer than SQLite takes), which failed ({exc.strerror or exc})"
         ) from None
-    finally:
-        shutil.rmtree(d, ignore_errors=True)

@@ -61,7 +61,7 @@ def expand_paths(names: Iterable[str | Path]) -> list[Path]:
     import glob
 
     out: list[Path] = []
-    seen: set[Path] = set()
+    seen: set[tuple[int, int] | str] = set()
     for name in names:
         s = str(name)
         if any(c in s for c in "*?[") and not Path(s).exists():
@@ -72,11 +72,24 @@ def expand_paths(names: Iterable[str | Path]) -> list[Path]:
         else:
             paths = [Path(s)]
         for p in paths:
-            key = p.resolve()
+            key = _identity(p)
             if key not in seen:
                 seen.add(key)
                 out.append(p)
     return out
+
+
+def _identity(p: Path) -> tuple[int, int] | str:
+    """What makes two names one file: its device and inode; a name that does not lead to
+    a file (a link loop, a dangling link, a parent that cannot be searched) is itself,
+    and the open names its problem in one line."""
+    import os
+
+    try:
+        st = os.stat(p)
+    except (OSError, ValueError):
+        return os.path.abspath(p)
+    return (st.st_dev, st.st_ino)
 
 
 def open_many(names: Iterable[str | Path]) -> Recording | RecordingSet:

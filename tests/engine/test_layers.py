@@ -30,6 +30,7 @@ READER_SIDE = (
     "probe.reader.recording_schema",
     "probe.cli.render_report",
     "probe.sqlite_errors",
+    "probe.sqlite_read",
     "probe.step",
 )
 

@@ -60,6 +60,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     seen_writer = False
     failed: str | None = None
+    junk_since: float | None = None  # when rings were found and none could be read
     try:
         with progress.display_for(args.progress, bar=False) as status:
             status.stage(f"collect: waiting for rings in {run_dir}", None, "")
@@ -72,6 +73,14 @@ def cmd_collect(args: argparse.Namespace) -> int:
                 if seen_writer and not alive:
                     failed = failed or storage_guard(col.poll, out)
                     break
+                # ring files none of which opens: a writer that was starting would have
+                # made its ring readable within JUNK_WAIT_S; these never will
+                if col.skipped and not col.procs:
+                    junk_since = junk_since or time.monotonic()
+                    if time.monotonic() - junk_since > JUNK_WAIT_S:
+                        break
+                else:
+                    junk_since = None
                 time.sleep(args.interval)
     finally:
 
@@ -83,7 +92,20 @@ def cmd_collect(args: argparse.Namespace) -> int:
     if failed is not None:
         print(f"probe: error: {failed}; what was committed before is readable", file=sys.stderr)
         return 1
+    skipped = "; ".join(
+        f"{p.name} ({why.removeprefix(f'{p}: ')})" for p, why in sorted(col.skipped.items())
+    )
+    if col.skipped and not col.procs:
+        for suffix in ("", "-wal", "-shm", "-journal"):  # nothing was recorded: no recording
+            Path(f"{out}{suffix}").unlink(missing_ok=True)
+        raise RuntimeFailure(f"collect: no readable ring in {run_dir}; skipped {skipped}")
+    if col.skipped:
+        print(f"probe: warning: collect: skipped {skipped}", file=sys.stderr)
     return 0
+
+
+#: how long ring files that cannot be read, and no other, are waited on
+JUNK_WAIT_S = 2.0
 
 
 def status_line(procs: Iterable[ProcessState], alive: int) -> str:

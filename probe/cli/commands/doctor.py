@@ -54,10 +54,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         # the recording's steps too: a trap the snapshot alone cannot decide is counted
         # from them by the one summary, as `probe report` does (probe.analysis.traps.traps)
         from probe.analysis.summary_read import summarize_recordings
-        from probe.cli.render_report import reason_counts
+        from probe.cli.render_report import counts_of
 
-        summ = summarize_recordings([rec])
-        out = [doctor(p["snapshot"], reason_counts(summ, p["pid"])) for p in procs]
+        ranks = summarize_recordings([rec]).rank_figures()
+        out = [doctor(p["snapshot"], counts_of(ranks.get(p["pid"]))) for p in procs]
     if args.json:
         print(json.dumps(out, indent=2, default=str))
     else:

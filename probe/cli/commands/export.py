@@ -31,7 +31,7 @@ from typing import Any
 from probe import progress
 from probe.cli.commands import endpoint, open_recording, positive_float
 from probe.errors import RuntimeFailure, UsageError
-from probe.output import check_target, path_for, write_bytes
+from probe.output import Outputs, check_target, path_for, together, write_bytes
 
 
 def _sink_module(name: str) -> Any:
@@ -193,7 +193,11 @@ def _export(args: argparse.Namespace) -> int:
         _sink_module("parquet")  # a missing extra is named before anything is read
     rec = _open(args.recording)
     with progress.display_for(args.progress, plain=bool(dashes)) as bars:
-        _write_targets(args, rec, bars, textfile, perfetto_out, om_out, rocpd_out)
+        # every output or none: renamed onto their targets once all are written
+        with together() as outs:
+            _write_targets(args, rec, bars, outs, textfile, perfetto_out, om_out, rocpd_out)
+        for line in outs.lines:
+            bars.echo(line)
     return 0
 
 
@@ -201,6 +205,7 @@ def _write_targets(
     args: argparse.Namespace,
     rec: Any,
     bars: progress.Display,
+    outs: Outputs,
     textfile: Path | None,
     perfetto_out: Path | None,
     om_out: Path | None,
@@ -208,7 +213,7 @@ def _write_targets(
 ) -> None:
     from exporters.base import replay
 
-    say = bars.echo
+    say = outs.lines.append
     if args.otlp:
         _sink_module("otlp")  # a missing extra is named before anything else
         check_reachable(args.otlp, args.otlp_protocol, args.timeout)
@@ -249,6 +254,7 @@ def _write_targets(
                 f"{w.spans_failed} span(s) not exported ({w.spans_exported} exported), "
                 f"{w.metric_exports_failed} of {w.metric_exports} metric exports failed"
             )
+        outs.left(f"--otlp {args.otlp} (sent)")
         say(
             f"probe: {w.steps:,} engine steps -> {w.spans_exported:,} spans and "
             f"{w.metric_exports:,} metric samples -> {args.otlp} ({args.otlp_protocol})"
@@ -294,6 +300,7 @@ def _write_targets(
             raise UsageError(f"export: --parquet {args.parquet}: {exc}") from None
         except OSError as exc:
             raise RuntimeFailure(f"export: --parquet {args.parquet}: {exc}") from None
+        outs.left(f"--parquet {args.parquet}")
         say(f"probe: {n} rows -> Parquet in {args.parquet}")
 
 

@@ -172,7 +172,7 @@ def _merge(args: argparse.Namespace, rec: Any, out: Any, bars: progress.Display)
     from exporters.timelines.load import load_profiles, profile_path
     from exporters.timelines.merge import merge_to_perfetto
     from exporters.timelines.model import ProfileError
-    from probe.output import path_for
+    from probe.output import path_for, together
 
     to_stdout = args.out == "-"
     try:
@@ -200,33 +200,37 @@ def _merge(args: argparse.Namespace, rec: Any, out: Any, bars: progress.Display)
             bars.echo(f"{profile_path(prof)}: {al.describe()}", stdout=True)
         if args.report or args.json:
             reports.append((prof, step_table(rec, prof, al)))
-    if args.out:
-        from exporters.perfetto import PerfettoUnavailableError
+    # --out and --rocpd both or neither: renamed onto their targets once both are written
+    wrote: list[str] = []
+    with together():
+        if args.out:
+            from exporters.perfetto import PerfettoUnavailableError
 
-        try:
-            with path_for(out) as tmp:
-                counts = merge_to_perfetto(rec, placed, tmp, progress=bars)
-        except PerfettoUnavailableError as exc:
-            raise UsageError(str(exc)) from None
-        except ValueError as exc:  # a timestamp the offset put before 0
-            raise UsageError(f"merge: {exc}; check --offset-ns") from None
-        if not args.json and not to_stdout:
-            bars.echo(
-                f"wrote {out}: {counts['step']} steps, {counts['phase']} phase spans, "
-                f"{counts['kernels']} kernels, {counts['host_calls']} host calls, "
-                f"{counts['flows']} launch->kernel flows (open it at https://ui.perfetto.dev)",
-                stdout=True,
-            )
-    if args.rocpd:
-        from exporters.rocprof_sidecar import write_sidecar
+            try:
+                with path_for(out) as tmp:
+                    counts = merge_to_perfetto(rec, placed, tmp, progress=bars)
+            except PerfettoUnavailableError as exc:
+                raise UsageError(str(exc)) from None
+            except ValueError as exc:  # a timestamp the offset put before 0
+                raise UsageError(f"merge: {exc}; check --offset-ns") from None
+            if not args.json and not to_stdout:
+                wrote.append(
+                    f"wrote {out}: {counts['step']} steps, {counts['phase']} phase spans, "
+                    f"{counts['kernels']} kernels, {counts['host_calls']} host calls, "
+                    f"{counts['flows']} launch->kernel flows (open it at https://ui.perfetto.dev)"
+                )
+        if args.rocpd:
+            from exporters.rocprof_sidecar import write_sidecar
 
-        rocpd_out = args.rocpd_out
-        rocprof_db = next((p.meta["path"] for p, _ in placed if p.source == "rocpd"), None)
-        try:
-            with path_for(rocpd_out, create=False) as tmp:
-                n = write_sidecar(rec, tmp, rocprof_db=rocprof_db, progress=bars)
-        except (ProfileError, ValueError, FileExistsError) as exc:
-            raise UsageError(f"merge: --rocpd {args.rocpd}: {exc}") from None
-        if not args.json:
-            bars.echo(f"wrote {args.rocpd}: {n} probe spans as rocpd regions", stdout=True)
+            rocpd_out = args.rocpd_out
+            rocprof_db = next((p.meta["path"] for p, _ in placed if p.source == "rocpd"), None)
+            try:
+                with path_for(rocpd_out, create=False) as tmp:
+                    n = write_sidecar(rec, tmp, rocprof_db=rocprof_db, progress=bars)
+            except (ProfileError, ValueError, FileExistsError) as exc:
+                raise UsageError(f"merge: --rocpd {args.rocpd}: {exc}") from None
+            if not args.json:
+                wrote.append(f"wrote {args.rocpd}: {n} probe spans as rocpd regions")
+    for line in wrote:
+        bars.echo(line, stdout=True)
     return reports

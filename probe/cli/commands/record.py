@@ -75,9 +75,7 @@ def session_parent(run_dir: str | None, who: str) -> Path | None:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from probe.output import check_target, new_file_in_place
-    from probe.reader.collector import Collector, RecordingSink, ring_dir_for_session
-    from probe.reader.recording import RecordingWriter
+    from probe.output import check_target
 
     sample = sample_every(args.sample)
     cmd = check_command(list(args.command), "record")
@@ -102,6 +100,40 @@ def cmd_record(args: argparse.Namespace) -> int:
         sinks.append(exporter_sink("prometheus", "--prometheus", args.prometheus))
     if args.otlp:
         sinks.append(exporter_sink("otlp", "--otlp", args.otlp))
+    run_dir = _session_dir(parent)
+    try:
+        return _record(args, cmd, env, out, sample, sinks, run_dir)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _session_dir(parent: Path | None) -> Path:
+    """The session's private folder for its rings, in ``--run-dir`` or the run directory
+    (``$PROBE_RUN_DIR``: refused when it is not an absolute path, or not safe)."""
+    from probe.reader.collector import ring_dir_for_session
+    from probe.ring_dir import UnsafeRingDirError
+
+    try:
+        return ring_dir_for_session(parent)
+    except UnsafeRingDirError as exc:
+        raise UsageError(f"record: {exc}") from None
+    except OSError as exc:
+        raise RuntimeFailure(f"record: cannot make the session's run directory: {exc}") from None
+
+
+def _record(
+    args: argparse.Namespace,
+    cmd: list[str],
+    env: dict[str, str],
+    out: Path,
+    sample: int,
+    sinks: list[Any],
+    run_dir: Path,
+) -> int:
+    from probe.output import new_file_in_place
+    from probe.reader.collector import Collector, RecordingSink
+    from probe.reader.recording import RecordingWriter
+
     # everything is checked: from here on a failure is the command's or the disk's
     new_file_in_place(out)
     try:
@@ -119,12 +151,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         started_epoch_ns=time.time_ns(),
     )
     sinks.insert(0, RecordingSink(writer))
-    run_dir = ring_dir_for_session(parent)
     env[config.RUN_DIR.name] = str(run_dir)
-    try:
-        return _run(args, cmd, env, out, writer, Collector(run_dir, sinks, now_ns=boottime_ns))
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    return _run(args, cmd, env, out, writer, Collector(run_dir, sinks, now_ns=boottime_ns))
 
 
 def _run(
@@ -136,7 +164,6 @@ def _run(
     col: Any,
 ) -> int:
     err = sys.stderr
-    print(f"probe: recording {' '.join(cmd)} -> {out}", file=err)
     try:
         child = subprocess.Popen(cmd, env=env)
     except OSError as exc:
@@ -144,6 +171,8 @@ def _run(
         for suffix in ("", "-wal", "-shm", "-journal"):  # a command that never ran: no recording
             Path(f"{out}{suffix}").unlink(missing_ok=True)
         raise RuntimeFailure(f"record: cannot start {cmd[0]}: {exc.strerror or exc}") from None
+    # said once the command runs: a command that cannot start is the one error line
+    print(f"probe: recording {' '.join(cmd)} -> {out}", file=err)
     config.lower_reader_priority()  # after the fork: the command keeps the user's priority
     stop = {"n": 0}
 
