@@ -456,12 +456,15 @@ def _unpaired(
 # -- the comparison --------------------------------------------------------------------------
 
 
-def compare(a: Sequence[Run], b: Sequence[Run]) -> dict[str, Any]:
+def compare(
+    a: Sequence[Run], b: Sequence[Run], tolerance: float = MIX_TOLERANCE
+) -> dict[str, Any]:
     """The arms side by side (plain data, what every surface renders): per figure each
-    arm's value, B/A and its 95% interval; how the steps paired (``pairing``); what the
-    interval is over (``interval_over``); the steady mode/reason counts over every
-    recording of an arm (the three commonest); the verdict, and ``notes`` that say what
-    the reader should know about the method on these data."""
+    arm's value, B/A and its 95% interval; how the steps paired (``pairing``; they pair
+    when the shape mixes differ by at most ``tolerance``); what the interval is over
+    (``interval_over``); the steady mode/reason counts over every recording of an arm
+    (the three commonest); the verdict, and ``notes`` that say what the reader should
+    know about the method on these data."""
     if not a or not b:
         raise ValueError("compare: each arm needs a recording")
     reps = min(len(a), len(b))
@@ -469,12 +472,12 @@ def compare(a: Sequence[Run], b: Sequence[Run]) -> dict[str, Any]:
     sa, sb = _shares(ea), _shares(eb)
     diff = mix_difference(sa, sb) if sa and sb else 1.0
     both = set(sa) & set(sb)
-    matched = diff <= MIX_TOLERANCE and bool(both)
+    matched = diff <= tolerance and bool(both)
     pairing = {
         "key": SHAPE_KEY,
         "matched": matched,
         "mix_difference": diff,
-        "tolerance": MIX_TOLERANCE,
+        "tolerance": tolerance,
         "shapes": {"A": len(sa), "B": len(sb), "both": len(both)},
         "paired_share": {
             "A": sum(sa[s] for s in both),
