@@ -14,20 +14,20 @@ shape (:data:`SHAPE_KEY`): per shape, each arm's mean; per arm, those means weig
 the shape's share of the steps (the mean of the two arms' shares, so both arms are read
 under one mix); B/A the ratio of the two. Throughput is tokens per second of serving
 time under that mix (a shape's tokens are the same in both arms, so throughput B/A is
-the ratio of the mean step periods). When the mixes are the same this is the ratio of
-the arms' own steady figures; when they differ a little, the difference in mix is not
-read as a difference in speed.
+the ratio of the mean step periods). The A and B columns are each arm's own steady
+figures (the summary's, the mean over its recordings). When the mixes are the same B/A
+is their ratio; when they differ a little, B/A is the paired one, and the difference in
+mix is not read as a difference in speed.
 
-**Interval.** With at least two recordings per arm, over the repetitions (between-run
-variation): each recording's paired figure, a Student t interval on the log ratio of
-the arms' means. Otherwise over the variation within the recordings: each recording's
-steps cut into :data:`BLOCKS` runs of consecutive steps; in each run, how far its steps
-sit from their shape's mean in the arm (the steps weighted as in the figure; each
-residual scaled by ``sqrt(n / (n - 1))`` for its shape's ``n`` steps, a shape of one step
-left out); the spread of those runs gives the arm's relative standard error, and the two
-arms' combine on the log ratio with Welch's degrees of freedom. The design is taken out
-(a run of small batches late in a varied-length workload is not slower for that), and the
-slow drift within a recording stays in (runs of steps, not single steps).
+**Interval.** With two or more recordings in an arm, over the repetitions: each
+recording's paired figure, the log figures' variance within each arm pooled over both
+arms and with :data:`RUN_SPREAD` (at :data:`RUN_SPREAD_DF` degrees of freedom), a Student
+t on the log ratio. With one recording per arm, over the variation within them: each
+recording cut into :data:`BLOCKS` runs of consecutive steps, the b-th run of A paired
+with the b-th of B (the same part of the workload), the ratio estimator's variance with
+those pairs as clusters; plus an allowance of :data:`RUN_SPREAD` per arm for the spread
+between runs, which one run cannot show. The design is taken out (small batches late in
+a varied-length run are not slower for that), the drift within a run stays in.
 
 **Workloads that differ.** When the arms' shape mixes differ by more than
 :data:`MIX_TOLERANCE` (total variation distance over the shares of steps), the steps do
@@ -432,8 +432,8 @@ def _blocks(r: RunSteps) -> list[dict[str, float | None]]:
 def _unpaired(
     key: str, a: Sequence[Run], b: Sequence[Run], reps: int
 ) -> dict[str, float | None] | None:
-    va = [x.figures[key] for x in a if x.figures[key] is not None]
-    vb = [x.figures[key] for x in b if x.figures[key] is not None]
+    va = [v for x in a if (v := x.figures.get(key)) is not None]
+    vb = [v for x in b if (v := x.figures.get(key)) is not None]
     if not va or not vb:
         return None
     if reps >= 2:
@@ -456,9 +456,7 @@ def _unpaired(
 # -- the comparison --------------------------------------------------------------------------
 
 
-def compare(
-    a: Sequence[Run], b: Sequence[Run], tolerance: float = MIX_TOLERANCE
-) -> dict[str, Any]:
+def compare(a: Sequence[Run], b: Sequence[Run], tolerance: float = MIX_TOLERANCE) -> dict[str, Any]:
     """The arms side by side (plain data, what every surface renders): per figure each
     arm's value, B/A and its 95% interval; how the steps paired (``pairing``; they pair
     when the shape mixes differ by at most ``tolerance``); what the interval is over
@@ -511,6 +509,11 @@ def compare(
             m = _unpaired(key, a, b, reps)
         if m is None:
             continue
+        # each arm's own figure (the summary's, as every surface shows it); B/A is the
+        # paired one, equal to B over A where the mixes are the same
+        own_a, own_b = _own(key, a), _own(key, b)
+        if own_a is not None and own_b is not None:
+            m["A"], m["B"] = own_a, own_b
         out["metrics"][key] = {
             "label": label,
             "better": "higher" if better > 0 else "lower",
@@ -527,6 +530,12 @@ def compare(
     out["verdict"] = verdict(out)
     out["notes"] = _notes(out)
     return out
+
+
+def _own(key: str, runs: Sequence[Run]) -> float | None:
+    """An arm's own figure: the mean of its recordings' (those that have it)."""
+    vals = [v for x in runs if (v := x.figures.get(key)) is not None]
+    return statistics.fmean(vals) if vals else None
 
 
 def _sum_reasons(runs: Sequence[Run]) -> Counter[str]:

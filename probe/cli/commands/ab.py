@@ -46,6 +46,7 @@ def summarize(path: Path, bars: progress.Progress = progress.SILENT) -> Any:
 
     try:
         rec = Recording.open(path)
+        rec.meta()  # checked as `report` checks it: a damaged row is one line, not ignored
         run = read_run(rec, str(path))
     except RecordingError as exc:
         raise UsageError(str(exc)) from None
