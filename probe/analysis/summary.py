@@ -641,6 +641,24 @@ class Summary(FiguresOf):
                     steady.setdefault(pid, {})[key] = groups[key]
         return groups, decided
 
+    def settled(self, pid: np.ndarray, step: np.ndarray, raw: np.ndarray) -> np.ndarray:
+        """Each row's class once every class is decided (as :meth:`resolved` decides):
+        ``raw``, the classes ``last[0]`` held for those rows when their chunk was added
+        (-1 for a step without a forward); the rows in (pid, step) order."""
+        _, decided = self.resolved()
+        out = raw.copy()
+        replayed = [p for p, r in self.ranks.items() if r.replayed]
+        pend = out == _PENDING
+        out[pend] = np.where(np.isin(pid[pend], replayed), rules.BEFORE_REPLAY, STEADY)
+        if decided:
+            code = {name: i for i, name in enumerate(CLASSES)}
+            key = (pid.astype(np.int64) << 32) | step
+            want = np.array([(p << 32) | s for p, s in decided], dtype=np.int64)
+            at = np.minimum(np.searchsorted(key, want), len(key) - 1)
+            hit = key[at] == want
+            out[at[hit]] = [code[w] for w, h in zip(decided.values(), hit, strict=True) if h]
+        return out
+
     def first_replay_pending(self) -> dict[int, bool]:
         """Per rank, whether its steps before the first replay are warm-up (it replayed)."""
         return {p: r.replayed for p, r in self.ranks.items()}

@@ -1,7 +1,6 @@
 """A recording's summary in one streaming pass (the reader side of :mod:`probe.analysis.summary`):
 the ``steps`` table in validated numpy chunks, each step's hooked calls counted in SQLite
-from the detail tables, reorders and builds aggregated there; several recordings merged;
-the per-run figures ``probe ab`` takes its interval from."""
+from the detail tables, reorders and builds aggregated there; several recordings merged."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from probe.analysis.accumulators import _BINS_PER_OCTAVE, _PENDING, _Q, _S, NB, _total
-from probe.analysis.rules import STEADY
+from probe.analysis.accumulators import _BINS_PER_OCTAVE, NB
 from probe.analysis.summary import Summary
 from probe.records import Mode
 
@@ -61,64 +59,6 @@ def summarize_recording(rec: Any, chunk: int | None = None) -> Summary:
         s.builds[key][NB + 1] += int(total)
     s.sources = 1
     return s
-
-
-def _steady_sums(s: Summary) -> dict[str, float]:
-    st = _total(a for k, a in s.groups.items() if k[5] in (STEADY, _PENDING))
-    dec = [a for k, a in s.groups.items() if k[5] in (STEADY, _PENDING) and k[3] == 1]
-    full = [
-        a
-        for k, a in s.groups.items()
-        if k[5] in (STEADY, _PENDING) and k[3] == 1 and k[1] == Mode.FULL
-    ]
-    return {
-        "tokens": float(st.s[_S["tokens"]]),
-        "serving_ns": float(st.s[_S["serving_ns"]]),
-        "host_sum": float(st.q[_Q["host_ns"], 1]),
-        "host_n": float(st.q[_Q["host_ns"], 0]),
-        "launch_sum": float(st.q[_Q["cpu_launch_overhead_ns"], 1]),
-        "launch_n": float(st.q[_Q["cpu_launch_overhead_ns"], 0]),
-        "forward_launch_sum": float(st.q[_Q["forward_launch_ns"], 1]),
-        "draft_sum": float(st.q[_Q["draft_ns"], 1]),
-        "phase_n": float(st.q[_Q["forward_launch_ns"], 0]),
-        "decode": float(sum(int(a.s[_S["steps"]]) for a in dec)),
-        "decode_full": float(sum(int(a.s[_S["steps"]]) for a in full)),
-    }
-
-
-def block_figures(rec: Any, blocks: int = 10) -> tuple[Summary, list[dict[str, float | None]]]:
-    """A recording's summary, and the steady figures of ``blocks`` runs of consecutive
-    steps of it (the differences of the running sums after each run): what ``probe ab``
-    takes an interval from when an arm has one repetition."""
-    from probe.reader.recording_columns import iter_step_columns
-
-    n = sum(rec.step_counts().values())
-    size = max(1, -(-n // blocks))
-    whole = summarize_recording(rec)
-    s = Summary()
-    prev = _steady_sums(s)
-    out: list[dict[str, float | None]] = []
-    for cols in iter_step_columns(rec, chunk=size):
-        s.add_columns(cols)
-        cur = _steady_sums(s)
-        d = {k: cur[k] - prev[k] for k in cur}
-        prev = cur
-        out.append(_ab_values(d))
-    return whole, out
-
-
-def _ab_values(d: Mapping[str, float]) -> dict[str, float | None]:
-    def div(a: float, b: float, scale: float = 1.0) -> float | None:
-        return a / b * scale if b else None
-
-    return {
-        "steady_tokens_per_s": div(d["tokens"], d["serving_ns"], 1e9),
-        "steady_host_ns": div(d["host_sum"], d["host_n"]),
-        "cpu_launch_overhead_ns": div(d["launch_sum"], d["launch_n"]),
-        "decode_full_share": div(d["decode_full"], d["decode"]),
-        "forward_launch_ns": div(d["forward_launch_sum"], d["phase_n"]),
-        "draft_ns": div(d["draft_sum"], d["phase_n"]),
-    }
 
 
 def ab_values(s: Summary) -> dict[str, float | None]:

@@ -6,29 +6,27 @@
         --reps 5 --out ab/ -- python bench.py
 
     # or compare recordings made elsewhere (e.g. by benchmarks/gpu/harness.py)
-    probe ab --a stock*.probe.db --b ustd*.probe.db
+    probe ab --a 'stock*.probe.db' --b 'ustd*.probe.db'
 
 Each run is a ``probe record`` session. Per arm the comparison shows, over steady state
-(the rules of :mod:`probe.analysis.rules`, from :mod:`probe.analysis.summary`): throughput
-(scheduled tokens
-per second of steady serving time), host time per step, CPU launch overhead, the decode
-FULL share, and the workload's wall time when ``ab`` ran it; each B/A with a 95% interval
-over the repetitions (one repetition per arm: over ten runs of consecutive steps within
-it, and it says so). The verdict names the faster arm only where the throughput interval
-excludes 1.
+(the rules of :mod:`probe.analysis.rules`): throughput (scheduled tokens per second of
+steady serving time), host time per step, CPU launch overhead, the decode FULL share,
+the forward launch and the draft; each B/A with a 95% interval. The steps of the two arms
+pair by batch shape when the workloads match, and the interval is over the repetitions
+(two or more recordings per arm), or over the variation within the recordings; when the
+workloads do not match it says so. The verdict names the faster arm only where the
+throughput interval excludes 1. The method, and its error measured on committed
+recordings: :mod:`probe.analysis.ab` and ``docs/rules.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,171 +36,33 @@ from rich.table import Table
 from probe import progress
 from probe.terminal import SafeConsole
 
-#: the figures compared, with how each is printed and which way is faster
-FIGURES: tuple[tuple[str, str, int], ...] = (
-    ("steady_tokens_per_s", "steady throughput (tokens/s)", 1),
-    ("steady_host_ns", "steady host time per step", -1),
-    ("cpu_launch_overhead_ns", "CPU launch overhead (mean)", -1),
-    ("decode_full_share", "decode FULL share", 1),
-    ("forward_launch_ns", "forward launch (mean)", -1),
-    ("draft_ns", "draft (mean)", -1),
-    ("wall_s", "workload wall time (s)", -1),
-)
-BLOCKS = 10
 
-# two-sided 95% Student t quantiles by degrees of freedom (1..30; above: 1.96)
-_T95 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-    2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-    2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
-
-def _t95(df: int) -> float:
-    return _T95[df - 1] if 1 <= df <= len(_T95) else 1.96
-
-
-def summarize(path: Path, bars: progress.Progress = progress.SILENT) -> dict[str, Any]:
-    """One recording -> the figures ``probe ab`` compares (``bars``: one advance when it
-    is read): the whole run's, and those of :data:`BLOCKS` runs of consecutive steps."""
-    from probe.analysis.summary_read import ab_values, block_figures
+def summarize(path: Path, bars: progress.Progress = progress.SILENT) -> Any:
+    """One recording -> its part in the comparison (:func:`probe.analysis.ab.read_run`;
+    ``bars``: one advance when it is read)."""
+    from probe.analysis.ab import read_run
     from probe.errors import UsageError
     from probe.reader.recording import Recording, RecordingError
 
     try:
         rec = Recording.open(path)
-        whole, blocks = block_figures(rec, BLOCKS)
-        meta = rec.meta()
+        rec.meta()  # checked as `report` checks it: a damaged row is one line, not ignored
+        run = read_run(rec, str(path))
     except RecordingError as exc:
         raise UsageError(str(exc)) from None
     rec.close()
     bars.advance()
-    fig = whole.figures()
-    if not fig["forward_steps"]:
+    if not run.forward_steps:
         raise UsageError(f"{path}: no forward steps recorded")
-    from probe.cli.render_report import command_line
-
-    wall = None  # the workload's own wall time: a `probe record` of a command (ab's runs)
-    ran = command_line(meta)[0] == "command"
-    if ran and meta.get("started_epoch_ns") and meta.get("ended_epoch_ns"):
-        wall = (int(meta["ended_epoch_ns"]) - int(meta["started_epoch_ns"])) / 1e9
-    # the three commonest in steady state (a reason seen only in warm-up is not one of them)
-    steady = sorted(
-        ((f"{r['mode']}/{r['reason']}", int(r["steady"])) for r in fig["miss_reasons"]),
-        key=lambda kv: -kv[1],
-    )
-    reasons = {k: n for k, n in steady if n}
-    reasons = dict(list(reasons.items())[:3])
-    return {
-        "recording": str(path),
-        "steps": fig["forward_steps"],
-        "steady_steps": fig["steady_steps"],
-        "values": {**ab_values(whole), "wall_s": wall},
-        "blocks": blocks,
-        "reasons": reasons,
-        "headline": fig["headline"],
-    }
-
-
-def _mean_se(xs: Sequence[float]) -> tuple[float, float | None, int]:
-    """Mean, its standard error (None for one value) and the degrees of freedom."""
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return m, None, 0
-    return m, statistics.stdev(xs) / len(xs) ** 0.5, len(xs) - 1
-
-
-def _interval(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
-    """B/A of the means, with a 95% interval from the relative standard errors (delta
-    method on the log ratio, Student t at the smaller arm's degrees of freedom)."""
-    ma, sa, da = _mean_se(a)
-    mb, sb, db = _mean_se(b)
-    if not ma:
-        return {"ratio": None, "low": None, "high": None}
-    r = mb / ma
-    if sa is None or sb is None or not mb or r <= 0:
-        return {"ratio": r, "low": None, "high": None}
-    rel = math.hypot(sa / ma, sb / mb)
-    t = _t95(min(da, db))
-    return {"ratio": r, "low": r * math.exp(-t * rel), "high": r * math.exp(t * rel)}
-
-
-def compare(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
-    """The arms side by side: per figure, each arm's value (the mean over repetitions, or
-    the one run's), B/A and its interval, over repetitions, or over the runs of steps of
-    the one repetition each arm has (``interval_over``)."""
-    reps = min(len(a), len(b))
-    over = (
-        "repetitions"
-        if reps >= 2
-        else f"{BLOCKS} runs of consecutive steps within the one repetition"
-    )
-    out: dict[str, Any] = {
-        "reps": {"A": len(a), "B": len(b)},
-        "interval_over": over,
-        "metrics": {},
-    }
-    for key, label, better in FIGURES:
-        va = [x["values"][key] for x in a if x["values"][key] is not None]
-        vb = [x["values"][key] for x in b if x["values"][key] is not None]
-        if not va or not vb:
-            continue
-        if reps >= 2:
-            iv = _interval(va, vb)
-        else:
-            ba = [x[key] for x in a[0]["blocks"] if x.get(key) is not None]
-            bb = [x[key] for x in b[0]["blocks"] if x.get(key) is not None]
-            point = vb[0] / va[0] if va[0] else None
-            iv = {"ratio": point, "low": None, "high": None}
-            if point and len(ba) > 1 and len(bb) > 1:
-                # the runs' spread, around the whole run's B/A (the point the table shows)
-                b_iv = _interval(ba, bb)
-                if b_iv["low"] is not None and b_iv["ratio"]:
-                    iv["low"] = point * b_iv["low"] / b_iv["ratio"]
-                    iv["high"] = point * b_iv["high"] / b_iv["ratio"]
-        out["metrics"][key] = {
-            "label": label,
-            "better": "higher" if better > 0 else "lower",
-            "A": statistics.fmean(va),
-            "B": statistics.fmean(vb),
-            "ratio_B_over_A": iv["ratio"],
-            "low": iv["low"],
-            "high": iv["high"],
-        }
-    out["reasons"] = {"A": a[0]["reasons"], "B": b[0]["reasons"]}
-    out["headline"] = {"A": a[0]["headline"], "B": b[0]["headline"]}
-    out["verdict"] = _verdict(out)
-    return out
-
-
-def _verdict(cmp: dict[str, Any]) -> str:
-    m = cmp["metrics"].get("steady_tokens_per_s")
-    if not m or m["ratio_B_over_A"] is None:
-        return "no steady throughput in one of the arms: no verdict"
-    r, lo, hi = m["ratio_B_over_A"], m["low"], m["high"]
-    if lo is None or hi is None:
-        return f"steady throughput B/A {r:.3f}, no interval: no verdict"
-    if hi < 1:
-        return (
-            f"A is faster: steady throughput B/A {r:.3f} [{lo:.3f}, {hi:.3f}] "
-            f"(B {1 - r:.0%} slower; interval over {cmp['interval_over']})"
-        )
-    if lo > 1:
-        return (
-            f"B is faster: steady throughput B/A {r:.3f} [{lo:.3f}, {hi:.3f}] "
-            f"(B {r - 1:.0%} faster; interval over {cmp['interval_over']})"
-        )
-    return (
-        f"no difference shown: steady throughput B/A {r:.3f} [{lo:.3f}, {hi:.3f}] includes 1 "
-        f"(interval over {cmp['interval_over']})"
-    )
+    return run
 
 
 def render(cmp: dict[str, Any], console: Console, labels: tuple[str, str]) -> None:
+    na, nb = cmp["reps"]["A"], cmp["reps"]["B"]
     t = Table(
-        title=f"probe ab: A = {labels[0]}   B = {labels[1]}   ({cmp['reps']['A']}/"
-        f"{cmp['reps']['B']} runs; steady state; B/A with a 95% interval over "
-        f"{cmp['interval_over']})",
+        title=f"probe ab: A = {labels[0]}   B = {labels[1]}   ({na} recording"
+        f"{'s' if na != 1 else ''} of A, {nb} of B; steady state; B/A with a 95% interval "
+        f"over {cmp['interval_over']})",
         title_justify="left",
     )
     for c in ("metric", "A", "B", "B/A", "95% interval"):
@@ -220,15 +80,12 @@ def render(cmp: dict[str, Any], console: Console, labels: tuple[str, str]) -> No
         iv = "-" if m["low"] is None else f"[{m['low']:.3f}, {m['high']:.3f}]"
         t.add_row(m["label"], fmt(k, m["A"]), fmt(k, m["B"]), "-" if r is None else f"{r:.3f}", iv)
     console.print(t)
-    if min(cmp["reps"].values()) < 2:
-        console.print(
-            "one repetition per arm: the intervals are over runs of steps within it (the "
-            "run-to-run spread is not in them; --reps 5 gives intervals over repetitions)"
-        )
+    for note in cmp["notes"]:
+        console.print(note)
     console.print(f"verdict: {cmp['verdict']}")
     for arm in ("A", "B"):
         reasons = ", ".join(f"{k} x{v}" for k, v in cmp["reasons"][arm].items())
-        console.print(f"{arm}: top mode/reason (steady): {reasons}")
+        console.print(f"{arm}: top mode/reason (steady, every recording): {reasons}")
 
 
 def run_arms(
@@ -300,7 +157,13 @@ def cmd_ab(args: argparse.Namespace) -> int:
     if not run_mode:
         if not (args.a and args.b):
             raise UsageError("ab: give both --a and --b recordings")
-        a_paths, b_paths = [Path(p) for p in args.a], [Path(p) for p in args.b]
+        from probe.reader.recording import RecordingError
+        from probe.reader.recording_set import expand_paths
+
+        try:
+            a_paths, b_paths = expand_paths(args.a), expand_paths(args.b)
+        except RecordingError as exc:
+            raise UsageError(f"ab: {exc}") from None
         labels = (args.a_label or "A", args.b_label or "B")
     else:
         if not args.b_override:
@@ -324,6 +187,8 @@ def cmd_ab(args: argparse.Namespace) -> int:
         bars.stage("ab: reading recordings", len(a_paths) + len(b_paths), "recordings")
         sa = [summarize(p, bars) for p in a_paths]
         sb = [summarize(p, bars) for p in b_paths]
+    from probe.analysis.ab import compare
+
     cmp = compare(sa, sb)
     if args.json:
         print(json.dumps(cmp, indent=1))
@@ -342,8 +207,8 @@ def add_parser(sub: Any) -> None:
     )
     from probe.cli.commands import positive_int, width
 
-    p.add_argument("--a", nargs="+", help="recordings of arm A (compare mode)")
-    p.add_argument("--b", nargs="+", help="recordings of arm B (compare mode)")
+    p.add_argument("--a", nargs="+", help="recordings of arm A, or a quoted glob (compare mode)")
+    p.add_argument("--b", nargs="+", help="recordings of arm B, or a quoted glob (compare mode)")
     p.add_argument("--a-label", help="name of arm A in the table (default: A)")
     p.add_argument("--b-label", help="name of arm B in the table (default: B)")
     p.add_argument("--a-override", help="what-if for arm A (default: stock)")
