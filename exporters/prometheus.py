@@ -178,6 +178,8 @@ class PrometheusSink(ExportSink):
                     metric.remove(*key)
                     n += 1
             self._known.pop(pid, None)
+            if self._ranks is not None:
+                self._ranks.forget(pid)
             self._fixed.pop(pid, None)
             self._pending.pop(pid, None)
             self._dirty = True
