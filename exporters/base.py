@@ -99,6 +99,12 @@ AGENT_METRICS = (
     ),
     ("vllm_graph_probe_agent_attached", "gauge", "Processes the agent is attached to now."),
     (
+        "vllm_graph_probe_agent_sample_every",
+        "gauge",
+        "The agent's --sample N: one engine step in N recorded and counted (step and token "
+        "counters count recorded steps; ratios and throughput estimate all steps).",
+    ),
+    (
         "vllm_graph_probe_agent_lag_records",
         "gauge",
         "Records written into a process's ring that the agent has not assembled yet (in "
@@ -161,7 +167,8 @@ class ProcessInfo:
         return cls(
             pid=pid,
             host=host or socket.gethostname(),
-            model=str(s.get("model") or ""),
+            # vLLM's own model_name label value (the served name), so the series join
+            model=str(s.get("served_model_name") or s.get("model") or ""),
             # vLLM's `engine` label is the data-parallel engine index
             engine=int(s.get("dp_rank") or 0),
             tp_rank=int(s.get("tp_rank") or 0),

@@ -179,6 +179,12 @@ class PrometheusSink(ExportSink):
         self._classes = Classes()  # the steady/warm-up split and engine idle, per rank
         self.agent: dict[str, Any] = {}
 
+    def sampled(self, every: int) -> None:
+        """The engines record one step in ``every`` (``--sample``): each step's serving
+        time is its share of the gap since the last recorded one, so the throughput
+        ratio estimates all steps (:attr:`probe.analysis.summary.Summary.sample_every`)."""
+        self._classes.sample_every = every
+
     def add_agent_metrics(self) -> None:
         """``probe agent``'s own counters (:data:`AGENT_METRICS`), at 0."""
         for name, kind, text in AGENT_METRICS:

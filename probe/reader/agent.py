@@ -248,6 +248,10 @@ class Agent:
             add = getattr(s, "add_agent_metrics", None)
             if add is not None:
                 add()
+            sampled = getattr(s, "sampled", None)
+            if sampled is not None and sample_every > 1:
+                sampled(sample_every)
+        self._event("sample_every", float(sample_every))
 
     # -- log and events ---------------------------------------------------------------------
 
