@@ -55,7 +55,15 @@ from prometheus_client.metrics_core import (
 from prometheus_client.utils import floatToGoString
 
 from exporters.base import AGENT_BY_PID, AGENT_METRICS, FIXED, ExportSink, GpuSample, ProcessInfo
-from exporters.metrics import METRICS, Update, process_updates, rank_updates, updates
+from exporters.metrics import (
+    METRICS,
+    NAMESPACE,
+    Update,
+    process_labels,
+    process_updates,
+    rank_updates,
+    updates,
+)
 from probe.analysis.ranks import RankId, RankMatcher
 from probe.analysis.steady import Classes
 from probe.progress import SILENT, Progress
@@ -257,6 +265,22 @@ class PrometheusSink(ExportSink):
                 self.apply(u)
             for u in self._rank_updates(info, steps):
                 self.apply(u)
+            self._dirty = True
+
+    def finished(self, pid: int, at: float | None = None) -> None:
+        """``pid`` ended and was read to its end: its end time (Unix s, default now) as
+        ``process_ended_timestamp_seconds``, with its labels."""
+        with self._lock:
+            info = self._known.get(pid)
+            if info is None:
+                return
+            self.apply(
+                Update(
+                    f"{NAMESPACE}_process_ended_timestamp_seconds",
+                    process_labels(info),
+                    time.time() if at is None else at,
+                )
+            )
             self._dirty = True
 
     def forget(self, pid: int) -> int:

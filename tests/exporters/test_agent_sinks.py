@@ -364,3 +364,17 @@ def test_a_client_that_hangs_up_is_one_line_never_a_traceback(
     assert len(lines) == 3 and all("hung up" in ln for ln in lines), lines
     err = capsys.readouterr().err
     assert "Traceback" not in err and "Error" not in err, err
+
+
+def test_a_process_that_ended_has_its_end_as_a_metric_and_a_host_label() -> None:
+    info, steps = _info_and_steps()
+    sink = PrometheusSink()
+    sink.steps(info, steps[:20], [])  # type: ignore[arg-type]
+    name = "vllm_graph_probe_process_ended_timestamp_seconds"
+    assert not _series(sink.exposition().decode(), name)  # absent while it runs
+    sink.finished(info.pid, at=1_700_000_000.0)  # type: ignore[attr-defined]
+    [row] = _series(sink.exposition().decode(), name)
+    assert row.endswith(" 1.7e+09") and f'pid="{info.pid}"' in row  # type: ignore[attr-defined]
+    host = info.host  # type: ignore[attr-defined]
+    rows = _series(sink.exposition().decode(), "vllm_graph_probe_steps_total")
+    assert host and rows and all(f'host="{host}"' in r for r in rows)
