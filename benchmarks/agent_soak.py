@@ -153,9 +153,12 @@ def main(argv: list[str] | None = None) -> int:
                 except OSError:
                     done["failed"] += 1
 
-        vllm0 = metric_sum(
-            get(f"http://127.0.0.1:{port}/metrics").decode(), "vllm:iteration_tokens_total_count"
+        first = get(f"http://127.0.0.1:{port}/metrics").decode()
+        vllm0 = metric_sum(first, "vllm:iteration_tokens_total_count")
+        tokens0 = metric_sum(first, "vllm:prompt_tokens_total") + metric_sum(
+            first, "vllm:generation_tokens_total"
         )
+        load_t0 = time.monotonic()
         pool = cf.ThreadPoolExecutor(args.clients)
         for i in range(args.clients):
             pool.submit(client, i)
@@ -184,6 +187,13 @@ def main(argv: list[str] | None = None) -> int:
                 w.writerow(row)
                 f.flush()
                 rows.append(row)
+        # vLLM's own token rate over the load, all of it served back to back
+        end = get(f"http://127.0.0.1:{port}/metrics").decode()
+        vllm_tokens_per_s = (
+            metric_sum(end, "vllm:prompt_tokens_total")
+            + metric_sum(end, "vllm:generation_tokens_total")
+            - tokens0
+        ) / (time.monotonic() - load_t0)
         stop.set()
         pool.shutdown(wait=True)
         time.sleep(3)
@@ -195,12 +205,14 @@ def main(argv: list[str] | None = None) -> int:
             - vllm0
         )
         # SIGTERM: the agent disables, drains, and serves /metrics until scraped
+        stop_t0 = time.monotonic()
         agent.send_signal(signal.SIGTERM)
         last = ""
         while agent.poll() is None:
             with contextlib.suppress(OSError):
                 last = get(f"http://127.0.0.1:{agent_port}/metrics", 2).decode()
             time.sleep(0.2)
+        stop_s = time.monotonic() - stop_t0
         final_steps = int(metric_sum(last, "vllm_graph_probe_steps_total")) if last else None
         final_dropped = int(metric_sum(last, "vllm_graph_probe_records_dropped_total"))
         sys.path.insert(0, str(ROOT))
@@ -210,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         files = sorted(rec_dir.glob("*.probe.db"))
         for p in files:
             recorded += sum(1 for s in Recording.open(p).iter_steps() if s.forward)
+        from probe.cli.render_report import build_report
+
+        recs = [Recording.open(p) for p in files]
+        report_tps = (build_report(recs)["throughput"] or {}).get("tokens_per_s") if recs else None
         after = [r for r in rows if r[0] >= args.warmup] or rows
         summary = {
             "minutes_run": round((time.monotonic() - t0) / 60, 2),
@@ -229,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
                 "max": max(r[2] for r in after),
             },
             "scrape_ms_max": max(r[3] for r in rows),
+            # how far the counters trailed vLLM's own count of its steps, at each sample
+            "steps_behind_max": max(r[6] - r[4] for r in rows),
+            "counted_share_min": round(min(r[4] / r[6] for r in rows if r[6]), 3),
+            "stop_s": round(stop_s, 1),
+            "vllm_tokens_per_s": round(vllm_tokens_per_s, 1),
+            "report_tokens_per_s": round(report_tps, 1) if report_tps else None,
             "steps_counted_final_scrape": final_steps,
             "steps_in_recordings": recorded,
             "recording_files": len(files),

@@ -98,8 +98,32 @@ AGENT_METRICS = (
         "Processes that replaced one the agent saw end (same run dir, role and rank).",
     ),
     ("vllm_graph_probe_agent_attached", "gauge", "Processes the agent is attached to now."),
+    (
+        "vllm_graph_probe_agent_sample_every",
+        "gauge",
+        "The agent's --sample N: one engine step in N recorded and counted (step and token "
+        "counters count recorded steps; ratios and throughput estimate all steps).",
+    ),
+    (
+        "vllm_graph_probe_agent_lag_records",
+        "gauge",
+        "Records written into a process's ring that the agent has not assembled yet (in "
+        "the ring and read but waiting), by pid: what its counters trail the engine by.",
+    ),
+    (
+        "vllm_graph_probe_agent_lag_seconds",
+        "gauge",
+        "How long the oldest record the agent read from a process's ring and has not "
+        "assembled yet has waited, by pid (0: caught up).",
+    ),
 )
-"""``probe agent``'s own counters (no process labels: one series per agent)."""
+"""``probe agent``'s own series (no process labels: one series per agent; the lag
+gauges, :data:`AGENT_BY_PID`, one per ring)."""
+
+AGENT_BY_PID = frozenset(
+    {"vllm_graph_probe_agent_lag_records", "vllm_graph_probe_agent_lag_seconds"}
+)
+"""The agent's series labelled by ``pid`` alone (the ring they measure)."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +167,8 @@ class ProcessInfo:
         return cls(
             pid=pid,
             host=host or socket.gethostname(),
-            model=str(s.get("model") or ""),
+            # vLLM's own model_name label value (the served name), so the series join
+            model=str(s.get("served_model_name") or s.get("model") or ""),
             # vLLM's `engine` label is the data-parallel engine index
             engine=int(s.get("dp_rank") or 0),
             tp_rank=int(s.get("tp_rank") or 0),

@@ -3,8 +3,10 @@
 Every name is in the ``vllm_graph_probe_`` namespace and carries its unit
 (``_seconds``, ``_tokens_total``, ``_steps_total``). Every series carries the process
 labels vLLM's own metrics use (``model_name``, ``engine``: the DP engine index) plus
-``pid`` and the ranks (``tp_rank``, ``pp_rank``, ``dp_rank``). Ratios are never exported:
-they are two counters and the PromQL in :data:`RATIOS`, which the dashboards use verbatim.
+``pid``, the ranks (``tp_rank``, ``pp_rank``, ``dp_rank``) and ``host`` (the machine it
+runs on: a fleet's series apart, and a pid is one process only on its host). Ratios are
+never exported: they are two counters and the PromQL in :data:`RATIOS`, which the
+dashboards use verbatim.
 The series of steps carry ``steady`` (``true``: a steady-state step by the rules of
 :mod:`probe.analysis.rules`, as the report splits them; ``false``: warm-up), and the device timings
 leave out the step after an engine-idle gap, which ``engine_idle_seconds_total`` counts.
@@ -43,7 +45,9 @@ from probe.records import BuildTag, Mode
 from probe.step import PHASES, GpuSample, Step
 
 NAMESPACE = "vllm_graph_probe"
-PROCESS_LABELS: tuple[str, ...] = ("model_name", "engine", "pid", "tp_rank", "pp_rank", "dp_rank")
+PROCESS_LABELS: tuple[str, ...] = (
+    "model_name", "engine", "pid", "tp_rank", "pp_rank", "dp_rank", "host",
+)  # fmt: skip
 
 Kind = Literal["counter", "histogram", "gauge"]
 
@@ -325,6 +329,13 @@ _DEFS = (
         "Faults inside probe hooks (each disables its hook; vLLM is never affected).",
     ),
     _m(
+        "process_ended_timestamp_seconds",
+        "gauge",
+        "s",
+        "Unix time at which a process ended (the agent read its ring to the end); absent "
+        "while it runs. Its series stay exported, flat, for the agent's --forget minutes.",
+    ),
+    _m(
         "engine_info",
         "gauge",
         INFO_UNIT,
@@ -343,6 +354,10 @@ _DEFS = (
 )
 
 METRICS: Mapping[str, Metric] = {m.name: m for m in _DEFS}
+
+LIVE_ONLY = frozenset({f"{NAMESPACE}_process_ended_timestamp_seconds"})
+"""Metrics only a live sink sets (from the reader's events, not from steps): a recording's
+exports have none."""
 
 
 def ratio_queries(
@@ -412,6 +427,7 @@ def process_labels(info: ProcessInfo) -> dict[str, str]:
         "tp_rank": str(info.tp_rank),
         "pp_rank": str(info.pp_rank),
         "dp_rank": str(info.dp_rank),
+        "host": info.host,
     }
 
 

@@ -271,6 +271,10 @@ class OtlpSink(ExportSink):
         self._classes = Classes()  # the steady/warm-up split and engine idle, per rank
         self.span_exporters: list[CountingSpanExporter] = []
 
+    def sampled(self, every: int) -> None:
+        """As :meth:`exporters.prometheus.PrometheusSink.sampled`."""
+        self._classes.sample_every = every
+
     def _proc(self, info: ProcessInfo) -> _Proc:
         p = self._procs.get(info.pid)
         if p is not None:

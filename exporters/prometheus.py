@@ -31,23 +31,39 @@ Live, three rules keep the counters whole:
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import dataclasses
 import itertools
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
-from exporters.base import AGENT_METRICS, FIXED, ExportSink, GpuSample, ProcessInfo
-from exporters.metrics import METRICS, Update, process_updates, rank_updates, updates
+from exporters.base import AGENT_BY_PID, AGENT_METRICS, FIXED, ExportSink, GpuSample, ProcessInfo
+from exporters.metrics import (
+    METRICS,
+    NAMESPACE,
+    Update,
+    process_labels,
+    process_updates,
+    rank_updates,
+    updates,
+)
 from probe.analysis.ranks import RankId, RankMatcher
 from probe.analysis.steady import Classes
 from probe.progress import SILENT, Progress
@@ -74,8 +90,83 @@ class _WithoutCreated:
             yield fam
 
 
+class _Hist:
+    """One histogram series: per-bucket counts (the last one +Inf, not cumulative), sum."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self, n: int) -> None:
+        self.counts = [0] * (n + 1)
+        self.sum = 0.0
+
+
+class _Values:
+    """The metric set's values as plain numbers, one dict of series per metric, exposed
+    through prometheus_client's custom-collector interface (its metric families and text
+    format). prometheus_client's own metric objects cost about 20 µs an update (a label
+    lookup and a lock each); a step makes about 20 updates, which on a busy host was the
+    reader's largest cost per step. Series appear in the order of their first update, as
+    prometheus_client lists them."""
+
+    def __init__(self) -> None:
+        self.series: dict[str, dict[tuple[str, ...], Any]] = {m.name: {} for m in METRICS.values()}
+        self._le = {
+            m.name: [floatToGoString(b) for b in m.buckets] + ["+Inf"]  # type: ignore[no-untyped-call]
+            for m in METRICS.values()
+            if m.kind == "histogram"
+        }
+
+    def apply(self, u: Update) -> None:
+        m = METRICS[u.metric]
+        key = tuple([u.labels[k] for k in m.all_labels])
+        series = self.series[u.metric]
+        if m.kind == "counter":
+            if u.value < 0:
+                raise ValueError(f"{u.metric}: counters only go up, got {u.value}")
+            series[key] = series.get(key, 0.0) + u.value
+        elif m.kind == "histogram":
+            h = series.get(key)
+            if h is None:
+                h = series[key] = _Hist(len(m.buckets))
+            h.counts[bisect.bisect_left(m.buckets, u.value)] += 1
+            h.sum += u.value
+        else:
+            series[key] = float(u.value)
+
+    def forget(self, pid: str) -> int:
+        n = 0
+        for name, series in self.series.items():
+            i = METRICS[name].all_labels.index("pid")
+            for key in [k for k in series if k[i] == pid]:
+                del series[key]
+                n += 1
+        return n
+
+    def collect(self) -> Iterator[Metric]:
+        for name, series in self.series.items():
+            m = METRICS[name]
+            labels = list(m.all_labels)
+            fam: Any
+            if m.kind == "counter":
+                fam = CounterMetricFamily(name, m.help, labels=labels)
+                for key, v in series.items():
+                    fam.add_metric(key, v)
+            elif m.kind == "histogram":
+                fam = HistogramMetricFamily(name, m.help, labels=labels)
+                le = self._le[name]
+                for key, h in series.items():
+                    cum = itertools.accumulate(h.counts)
+                    fam.add_metric(key, list(zip(le, cum, strict=True)), h.sum)
+            else:
+                fam = GaugeMetricFamily(name, m.help, labels=labels)
+                for key, v in series.items():
+                    fam.add_metric(key, v)
+            yield fam
+
+
 class PrometheusSink(ExportSink):
-    """Applies :func:`exporters.metrics.updates` to prometheus_client metrics."""
+    """Applies :func:`exporters.metrics.updates` to the metric set's values, exposed
+    through a prometheus_client registry."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         super().__init__()
@@ -84,6 +175,8 @@ class PrometheusSink(ExportSink):
         self._lock = threading.Lock()
         self.exposed = CollectorRegistry(auto_describe=False)
         self.exposed.register(_WithoutCreated(self.registry, self._lock))  # type: ignore[arg-type]
+        self.values = _Values()
+        self.registry.register(self.values)  # type: ignore[arg-type]
         self._known: dict[int, ProcessInfo] = {}
         self._ranks: RankMatcher | None = None
         #: each process's label facts as of its first step (FIXED)
@@ -92,23 +185,37 @@ class PrometheusSink(ExportSink):
         self._cache = b""
         self._dirty = True
         self._classes = Classes()  # the steady/warm-up split and engine idle, per rank
-        self.metrics: dict[str, Any] = {}
-        for m in METRICS.values():
-            if m.kind == "counter":
-                self.metrics[m.name] = Counter(m.name, m.help, m.all_labels, registry=self.registry)
-            elif m.kind == "histogram":
-                self.metrics[m.name] = Histogram(
-                    m.name, m.help, m.all_labels, registry=self.registry, buckets=m.buckets
-                )
-            else:
-                self.metrics[m.name] = Gauge(m.name, m.help, m.all_labels, registry=self.registry)
         self.agent: dict[str, Any] = {}
+
+    def sampled(self, every: int) -> None:
+        """The engines record one step in ``every`` (``--sample``): each step's serving
+        time is its share of the gap since the last recorded one, so the throughput
+        ratio estimates all steps (:attr:`probe.analysis.summary.Summary.sample_every`)."""
+        self._classes.sample_every = every
 
     def add_agent_metrics(self) -> None:
         """``probe agent``'s own counters (:data:`AGENT_METRICS`), at 0."""
         for name, kind, text in AGENT_METRICS:
             cls = Counter if kind == "counter" else Gauge
-            self.agent[name] = cls(name, text, registry=self.registry)
+            labels = ("pid",) if name in AGENT_BY_PID else ()
+            self.agent[name] = cls(name, text, labels, registry=self.registry)
+
+    def agent_lag(self, lags: Mapping[int, tuple[int, float]]) -> None:
+        """Set the lag gauges to ``lags`` (pid -> records, seconds behind its ring); the
+        series of rings not in it (finished) are removed."""
+        recs = self.agent.get("vllm_graph_probe_agent_lag_records")
+        secs = self.agent.get("vllm_graph_probe_agent_lag_seconds")
+        if recs is None or secs is None:
+            return
+        with self._lock:
+            for g in (recs, secs):
+                for (pid,) in list(g._metrics):
+                    if int(pid) not in lags:
+                        g.remove(pid)
+            for pid, (n, s) in lags.items():
+                recs.labels(str(pid)).set(n)
+                secs.labels(str(pid)).set(round(s, 3))
+            self._dirty = True
 
     def agent_event(self, name: str, value: float = 1.0) -> None:
         """Add ``value`` to an agent counter (set a gauge)."""
@@ -124,14 +231,7 @@ class PrometheusSink(ExportSink):
             self._dirty = True
 
     def apply(self, u: Update) -> None:
-        m = METRICS[u.metric]
-        child = self.metrics[u.metric].labels(*(u.labels[k] for k in m.all_labels))
-        if m.kind == "counter":
-            child.inc(u.value)
-        elif m.kind == "histogram":
-            child.observe(u.value)
-        else:
-            child.set(u.value)
+        self.values.apply(u)
 
     def _labelled(self, info: ProcessInfo) -> ProcessInfo:
         fixed = self._fixed.get(info.pid)
@@ -167,17 +267,30 @@ class PrometheusSink(ExportSink):
                 self.apply(u)
             self._dirty = True
 
+    def finished(self, pid: int, at: float | None = None) -> None:
+        """``pid`` ended and was read to its end: its end time (Unix s, default now) as
+        ``process_ended_timestamp_seconds``, with its labels."""
+        with self._lock:
+            info = self._known.get(pid)
+            if info is None:
+                return
+            self.apply(
+                Update(
+                    f"{NAMESPACE}_process_ended_timestamp_seconds",
+                    process_labels(info),
+                    time.time() if at is None else at,
+                )
+            )
+            self._dirty = True
+
     def forget(self, pid: int) -> int:
         """Remove every series of ``pid`` (a process that ended a while ago: a reader that
         runs for days keeps no series of processes long gone); returns how many."""
-        n = 0
         with self._lock:
-            for metric in self.metrics.values():
-                i = metric._labelnames.index("pid")
-                for key in [k for k in list(metric._metrics) if k[i] == str(pid)]:
-                    metric.remove(*key)
-                    n += 1
+            n = self.values.forget(str(pid))
             self._known.pop(pid, None)
+            if self._ranks is not None:
+                self._ranks.forget(pid)
             self._fixed.pop(pid, None)
             self._pending.pop(pid, None)
             self._dirty = True
@@ -236,16 +349,23 @@ class _Handler(BaseHTTPRequestHandler):
     sink: ServingSink
 
     def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] not in ("/", "/metrics"):
-            self.send_error(404)
+        sink: ServingSink = self.server.sink  # type: ignore[attr-defined]
+        try:
+            if self.path.split("?", 1)[0] not in ("/", "/metrics"):
+                self.send_error(404)
+                return
+            body = sink.served()
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            sink.hung_up(self.client_address)
+            self.close_connection = True
             return
-        body = self.server.sink.served()  # type: ignore[attr-defined]
-        self.server.sink._scraped()  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        sink._scraped()
 
     def log_message(self, *_args: Any) -> None:
         pass
@@ -255,8 +375,22 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     sink: ServingSink
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up mid-request: one line (socketserver prints a traceback)."""
+        self.sink.hung_up(client_address)
+
 
 LINGER_MAX_S = 60.0
+RENDER_EVERY_S = 0.5
+"""How often a live endpoint's exposition is made afresh while values change: a scrape
+sees values at most this old, beyond the reader's own lag."""
+
+
+def _note(line: str) -> None:
+    import sys
+
+    with contextlib.suppress(OSError, ValueError):
+        print(f"probe: note: {line}", file=sys.stderr, flush=True)
 
 
 class ServingSink(PrometheusSink):
@@ -294,8 +428,38 @@ class ServingSink(PrometheusSink):
         self.port = int(server.server_address[1])
         self.linger_s = linger_s
         self.scrapes = 0
+        self.hangups = 0
+        #: where a client that hung up is told (one line each): the agent's log
+        self.note: Callable[[str], None] = _note
         self._scrape_times: deque[float] = deque(maxlen=8)
         self._closed = False
+        self._ticked = False
+        self._rendered_at = 0.0
+
+    def tick(self) -> None:
+        """Between two of the reader's batches (:class:`probe.reader.collector.Collector`
+        calls it once per poll): a fresh exposition when values changed, at most every
+        :data:`RENDER_EVERY_S`. A sink fed by a reader renders here, so a scrape only
+        sends bytes already made, however busy the host."""
+        self._ticked = True
+        now = time.monotonic()
+        if self._dirty and now - self._rendered_at >= RENDER_EVERY_S:
+            with self._lock:
+                self._render()
+            self._rendered_at = now
+
+    def served(self) -> bytes:
+        """The last exposition made between two batches (:meth:`tick`); without a
+        reader's ticks (an export fed by :func:`exporters.base.replay`), as the base's."""
+        if self._ticked and self._cache:
+            return self._cache
+        return super().served()
+
+    def hung_up(self, client: Any) -> None:
+        """A scrape whose client left before its answer was sent: counted, one line."""
+        self.hangups += 1
+        who = f"{client[0]}:{client[1]}" if isinstance(client, tuple) else str(client)
+        self.note(f"a scrape from {who} hung up before its answer was sent (its timeout?)")
 
     def _scraped(self) -> None:
         self.scrapes += 1

@@ -483,6 +483,7 @@ class RankMatcher:
         #: LIVE_ALIGN steps (its offsets wait for none): each step's work is its own rank's
         self._pids: dict[int, set[int]] = {}
         self._short: dict[int, set[int]] = {}
+        self._retired: set[int] = set()  # workers of an engine generation that was replaced
 
     def _held(self, dp: int, pid: int) -> None:
         """Note ``pid``'s held steps changed (short of LIVE_ALIGN or not)."""
@@ -492,12 +493,28 @@ class RankMatcher:
             self._short.get(dp, set()).discard(pid)
 
     def add(self, rank: RankId, steps: Sequence[Step]) -> list[tuple[list[RankId], StepRanks]]:
-        """Matched steps, each with its engine's ranks (in the order of its tuples)."""
+        """Matched steps, each with its engine's ranks (in the order of its tuples).
+
+        One engine generation at a time: a worker that takes a (pp, tp) place another
+        one held starts the next generation (a restarted engine), whose workers are
+        matched only with each other; the earlier generation's are let go and their
+        steps from then on ignored, so a restarted single-worker engine has no ranks."""
         import bisect
 
+        if rank.pid in self._retired:
+            return []
         members = self._ranks.setdefault(rank.dp_rank, [])
         pids = self._pids.setdefault(rank.dp_rank, set())
         if rank.pid not in pids:
+            place = (rank.pp_rank, rank.tp_rank)
+            if any((r.pp_rank, r.tp_rank) == place for r in members):
+                for r in members:
+                    self._retired.add(r.pid)
+                    self._steps.pop(r.pid, None)
+                    self._unordered.discard(r.pid)
+                members.clear()
+                pids.clear()
+                self._short.pop(rank.dp_rank, None)
             pids.add(rank.pid)
             bisect.insort(members, rank, key=lambda r: (r.pp_rank, r.tp_rank, r.pid))
             self._offsets.pop(rank.dp_rank, None)
@@ -535,6 +552,18 @@ class RankMatcher:
             if sr is not None:
                 out.append((list(members), sr))
         return out
+
+    def forget(self, pid: int) -> None:
+        """Nothing kept of ``pid`` (a process that ended a while ago)."""
+        self._retired.discard(pid)
+        self._steps.pop(pid, None)
+        self._unordered.discard(pid)
+        for dp, members in self._ranks.items():
+            if any(r.pid == pid for r in members):
+                members[:] = [r for r in members if r.pid != pid]
+                self._offsets.pop(dp, None)
+                self._pids.get(dp, set()).discard(pid)
+                self._short.get(dp, set()).discard(pid)
 
 
 def per_step(
@@ -718,8 +747,29 @@ class RecordingRanks:
 
     @property
     def engines(self) -> list[list[RankInput]]:
-        """The data-parallel ranks with two workers or more."""
-        return [e for e in self.by_dp.values() if len(e) >= 2]
+        """The engines with two workers or more: per data-parallel rank, one per engine
+        generation (:func:`generations`), so a restarted single-worker engine is none."""
+        return [g for e in self.by_dp.values() for g in generations(e) if len(g) >= 2]
+
+
+def generations(ranks: Sequence[RankInput]) -> list[list[RankInput]]:
+    """One data-parallel rank's workers split by engine generation: a worker at a
+    (pp, tp) place that an earlier worker held belongs to a later engine (a restart),
+    so the k-th worker of each place, in the order they started (their clock pair's
+    BOOTTIME, then pid), is of generation k; each generation in (pp, tp) order."""
+    order = sorted(ranks, key=lambda r: (r.boottime_ns is None, r.boottime_ns or 0, r.rank.pid))
+    seen: Counter[tuple[int, int]] = Counter()
+    out: list[list[RankInput]] = []
+    for r in order:
+        place = (r.rank.pp_rank, r.rank.tp_rank)
+        k = seen[place]
+        seen[place] += 1
+        while len(out) <= k:
+            out.append([])
+        out[k].append(r)
+    for g in out:
+        g.sort(key=lambda r: (r.rank.pp_rank, r.rank.tp_rank, r.rank.pid))
+    return out
 
 
 def recording_ranks(rec: Any) -> RecordingRanks:

@@ -101,17 +101,20 @@ def host_bound(idle_before_ns: Any, step_ns: Any, share: float = HOST_BOUND_SHAR
     return idle_before_ns > share * (idle_before_ns + step_ns)
 
 
-def engine_idle(gap_ns: Any, carried_reqs: Any) -> Any:
+def engine_idle(gap_ns: Any, carried_reqs: Any, sample_every: int = 1) -> Any:
     """The engine-idle test of the gap before a step: the step carried over no request
     (``carried_reqs`` 0); where it was not recorded (below 0 in columns, None for one
-    step) the gap is :data:`ENGINE_IDLE_GAP_NS` or more. Scalars or numpy arrays alike."""
+    step) the gap is :data:`ENGINE_IDLE_GAP_NS` or more (``sample_every`` times that under
+    ``--sample N``, where the gap before a recorded step spans N steps). Scalars or numpy
+    arrays alike."""
+    floor = ENGINE_IDLE_GAP_NS * max(1, sample_every)
     if carried_reqs is None:
-        return gap_ns >= ENGINE_IDLE_GAP_NS
+        return gap_ns >= floor
     if isinstance(carried_reqs, int):
-        return carried_reqs == 0 if carried_reqs >= 0 else gap_ns >= ENGINE_IDLE_GAP_NS
+        return carried_reqs == 0 if carried_reqs >= 0 else gap_ns >= floor
     import numpy as np
 
-    return np.where(carried_reqs >= 0, carried_reqs == 0, gap_ns >= ENGINE_IDLE_GAP_NS)
+    return np.where(carried_reqs >= 0, carried_reqs == 0, gap_ns >= floor)
 
 
 def first_use_slow(host_ns: int, median: float | None) -> bool:

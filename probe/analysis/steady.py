@@ -30,6 +30,8 @@ class Classes:
         keep: int = 8192,
     ) -> None:
         self.decided = decided
+        #: ``--sample N``'s N (:attr:`Summary.sample_every`), for ranks not seen yet
+        self.sample_every = 1
         self.replayed = set(replayed) if replayed is not None else None
         self.keep = keep
         self.ranks: dict[int, Summary] = {}
@@ -44,7 +46,9 @@ class Classes:
     def of(cls, summ: Summary) -> Classes:
         """The split of a finished summary (an offline export of the steps it summarised)."""
         _, decided = summ.resolved()
-        return cls(decided, [p for p, r in summ.ranks.items() if r.replayed])
+        out = cls(decided, [p for p, r in summ.ranks.items() if r.replayed])
+        out.sample_every = summ.sample_every
+        return out
 
     def get(self, pid: int, step: int) -> tuple[bool, bool, int, int] | None:
         return self.recent.get(pid, {}).get(step)
@@ -60,7 +64,7 @@ class Classes:
         found: list[tuple[int, int, str]] = []
         for pid, rows in by_pid.items():
             rows.sort(key=lambda s: s.step)
-            summ = self.ranks.setdefault(pid, Summary())
+            summ = self.ranks.setdefault(pid, Summary(sample_every=self.sample_every))
             was_replayed = summ.ranks[pid].replayed if pid in summ.ranks else False
             summ.add_columns(columns_of_steps(rows))
             raw, idle, cand, shape, period, gap = summ.last

@@ -192,6 +192,10 @@ class Summary(FiguresOf):
     last: tuple[Any, ...] = field(default=(), repr=False)
     #: per rank, its groups of steps before a first replay not seen yet
     pending: dict[int, set[Key]] = field(default_factory=dict, repr=False)
+    #: one engine step in this many recorded (``--sample N``): the gap before a recorded
+    #: step spans N steps, so its period is that gap's N-th part and the engine-idle gap N
+    #: times as long; rates then estimate all steps (counts stay of recorded steps)
+    sample_every: int = 1
 
     # -- building ------------------------------------------------------------------------
 
@@ -224,11 +228,12 @@ class Summary(FiguresOf):
                 prev[i] = r.prev_t1
                 has_prev[i] = True
         gap = np.where(has_prev, t0 - prev, 0)
+        every = max(1, self.sample_every)
         carried = cols.get("carried_reqs")
         if carried is None:  # columns without the engine's state
             carried = np.full(n, -1, dtype=np.int64)
-        idle = has_prev & rules.engine_idle(gap, carried)
-        period = np.where(has_prev & ~idle, t1 - prev, t1 - t0)
+        idle = has_prev & rules.engine_idle(gap, carried, every)
+        period = np.where(has_prev & ~idle, (t1 - prev) // every, t1 - t0)
         for j in np.flatnonzero(idle):
             r = self.ranks[int(pid[j])]
             r.idle_ns += int(gap[j])
@@ -537,7 +542,7 @@ class Summary(FiguresOf):
         ranks they share (rolling files of one agent), or other ranks (other hosts).
         Exact: counts, sums and histograms add; a shape first used here is no first use
         there; a rank that replayed here has no steps before its first replay there."""
-        out = Summary()
+        out = Summary(sample_every=max(self.sample_every, later.sample_every))
         out.calibrations = {**self.calibrations, **later.calibrations}
         for k, a in self.groups.items():
             out._add_group(k, a.copy())

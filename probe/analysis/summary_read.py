@@ -25,7 +25,7 @@ def summarize_recording(rec: Any, chunk: int | None = None) -> Summary:
         iter_step_columns,
     )
 
-    s = Summary()
+    s = Summary(sample_every=int(rec.meta().get("sample_every") or 1))
     check_detail_tables(rec)
     cals = {p["pid"]: calibration_of(p.get("snapshot")) for p in rec.processes()}
     s.calibrations = {p: c for p, c in cals.items() if c is not None}

@@ -231,6 +231,11 @@ def run_session(
     waits for a CPU far longer than it works, and the duration counts from the enable.
     """
     target = opts.target
+    # a live view says what it does from the first moment: discovery and the enable take
+    # seconds on a busy host, before the view itself can be drawn
+    waiting = live_default and not opts.no_live and console is None and sys.stdout.isatty()
+    if waiting:
+        print(f"{title}: looking for armed vLLM processes{target.where()} ...", flush=True)
     procs = [a for a in discover(target) if not a.error]
     if not procs:
         raise UsageError(
@@ -281,6 +286,12 @@ def run_session(
     t_end: float | None = None
     writer = None
     try:
+        if waiting:
+            print(
+                f"{title}: enabling {len(procs)} process(es) "
+                f"({', '.join(f'{a.pid} {a.role}' for a in procs)}) ...",
+                flush=True,
+            )
         try:
             session.enable(duration_s=opts.duration)
         except BaseException:

@@ -15,6 +15,7 @@ from probe.analysis import views as analysis
 from probe.analysis.cost import has_timing
 from probe.analysis.ranks_columns import ranks_of_recording
 from probe.reader.recording import Recording
+from probe.reader.recording_set import RecordingSet
 
 
 def _us(ns: float | None) -> str:
@@ -42,10 +43,12 @@ def build_report(rec: Recording | Sequence[Recording]) -> dict[str, Any]:
     from probe.analysis.summary_read import summarize_recordings
 
     recs = [rec] if isinstance(rec, Recording) else list(rec)
+    # several files as one: each process once, with its totals once
+    whole: Any = recs[0] if len(recs) == 1 else RecordingSet(recs)
     summ = summarize_recordings(recs)
     fig = summ.figures()
     ranks = summ.rank_figures()
-    procs = [p for r in recs for p in r.processes()]
+    procs = whole.processes()
     per_rank = []
     rank_figs = []
     for p in procs:
@@ -76,10 +79,16 @@ def build_report(rec: Recording | Sequence[Recording]) -> dict[str, Any]:
     return {
         "recording": ", ".join(str(r.path) for r in recs),
         "recordings": [str(r.path) for r in recs],
-        "meta": recs[0].meta() if len(recs) == 1 else [r.meta() for r in recs],
+        "meta": whole.meta(),
         "rules": fig["rules"],
         "percentile_error": fig["percentile_error"],
-        "processes": [{k: v for k, v in p.items() if k != "snapshot"} for p in procs],
+        "processes": [
+            {
+                **{k: v for k, v in p.items() if k != "snapshot"},
+                "forward_steps": _forward_steps(ranks, p["pid"]),
+            }
+            for p in procs
+        ],
         "headline": fig["headline"],
         "hit_rates": fig["hit_rates"],
         "hit_rates_all": fig["hit_rates_all"],
@@ -102,6 +111,13 @@ def build_report(rec: Recording | Sequence[Recording]) -> dict[str, Any]:
         **_traps(procs, ranks),
         "ranks": ranks_report(recs),
     }
+
+
+def _forward_steps(ranks: Mapping[int, Mapping[str, Any]], pid: int) -> int:
+    """One process's forward steps (every one, warm-up included), from the summary's
+    figures of every rank (computed once for all)."""
+    f = ranks.get(pid)
+    return int(f["hit_rates_all"]["steps"]) if f is not None else 0
 
 
 def _traps(

@@ -36,12 +36,16 @@ from typing import Any, TextIO
 
 from probe.reader.collector import Collector, ProcessState, RecordingSink
 from probe.reader.control import ControlError, pid_alive, request_all
-from probe.reader.discover import Armed, sockets
+from probe.reader.discover import Armed, remove_stale_ring, sockets
 from probe.ring_dir import OPEN_FLAGS
 
 ENABLE_TIMEOUT_S = 60.0
 ASSEMBLE_SLICE_S = 0.05  # per poll, as probe attach: the rest waits for the next poll
 STATUS_EVERY_S = 5.0  # how often an attached process is asked whether it still is
+LAG_EVERY_S = 1.0  # how often the lag of each ring is measured and exported
+LAG_WARN_S = 10.0
+"""The lag (seconds behind a ring) past which the agent warns in its log, once until it
+has caught up again (to half of it)."""
 
 
 def _boottime_ns() -> int:
@@ -205,6 +209,8 @@ class Agent:
         log: TextIO | None = None,
         now_ns: Callable[[], int] = _boottime_ns,
         clock: Callable[[], float] = time.monotonic,
+        drain_rate: float | None = None,
+        lag_warn_s: float = LAG_WARN_S,
     ) -> None:
         self.run_dirs = list(run_dirs)
         self.sinks = list(sinks)
@@ -216,7 +222,16 @@ class Agent:
         self.forget_s = forget_s
         self.log = log if log is not None else sys.stderr
         self.clock = clock
-        self.collector = Collector(None, self.sinks, now_ns=now_ns, assemble_s=ASSEMBLE_SLICE_S)
+        # counters first: each batch of steps reaches the sinks in this order
+        self.sinks.sort(key=_priority)
+        self.collector = Collector(
+            None, self.sinks, now_ns=now_ns, assemble_s=ASSEMBLE_SLICE_S, clock=clock
+        )
+        self.collector.drain_rate = drain_rate
+        self.lag_warn_s = lag_warn_s
+        self.lagging: set[int] = set()  # pids warned about and not caught up since
+        self._next_lag = 0.0
+        self.engine_dirs: set[str] = set()  # run dirs with an engine process of their own
         self.attached: dict[int, Attached] = {}
         self.skipped: dict[int, str] = {}  # pid -> why (attached by another reader, ...)
         # per key (run dir, role, rank): the processes finished and not yet succeeded; one
@@ -224,7 +239,7 @@ class Agent:
         self.finished: dict[tuple[str, str, str], set[int]] = {}
         self.gone: dict[int, float] = {}  # pid -> when it was finished (series to forget)
         self.counts = {"attaches": 0, "detaches": 0, "restarts": 0}
-        self.steps_done = 0  # steps of the processes already finished
+        self.steps_done = 0  # forward steps of the processes already finished
         self.dropped_done = 0
         self.stopping = ""
         self.failed: str | None = None
@@ -233,6 +248,10 @@ class Agent:
             add = getattr(s, "add_agent_metrics", None)
             if add is not None:
                 add()
+            sampled = getattr(s, "sampled", None)
+            if sampled is not None and sample_every > 1:
+                sampled(sample_every)
+        self._event("sample_every", float(sample_every))
 
     # -- log and events ---------------------------------------------------------------------
 
@@ -303,7 +322,13 @@ class Agent:
                 fd = os.open(ring, OPEN_FLAGS)
             self.collector.add_ring(ring, fd)
             key = (str(run_dir), a.role, a.rank_label)
-            restart = self._succeeds(key, a.pid)
+            if a.role == "engine":
+                self.engine_dirs.add(str(run_dir))
+            succeeds = self._succeeds(key, a.pid)
+            # one restart per engine restart: counted on the engine core's process where
+            # the run dir has one, not once per api, engine and worker process that came
+            # back with it
+            restart = succeeds and (a.role == "engine" or str(run_dir) not in self.engine_dirs)
             if restart:
                 self.counts["restarts"] += 1
                 self._event("restarts")
@@ -317,7 +342,7 @@ class Agent:
             self.say(
                 f"attached pid {a.pid} ({a.role} {a.rank_label}, {model}) in {run_dir}"
                 + (f", 1 step in {self.sample_every}" if self.sample_every > 1 else "")
-                + (" (a restart)" if restart else "")
+                + (" (a restart)" if restart else " (with a restart)" if succeeds else "")
             )
 
     # -- detach -----------------------------------------------------------------------------
@@ -326,10 +351,13 @@ class Agent:
         """Read the rest of ``pid``'s ring, hand it on, forget the process."""
         att = self.attached.pop(pid)
         state = self.collector.finish(pid)
-        steps = state.steps_seen if state is not None else 0
+        steps = state.forward_seen if state is not None else 0
         dropped = state.dropped if state is not None else 0
         self.steps_done += steps
         self.dropped_done += dropped
+        self.lagging.discard(pid)
+        if not pid_alive(pid):  # read to its end: its ring is ours to remove
+            remove_stale_ring(att.ring)
         for s in self.sinks:
             fn = getattr(s, "finished", None)
             if fn is not None:
@@ -340,7 +368,7 @@ class Agent:
         self._event("attached", len(self.attached))
         self.finished.setdefault(att.key, set()).add(pid)
         self.say(f"detached pid {pid} ({att.armed.role} {att.armed.rank_label}): {why}; "
-                 f"{steps:,} steps, {dropped:,} dropped")  # fmt: skip
+                 f"{steps:,} forward steps, {dropped:,} records dropped")  # fmt: skip
 
     def _succeeds(self, key: tuple[str, str, str], new_pid: int) -> bool:
         """Whether ``new_pid`` takes the place of a process of ``key`` that is gone (one
@@ -393,13 +421,41 @@ class Agent:
     # -- the loop ---------------------------------------------------------------------------
 
     def step(self) -> None:
-        """One turn: scan (every ``scan_s``), read the rings, finish the processes gone."""
+        """One turn: scan (every ``scan_s``), read the rings, finish the processes gone,
+        measure the lag (every :data:`LAG_EVERY_S`)."""
         now = self.clock()
         if now >= self._next_scan:
             self._next_scan = now + self.scan_s
             self.scan()
         self.collector.poll()
         self.check()
+        if self.clock() >= self._next_lag:
+            self._next_lag = self.clock() + LAG_EVERY_S
+            self.measure_lag()
+
+    def measure_lag(self) -> dict[int, tuple[int, float]]:
+        """Each attached ring's lag (records, seconds: :meth:`Collector.lag`), exported
+        to the sinks; a ring more than ``lag_warn_s`` behind is one warning in the log,
+        and one line again once it has caught up (to half of that)."""
+        out = {pid: self.collector.lag(pid) for pid in self.attached}
+        for s in self.sinks:
+            fn = getattr(s, "agent_lag", None)
+            if fn is not None:
+                fn(out)
+        for pid, (records, seconds) in out.items():
+            att = self.attached[pid]
+            who = f"pid {pid} ({att.armed.role} {att.armed.rank_label})"
+            if seconds > self.lag_warn_s and pid not in self.lagging:
+                self.lagging.add(pid)
+                self.say(
+                    f"warning: {who} is {seconds:,.1f} s and {records:,} records behind "
+                    "(counters and recordings trail the engine; this reader waits for a "
+                    'CPU or is capped by --drain-rate: docs/agent.md, "Lag")'
+                )
+            elif seconds <= self.lag_warn_s / 2 and pid in self.lagging:
+                self.lagging.discard(pid)
+                self.say(f"{who} caught up ({records:,} records behind)")
+        return out
 
     def run(self, until: Callable[[], bool] = lambda: False) -> None:
         """Turn until :meth:`stop` (a signal handler calls it) or ``until()``."""
@@ -437,4 +493,15 @@ class Agent:
 
     @property
     def steps_seen(self) -> int:
-        return self.steps_done + sum(p.steps_seen for p in self.collector.procs.values())
+        """Forward steps read so far: what the counters count (``steps_total``)."""
+        return self.steps_done + sum(p.forward_seen for p in self.collector.procs.values())
+
+
+def _priority(sink: Any) -> int:
+    """The order sinks get each batch: live counters first (what dashboards read), then
+    pushed metrics, then the recordings (which read the same steps, later is no loss)."""
+    if hasattr(sink, "agent_event"):
+        return 0
+    if getattr(sink, "required", False):
+        return 2
+    return 1

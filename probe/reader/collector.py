@@ -34,6 +34,11 @@ log = logging.getLogger("probe")
 
 RING_RE = re.compile(r"^ring-(\d+)\.shm$")
 SPOOL_BYTES = 64 << 20  # per process: about a million records, minutes of a busy engine
+ASSEMBLE_CHUNK = 1024
+"""Records decoded and assembled at once under a time budget (``Collector(assemble_s=...)``):
+about a hundred steps, a few ms. The sinks' work per batch has a fixed part (the steady
+split's vectorised pass, a recording's inserts) that in batches of a few steps cost more
+than the steps themselves."""
 
 
 class Spool:
@@ -42,16 +47,23 @@ class Spool:
 
     def __init__(self) -> None:
         self._blocks: deque[bytes] = deque()
+        self._times: deque[float] = deque()  # when each block was read from the ring
         self._head = 0  # bytes of the first block already taken
         self.nbytes = 0
 
     def __len__(self) -> int:
         return self.nbytes // RECORD_SIZE
 
-    def append(self, block: bytes) -> None:
+    def append(self, block: bytes, at: float = 0.0) -> None:
         if block:
             self._blocks.append(block)
+            self._times.append(at)
             self.nbytes += len(block)
+
+    @property
+    def oldest_at(self) -> float | None:
+        """When the oldest record still here was read from the ring (None: empty)."""
+        return self._times[0] if self._times else None
 
     def take(self, n: int) -> list[bytes]:
         """Up to ``n`` records, oldest first."""
@@ -64,6 +76,7 @@ class Spool:
             self.nbytes -= end - head
             if end >= len(block):
                 self._blocks.popleft()
+                self._times.popleft()
                 self._head = 0
             else:
                 self._head = end
@@ -100,8 +113,9 @@ class ProcessState:
     assembler: StepAssembler | None = None
     snapshot: dict[str, Any] | None = None
     steps_seen: int = 0
-    #: of ``steps_seen``, the steps that ran a forward (the report's "forward steps")
     forward_seen: int = 0
+    """Steps that ran a forward (``steps_total`` counts these; the others are the
+    engine's steps with nothing scheduled, or captures outside a forward)."""
     dropped: int = 0
     announced: bool = False
     spool: Spool = field(default_factory=Spool)
@@ -176,6 +190,11 @@ class Collector:
         #: the ring files that could not be opened (not a ring, damaged, unreadable), with
         #: why; one that opens later leaves this
         self.skipped: dict[Path, str] = {}
+        #: at most this many records assembled a second (None: as many as the budget
+        #: allows): a cap on the reader's CPU; beyond it the reader falls behind
+        self.drain_rate: float | None = None
+        self._allowance = 0.0
+        self._allowance_at: float | None = None
 
     def discover(self) -> None:
         paths = list(self._explicit)
@@ -221,7 +240,7 @@ class Collector:
         spool's bound."""
         room = max(0, self.spool_bytes - proc.spool.nbytes) // RECORD_SIZE
         block = proc.reader.read_block(room)
-        proc.spool.append(block)
+        proc.spool.append(block, self._clock())
         n = len(block) // RECORD_SIZE
         if self._now is not None:
             proc.reader.touch_heartbeat(self._now())
@@ -229,21 +248,67 @@ class Collector:
         return n
 
     def assemble(self, budget_s: float | None = None) -> int:
-        """Decode and assemble spooled records (all, or for about ``budget_s``)."""
-        t_end = None if budget_s is None else self._clock() + budget_s
+        """Decode and assemble spooled records (all, or for about ``budget_s``).
+
+        Under a budget, a chunk at a time from the process whose oldest spooled record
+        has waited longest, so no ring's backlog starves behind another's; with
+        :attr:`drain_rate`, no more records than it allows since the last call."""
+        if budget_s is None:
+            done = 0
+            for proc in list(self.procs.values()):
+                while proc.spool:
+                    recs = proc.spool.take(4096)
+                    self._assemble(proc, recs)
+                    done += len(recs)
+                self._announce(proc)
+            self._each_sink("tick")
+            return done
+        now = self._clock()
+        t_end = now + budget_s
+        allowed = self._allowed(now)
         done = 0
-        for proc in list(self.procs.values()):
-            while proc.spool:
-                recs = proc.spool.take(64 if t_end is not None else 4096)
-                self._assemble(proc, recs)
-                done += len(recs)
-                if t_end is not None and self._clock() >= t_end:
-                    break
-            self._announce(proc)
-            if t_end is not None and self._clock() >= t_end:
+        while allowed is None or done < allowed:
+            behind = [p for p in self.procs.values() if p.spool]
+            if not behind:
                 break
+            proc = min(behind, key=lambda p: p.spool.oldest_at or 0.0)
+            n = ASSEMBLE_CHUNK if allowed is None else min(ASSEMBLE_CHUNK, allowed - done)
+            recs = proc.spool.take(n)
+            self._assemble(proc, recs)
+            done += len(recs)
+            if self._clock() >= t_end:
+                break
+        if allowed is not None:
+            self._allowance -= done
+        for proc in list(self.procs.values()):
+            self._announce(proc)
         self._each_sink("tick")
         return done
+
+    def _allowed(self, now: float) -> int | None:
+        """Records :attr:`drain_rate` allows now (None: no cap): its rate since the last
+        call, at most one second's worth saved up."""
+        rate = self.drain_rate
+        if rate is None:
+            return None
+        last = self._allowance_at if self._allowance_at is not None else now
+        self._allowance = min(rate, self._allowance + rate * (now - last))
+        self._allowance_at = now
+        return max(0, int(self._allowance))
+
+    def lag(self, pid: int) -> tuple[int, float]:
+        """How far behind ``pid``'s ring the reader is: the records written and not yet
+        assembled (in the ring and in the spool), and the seconds its oldest spooled
+        record has waited since it was read (0 with an empty spool)."""
+        proc = self.procs.get(pid)
+        if proc is None:
+            return 0, 0.0
+        try:
+            pending = proc.reader.pending
+        except ValueError:  # unmapped
+            pending = 0
+        at = proc.spool.oldest_at
+        return pending + len(proc.spool), (self._clock() - at) if at is not None else 0.0
 
     def _assemble(self, proc: ProcessState, recs: Sequence[bytes]) -> None:
         assembler = proc.assembler
@@ -293,7 +358,7 @@ class Collector:
         gpu = [GpuSample.of(g) for g in proc.assembler.take_gpu()]
         if steps or gpu:
             proc.steps_seen += len(steps)
-            proc.forward_seen += sum(1 for s in steps if s.mode is not None)
+            proc.forward_seen += sum(1 for s in steps if s.forward)
             self._each_sink("on_steps", proc, steps, gpu)
 
     def _error(self, msg: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import struct
 from collections.abc import Iterable
@@ -20,6 +21,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from probe.reader.control import SOCK_RE, pid_alive, request_all
+
+RING_NAME = re.compile(r"^ring-(\d+)\.shm$")
 
 
 class DiscoveryError(LookupError):
@@ -94,6 +97,44 @@ def remove_stale_socket(p: Path) -> None:
         st = os.lstat(p)
         if stat.S_ISSOCK(st.st_mode) and st.st_uid == os.getuid():
             p.unlink()
+
+
+def remove_stale_ring(p: Path) -> bool:
+    """Remove ``p`` if it is a ring of this user (``ring-<pid>.shm``, a regular file)
+    whose process is gone: a process killed while attached (SIGKILL, OOM) leaves its
+    ring, 4 MiB of shared memory by default. Returns whether it was removed."""
+    import stat
+
+    m = RING_NAME.match(p.name)
+    if m is None or pid_alive(int(m.group(1))):
+        return False
+    try:
+        st = os.lstat(p)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return False
+        p.unlink()
+    except OSError:
+        return False
+    return True
+
+
+def clean_run_dir(d: Path) -> tuple[int, int]:
+    """Remove the control sockets and rings in ``d`` whose processes are gone; returns
+    (sockets, rings) removed."""
+    socks = rings = 0
+    try:
+        names = list(d.iterdir())
+    except OSError:
+        return 0, 0
+    for p in names:
+        m = SOCK_RE.match(p.name)
+        if m is not None and not pid_alive(int(m.group(1))):
+            if p.exists():
+                remove_stale_socket(p)
+                socks += not p.exists()
+        elif remove_stale_ring(p):
+            rings += 1
+    return socks, rings
 
 
 def parent_of(pid: int) -> int | None:

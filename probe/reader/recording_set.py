@@ -156,10 +156,19 @@ class RecordingSet:
         return {**self.recordings[0].meta(), "files": len(self.recordings)}
 
     def processes(self) -> list[dict[str, Any]]:
+        """Each process once, as its first file has it, with ``host`` (the file's meta)
+        and ``dropped`` its total: a ring's count of dropped records only grows, and each
+        rolling file keeps it as of its own end, so the largest is the process's."""
         out: dict[int, dict[str, Any]] = {}
         for r in self.recordings:
+            host = str(r.meta().get("host") or "")
             for p in r.processes():
-                out.setdefault(int(p["pid"]), p)
+                pid = int(p["pid"])
+                seen = out.get(pid)
+                if seen is None:
+                    out[pid] = {**p, "host": host}
+                elif (p.get("dropped") or 0) > (seen.get("dropped") or 0):
+                    seen["dropped"] = p["dropped"]
         return [out[pid] for pid in sorted(out)]
 
     def builder_names(self) -> dict[int, dict[int, str]]:

@@ -261,8 +261,8 @@ def setting_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-COMMANDS = ("attach", "top")
-"""The readers that take a share: both drain the engines' rings live while attached."""
+COMMANDS = ("attach", "top", "agent")
+"""The readers that take a share: each drains the engines' rings live while attached."""
 
 
 def early(argv: list[str]) -> int | None:

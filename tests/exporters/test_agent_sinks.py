@@ -318,3 +318,63 @@ def test_bad_input_is_one_line(argv: list[str], says: str) -> None:
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("probe: error:")]
     assert len(lines) == 1 and says in lines[0], out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_scrape_serves_what_the_reader_rendered_between_batches() -> None:
+    """Fed by a reader (its ticks), the endpoint sends the exposition made at the last
+    tick: a scrape makes nothing, so it never waits on the reader nor competes for a CPU."""
+    info, steps = _info_and_steps()
+    sink = ServingSink("127.0.0.1", 0)
+    try:
+        sink.steps(info, steps[:50], [])  # type: ignore[arg-type]
+        sink.tick()
+        first = urllib.request.urlopen(sink.url, timeout=5).read()
+        assert first == sink.served()
+        sink.steps(info, steps[50:], [])  # type: ignore[arg-type]
+        assert sink.served() == first  # no tick since: the last whole exposition
+        sink._rendered_at = 0.0  # the next tick is due (RENDER_EVERY_S passed)
+        sink.tick()
+        assert sink.served() != first and sink.served() == sink.exposition()
+    finally:
+        sink.linger_s = 0.0
+        sink.close()
+
+
+def test_a_client_that_hangs_up_is_one_line_never_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import socket
+    import struct
+
+    from loopback import wait_for
+
+    sink = ServingSink("127.0.0.1", 0, linger_s=0.0)
+    lines: list[str] = []
+    sink.note = lines.append
+    try:
+        for _ in range(3):
+            c = socket.create_connection(("127.0.0.1", sink.port), timeout=5)
+            c.sendall(b"GET /metrics HTTP/1.1\r\n")  # and gone, with a reset
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            c.close()
+        wait_for(lambda: sink.hangups == 3, 10, "three hang-ups seen")
+        assert urllib.request.urlopen(sink.url, timeout=5).status == 200
+    finally:
+        sink.close()
+    assert len(lines) == 3 and all("hung up" in ln for ln in lines), lines
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Error" not in err, err
+
+
+def test_a_process_that_ended_has_its_end_as_a_metric_and_a_host_label() -> None:
+    info, steps = _info_and_steps()
+    sink = PrometheusSink()
+    sink.steps(info, steps[:20], [])  # type: ignore[arg-type]
+    name = "vllm_graph_probe_process_ended_timestamp_seconds"
+    assert not _series(sink.exposition().decode(), name)  # absent while it runs
+    sink.finished(info.pid, at=1_700_000_000.0)  # type: ignore[attr-defined]
+    [row] = _series(sink.exposition().decode(), name)
+    assert row.endswith(" 1.7e+09") and f'pid="{info.pid}"' in row  # type: ignore[attr-defined]
+    host = info.host  # type: ignore[attr-defined]
+    rows = _series(sink.exposition().decode(), "vllm_graph_probe_steps_total")
+    assert host and rows and all(f'host="{host}"' in r for r in rows)

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from probe.cli.attach_session import add_share_arg, take_share
 from probe.cli.commands import address, endpoint, positive_float, positive_int
 from probe.cli.live_options import add_sample_arg, exporter_sink, hook_families, sample_every
 from probe.errors import UsageError
@@ -38,6 +39,7 @@ def _record_dir(text: str) -> Path:
 def cmd_agent(args: argparse.Namespace) -> int:
     if not (args.prometheus or args.otlp or args.record_dir):
         raise UsageError("agent: give at least one of --prometheus, --otlp, --record-dir")
+    take_share(args.session_nice, args.cmd)
     hooks = hook_families(args.hooks)
     sample = sample_every(args.sample)
     dirs = _run_dirs(args)
@@ -76,7 +78,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
         scan_s=args.scan,
         interval_s=args.interval,
         forget_s=args.forget * 60.0,
+        drain_rate=args.drain_rate,
+        **({"lag_warn_s": args.lag_warn} if args.lag_warn is not None else {}),
     )
+    for s in sinks:
+        if hasattr(s, "note"):
+            s.note = agent.say
 
     def on_signal(signum: int, _frame: Any) -> None:
         agent.stop(signal.Signals(signum).name)
@@ -88,7 +95,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
         *([f"OTLP {args.otlp}"] if args.otlp else []),
         *([f"recordings in {record_dir} every {args.rotate:g} min"] if record_dir else []),
     ]
-    agent.say(f"watching {where}; {', '.join(outs)}")
+    from probe.reader import session as sharing
+
+    agent.say(f"watching {where}; {', '.join(outs)}; CPU share: {sharing.SHARE}")
     try:
         agent.run()
     finally:
@@ -98,8 +107,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     c = agent.counts
     agent.say(
         f"stopped ({agent.stopping or 'done'}): {c['attaches']} attached, {c['detaches']} "
-        f"detached, {c['restarts']} restarts, {agent.steps_seen:,} steps, "
-        f"{agent.dropped_done:,} dropped"
+        f"detached, {c['restarts']} restarts, {agent.steps_seen:,} forward steps, "
+        f"{agent.dropped_done:,} records dropped"
     )
     for p in problems:
         print(f"probe: warning: {p}", file=sys.stderr)
@@ -183,4 +192,18 @@ def add_parser(sub: Any) -> None:
         help="at stop, serve /metrics until the last values were scraped, at most S "
         "(default: two scrape intervals seen)",
     )
+    p.add_argument(
+        "--lag-warn",
+        type=positive_float,
+        metavar="S",
+        help="warn in the log when a ring's records wait over S seconds to be read (default 10)",
+    )
+    p.add_argument(
+        "--drain-rate",
+        type=positive_float,
+        metavar="N",
+        help="assemble at most N records a second (a cap on the agent's CPU; beyond it the "
+        "agent falls behind, says so and exports its lag; at the stop it reads everything)",
+    )
+    add_share_arg(p)
     p.set_defaults(func=cmd_agent)

@@ -3,19 +3,33 @@
 probe ps                           # every armed process
 probe ps --url http://127.0.0.1:8000 --json
 probe ps --pid 4242                # that process and its children
+probe ps --clean                   # first remove what processes killed while attached left
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
-from probe.cli.targets import Target, add_target_args, discover
+from probe.cli.targets import Target, add_target_args, discover, run_dirs
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    procs = discover(Target.from_args(args))
+    target = Target.from_args(args)
+    if args.clean:
+        from probe.reader.discover import clean_run_dir
+
+        socks = rings = 0
+        for d in run_dirs(target):
+            s, r = clean_run_dir(d)
+            socks, rings = socks + s, rings + r
+        print(
+            f"removed {rings} ring(s) and {socks} control socket(s) of processes that are gone",
+            file=sys.stderr,
+        )
+    procs = discover(target)
     if args.json:
         print(
             json.dumps(
@@ -56,4 +70,10 @@ def add_parser(sub: Any) -> None:
     )
     add_target_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--clean",
+        action="store_true",
+        help="first remove the rings and control sockets of processes that are gone "
+        "(killed while attached: each ring holds 4 MiB of shared memory)",
+    )
     p.set_defaults(func=cmd_ps)

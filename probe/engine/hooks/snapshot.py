@@ -256,9 +256,10 @@ def take_snapshot(runner: Any) -> dict[str, Any]:
         snap["platform"] = "unknown"
     snap.update(live_ranks())
     mc = getattr(vc, "model_config", None)
-    snap["model"] = model_name(
-        str(getattr(mc, "served_model_name", None) or getattr(mc, "model", ""))
-    )
+    served = str(getattr(mc, "served_model_name", None) or getattr(mc, "model", ""))
+    snap["model"] = model_name(served)
+    # as vLLM labels its own metrics (model_name): the metrics join on it
+    snap["served_model_name"] = served
     cc = getattr(vc, "compilation_config", None)
     sc = getattr(vc, "scheduler_config", None)
     spec = getattr(vc, "speculative_config", None)
