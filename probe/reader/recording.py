@@ -683,7 +683,9 @@ class Recording:
             rd = _Reader(self.path)
             known = self.builder_names(pid)
             ids = {p: {n: i for i, n in names.items()} for p, names in known.items()}
-            details = {t.name: self._detail_rows(t, rd, ids, pid) for t in DETAIL_TABLES}
+            details = {
+                t.name: self._detail_rows(t, rd, ids, "", (), pid=pid) for t in DETAIL_TABLES
+            }
             pending: dict[str, tuple[tuple[int, int], Any] | None] = {
                 name: next(it, None) for name, it in details.items()
             }
@@ -721,13 +723,17 @@ class Recording:
         t: DetailTable,
         rd: _Reader,
         ids: dict[int, dict[str, int]],
-        pid: int | None,
+        where: str,
+        params: tuple[Any, ...],
+        *,
+        pid: int | None = None,
     ) -> Iterator[tuple[tuple[int, int], Any]]:
+        """``t``'s rows (``where``; of ``pid`` alone with one: :meth:`_rows_of_pid`) in
+        (pid, step, rowid) order, checked, as records."""
         cols = ", ".join(["pid", "step", *(c.name for c in t.columns)])
         cur = self.db.cursor()
         cur.row_factory = None
-        q = f"SELECT {cols} FROM {t.name} ORDER BY pid, step, rowid"
-        params: tuple[Any, ...] = ()
+        q = f"SELECT {cols} FROM {t.name} {where} ORDER BY pid, step, rowid"
         if pid is not None:
             q, params = self._rows_of_pid(t.name, cols), (pid,)
         has_flags = "flags" in {f.name for f in fields(t.record)}
