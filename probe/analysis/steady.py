@@ -46,6 +46,14 @@ class Classes:
         _, decided = summ.resolved()
         return cls(decided, [p for p, r in summ.ranks.items() if r.replayed])
 
+    def for_process(self) -> Classes:
+        """A split by the same decisions (shared, not copied) with no state yet: one
+        process's steps classified apart, whatever others were before (each process's
+        state is its own: the work of one does not grow with those classified before)."""
+        out = Classes(self.decided, None, self.keep)
+        out.replayed = self.replayed
+        return out
+
     def get(self, pid: int, step: int) -> tuple[bool, bool, int, int] | None:
         return self.recent.get(pid, {}).get(step)
 
