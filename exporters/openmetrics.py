@@ -18,7 +18,6 @@ backfilled Prometheus too. No ``_created`` series are written.
 
 from __future__ import annotations
 
-import copy
 import heapq
 import math
 import operator
@@ -293,14 +292,13 @@ def _process_samples(
     shared: list[Classes],
 ) -> list[Key] | None:
     same: dict[Any, Any] = {}  # one tuple per distinct label set: held events share them
-    before = copy.deepcopy(shared[0])
+    base = shared[0]
 
     def events() -> Iterator[_Event]:
         done = 0
         # classified in chunks, as exporters.series.timeline does; the split keeps state as
-        # it goes, so each of the two reads starts from the state before this process
-        classes = copy.deepcopy(before)
-        shared[0] = classes
+        # it goes, so each of the two reads starts from none for this process
+        classes = base.for_process()
         for chunk in iter_chunks(rec.iter_steps(info.pid)):
             classes.classify(chunk)
             for s in chunk:

@@ -50,6 +50,14 @@ class Classes:
         out.sample_every = summ.sample_every
         return out
 
+    def for_process(self) -> Classes:
+        """A split by the same decisions (shared, not copied) with no state yet: one
+        process's steps classified apart, whatever others were before (each process's
+        state is its own: the work of one does not grow with those classified before)."""
+        out = Classes(self.decided, None, self.keep)
+        out.replayed = self.replayed
+        return out
+
     def get(self, pid: int, step: int) -> tuple[bool, bool, int, int] | None:
         return self.recent.get(pid, {}).get(step)
 

@@ -637,7 +637,7 @@ class Summary(FiguresOf):
                 cls = rules.FIRST_USE if slow else STEADY
                 if slow:
                     decided[(pid, c.step)] = CLASSES[cls]
-            key: Key = (*c.key[:5], cls)  # type: ignore[assignment]
+            key = (*c.key[:5], cls)  # type: ignore[assignment]
             if key in groups:
                 groups[key].add(c.acc)
             else:

@@ -557,9 +557,7 @@ class _Reader:
         return member
 
 
-#: a recording of more processes than this reads each process's rows of a detail table
-#: without a (pid, step) index through a private index (:meth:`Recording._rows_of_pid`)
-PID_SCAN_LIMIT = 16
+PID_SCAN_LIMIT = 16  #: more processes: a private index by pid (Recording._rows_of_pid)
 
 
 @dataclass(frozen=True)
@@ -696,7 +694,9 @@ class Recording:
             rd = _Reader(self.path)
             known = self.builder_names(pid)
             ids = {p: {n: i for i, n in names.items()} for p, names in known.items()}
-            details = {t.name: self._detail_rows(t, rd, ids, pid) for t in DETAIL_TABLES}
+            details = {
+                t.name: self._detail_rows(t, rd, ids, "", (), pid=pid) for t in DETAIL_TABLES
+            }
             pending: dict[str, tuple[tuple[int, int], Any] | None] = {
                 name: next(it, None) for name, it in details.items()
             }
@@ -734,13 +734,15 @@ class Recording:
         t: DetailTable,
         rd: _Reader,
         ids: dict[int, dict[str, int]],
-        pid: int | None,
+        where: str,
+        params: tuple[Any, ...],
+        *,
+        pid: int | None = None,
     ) -> Iterator[tuple[tuple[int, int], Any]]:
         cols = ", ".join(["pid", "step", *(c.name for c in t.columns)])
         cur = self.db.cursor()
         cur.row_factory = None
-        q = f"SELECT {cols} FROM {t.name} ORDER BY pid, step, rowid"
-        params: tuple[Any, ...] = ()
+        q = f"SELECT {cols} FROM {t.name} {where} ORDER BY pid, step, rowid"
         if pid is not None:
             q, params = self._rows_of_pid(t.name, cols), (pid,)
         has_flags = "flags" in {f.name for f in fields(t.record)}
@@ -766,41 +768,31 @@ class Recording:
             yield (pid, step), t.record(**kw)
 
     def _rows_of_pid(self, table: str, cols: str) -> str:
-        """The query of one process's rows of ``table`` (its one parameter the pid), in
-        (step, rowid) order. A table without a (pid, step) index in a recording of many
-        processes (more than :data:`PID_SCAN_LIMIT`) is read through a private index of
-        its (pid, step, rowid), made once in the connection's temporary schema (never in
-        the file): each process's rows are found, not scanned for, so reading every
-        process in turn costs one pass, not one a process. Rows written after it was made
-        (a recording still growing) are read past its last rowid."""
-        plain = f"SELECT {cols} FROM {table} WHERE pid = ? ORDER BY pid, step, rowid"
+        """The query of one process's rows of ``table`` (parameter: the pid). Without a
+        (pid, step) index, in a recording of more than :data:`PID_SCAN_LIMIT` processes,
+        through a private index of its (pid, step, rowid) made once in the connection's
+        temporary schema (never in the file), rows past its last rowid read as well: reading
+        every process in turn is one pass over the table, not one a process."""
         if table not in self._indexed:
-            self._indexed[table] = self._index_rows(table)
+            self._indexed[table] = -1
+            first = [self._rows(f"PRAGMA index_info({ix[1]})")[:1] for ix in self._rows(
+                f"PRAGMA index_list({table})")]  # fmt: skip
+            many = self._rows("SELECT count(DISTINCT pid) FROM steps")[0][0] > PID_SCAN_LIMIT
+            if many and not any(f and f[0][2] == "pid" for f in first):
+                at = f"probe_rows_{table}"
+                self._rows(f"CREATE TEMP TABLE {at} AS SELECT pid, step, rowid AS r FROM {table}")
+                self._rows(f"CREATE INDEX temp.{at}_pid ON {at} (pid, step, r)")
+                self._indexed[table] = self._rows(f"SELECT coalesce(max(r), 0) FROM {at}")[0][0]
         last = self._indexed[table]
         if last < 0:
-            return plain
+            return f"SELECT {cols} FROM {table} WHERE pid = ? ORDER BY pid, step, rowid"
         inner = ", ".join(f"d.{c.strip()}" for c in cols.split(","))
         return (
             f"SELECT {cols} FROM (SELECT {inner}, d.rowid AS r FROM temp.probe_rows_{table} AS a "
-            f"JOIN main.{table} AS d ON d.rowid = a.rid WHERE a.pid = ?1 UNION ALL "
-            f"SELECT {inner}, d.rowid FROM main.{table} AS d WHERE d.rowid > {last} AND "
-            "d.pid = ?1) ORDER BY pid, step, r"
+            f"JOIN main.{table} AS d ON d.rowid = a.r WHERE a.pid = ?1 UNION ALL SELECT {inner}, "
+            f"d.rowid FROM main.{table} AS d WHERE d.rowid > {last} AND d.pid = ?1) "
+            "ORDER BY pid, step, r"
         )
-
-    def _index_rows(self, table: str) -> int:
-        """The private index of ``table``'s rows by pid where it needs one (see
-        :meth:`_rows_of_pid`): the last rowid it holds, or -1 where none is needed."""
-        for ix in self._rows(f"PRAGMA index_list({table})"):
-            first = self._rows(f"PRAGMA index_info({ix[1]})")
-            if first and first[0][2] == "pid":
-                return -1
-        many = self._rows("SELECT count(*) FROM (SELECT DISTINCT pid FROM steps)")[0][0]
-        if many <= PID_SCAN_LIMIT:
-            return -1
-        at = f"probe_rows_{table}"
-        self._rows(f"CREATE TEMP TABLE {at} AS SELECT pid, step, rowid AS rid FROM {table}")
-        self._rows(f"CREATE INDEX temp.{at}_pid ON {at} (pid, step, rid)")
-        return int(self._rows(f"SELECT coalesce(max(rid), 0) FROM {at}")[0][0])
 
     def faults(self) -> list[dict[str, Any]]:
         """Hook faults per process: ``pid``, ``hook``, ``count``, ``disabled``."""

@@ -139,6 +139,7 @@ def test_only_the_step_reader_reads_step_tables() -> None:
     assert readers == {
         "iter_steps",
         "_detail_rows",
+        "_rows_of_pid",  # the query _detail_rows runs for one process (and its private index)
         "builder_names",
         "step_counts",
         "record_count",
