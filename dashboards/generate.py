@@ -653,9 +653,10 @@ def host_overhead() -> dict[str, Any]:
             "What the probe's own hooks add to each forward step: the hooked calls per step "
             "times each call's cost, calibrated at attach in the engine process. probe cost "
             "is the one figure `probe report` prints: calibrated with code and data evicted, "
-            "which matches the cost measured end to end (benchmarks/evidence/overhead.md); data evicted "
-            "alone reads about half of it, a hot loop a tenth. Set it against the CPU launch "
-            "overhead, which it inflates. Empty for processes recorded without a calibration.",
+            "which matches the cost measured end to end (benchmarks/evidence/overhead.md); "
+            "data evicted alone reads about half of it, a hot loop a tenth. Set it against the "
+            "CPU launch overhead, which it inflates. Empty for processes recorded without a "
+            "calibration.",
             [target(COST[name], f"{label} {{{{pid}}}}") for name, label in COST_LABELS.items()],
             unit="s",
             no_value=NO_CALIBRATION,

@@ -218,7 +218,9 @@ IN_ENGINE_NOTE = (
 """What a warm-only calibration leaves out, as measured end to end
 (benchmarks/gpu/crossover.py); printed for recordings without cold timings."""
 
-COLD_NOTE = "calibrated with cold caches: a floor, end to end 1-5x this (benchmarks/evidence/overhead.md)"
+COLD_NOTE = (
+    "calibrated with cold caches: a floor, end to end 1-5x this (benchmarks/evidence/overhead.md)"
+)
 """How the data-only cold estimate was taken (:mod:`probe.engine.calibrate`) and what it is worth
 alone, measured end to end (``benchmarks/gpu/crossover.py``, same runs): on the real CPU
 engine it read 15.3-16.8 µs per V1 step where the crossover measured +14.3 [+10.8, +17.0]

@@ -40,10 +40,10 @@ def test_compare_mode_on_real_h200_recordings() -> None:
     assert m["decode_full_share"]["B"] == 0.0
     # the override's cost sits in the forward launch: PIECEWISE pieces vs one FULL replay
     assert m["forward_launch_ns"]["ratio_B_over_A"] > 10
-    # the harness measured throughput B/A 0.652 on these runs (benchmarks/evidence/graph-support-ab.md): both
-    # arms ran the same 1,296 steady steps of two shapes, so the steps pair and the ratio
-    # is the whole runs' (0.650, as before the pairing); the verdict names the stock arm
-    # (A) faster, its interval excluding 1
+    # the harness measured throughput B/A 0.652 on these runs
+    # (benchmarks/evidence/graph-support-ab.md): both arms ran the same 1,296 steady steps
+    # of two shapes, so the steps pair and the ratio is the whole runs' (0.650, as before
+    # the pairing); the verdict names the stock arm (A) faster, its interval excluding 1
     tp = m["steady_tokens_per_s"]
     assert f"{tp['ratio_B_over_A']:.3f}" == "0.650"
     assert tp["high"] < 1 and cmp["verdict"].startswith("A is faster: steady throughput B/A 0.650")
