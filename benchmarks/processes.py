@@ -42,7 +42,8 @@ FIRST_PID = 100_000
 def make(path: Path, processes: int, steps_per: int = 2, source: Path = SOURCE) -> None:
     """A recording of ``processes`` processes of ``steps_per`` steps each: the first
     ``steps_per`` steps of ``source``'s first worker and their detail rows, under the pids
-    ``FIRST_PID``, ``FIRST_PID + 1``, ... (all over the same stretch of time)."""
+    ``FIRST_PID``, ``FIRST_PID + 1``, ... (all over the same stretch of time). A column the
+    source's schema version lacks is left NULL, as the reader reads it in an older file."""
     from probe.reader.recording_schema import APPLICATION_ID, DDL, SCHEMA_VERSION
 
     path.unlink(missing_ok=True)
@@ -69,7 +70,8 @@ def make(path: Path, processes: int, steps_per: int = 2, source: Path = SOURCE) 
     pcols = [c[1] for c in db.execute("PRAGMA s.table_info(processes)")]
     sel = ", ".join(f"{FIRST_PID} + n.i" if c == "pid" else f"p.{c}" for c in pcols)
     db.execute(
-        f"INSERT INTO processes SELECT {sel} FROM n, s.processes AS p WHERE p.pid = ? ORDER BY n.i",
+        f"INSERT INTO processes ({', '.join(pcols)}) SELECT {sel} FROM n, s.processes AS p "
+        "WHERE p.pid = ? ORDER BY n.i",
         (spid,),
     )
     for table in DETAIL:
@@ -77,7 +79,7 @@ def make(path: Path, processes: int, steps_per: int = 2, source: Path = SOURCE) 
         sel = ", ".join(f"{FIRST_PID} + n.i" if c == "pid" else f"d.{c}" for c in cols)
         order = "n.i, d.step" if table in ("steps", "gpu") else "n.i, d.step, d.rowid"
         db.execute(
-            f"INSERT INTO {table} SELECT {sel} FROM n, s.{table} AS d "
+            f"INSERT INTO {table} ({', '.join(cols)}) SELECT {sel} FROM n, s.{table} AS d "
             f"WHERE d.pid = ? AND d.step <= ? ORDER BY {order}",
             (spid, top),
         )
