@@ -3,6 +3,7 @@ hosts, a glob), and a recording's steps in chunks, as the offline writers stream
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,9 @@ def encoded_rows(
 def expand_paths(names: Iterable[str | Path]) -> list[Path]:
     """Recording names as given on a command line: a name with ``*``, ``?`` or ``[`` that
     is not a file is a glob (``ranks/*.probe.db``, ``'**'`` included), its matches sorted;
-    every path once, in the order given. A glob that matches nothing raises
-    :class:`RecordingError`."""
+    a folder stands for every ``*.probe.db`` below it (an agent's ``--record-dir``), sorted;
+    every path once, in the order given. A glob that matches nothing, or a folder that holds
+    no recording, raises :class:`RecordingError`."""
     import glob
 
     out: list[Path] = []
@@ -69,6 +71,13 @@ def expand_paths(names: Iterable[str | Path]) -> list[Path]:
             if not found:
                 raise RecordingError(f"{s}: no recording matches")
             paths = [Path(f) for f in found]
+        elif _is_dir(s):
+            found = sorted(
+                glob.glob(os.path.join(glob.escape(s), "**", "*.probe.db"), recursive=True)
+            )
+            if not found:
+                raise RecordingError(f"{s}: a folder with no recording (*.probe.db) in it")
+            paths = [Path(f) for f in found]
         else:
             paths = [Path(s)]
         for p in paths:
@@ -77,6 +86,15 @@ def expand_paths(names: Iterable[str | Path]) -> list[Path]:
                 seen.add(key)
                 out.append(p)
     return out
+
+
+def _is_dir(name: str) -> bool:
+    """``name`` is a folder (a link loop or an unsearchable parent is not: the open says
+    what is wrong with it)."""
+    try:
+        return os.path.isdir(name)
+    except (OSError, ValueError):
+        return False
 
 
 def _identity(p: Path) -> tuple[int, int] | str:

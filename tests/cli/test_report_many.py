@@ -1,6 +1,6 @@
 """Several recordings as one report: the rolling files of an agent on a server restarted
-mid-run, and a second host's file, read as a folder's glob or as several files named, in
-text and ``--json``: each process once, its steps once, the set's steps their sum."""
+mid-run, and a second host's file, read as a folder's glob, as several files named or as
+the folder, in text and ``--json``: each process once, its steps once, the set's steps their sum."""
 
 from __future__ import annotations
 
@@ -68,8 +68,9 @@ def _report(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _forms(d: Path) -> list[list[str]]:
+    """The set as a quoted glob, as the files named, and as the folder itself."""
     files = sorted(str(p) for p in d.glob("*.probe.db"))
-    return [[f"{d}/*.probe.db"], files]
+    return [[f"{d}/*.probe.db"], files, [str(d)]]
 
 
 def test_json_lists_each_process_once_and_its_steps_add_up(fleet: Path) -> None:
@@ -99,3 +100,26 @@ def test_the_text_report_renders_each_process_once(fleet: Path) -> None:
         assert "6 records dropped" in out.stdout  # 3 of 101 once, 3 of 202
         # one worker per engine generation, and one per host: nothing to side by side
         assert "ranks side by side" not in out.stdout, out.stdout
+
+
+def test_a_folder_in_export_is_its_recordings(fleet: Path, tmp_path: Path) -> None:
+    out = tmp_path / "set.prom"
+    r = subprocess.run(
+        [sys.executable, "-m", "probe", "export", str(fleet), "--prometheus-textfile", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert all(f'pid="{pid}"' in text for pid in (101, 202, 303))
+
+
+def test_a_folder_without_recordings_is_one_error_line(tmp_path: Path) -> None:
+    out = _report(str(tmp_path))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"probe: error: {tmp_path}: a folder with no recording (*.probe.db) in it"
+    ]

@@ -32,22 +32,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _expand(patterns: list[str]) -> list[str]:
-    """Each argument as a path, or the files a glob in it names (sorted); a glob that
-    names nothing is a usage error."""
-    import glob
+    """Each argument as a path, the files a glob in it names, or a folder's recordings
+    (:func:`probe.reader.recording_set.expand_paths`, as every command takes them)."""
+    from probe.reader.recording_set import expand_paths
 
-    from probe.errors import UsageError
-
-    out: list[str] = []
-    for p in patterns:
-        if glob.has_magic(p):
-            hits = sorted(glob.glob(p))
-            if not hits:
-                raise UsageError(f"report: no recording matches {p!r}")
-            out += hits
-        else:
-            out.append(p)
-    return out
+    return [str(p) for p in expand_paths(patterns)]
 
 
 def add_parser(sub: Any) -> None:
@@ -62,7 +51,8 @@ def add_parser(sub: Any) -> None:
     q.add_argument(
         "recording",
         nargs="*",
-        help="recording(s) or a quoted glob, summarised as one (default: the bundled one)",
+        help="recording(s), a quoted glob or a folder of recordings, summarised as one "
+        "(default: the bundled one)",
     )
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q.add_argument("--width", type=width, help="terminal width in columns (20..1000)")
