@@ -265,9 +265,9 @@ def run_session(
     exporters: list[Any] = []
     try:
         if opts.prometheus:
-            exporters.append(exporter_sink("prometheus", "--prometheus", opts.prometheus))
+            exporters.append(exporter_sink("prometheus", "--prometheus", opts.prometheus, sample))
         if opts.otlp:
-            exporters.append(exporter_sink("otlp", "--otlp", opts.otlp))
+            exporters.append(exporter_sink("otlp", "--otlp", opts.otlp, sample))
     except BaseException:
         _discard(out)
         raise

@@ -47,8 +47,10 @@ def hook_families(text: str | None) -> list[str] | None:
     return hooks
 
 
-def exporter_sink(module: str, flag: str, arg: str) -> Any:
-    """``exporters.<module>.make_sink(arg)``, or a UsageError naming what is missing."""
+def exporter_sink(module: str, flag: str, arg: str, sample_every: int = 1) -> Any:
+    """``exporters.<module>.make_sink(arg)``, or a UsageError naming what is missing. Under
+    ``--sample N`` (``sample_every`` > 1) the sink is told, so its rates and totals estimate
+    every step and say they are sampled (the sink's ``sampled(N)``, as the agent does)."""
     try:
         mod = importlib.import_module(f"exporters.{module}")
     except ImportError as exc:
@@ -60,6 +62,10 @@ def exporter_sink(module: str, flag: str, arg: str) -> Any:
     if make is None:
         raise UsageError(f"{flag}: exporters.{module} has no make_sink(); update vllm-graph-probe")
     try:
-        return make(arg)
+        sink = make(arg)
     except (ValueError, OSError) as exc:
         raise UsageError(f"{flag} {arg}: {exc}") from None
+    sampled = getattr(sink, "sampled", None)
+    if sampled is not None and sample_every > 1:
+        sampled(sample_every)
+    return sink

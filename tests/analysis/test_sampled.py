@@ -46,9 +46,9 @@ def test_the_reports_throughput_estimates_all_steps(tmp_path: Path) -> None:
     assert tp["tokens_per_s"] == pytest.approx(800, rel=0.01)
 
 
-def test_the_live_counters_ratio_estimates_all_steps() -> None:
-    sink = PrometheusSink()
-    sink.sampled(EVERY)
+def _live_ratio(sink: PrometheusSink) -> tuple[float, float]:
+    """The recorded steps fed to ``sink`` live: its scheduled tokens and their ratio to its
+    serving seconds (the dashboards' throughput)."""
     steps = _recorded()
     info = ProcessInfo(7, host="h", model="m", role="worker", platform="cpu")
     for i in range(0, len(steps), 64):
@@ -60,5 +60,29 @@ def test_the_live_counters_ratio_estimates_all_steps() -> None:
                 tokens += s.value
             elif s.name == "vllm_graph_probe_serving_seconds_total":
                 serving += s.value
-    assert tokens == 8 * len(steps)  # counts stay of recorded steps
-    assert tokens / serving == pytest.approx(800, rel=0.01)
+    return tokens, tokens / serving
+
+
+def test_the_live_counters_ratio_estimates_all_steps() -> None:
+    sink = PrometheusSink()
+    sink.sampled(EVERY)
+    tokens, rate = _live_ratio(sink)
+    assert tokens == 8 * len(_recorded())  # counts stay of recorded steps
+    assert rate == pytest.approx(800, rel=0.01)
+
+
+def test_the_exporters_of_attach_record_and_top_are_told_the_rate() -> None:
+    """``--prometheus``/``--otlp`` beside ``--sample N`` in attach, record and top: the sink
+    is made told the rate, so its ratio estimates every step as the agent's does."""
+    from probe.cli.live_options import exporter_sink
+
+    sink = exporter_sink("prometheus", "--prometheus", "127.0.0.1:0", EVERY)
+    try:
+        assert _live_ratio(sink)[1] == pytest.approx(800, rel=0.01)
+    finally:
+        sink.close()
+    unsampled = exporter_sink("prometheus", "--prometheus", "127.0.0.1:0")
+    try:
+        assert _live_ratio(unsampled)[1] == pytest.approx(100, rel=0.01)  # 1 in 8 seen
+    finally:
+        unsampled.close()

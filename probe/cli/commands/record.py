@@ -97,9 +97,9 @@ def cmd_record(args: argparse.Namespace) -> int:
     check_probe_env(env, "record")
     sinks: list[Any] = []
     if args.prometheus:
-        sinks.append(exporter_sink("prometheus", "--prometheus", args.prometheus))
+        sinks.append(exporter_sink("prometheus", "--prometheus", args.prometheus, sample))
     if args.otlp:
-        sinks.append(exporter_sink("otlp", "--otlp", args.otlp))
+        sinks.append(exporter_sink("otlp", "--otlp", args.otlp, sample))
     run_dir = _session_dir(parent)
     try:
         return _record(args, cmd, env, out, sample, sinks, run_dir)
