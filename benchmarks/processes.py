@@ -180,20 +180,20 @@ def table(results: dict[str, Any]) -> str:
                 if r is None:
                     cells.append("not run")
                 elif r.get("not_run"):
-                    cells.append(f"{r['wall_s']} (not run: {r['not_run']})")
+                    cut = f"{r['wall_s']} " if r.get("timed_out") else ""
+                    cells.append(f"{cut}(not run: {r['not_run']})")
                 elif r.get("timed_out"):
                     cells.append(f"{r['wall_s']} (cut short)")
                 elif r["rc"]:
-                    cells.append(f"exit {r['rc']}")
+                    cells.append(f"exit {r['rc']} ({r['peak_rss_mb']:,.0f} MB)")
                 else:
                     cells.append(
                         f"{r['cpu_s']:,.1f} / {r['wall_s']:,.1f} s, {r['peak_rss_mb']:,.0f} MB"
                     )
-            commit = next(
-                (e["runs"][lb][n]["commit"] for e in sizes if n in e.get("runs", {}).get(lb, {})),
-                "",
+            commits = dict.fromkeys(
+                e["runs"][lb][n]["commit"] for e in sizes if n in e.get("runs", {}).get(lb, {})
             )
-            rows.append(f"| {n}, {lb} ({commit}) | " + " | ".join(cells) + " |")
+            rows.append(f"| {n}, {lb} ({', '.join(commits)}) | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
