@@ -174,7 +174,7 @@ def _main(entry: bool, argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 130
     except MemoryError:  # past the address space it may use (ulimit -v): nothing partial left
-        return _fail("out of memory (the memory this command may use is spent)", EXIT_RUNTIME)
+        return fail("out of memory (the memory this command may use is spent)", EXIT_RUNTIME)
     except BrokenPipeError:
         raise
     except OSError as exc:  # stdout on a full device, a file that vanished mid-read
