@@ -129,4 +129,5 @@ def test_report_takes_several_recordings_or_a_glob_as_one() -> None:
     idle = sum(r["headline"]["engine_idle_s"] for r in one)
     assert rep["headline"]["engine_idle_s"] == pytest.approx(idle)
     bad = run("no-such-*.probe.db")
-    assert bad.returncode == 2 and bad.stderr.startswith("probe: error: report: no recording")
+    assert bad.returncode == 2
+    assert bad.stderr == "probe: error: no-such-*.probe.db: no recording matches\n"
