@@ -49,6 +49,7 @@ from probe.reader.recording_schema import (
     absent_columns,
     upgrade_sql,
 )
+from probe.reader.sqlite_errors import SQLITE_DAMAGED
 from probe.records import (
     Build,
     Dispatch,
@@ -58,7 +59,6 @@ from probe.records import (
     Replay,
     Span,
 )
-from probe.sqlite_errors import SQLITE_DAMAGED
 from probe.step import STEP_COLUMNS, GpuSample, Step
 
 

@@ -9,7 +9,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from probe.reader.recording import Recording, RecordingError, _check_order, _Reader, damaged_error
-from probe.sqlite_errors import SQLITE_DAMAGED
+from probe.reader.sqlite_errors import SQLITE_DAMAGED
 from probe.step import STEP_COLUMNS
 
 # -- columnar reading (the summary's streaming pass) -------------------------------------------

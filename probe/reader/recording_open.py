@@ -9,7 +9,7 @@ import sqlite3
 import stat
 from pathlib import Path
 
-from probe.sqlite_errors import SQLITE_DAMAGED, sqlite_message
+from probe.reader.sqlite_errors import SQLITE_DAMAGED, sqlite_message
 
 
 class RecordingError(ValueError):
@@ -95,7 +95,7 @@ def _read_copy(p: Path, wal: Path | None) -> sqlite3.Connection:
     the copy (committed frames only) and checkpoints it, and the copy is read. A path
     longer than SQLite takes: the copy's is short. Nothing is created beside ``p``.
     """
-    from probe.sqlite_read import private_copy
+    from probe.reader.sqlite_read import private_copy
 
     try:
         return private_copy(p, wal)
