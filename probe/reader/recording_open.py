@@ -20,7 +20,7 @@ def damaged_error(p: Path, exc: BaseException) -> RecordingError:
     return RecordingError(f"{p}: damaged or truncated recording ({sqlite_message(exc)})")
 
 
-def _connect_read_only(p: Path) -> sqlite3.Connection:
+def connect_read_only(p: Path) -> sqlite3.Connection:
     """Open ``p`` read-only, creating nothing beside it.
 
     Only a regular file is opened (a FIFO would block, a device is not a recording). The
