@@ -22,7 +22,8 @@ from typing import Any
 from rich.console import Console
 
 from exporters import openmetrics, perfetto, prometheus, rocpd
-from probe.progress import SILENT, Display
+from probe.cli.progress import Display
+from probe.progress import SILENT
 from probe.reader.recording import Recording, default_recording
 
 WRITERS: dict[str, Callable[..., Any]] = {

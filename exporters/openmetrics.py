@@ -36,10 +36,10 @@ from exporters.series import (
     Key,
     Timeline,
     Value,
-    _apply,
-    _key,
-    _zero,
+    apply,
     instance_id,
+    series_key,
+    zero,
 )
 from probe.analysis.steady import Classes, iter_chunks
 from probe.analysis.summary_read import summarize_recordings
@@ -320,7 +320,7 @@ def _process_samples(
     totals = [u for u in health if METRICS[u.metric].kind != "gauge"]
     state: dict[Key, Value] = {}
     for u in info_gauges:
-        _apply(state, u)
+        apply(state, u)
     first: int | None = None
     last = 0
     # every series that ever appears, present (at 0) from the first tick
@@ -329,11 +329,11 @@ def _process_samples(
             first = t
         last = t
         for metric, pairs, _ in us:
-            state.setdefault((metric, pairs), _zero(metric))
+            state.setdefault((metric, pairs), zero(metric))
     if first is None:
         return None
     for u in totals:
-        state.setdefault(_key(u), _zero(u.metric))
+        state.setdefault(series_key(u), zero(u.metric))
     step_ns = round(interval_s * 1e9)
     t0 = first - 1_000_000
     t0 -= t0 % 1_000_000
@@ -351,15 +351,15 @@ def _process_samples(
             nxt = next(pending, None)
         if ti == n:
             for u in totals:
-                _apply(state, u)
+                apply(state, u)
         for i, k in enumerate(keys):
             spool.append((tl, i), "".join(_sample(k[0], labels[i], tick, state[k])))
     return keys
 
 
 def _bump(state: dict[Key, Value], k: Key, metric: str, value: float) -> None:
-    """:func:`exporters.series._apply` of an update given as its key and value."""
-    cur = state.setdefault(k, _zero(metric))
+    """:func:`exporters.series.apply` of an update given as its key and value."""
+    cur = state.setdefault(k, zero(metric))
     if isinstance(cur, Hist):
         cur.observe(value)
     elif METRICS[metric].kind == "counter":

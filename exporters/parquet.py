@@ -39,8 +39,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from probe.output import path_for
 from probe.progress import SILENT, Progress
+from probe.reader.output import path_for
 from probe.reader.recording import Recording
 from probe.reader.recording_schema import DETAIL_TABLES, SCHEMA_VERSION
 from probe.reader.recording_set import RecordingSet, encoded_rows, iter_step_chunks
@@ -216,7 +216,7 @@ def _write_one(
 
 class _Writers(dict[str, Any]):
     """A ParquetWriter per table, each on a temporary file that becomes its path when
-    every table is written (:func:`probe.output.path_for`): nothing partial is left."""
+    every table is written (:func:`probe.reader.output.path_for`): nothing partial is left."""
 
     def __init__(self, paths: dict[str, Path], schemas: dict[str, pa.Schema]) -> None:
         super().__init__()

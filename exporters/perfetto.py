@@ -41,25 +41,25 @@ from typing import Any
 
 from exporters.base import MissingExtra
 from exporters.perfetto_stream import (  # noqa: F401  (re-exported)
-    _SPILL_AT,
+    SPILL_AT,
     ArgValue,
-    _events,
-    _framed,
-    _Item,
-    _Key,
-    _packed,
-    _Runs,
-    _unpacked,
-    _varint,
+    Item,
+    Key,
+    Runs,
+    framed,
+    lane_events,
+    packed,
+    unpacked,
+    varint,
 )
 from exporters.perfetto_stream import (
     Slice as Slice,
 )
 from exporters.perfetto_stream import (
-    _lanes as _lanes,
+    Spool as Spool,
 )
 from exporters.perfetto_stream import (
-    _Spool as _Spool,
+    split_lanes as split_lanes,
 )
 from probe.progress import SILENT, Progress
 from probe.reader.recording import Recording, record_fields, step_fields
@@ -123,7 +123,7 @@ class TraceBuilder:
         self._pb = _protos()
         self._next_uuid = 1
         self._descriptors: list[Any] = []
-        self._runs = _Runs()
+        self._runs = Runs()
         self._seq = 0  # the order slices were added in: a tie's order on a track
         self._rank = 0  # the highest rank given to add()
         self._names: dict[int, tuple[str, int | None, int | None]] = {}
@@ -316,14 +316,14 @@ class TraceBuilder:
         pb = self._pb
         stacks: list[list[int]] = []  # per lane: the ends of its open slices (_lanes)
         opened: list[list[Slice]] = []  # per lane: its open slices (_events)
-        later: list[_Spool] = []  # lanes after the first: their events, in order
+        later: list[Spool] = []  # lanes after the first: their events, in order
         done = 0
         for s in self._runs.sorted(track):
             lane = _fit(stacks, s)
             if lane == len(opened):
                 opened.append([])
                 if lane:
-                    later.append(_Spool())
+                    later.append(Spool())
             events = _lane_events(opened[lane], s)
             if lane == 0:
                 for ts, kind, x in events:
@@ -369,7 +369,7 @@ class TraceBuilder:
 
     def serialize(self, progress: Progress = SILENT) -> bytes:
         """The trace as bytes (a ``Trace`` message: repeated ``TracePacket``)."""
-        return b"".join(_framed(p) for p in self.packets(progress))
+        return b"".join(framed(p) for p in self.packets(progress))
 
     def write(self, path: str | os.PathLike[str], progress: Progress = SILENT) -> Path:
         """Write the trace to ``path``; returns the path. The events are encoded as the
@@ -378,11 +378,11 @@ class TraceBuilder:
         p = Path(path)
         with tempfile.TemporaryFile(prefix=".probe-events-", dir=p.parent) as events:
             it = self.iter_packets(progress)
-            first = _framed(next(it))
+            first = framed(next(it))
             next(it)
             buf: list[bytes] = []
             for packet in it:
-                buf.append(_framed(packet))
+                buf.append(framed(packet))
                 if len(buf) >= 4096:
                     events.write(b"".join(buf))
                     buf.clear()
@@ -391,7 +391,7 @@ class TraceBuilder:
                 out.write(first)
                 for d in [*self._descriptors, *self._extra]:
                     out.write(
-                        _framed(
+                        framed(
                             self._pb.TracePacket(
                                 trusted_packet_sequence_id=_SEQUENCE_ID, track_descriptor=d
                             )
@@ -404,7 +404,7 @@ class TraceBuilder:
 
 
 def _fit(stacks: list[list[int]], s: Slice) -> int:
-    """The first lane ``s`` nests in or follows (as :func:`_lanes` places it), a new one
+    """The first lane ``s`` nests in or follows (as :func:`split_lanes` places it), a new one
     when none; ``stacks`` holds each lane's open ends and takes ``s``'s."""
     for lane, stack in enumerate(stacks):
         while stack and stack[-1] <= s.start_ns:
@@ -417,7 +417,7 @@ def _fit(stacks: list[list[int]], s: Slice) -> int:
 
 
 def _lane_events(opened: list[Slice], s: Slice) -> list[tuple[int, str, Slice]]:
-    """The events ``s`` brings to its lane (sorted input, as :func:`_events`): the ends of
+    """The events ``s`` brings to its lane (sorted input, as :func:`lane_events`): the ends of
     the open slices that end by its start, then its begin (or instant)."""
     out: list[tuple[int, str, Slice]] = []
     while opened and opened[-1].end_ns <= s.start_ns:

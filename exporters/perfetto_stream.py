@@ -18,15 +18,15 @@ ArgValue = str | int | float | bool | None
 
 # A slice as it is kept until it is written: its sort key on its track and its fields,
 # the args flattened (k1, v1, k2, v2, ...); picklable, smaller than a Slice with a dict.
-_Key = tuple[int, int, int, int]
-_Item = tuple[_Key, tuple[Any, ...]]
-_SPILL_AT = 1 << 17
+Key = tuple[int, int, int, int]
+Item = tuple[Key, tuple[Any, ...]]
+SPILL_AT = 1 << 17
 """Slices held in memory before the held ones are sorted and written to a temporary run."""
 
 
 _CHUNK = 256
 """Slices per pickled chunk of a run: a track's merge holds one chunk of each run, so
-memory is :data:`_SPILL_AT` slices plus this many per run."""
+memory is :data:`SPILL_AT` slices plus this many per run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ class Slice:
     flows_in: tuple[int, ...] = ()
 
 
-def _lanes(slices: Iterable[Slice]) -> list[list[Slice]]:
+def split_lanes(slices: Iterable[Slice]) -> list[list[Slice]]:
     """Split slices into lanes in which every pair either nests or is disjoint.
 
     Perfetto draws the slices of one track as a stack; two slices that overlap without
@@ -67,7 +67,7 @@ def _lanes(slices: Iterable[Slice]) -> list[list[Slice]]:
     return lanes
 
 
-def _events(lane: Sequence[Slice]) -> Iterator[tuple[int, str, Slice]]:
+def lane_events(lane: Sequence[Slice]) -> Iterator[tuple[int, str, Slice]]:
     """Begin/end/instant events of one lane in an order that keeps the nesting."""
     stack: list[Slice] = []
     for s in lane:  # sorted by (start, -end) by _lanes
@@ -84,35 +84,35 @@ def _events(lane: Sequence[Slice]) -> Iterator[tuple[int, str, Slice]]:
         yield top.end_ns, "E", top
 
 
-def _packed(s: Slice) -> tuple[Any, ...]:
+def packed(s: Slice) -> tuple[Any, ...]:
     flat: list[Any] = []
     for k, v in s.args.items():
         flat += (k, v)
     return (s.name, s.start_ns, s.end_ns, s.category, tuple(flat), s.flows_out, s.flows_in)
 
 
-def _unpacked(t: tuple[Any, ...]) -> Slice:
+def unpacked(t: tuple[Any, ...]) -> Slice:
     name, start, end, category, flat, flows_out, flows_in = t
     args = dict(zip(flat[::2], flat[1::2], strict=True))
     return Slice(name, start, end, category, args, flows_out, flows_in)
 
 
-class _Runs:
+class Runs:
     """Every track's slices in their writing order (start, longest first, then the order
-    they were added in), in memory bounded by :data:`_SPILL_AT`: past it, each track's
+    they were added in), in memory bounded by :data:`SPILL_AT`: past it, each track's
     held slices are sorted and appended to a temporary file as a run, and a track is read
     back as the merge of its runs."""
 
-    def __init__(self, spill_at: int = _SPILL_AT) -> None:
+    def __init__(self, spill_at: int = SPILL_AT) -> None:
         self.spill_at = spill_at
-        self.held: dict[int, list[_Item]] = {}
+        self.held: dict[int, list[Item]] = {}
         self.n_held = 0
         self.total: dict[int, int] = {}
         self.runs: dict[int, list[tuple[int, int]]] = {}  # track -> (offset, chunks)
         self.first: dict[int, tuple[int, int]] = {}  # track -> (rank, order) of its first
         self.file: IO[bytes] | None = None
 
-    def add(self, track: int, key: _Key, s: Slice) -> None:
+    def add(self, track: int, key: Key, s: Slice) -> None:
         held = self.held.get(track)
         if held is None:
             held = self.held[track] = []
@@ -120,7 +120,7 @@ class _Runs:
                 self.total[track] = 0
                 self.runs[track] = []
                 self.first[track] = key[2:]
-        held.append((key, _packed(s)))
+        held.append((key, packed(s)))
         self.total[track] += 1
         self.n_held += 1
         if self.n_held >= self.spill_at:
@@ -143,13 +143,13 @@ class _Runs:
             held.clear()
         self.n_held = 0
 
-    def _run(self, offset: int, chunks: int) -> Iterator[_Item]:
+    def _run(self, offset: int, chunks: int) -> Iterator[Item]:
         f = self.file
         assert f is not None
         pos = offset
         for _ in range(chunks):
             f.seek(pos)
-            items: list[_Item] = pickle.load(f)
+            items: list[Item] = pickle.load(f)
             pos = f.tell()
             yield from items
 
@@ -163,7 +163,7 @@ class _Runs:
         runs = [self._run(o, c) for o, c in self.runs.get(track, [])]
         items = heapq.merge(*runs, held, key=operator.itemgetter(0)) if runs else iter(held)
         for _, t in items:
-            yield _unpacked(t)
+            yield unpacked(t)
         self.held[track] = []
 
     def close(self) -> None:
@@ -172,10 +172,10 @@ class _Runs:
             self.file = None
 
 
-class _Spool:
+class Spool:
     """Items kept in order, in memory up to a bound and in a temporary file past it."""
 
-    def __init__(self, bound: int = _SPILL_AT) -> None:
+    def __init__(self, bound: int = SPILL_AT) -> None:
         self.bound = bound
         self.items: list[Any] = []
         self.file: IO[bytes] | None = None
@@ -201,7 +201,7 @@ class _Spool:
         self.items = []
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -210,8 +210,8 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _framed(packet: Any) -> bytes:
+def framed(packet: Any) -> bytes:
     """One ``TracePacket`` as the ``Trace`` message's field 1 holds it: a trace file is
     these, one after the other (what ``Trace.SerializeToString`` gives for them all)."""
     data: bytes = packet.SerializeToString()
-    return b"\x0a" + _varint(len(data)) + data
+    return b"\x0a" + varint(len(data)) + data

@@ -7,7 +7,7 @@ when ``reports_progress``: a :class:`probe.progress.Progress` it reports its sta
 live (``live=True``), a ``make_sink(target)``
 giving an :class:`~exporters.base.ExportSink` (``on_process``, ``on_steps(proc, steps,
 gpu)``, ``close``). ``probe export --to NAME --out TARGET`` runs one through the same
-guarded write path as the named flags (:mod:`probe.output`: the target checked first,
+guarded write path as the named flags (:mod:`probe.reader.output`: the target checked first,
 a private temporary, ``--force`` to replace); ``probe export --to list`` lists them.
 
 Other packages add exporters the way vLLM's stat-logger plugins are found: an entry point

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from exporters.perfetto import _Spool, drafter_prefix, phase_name, step_name
+from exporters.perfetto import Spool, drafter_prefix, phase_name, step_name
 from exporters.timelines.model import ProfileError
 from exporters.timelines.rocpd import rocpd_origin
 from exporters.timelines.rocpd_schema import DEFAULT_VERSION, FALLBACK_VERSIONS, layout_of
@@ -98,7 +98,7 @@ def sidecar_spans(recording: Recording, progress: Progress = SILENT) -> Iterator
 def _regions(steps: Iterable[Step], names: dict[int, dict[int, str]]) -> Iterator[SidecarSpan]:
     """The steps as they are read, each detail record kept in its kind's spool (memory
     to a bound, then a temporary file); then each kind's records in step order."""
-    later = [_Spool(_SPOOL_AT) for _ in range(5)]
+    later = [Spool(_SPOOL_AT) for _ in range(5)]
     for s in steps:
         yield SidecarSpan(step_name(s), s.t0, s.t1, s.pid, s.pid, "PROBE_MARKER_STEP")
         for spool, attr in zip(later, _KINDS, strict=True):

@@ -105,18 +105,18 @@ class Timeline:
         return self.ticks[0]
 
 
-def _key(u: Update) -> Key:
+def series_key(u: Update) -> Key:
     return u.metric, tuple(sorted(u.labels.items()))
 
 
-def _zero(metric: str) -> Value:
+def zero(metric: str) -> Value:
     m = METRICS[metric]
     return Hist(m.buckets) if m.kind == "histogram" else 0.0
 
 
-def _apply(state: dict[Key, Value], u: Update) -> None:
-    k = _key(u)
-    cur = state.setdefault(k, _zero(u.metric))
+def apply(state: dict[Key, Value], u: Update) -> None:
+    k = series_key(u)
+    cur = state.setdefault(k, zero(u.metric))
     if isinstance(cur, Hist):
         cur.observe(u.value)
     elif METRICS[u.metric].kind == "counter":
@@ -162,23 +162,23 @@ def timeline(
     totals = [u for u in health if METRICS[u.metric].kind != "gauge"]
     state: dict[Key, Value] = {}
     for u in info_gauges:
-        _apply(state, u)
+        apply(state, u)
     # every series that ever appears, present (at 0) from the first tick
     for _, us in events:
         for u in us:
-            state.setdefault(_key(u), _zero(u.metric))
+            state.setdefault(series_key(u), zero(u.metric))
     for u in totals:
-        state.setdefault(_key(u), _zero(u.metric))
+        state.setdefault(series_key(u), zero(u.metric))
     series: dict[Key, list[Value]] = {k: [] for k in state}
     i = 0
     for ti, tick in enumerate(ticks):
         while i < len(events) and events[i][0] <= tick:
             for u in events[i][1]:
-                _apply(state, u)
+                apply(state, u)
             i += 1
         if ti == len(ticks) - 1:
             for u in totals:
-                _apply(state, u)
+                apply(state, u)
         for k, v in state.items():
             series[k].append(_snapshot(v))
     return Timeline(info, ticks, series)

@@ -1,7 +1,7 @@
 """Exceptions shared by the command line and its subcommands.
 
 Imported before ``probe attach`` raises its CPU share (:mod:`probe.reader.session`), so only what
-the interpreter has loaded already: SQLite's damage is :mod:`probe.sqlite_errors`.
+the interpreter has loaded already: SQLite's damage is :mod:`probe.reader.sqlite_errors`.
 """
 
 from __future__ import annotations

@@ -102,22 +102,22 @@ HEADER_SIZE = 128
 DEFAULT_CAPACITY = 1 << 16
 MAX_CAPACITY = MAX_RING_CAPACITY  # 1 GiB of slots; PROBE_RING_CAPACITY is checked against it
 
-_HEAD = struct.Struct("<8sIIIIQQQIIQ")  # the writer's cache line, offsets 0..63
-_U32 = struct.Struct("<I")
-_OFF_CLOSED = 48
+HEAD = struct.Struct("<8sIIIIQQQIIQ")  # the writer's cache line, offsets 0..63
+U32 = struct.Struct("<I")
+OFF_CLOSED = 48
 # 8-byte header words, stored and loaded through a memoryview cast to "Q" (see "Ordering")
-_W_WRITE = 4
-_W_DROPPED = 5
-_W_READ = 8
-_W_HEARTBEAT = 9
+W_WRITE = 4
+W_DROPPED = 5
+W_READ = 8
+W_HEARTBEAT = 9
 
-if _HEAD.size != 64 or RECORD_SIZE != 64:
+if HEAD.size != 64 or RECORD_SIZE != 64:
     raise ImportError("probe.ring: header or record layout is not 64 bytes")
 if sys.byteorder != "little" or struct.calcsize("Q") != 8:
     raise ImportError("probe.ring: needs a little-endian host with 8-byte unsigned long long")
 
 
-def _words(mm: mmap.mmap) -> memoryview:
+def header_words(mm: mmap.mmap) -> memoryview:
     """The header as 16 native u64 words: item access is one aligned 8-byte memcpy.
 
     Not ``struct.pack_into``: it zero-fills the destination before writing the value, so
@@ -126,7 +126,7 @@ def _words(mm: mmap.mmap) -> memoryview:
     return memoryview(mm)[:HEADER_SIZE].cast("Q")
 
 
-def _boottime_ns() -> int:
+def boottime_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
 

@@ -12,7 +12,7 @@ Every reader goes through these functions, so the rules hold for all formats:
   ``immutable=1``, so that nothing is ever created next to the input (read-only media work
   too); a writer's ``-wal`` with its ``-shm`` is read through, and content waiting in a
   ``-wal`` without its ``-shm`` or in a rollback journal is read from a private copy
-  (:mod:`probe.sqlite_read`); queries run under a deadline.
+  (:mod:`probe.reader.sqlite_read`); queries run under a deadline.
 
 :func:`timestamp_ns` is the one check of a timestamp's type and range used by the readers.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from exporters.timelines.model import ProfileError
-from probe.sqlite_errors import SQLITE_DAMAGED, sqlite_message
+from probe.reader.sqlite_errors import SQLITE_DAMAGED, sqlite_message
 
 __all__ = [
     "GZIP_MAX_RATIO",
@@ -225,11 +225,11 @@ def _check_sqlite_header(p: Path, size: int) -> bytes:
 def sqlite_uri(p: Path) -> str:
     """The ``file:`` URI that opens exactly ``p`` read-only and creates nothing beside it:
     ``immutable=1`` (no locks, no ``-shm``), or ``mode=ro`` where a writer's ``-wal`` and
-    ``-shm`` are both beside it (:func:`probe.sqlite_read.how_to_open`).
+    ``-shm`` are both beside it (:func:`probe.reader.sqlite_read.how_to_open`).
 
     Every character SQLite's URI parser treats specially (``?``, ``#``, ``%``) is escaped.
     """
-    from probe.sqlite_read import how_to_open
+    from probe.reader.sqlite_read import how_to_open
 
     path = urllib.parse.quote(str(p.resolve()), safe="/")
     how, _ = how_to_open(p, _wal_mode(p))
@@ -252,12 +252,12 @@ def open_sqlite(
 
     Opened as :func:`sqlite_uri` says; where its content waits in a ``-wal`` without its
     ``-shm`` or in a rollback journal (SQLite would create the ``-shm`` or roll back beside
-    it), it is read from a private copy (:func:`probe.sqlite_read.private_copy`). The
+    it), it is read from a private copy (:func:`probe.reader.sqlite_read.private_copy`). The
     connection refuses writes (``query_only``), does not trust functions named in the
     file's schema (``trusted_schema=OFF``) and interrupts any statement still running
     ``deadline_s`` seconds after the open. Raises :class:`ProfileError` naming the file.
     """
-    from probe.sqlite_read import how_to_open, private_copy
+    from probe.reader.sqlite_read import how_to_open, private_copy
 
     p = Path(path)
     st = regular_file(p, "database")

@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from exporters.perfetto import Slice, TraceBuilder, _lanes, recording_tracks
+from exporters.perfetto import Slice, TraceBuilder, recording_tracks, split_lanes
 from exporters.timelines.align import Alignment, shift_profile
 from exporters.timelines.model import GpuKernel, Profile
 from probe.progress import SILENT, Progress, counted
@@ -103,7 +103,7 @@ def merge_to_perfetto(
             name = _thread_name(profile, pid, tid)
             # one thread track per lane: a lane the builder split off itself would be a
             # plain named track, no longer the thread's
-            for lane in _lanes(slices):
+            for lane in split_lanes(slices):
                 b.extend(b.thread_track(pid, tid, name), lane)
         gpus: dict[int | None, int] = {}
         streams: dict[tuple[int | None, int | None], int] = {}

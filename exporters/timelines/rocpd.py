@@ -32,7 +32,7 @@ from exporters.timelines.model import (
     ProfileError,
 )
 from exporters.timelines.rocpd_schema import layout_of
-from probe.sqlite_errors import SQLITE_DAMAGED, sqlite_message
+from probe.reader.sqlite_errors import SQLITE_DAMAGED, sqlite_message
 
 __all__ = ["read_rocpd", "rocpd_origin"]
 

@@ -12,13 +12,13 @@ import numpy as np
 
 from probe.step import PHASES
 
-_PENDING = 5  # a class: before a rank's first replay, the replay not seen yet: resolved later
-_BINS_PER_OCTAVE = 32
+PENDING = 5  # a class: before a rank's first replay, the replay not seen yet: resolved later
+BINS_PER_OCTAVE = 32
 _OCTAVES = 44  # 1 ns .. 4.9 hours
-NB = 1 + _OCTAVES * _BINS_PER_OCTAVE
+NB = 1 + _OCTAVES * BINS_PER_OCTAVE
 #: a percentile read from the histograms is within this relative error of the value at
 #: that rank (half a bucket of width 2^(1/32)), and within [min, max] of its group
-PERCENTILE_ERROR = 2 ** (1 / (2 * _BINS_PER_OCTAVE)) - 1
+PERCENTILE_ERROR = 2 ** (1 / (2 * BINS_PER_OCTAVE)) - 1
 
 PHASE_NS = tuple(f"{p}_ns" for p in PHASES)
 #: the timings with a histogram, per group
@@ -30,7 +30,7 @@ QUANTITIES: tuple[str, ...] = (
     "gpu_idle_before_ns",
     "gpu_step_ns",
 )
-_Q = {q: i for i, q in enumerate(QUANTITIES)}
+Q = {q: i for i, q in enumerate(QUANTITIES)}
 #: the exact sums, per group
 SCALARS: tuple[str, ...] = (
     "steps",
@@ -50,24 +50,24 @@ SCALARS: tuple[str, ...] = (
     "hook_calls",
     *(f"bound_{p}" for p in PHASE_NS),
 )
-_S = {s: i for i, s in enumerate(SCALARS)}
+S = {s: i for i, s in enumerate(SCALARS)}
 NS = len(SCALARS)
 NQ = len(QUANTITIES)
 
 Key = tuple[int, int, int, int, int, int]  # pid, mode, reason, decode, query len, class
 
 
-def _bins(v: np.ndarray) -> np.ndarray:
+def bins_of(v: np.ndarray) -> np.ndarray:
     out = np.zeros(len(v), dtype=np.int64)
     pos = v > 0
     if pos.any():
-        b = 1 + np.floor(np.log2(v[pos].astype(np.float64)) * _BINS_PER_OCTAVE).astype(np.int64)
+        b = 1 + np.floor(np.log2(v[pos].astype(np.float64)) * BINS_PER_OCTAVE).astype(np.int64)
         out[pos] = np.minimum(b, NB - 1)
     return out
 
 
 def _bin_value(b: int) -> float:
-    return 0.0 if b == 0 else 2 ** ((b - 0.5) / _BINS_PER_OCTAVE)
+    return 0.0 if b == 0 else 2 ** ((b - 0.5) / BINS_PER_OCTAVE)
 
 
 #: a histogram of more non-empty buckets than this is held dense (every bucket), one of
@@ -90,7 +90,7 @@ class Acc:
         h: np.ndarray | None = None,
     ) -> None:
         self.s = np.zeros(NS, dtype=np.int64) if s is None else s
-        self.q = _q_zero() if q is None else q
+        self.q = q_zero() if q is None else q
         #: the histogram, dense (NQ, NB); or None and sparse: flat indices, counts
         self._dense: np.ndarray | None = h
         self._hk = _NO_KEYS
@@ -158,14 +158,14 @@ _NO_KEYS = np.zeros(0, dtype=np.int64)
 _NO_COUNTS = np.zeros(0, dtype=np.int64)
 
 
-def _q_zero() -> np.ndarray:
+def q_zero() -> np.ndarray:
     q = np.zeros((NQ, 4), dtype=np.int64)
     q[:, 2] = np.iinfo(np.int64).max
     q[:, 3] = np.iinfo(np.int64).min
     return q
 
 
-def _total(accs: Iterable[Acc]) -> Acc:
+def total_of(accs: Iterable[Acc]) -> Acc:
     """The sum of ``accs``, added in one pass (each histogram's buckets once)."""
     accs = list(accs)
     out = Acc()
@@ -205,7 +205,7 @@ def percentile_of(a: Acc, quantity: str, q: float) -> float | None:
     ``floor(r) + 1`` (``r = q/100 * (n - 1)``) read as the middles of their buckets, kept
     within the group's min and max, interpolated; None without values. Exact for one
     value; within :data:`PERCENTILE_ERROR` of the exact figure otherwise."""
-    i = _Q[quantity]
+    i = Q[quantity]
     n = int(a.q[i, 0])
     if n == 0:
         return None
@@ -230,8 +230,8 @@ def percentile_of(a: Acc, quantity: str, q: float) -> float | None:
     return float(v)
 
 
-def _pcts(a: Acc, quantity: str) -> dict[str, float | None]:
-    i = _Q[quantity]
+def pcts(a: Acc, quantity: str) -> dict[str, float | None]:
+    i = Q[quantity]
     n = int(a.q[i, 0])
     return {
         "n": n,

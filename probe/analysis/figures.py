@@ -12,22 +12,22 @@ import numpy as np
 
 from probe.analysis import rules
 from probe.analysis.accumulators import (
-    _PENDING,
-    _Q,
-    _S,
     NB,
+    PENDING,
     PHASE_NS,
     Acc,
     Key,
-    _pcts,
-    _total,
+    Q,
+    S,
+    pcts,
     percentile_of,
+    total_of,
 )
 from probe.analysis.rules import CLASSES, STEADY
 from probe.records import Mode, Reason
 
 if TYPE_CHECKING:
-    from probe.analysis.summary import _Candidate, _Rank
+    from probe.analysis.summary import Candidate, Rank
 
 
 class FiguresOf:
@@ -35,8 +35,8 @@ class FiguresOf:
     these methods read the summary's state)."""
 
     listed: list[tuple[int, ...]]
-    ranks: dict[int, _Rank]
-    candidates: dict[tuple[int, int], _Candidate]
+    ranks: dict[int, Rank]
+    candidates: dict[tuple[int, int], Candidate]
     calibrations: dict[int, dict[str, Any]]
     reorders: Counter[str]
     thresholds: Counter[int]
@@ -48,19 +48,19 @@ class FiguresOf:
         wm: Acc,
         decided: Mapping[tuple[int, int], str],
         pid: int | None,
-        candidates: Iterable[_Candidate],
+        candidates: Iterable[Candidate],
     ) -> dict[str, Any]:
         """The warm-up figures; ``candidates``: the first uses of the rank ``pid`` (all
         with None), those ``decided`` warm-up listed."""
         why: Counter[str] = Counter()
         for k, a in warm.items():
-            why[CLASSES[k[5]]] += int(a.s[_S["steps"]])
+            why[CLASSES[k[5]]] += int(a.s[S["steps"]])
         listed = []
         rows = [x for x in self.listed if pid is None or x[0] == pid]
         extra = [c for c in candidates if (c.key[0], c.step) in decided]
         for x in rows:
             cls = x[2]
-            if cls == _PENDING:
+            if cls == PENDING:
                 if not self.ranks[x[0]].replayed:
                     continue
                 cls = rules.BEFORE_REPLAY
@@ -73,7 +73,7 @@ class FiguresOf:
                     c.step,
                     decided[(c.key[0], c.step)],
                     c.key[1],
-                    int(a.s[_S["tokens"]]),
+                    int(a.s[S["tokens"]]),
                     c.padded_tokens,
                     c.cpu_launch_overhead_ns,
                     c.host_ns,
@@ -82,11 +82,11 @@ class FiguresOf:
         listed.sort(key=lambda r: (r["pid"], r["step"]))
         return {
             "rule": rules.RULES["steady"],
-            "steps": int(wm.s[_S["steps"]]),
+            "steps": int(wm.s[S["steps"]]),
             "why": dict(why.most_common()),
-            "cpu_launch_overhead_ns": _pcts(wm, "cpu_launch_overhead_ns"),
-            "host_ns": _pcts(wm, "host_ns"),
-            "host_ns_total": int(wm.q[_Q["host_ns"], 1]),
+            "cpu_launch_overhead_ns": pcts(wm, "cpu_launch_overhead_ns"),
+            "host_ns": pcts(wm, "host_ns"),
+            "host_ns_total": int(wm.q[Q["host_ns"], 1]),
             "listed": listed[:20],
         }
 
@@ -97,13 +97,13 @@ class FiguresOf:
         per = [
             (c, a)
             for k, a in steady.items()
-            if (c := cals.get(k[0])) is not None and a.s[_S["costed"]]
+            if (c := cals.get(k[0])) is not None and a.s[S["costed"]]
         ]
         if not per:
             return None
-        n = sum(int(a.s[_S["costed"]]) for _, a in per)
-        spans = sum(int(a.s[_S["span_calls"]]) for _, a in per)
-        hooks = sum(int(a.s[_S["hook_calls"]]) for _, a in per)
+        n = sum(int(a.s[S["costed"]]) for _, a in per)
+        spans = sum(int(a.s[S["span_calls"]]) for _, a in per)
+        hooks = sum(int(a.s[S["hook_calls"]]) for _, a in per)
         used = list({id(c): c for c, _ in per}.values())
         cold_ok = all(has_timing(c, "_cold") for c in used)
         code_ok = cold_ok and all(has_timing(c, "_cold_code") for c in used)
@@ -111,13 +111,13 @@ class FiguresOf:
         def cost(timing: str) -> float:
             return sum(
                 cost_per_step_ns(
-                    dict(c), int(a.s[_S["span_calls"]]), int(a.s[_S["hook_calls"]]), timing
+                    dict(c), int(a.s[S["span_calls"]]), int(a.s[S["hook_calls"]]), timing
                 )
                 for c, a in per
             )
 
-        launch = _total(a for _, a in per)
-        li = _Q["cpu_launch_overhead_ns"]
+        launch = total_of(a for _, a in per)
+        li = Q["cpu_launch_overhead_ns"]
         mean_launch = float(launch.q[li, 1]) / int(launch.q[li, 0]) if launch.q[li, 0] else None
         per_step = cost("") / n
         cold = cost("_cold") / n if cold_ok else None
@@ -168,7 +168,7 @@ class FiguresOf:
         out = []
         for (name, tag, drafter), h in self.builds.items():
             n = int(h[NB])
-            i = _Q["host_ns"]
+            i = Q["host_ns"]
             nz = np.flatnonzero(h[:NB])
             empty = Acc()
             a = Acc.sparse(empty.s, empty.q, i * NB + nz, h[:NB][nz])
@@ -205,20 +205,20 @@ def _listed(
 
 
 def _count(groups: Mapping[Key, Acc], pred: Any = None) -> int:
-    return sum(int(a.s[_S["steps"]]) for k, a in groups.items() if pred is None or pred(k))
+    return sum(int(a.s[S["steps"]]) for k, a in groups.items() if pred is None or pred(k))
 
 
-def _hit_rates(groups: Mapping[Key, Acc]) -> dict[str, Any]:
+def hit_rates(groups: Mapping[Key, Acc]) -> dict[str, Any]:
     n = _count(groups)
     full = _count(groups, lambda k: k[1] == Mode.FULL)
     pw = _count(groups, lambda k: k[1] == Mode.PIECEWISE)
     dec = _count(groups, lambda k: k[3] == 1)
     dec_full = _count(groups, lambda k: k[3] == 1 and k[1] == Mode.FULL)
-    tot = _total(groups.values())
+    tot = total_of(groups.values())
     graph = full + pw
-    real = int(tot.s[_S["graph_tokens"]])
-    padded = int(tot.s[_S["graph_padded_tokens"]])
-    confirmed = int(tot.s[_S["replayed"]])
+    real = int(tot.s[S["graph_tokens"]])
+    padded = int(tot.s[S["graph_padded_tokens"]])
+    confirmed = int(tot.s[S["replayed"]])
     return {
         "steps": n,
         "full": full,
@@ -237,7 +237,7 @@ def _hit_rates(groups: Mapping[Key, Acc]) -> dict[str, Any]:
     }
 
 
-def _decode_split(steady: Mapping[Key, Acc]) -> dict[str, Any]:
+def decode_split(steady: Mapping[Key, Acc]) -> dict[str, Any]:
     """Steady steps by decode or not: modes, the reasons of those not FULL, the query
     length of the decode steps (the verdict's words)."""
     modes: Counter[str] = Counter()
@@ -245,7 +245,7 @@ def _decode_split(steady: Mapping[Key, Acc]) -> dict[str, Any]:
     others: Counter[str] = Counter()
     uq: Counter[int] = Counter()
     for k, a in steady.items():
-        n = int(a.s[_S["steps"]])
+        n = int(a.s[S["steps"]])
         if k[3] == 1:
             modes[_mode_name(k[1])] += n
             uq[k[4]] += n
@@ -389,7 +389,7 @@ def _reason_name(r: int) -> str:
     return Reason(r).label if r >= 0 else "unknown"
 
 
-def _miss_reasons(
+def miss_reasons(
     groups: Mapping[Key, Acc], examples: Mapping[tuple[int, int], list[dict[str, Any]]]
 ) -> list[dict[str, Any]]:
     counts: Counter[tuple[str, str]] = Counter()
@@ -398,9 +398,9 @@ def _miss_reasons(
     for k, a in groups.items():
         key = (_mode_name(k[1]), _reason_name(k[2]))
         ex.setdefault(key, examples.get((k[1], k[2]), []))
-        counts[key] += int(a.s[_S["steps"]])
+        counts[key] += int(a.s[S["steps"]])
         if k[5] == STEADY:
-            steady[key] += int(a.s[_S["steps"]])
+            steady[key] += int(a.s[S["steps"]])
     total = sum(counts.values())
     return [
         {
@@ -415,8 +415,8 @@ def _miss_reasons(
     ]
 
 
-def _phases(steady: Mapping[Key, Acc]) -> dict[str, Any]:
-    groups: dict[str, Acc] = {"all": _total(steady.values())}
+def phase_figures(steady: Mapping[Key, Acc]) -> dict[str, Any]:
+    groups: dict[str, Acc] = {"all": total_of(steady.values())}
     for k, a in sorted(steady.items(), key=lambda kv: -kv[0][1]):
         name = _mode_name(k[1])
         if name in groups:
@@ -425,26 +425,26 @@ def _phases(steady: Mapping[Key, Acc]) -> dict[str, Any]:
             groups[name] = a.copy()
     return {
         name: {
-            q if q in ("cpu_launch_overhead_ns", "host_ns") else q.removesuffix("_ns"): _pcts(a, q)
+            q if q in ("cpu_launch_overhead_ns", "host_ns") else q.removesuffix("_ns"): pcts(a, q)
             for q in ("cpu_launch_overhead_ns", "host_ns", *PHASE_NS)
         }
         for name, a in groups.items()
     }
 
 
-def _gpu(st: Acc, ranks: Sequence[Any]) -> dict[str, Any]:
-    timed = int(st.s[_S["timed"]])
-    bound = int(st.s[_S["host_bound"]])
-    phase_ns = {p.removesuffix("_ns"): int(st.s[_S[f"bound_{p}"]]) for p in PHASE_NS}
+def gpu(st: Acc, ranks: Sequence[Any]) -> dict[str, Any]:
+    timed = int(st.s[S["timed"]])
+    bound = int(st.s[S["host_bound"]])
+    phase_ns = {p.removesuffix("_ns"): int(st.s[S[f"bound_{p}"]]) for p in PHASE_NS}
     total = sum(phase_ns.values())
     ranked = sorted((p for p in phase_ns if phase_ns[p]), key=lambda p: -phase_ns[p])
     top = ranked[0] if bound and ranked else None
-    device = int(st.s[_S["device_ns"]])
+    device = int(st.s[S["device_ns"]])
     return {
-        "steps_timed": int(st.q[_Q["gpu_busy_ns"], 0]),
-        "forward_busy_ns": _pcts(st, "gpu_busy_ns"),
-        "idle_before_ns": _pcts(st, "gpu_idle_before_ns"),
-        "idle_share": int(st.s[_S["idle_ns"]]) / device if device else None,
+        "steps_timed": int(st.q[Q["gpu_busy_ns"], 0]),
+        "forward_busy_ns": pcts(st, "gpu_busy_ns"),
+        "idle_before_ns": pcts(st, "gpu_idle_before_ns"),
+        "idle_share": int(st.s[S["idle_ns"]]) / device if device else None,
         "host_bound_threshold": rules.HOST_BOUND_SHARE,
         "host_bound_steps": bound,
         "host_bound_share": bound / timed if timed else None,
@@ -487,9 +487,9 @@ def _idle_rule(ranks: Sequence[Any]) -> str:
     return "host_gap" if by_gap else "engine_state"
 
 
-def _throughput(st: Acc) -> dict[str, Any]:
-    tokens = int(st.s[_S["tokens"]])
-    serving = int(st.s[_S["serving_ns"]])
+def throughput(st: Acc) -> dict[str, Any]:
+    tokens = int(st.s[S["tokens"]])
+    serving = int(st.s[S["serving_ns"]])
     return {
         "tokens": tokens,
         "serving_ns": serving,

@@ -103,7 +103,7 @@ PHASES_BEFORE_FORWARD = (
     "sync_stall",
 )
 START = "start"
-_FL = "forward_launch"
+FL = "forward_launch"
 ARRIVAL = {
     False: "enqueue end: t0 + cpu_launch_overhead_ns",
     True: "forward start: t0 + cpu_launch_overhead_ns - forward_launch "
@@ -324,7 +324,7 @@ def _pair_window(r: RankInput) -> int:
     return d if 0 <= d < _PAIR_WINDOW_UNKNOWN_NS else _PAIR_WINDOW_UNKNOWN_NS
 
 
-def _clock(ranks: Sequence[RankInput], epoch_sync_ns: int) -> tuple[list[int], int, str]:
+def clock_shifts(ranks: Sequence[RankInput], epoch_sync_ns: int) -> tuple[list[int], int, str]:
     """Per rank the shift onto the common clock, the uncertainty, and the method."""
     hosts = {r.rank.host for r in ranks}
     if len(hosts) <= 1:
@@ -391,7 +391,7 @@ def compare(
         return None
     sh = list(shifts) if shifts is not None else [0] * len(steps)
     clo = [int(s.cpu_launch_overhead_ns or 0) for s in steps]
-    fl = [s.phases.get(_FL, 0) for s in steps]
+    fl = [s.phases.get(FL, 0) for s in steps]
     starts = [s.t0 + x for s, x in zip(steps, sh, strict=True)]
     ends = [t + c - (f if sync_launch else 0) for t, c, f in zip(starts, clo, fl, strict=True)]
     last = max(range(len(ends)), key=lambda i: (ends[i], -i))
@@ -406,7 +406,7 @@ def compare(
     else:
         cands = {START: _lead(starts[last], [starts[i] for i in others])}
         for p in PHASES_BEFORE_FORWARD:
-            if not (sync_launch and p == _FL):
+            if not (sync_launch and p == FL):
                 mine = steps[last].phases.get(p, 0)
                 cands[p] = _lead(mine, [steps[i].phases.get(p, 0) for i in others])
         phase = max(cands, key=lambda k: cands[k])  # first listed wins a tie
@@ -581,7 +581,7 @@ def per_step(
     its = [iter(r.steps) for r in ranks]
     prefixes = [list(itertools.islice(it, ALIGN_WINDOW)) for it in its]
     offsets, how = align_offsets(prefixes)
-    shifts, unc, clock = _clock(ranks, epoch_sync_ns)
+    shifts, unc, clock = clock_shifts(ranks, epoch_sync_ns)
     peeks = [_Peek(itertools.chain(pre, it)) for pre, it in zip(prefixes, its, strict=True)]
     tally: Counter[str] = Counter()
     facts: dict[str, Any] = {
@@ -671,7 +671,7 @@ def engine_ranks(
         skew_max_ns=max(skews) if skews else None,
         wait_ns=wait,
         wait_steps=wait_steps,
-        verdict=_verdict(figures, named),
+        verdict=rank_verdict(figures, named),
     )
 
 
@@ -683,7 +683,7 @@ def holds_more_than_share(last: int, named: int, n: int) -> bool:
     return last / named > fair + SIGMAS * math.sqrt(fair * (1 - fair) / named)
 
 
-def _verdict(figures: Sequence[RankFigures], named: int) -> str | None:
+def rank_verdict(figures: Sequence[RankFigures], named: int) -> str | None:
     heavy = [f for f in figures if holds_more_than_share(f.last, named, len(figures))]
     if not heavy:
         return None

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from probe.analysis.ranks import (
-    _FL,
     ALIGN_WINDOW,
     ARRIVAL,
     DEFAULT_EPOCH_SYNC_NS,
+    FL,
     PHASES_BEFORE_FORWARD,
     START,
     DpRank,
@@ -39,10 +39,10 @@ from probe.analysis.ranks import (
     RankFigures,
     RankInput,
     RanksSummary,
-    _clock,
-    _verdict,
     align_offsets,
+    clock_shifts,
     compare,
+    rank_verdict,
     recording_ranks,
 )
 from probe.records import Reason
@@ -235,7 +235,7 @@ def _window(
     m = len(v["step"])
     t.matched += m
     for r in range(t.n):
-        t.fl[r] += _isum(v[f"{_FL}_ns"][:, r])
+        t.fl[r] += _isum(v[f"{FL}_ns"][:, r])
         t.clo[r] += _isum(v["cpu_launch_overhead_ns"][:, r])
     big = max(abs(x) for x in shifts) + sum(int(v[k].max()) for k in v if k != "step")
     if 2 * (t.n + 3) * big >= _I64:  # past 64-bit arithmetic: step by step, in Python integers
@@ -248,7 +248,7 @@ def _window(
         return
     rows = np.arange(m)
     starts = v["t0_ns"] + np.asarray(shifts, np.int64)[None, :]
-    fl = v[f"{_FL}_ns"]
+    fl = v[f"{FL}_ns"]
     ends = starts + v["cpu_launch_overhead_ns"] - (fl if sync_launch else 0)
     last = np.argmax(ends, axis=1)  # the first of equal arrivals, as compare takes it
     # the others are every arrival but one copy of the latest
@@ -311,8 +311,8 @@ def engine_ranks_of_columns(
         for s in streams
     ]
     offsets, how = align_offsets(prefixes)
-    shifts, unc, clock = _clock(ranks, epoch_sync_ns)
-    cands = [START, *(p for p in PHASES_BEFORE_FORWARD if not (sync_launch and p == _FL))]
+    shifts, unc, clock = clock_shifts(ranks, epoch_sync_ns)
+    cands = [START, *(p for p in PHASES_BEFORE_FORWARD if not (sync_launch and p == FL))]
     t = _Tally(len(ranks), cands)
     while True:
         for s in streams:
@@ -369,7 +369,7 @@ def engine_ranks_of_columns(
         skew_max_ns=int(skews[-1]) if len(skews) else None,
         wait_ns=t.wait,
         wait_steps=t.wait_steps,
-        verdict=_verdict(figures, named),
+        verdict=rank_verdict(figures, named),
     )
 
 

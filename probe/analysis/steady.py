@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from probe.analysis import rules
-from probe.analysis.accumulators import _PENDING, _total, percentile_of
+from probe.analysis.accumulators import PENDING, percentile_of, total_of
 from probe.analysis.rules import CLASSES, STEADY
 from probe.analysis.summary import Summary, columns_of_steps
 from probe.step import Step
@@ -88,7 +88,7 @@ class Classes:
                 pending.clear()
             for j, s in enumerate(rows):
                 c = int(raw[j])
-                if c == _PENDING:
+                if c == PENDING:
                     c = STEADY
                     if self.replayed is not None and pid in self.replayed:
                         c = rules.BEFORE_REPLAY
@@ -122,7 +122,7 @@ class Classes:
         mode = int(s.mode) if s.mode is not None else -1
         of_mode = [a for k, a in summ.groups.items() if k[1] == mode and k[5] == STEADY]
         pool = of_mode or [a for k, a in summ.groups.items() if k[5] == STEADY]
-        med = percentile_of(_total(pool), "host_ns", 50) if pool else None
+        med = percentile_of(total_of(pool), "host_ns", 50) if pool else None
         slow = rules.first_use_slow(s.host_ns, med)
         if c is not None:
             # decided now: into the running summary's groups

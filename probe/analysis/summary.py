@@ -32,33 +32,33 @@ import numpy as np
 
 from probe.analysis import rules
 from probe.analysis.accumulators import (
-    _PENDING,
-    _Q,
-    _S,
     NB,
     NQ,
+    PENDING,
     PERCENTILE_ERROR,
     PHASE_NS,
     QUANTITIES,
     SCALARS,
     Acc,
     Key,
-    _bins,
-    _q_zero,
-    _total,
+    Q,
+    S,
+    bins_of,
     gsum_sel,
     percentile_of,
+    q_zero,
+    total_of,
 )
 from probe.analysis.figures import (
     REASON_TEXT,
     FiguresOf,
-    _decode_split,
-    _gpu,
-    _hit_rates,
-    _miss_reasons,
-    _phases,
-    _throughput,
+    decode_split,
+    gpu,
     headline,
+    hit_rates,
+    miss_reasons,
+    phase_figures,
+    throughput,
     verdict,
 )
 from probe.analysis.rules import CLASSES, STEADY
@@ -138,7 +138,7 @@ _NONE = np.zeros(0, dtype=np.int64)
 
 
 @dataclass
-class _Rank:
+class Rank:
     prev_t1: int | None = None
     idle_ns: int = 0  # engine idle: the gaps before its steps (forward or not)
     idle_gaps: int = 0
@@ -150,15 +150,15 @@ class _Rank:
     by_state: int = 0
     by_gap: int = 0
 
-    def copy(self) -> _Rank:
-        return _Rank(
+    def copy(self) -> Rank:
+        return Rank(
             self.prev_t1, self.idle_ns, self.idle_gaps, self.replayed, self.first_step,
             set(self.seen), self.by_state, self.by_gap,
         )  # fmt: skip
 
 
 @dataclass
-class _Candidate:
+class Candidate:
     """The first use of a shape on a rank, decided when the figures are read."""
 
     key: Key  # its group, class aside
@@ -176,8 +176,8 @@ class Summary(FiguresOf):
     """The mergeable summary of a set of steps (see the module's docstring)."""
 
     groups: dict[Key, Acc] = field(default_factory=dict)
-    ranks: dict[int, _Rank] = field(default_factory=dict)
-    candidates: dict[tuple[int, int], _Candidate] = field(default_factory=dict)
+    ranks: dict[int, Rank] = field(default_factory=dict)
+    candidates: dict[tuple[int, int], Candidate] = field(default_factory=dict)
     calibrations: dict[int, dict[str, Any]] = field(default_factory=dict)
     nonforward: int = 0
     #: the first warm-up steps (pid, step, class, mode, tokens, padded, launch, host)
@@ -221,7 +221,7 @@ class Summary(FiguresOf):
         has_prev = ~new_rank
         starts = np.flatnonzero(new_rank)
         for i in starts:
-            r = self.ranks.setdefault(int(pid[i]), _Rank())
+            r = self.ranks.setdefault(int(pid[i]), Rank())
             if r.first_step is None:
                 r.first_step = int(cols["step"][i])
             if r.prev_t1 is not None:
@@ -267,7 +267,7 @@ class Summary(FiguresOf):
             hit = np.flatnonzero(replay[a:b])
             upto = b if len(hit) == 0 else a + int(hit[0])
             seg = cls[a:upto]
-            seg[seg == STEADY] = rules.BEFORE_REPLAY if len(hit) else _PENDING
+            seg[seg == STEADY] = rules.BEFORE_REPLAY if len(hit) else PENDING
             if len(hit):
                 r.replayed = True
                 self._resolve_pending(int(pid[a]))
@@ -292,7 +292,7 @@ class Summary(FiguresOf):
                 if sh in r.seen:
                     continue
                 r.seen.add(sh)
-                if cls[j] in (STEADY, _PENDING):
+                if cls[j] in (STEADY, PENDING):
                     cand[j] = True
         decode = (cols["uniform"] == 1) & (cols["uniform_decode_query_len"] >= 1)
         uq = np.minimum(cols["uniform_decode_query_len"], 255)
@@ -301,7 +301,7 @@ class Summary(FiguresOf):
         each = self._group_accs(cols, cand, cls, decode, uq, idle, gap, period, graph, each=True)
         for j, ((_, key), acc) in zip(np.flatnonzero(cand), each.items(), strict=True):
             k = (int(pid[j]), int(shape[j]))
-            self.candidates[k] = _Candidate(
+            self.candidates[k] = Candidate(
                 (*key[:5], STEADY),  # type: ignore[arg-type]
                 int(cls[j]),
                 int(cols["step"][j]),
@@ -311,7 +311,7 @@ class Summary(FiguresOf):
                 int(cols["cpu_launch_overhead_ns"][j]),
             )
         out = cls.copy()
-        out[out == _PENDING] = STEADY
+        out[out == PENDING] = STEADY
         self._list(cols, cls, cand)
         self._examples(cols, fw)
         self.last = (cls, idle, cand, shape, period, gap)
@@ -367,7 +367,7 @@ class Summary(FiguresOf):
             acc = self.groups.pop(key)
             self._add_group((*key[:5], rules.BEFORE_REPLAY), acc)  # type: ignore[arg-type]
         self.listed = [
-            (*x[:2], rules.BEFORE_REPLAY, *x[3:]) if x[0] == pid and x[2] == _PENDING else x
+            (*x[:2], rules.BEFORE_REPLAY, *x[3:]) if x[0] == pid and x[2] == PENDING else x
             for x in self.listed
         ]
 
@@ -375,7 +375,7 @@ class Summary(FiguresOf):
         cur = self.groups.get(key)
         if cur is None:
             self.groups[key] = acc
-            if key[5] == _PENDING:
+            if key[5] == PENDING:
                 self.pending.setdefault(key[0], set()).add(key)
         else:
             cur.add(acc)
@@ -466,7 +466,7 @@ class Summary(FiguresOf):
         for p in PHASE_NS:
             sc[f"bound_{p}"] = np.where(bound, col(p), 0)
         s = np.stack([gsum(sc[name]) for name in SCALARS], axis=1)
-        q = np.tile(_q_zero(), (g, 1, 1))
+        q = np.tile(q_zero(), (g, 1, 1))
         # the histograms sparse: (group, quantity, bucket) as one flat key per value
         flat: list[np.ndarray] = []
         for qi, name in enumerate(QUANTITIES):
@@ -487,7 +487,7 @@ class Summary(FiguresOf):
             np.minimum.at(mn, ii, vi)
             np.maximum.at(mx, ii, vi)
             q[:, qi, 2], q[:, qi, 3] = mn, mx
-            flat.append(ii * (NQ * NB) + qi * NB + _bins(vi))
+            flat.append(ii * (NQ * NB) + qi * NB + bins_of(vi))
         hk, hv = np.unique(np.concatenate(flat) if flat else _NONE, return_counts=True)
         bounds = np.searchsorted(hk, np.arange(g + 1) * (NQ * NB))
         out: dict[Any, Acc] = {}
@@ -530,7 +530,7 @@ class Summary(FiguresOf):
         h = self.builds.get(key)
         if h is None:
             h = self.builds[key] = np.zeros(NB + 2, dtype=np.int64)
-        b = int(_bins(np.array([dur]))[0]) if bin_ is None else bin_
+        b = int(bins_of(np.array([dur]))[0]) if bin_ is None else bin_
         h[b] += n
         h[NB] += n
         h[NB + 1] += dur if bin_ is None else 0
@@ -552,13 +552,13 @@ class Summary(FiguresOf):
             pid = k[0]
             cls = k[5]
             mine = out.ranks.get(pid)
-            if mine is not None and cls == _PENDING:
-                cls = STEADY if mine.replayed else _PENDING
+            if mine is not None and cls == PENDING:
+                cls = STEADY if mine.replayed else PENDING
             out._add_group((*k[:5], cls), a.copy())  # type: ignore[arg-type]
         for (pid, sh), c in later.candidates.items():
             mine = out.ranks.get(pid)
             if mine is not None and sh in mine.seen:
-                base = c.base if not (mine.replayed and c.base == _PENDING) else STEADY
+                base = c.base if not (mine.replayed and c.base == PENDING) else STEADY
                 out._add_group((*c.key[:5], base), c.acc.copy())  # type: ignore[arg-type]
             else:
                 out.candidates[(pid, sh)] = c
@@ -602,7 +602,7 @@ class Summary(FiguresOf):
         groups: dict[Key, Acc] = {}
         for k, a in self.groups.items():
             cls = k[5]
-            if cls == _PENDING:
+            if cls == PENDING:
                 cls = STEADY
             key: Key = (*k[:5], cls)  # type: ignore[assignment]
             if key in groups:
@@ -622,13 +622,15 @@ class Summary(FiguresOf):
                 mine = steady.get(pid, {})
                 same = list(mine.values())
                 of_mode = [a for k, a in mine.items() if k[1] == mode]
-                pool = of_mode if any(a.q[_Q["host_ns"], 0] for a in of_mode) else same
-                medians[(pid, mode)] = percentile_of(_total(pool), "host_ns", 50) if pool else None
+                pool = of_mode if any(a.q[Q["host_ns"], 0] for a in of_mode) else same
+                medians[(pid, mode)] = (
+                    percentile_of(total_of(pool), "host_ns", 50) if pool else None
+                )
             return medians[(pid, mode)]
 
         for (pid, _), c in sorted(self.candidates.items(), key=lambda kv: kv[1].step):
             base = c.base
-            if base == _PENDING and self.ranks[pid].replayed:
+            if base == PENDING and self.ranks[pid].replayed:
                 cls = rules.BEFORE_REPLAY
                 decided[(pid, c.step)] = CLASSES[cls]
             else:
@@ -653,7 +655,7 @@ class Summary(FiguresOf):
         _, decided = self.resolved()
         out = raw.copy()
         replayed = [p for p, r in self.ranks.items() if r.replayed]
-        pend = out == _PENDING
+        pend = out == PENDING
         out[pend] = np.where(np.isin(pid[pend], replayed), rules.BEFORE_REPLAY, STEADY)
         if decided:
             code = {name: i for i, name in enumerate(CLASSES)}
@@ -686,7 +688,7 @@ class Summary(FiguresOf):
         by_pid: dict[int, dict[Key, Acc]] = {}
         for k, a in groups.items():
             by_pid.setdefault(k[0], {})[k] = a
-        cands: dict[int, list[_Candidate]] = {}
+        cands: dict[int, list[Candidate]] = {}
         for (p, _), c in self.candidates.items():
             cands.setdefault(p, []).append(c)
         return {
@@ -699,32 +701,32 @@ class Summary(FiguresOf):
         groups: Mapping[Key, Acc],
         decided: Mapping[tuple[int, int], str],
         pid: int | None,
-        candidates: Iterable[_Candidate],
-        ranks: Mapping[int, _Rank | None],
+        candidates: Iterable[Candidate],
+        ranks: Mapping[int, Rank | None],
     ) -> dict[str, Any]:
         """The figures of ``groups`` (resolved: :meth:`resolved`), all of one rank with
         ``pid``: ``candidates`` and ``ranks`` are that rank's (all with None)."""
         steady = {k: a for k, a in groups.items() if k[5] == STEADY}
         warm = {k: a for k, a in groups.items() if k[5] != STEADY}
-        tot = _total(groups.values())
-        st = _total(steady.values())
-        wm = _total(warm.values())
+        tot = total_of(groups.values())
+        st = total_of(steady.values())
+        wm = total_of(warm.values())
         out: dict[str, Any] = {
             "rules": dict(rules.RULES),
             "percentile_error": PERCENTILE_ERROR,
-            "forward_steps": int(tot.s[_S["steps"]]),
+            "forward_steps": int(tot.s[S["steps"]]),
             # the steps that ran no forward (recorded, counted by `probe record`), all ranks
             "nonforward_steps": self.nonforward,
-            "steady_steps": int(st.s[_S["steps"]]),
-            "hit_rates": _hit_rates(steady),
-            "hit_rates_all": _hit_rates(groups),
-            "miss_reasons": _miss_reasons(groups, self.examples),
-            "phases": _phases(steady),
-            "gpu": _gpu(st, [r for r in ranks.values() if r is not None]),
-            "throughput": _throughput(st),
+            "steady_steps": int(st.s[S["steps"]]),
+            "hit_rates": hit_rates(steady),
+            "hit_rates_all": hit_rates(groups),
+            "miss_reasons": miss_reasons(groups, self.examples),
+            "phases": phase_figures(steady),
+            "gpu": gpu(st, [r for r in ranks.values() if r is not None]),
+            "throughput": throughput(st),
             "warmup": self._warmup(warm, wm, decided, pid, candidates),
             "probe_cost": self._probe_cost(steady, st),
-            "decode": _decode_split(steady),
+            "decode": decode_split(steady),
             "ranks": sorted({k[0] for k in groups}),
         }
         out["headline"] = headline(out)

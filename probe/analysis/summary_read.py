@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from probe.analysis.accumulators import _BINS_PER_OCTAVE, NB
+from probe.analysis.accumulators import BINS_PER_OCTAVE, NB
 from probe.analysis.summary import Summary
 from probe.records import Mode
 
@@ -50,7 +50,7 @@ def summarize_recording(rec: Any, chunk: int | None = None) -> Summary:
         s.thresholds[thr] += n
     for name, tag, drafter, b, n, total in rec._rows(
         "SELECT builder, tag, drafter, CASE WHEN t1_ns - t0_ns <= 0 THEN 0 ELSE min("
-        f"{NB - 1}, 1 + CAST(floor(log2(t1_ns - t0_ns) * {_BINS_PER_OCTAVE}) AS INTEGER)) END "
+        f"{NB - 1}, 1 + CAST(floor(log2(t1_ns - t0_ns) * {BINS_PER_OCTAVE}) AS INTEGER)) END "
         "AS b, count(*), sum(t1_ns - t0_ns) FROM builds AS d WHERE EXISTS (SELECT 1 FROM "
         "steps AS s WHERE s.pid = d.pid AND s.step = d.step) GROUP BY 1, 2, 3, 4"
     ):

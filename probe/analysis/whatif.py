@@ -57,12 +57,12 @@ from probe.analysis.whatif_settings import (
 from probe.analysis.whatif_vllm import (
     Graphs,
     Vllm,
-    _one_line,
     build,
     has_module,
     has_split_sizes,
     load_vllm,
     mrv2_context,
+    one_line,
     select_platform,
 )
 from probe.progress import SILENT, Progress
@@ -198,7 +198,7 @@ class Replayer:
                 except Exception as exc:  # vLLM's own code failed on these settings
                     raise VllmError(
                         f"vLLM {self.vl.version} could not build the {e.runner} dispatcher "
-                        f"for these settings: {_one_line(exc)}"
+                        f"for these settings: {one_line(exc)}"
                     ) from None
             out[pid] = self._cache[key]
         return out

@@ -45,7 +45,7 @@ class Vllm:
         except Exception as exc:  # e.g. no platform: a GPU build without its GPU
             raise VllmError(
                 f"vLLM {self.version} cannot make a VllmConfig here "
-                f"({self.platform or 'its platform'}): {_one_line(exc)}"
+                f"({self.platform or 'its platform'}): {one_line(exc)}"
             ) from None
 
     def v1_dispatcher(self) -> Any:
@@ -94,7 +94,7 @@ def select_platform() -> str:
         except Exception as exc:
             raise VllmError(
                 "needs vLLM 0.26 to 0.34 importable (pip install vllm, or a vLLM tree on "
-                f"PYTHONPATH): {_one_line(exc)}"
+                f"PYTHONPATH): {one_line(exc)}"
             ) from None
         # ``import vllm`` itself may resolve the platform (0.26: for PIN_MEMORY); none of
         # the modules it imports binds it by name, so "none found" can still be replaced
@@ -161,7 +161,7 @@ def load_vllm() -> Vllm:
         except Exception as exc:  # ImportError, or a platform vLLM cannot set up here
             raise VllmError(
                 "needs vLLM 0.26 to 0.34 importable (pip install vllm, or a vLLM tree on "
-                f"PYTHONPATH): {_one_line(exc)}"
+                f"PYTHONPATH): {one_line(exc)}"
             ) from None
         manager: Any = None
         why = ""
@@ -170,11 +170,11 @@ def load_vllm() -> Vllm:
 
             manager = mrv2.ModelCudaGraphManager
         except Exception as exc:
-            why = _one_line(exc)
+            why = one_line(exc)
     return Vllm(str(vllm.__version__), config, AttentionCGSupport, None, manager, why, platform)
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
@@ -264,7 +264,7 @@ def mrv2_context(vl: Vllm) -> Iterator[None]:
                 except Exception as exc:
                     raise VllmError(
                         f"vLLM {vl.version}: no one-rank gloo group for MRV2's graph manager "
-                        f"here: {_one_line(exc)}"
+                        f"here: {one_line(exc)}"
                     ) from None
             yield
         finally:
@@ -299,7 +299,7 @@ class Graphs:
             except Exception as exc:
                 raise VllmError(
                     f"vLLM {self.vllm_version}'s dispatch failed on step {s.step} of pid "
-                    f"{s.pid} ({s.num_tokens} tokens, {s.num_reqs} requests): {_one_line(exc)}"
+                    f"{s.pid} ({s.num_tokens} tokens, {s.num_reqs} requests): {one_line(exc)}"
                 ) from None
         return self.memo[key]
 

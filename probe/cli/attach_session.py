@@ -256,7 +256,7 @@ def run_session(
     record = opts.record
     out = None
     if record:
-        from probe.output import check_target, new_file_in_place
+        from probe.reader.output import check_target, new_file_in_place
 
         out = check_target(record, force=opts.force, flag="--record")
         if out is None:
@@ -327,7 +327,7 @@ def run_session(
             writer = None
             raise
         if console is None and live_default and not opts.no_live:  # rich only for a live view
-            from probe.terminal import SafeConsole
+            from probe.cli.terminal import SafeConsole
 
             console = SafeConsole()
         live_on = live_default and not opts.no_live and console is not None and console.is_terminal

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from probe.errors import RuntimeFailure, UsageError
-from probe.output import SignalExit
+from probe.reader.output import SignalExit
 
 __all__ = ["main"]  # and default_recording, imported when asked (__getattr__)
 
@@ -134,7 +134,7 @@ def _add_command_modules(sub: Any, argv: Sequence[str] | None = None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     entry = argv is None  # the process's own command line (console script, python -m)
     if entry:
-        from probe.output import guard_standard_streams, install_signal_cleanup
+        from probe.reader.output import guard_standard_streams, install_signal_cleanup
 
         guard_standard_streams()
         install_signal_cleanup()
@@ -199,7 +199,7 @@ def _threads_left() -> bool:
 
 
 def fail(message: str, status: int) -> int:
-    from probe.terminal import sanitize
+    from probe.cli.terminal import sanitize
 
     _quiet_stdout()
     with contextlib.suppress(OSError):

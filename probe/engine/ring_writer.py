@@ -18,20 +18,20 @@ from typing import Any, Protocol
 from probe.engine import accel
 from probe.records import RECORD, RECORD_SIZE
 from probe.ring import (
-    _HEAD,
-    _OFF_CLOSED,
-    _U32,
-    _W_DROPPED,
-    _W_HEARTBEAT,
-    _W_READ,
-    _W_WRITE,
     DEFAULT_CAPACITY,
+    HEAD,
     HEADER_SIZE,
     MAGIC,
     MAX_CAPACITY,
+    OFF_CLOSED,
+    U32,
     VERSION,
-    _boottime_ns,
-    _words,
+    W_DROPPED,
+    W_HEARTBEAT,
+    W_READ,
+    W_WRITE,
+    boottime_ns,
+    header_words,
 )
 from probe.ring_dir import check_ring_dir
 
@@ -83,9 +83,9 @@ class _HotPath:
         mask = capacity - 1
         base = HEADER_SIZE
         size = RECORD_SIZE
-        w_write = _W_WRITE
-        w_read = _W_READ
-        w_dropped = _W_DROPPED
+        w_write = W_WRITE
+        w_read = W_READ
+        w_dropped = W_DROPPED
         w = 0  # write index; changed only by the lock holder
         r = 0  # last read index seen; re-read from the header only when the ring looks full
         full_drops = 0  # changed only by the lock holder
@@ -257,7 +257,7 @@ class RingWriter:
         """Use :meth:`create`."""
         self._path = path
         self._mm = mm
-        self._words = _words(mm)
+        self._words = header_words(mm)
         self._capacity = capacity
         self._lock = threading.Lock()
         compiled = accel.make_ring(mm, capacity)
@@ -300,7 +300,7 @@ class RingWriter:
             # take a page fault per 64 records.
             populate = getattr(mmap, "MAP_POPULATE", 0)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED | populate, mmap.PROT_READ | mmap.PROT_WRITE)
-            _HEAD.pack_into(
+            HEAD.pack_into(
                 mm,
                 0,
                 MAGIC,
@@ -313,7 +313,7 @@ class RingWriter:
                 0,
                 0,
                 0,
-                _boottime_ns(),
+                boottime_ns(),
             )
             try:
                 os.link(tmp, final)  # fails if ``path`` exists, like O_EXCL
@@ -359,7 +359,7 @@ class RingWriter:
     def reader_heartbeat_ns(self) -> int:
         """CLOCK_BOOTTIME ns of the reader's last read; 0 if no reader has read yet."""
         self._check_open()
-        value: int = self._words[_W_HEARTBEAT]
+        value: int = self._words[W_HEARTBEAT]
         return value
 
     @property
@@ -384,7 +384,7 @@ class RingWriter:
         release = getattr(self._hot, "release", None)
         if release is not None:  # the compiled ring lets go of the mapping first
             release()
-        _U32.pack_into(self._mm, _OFF_CLOSED, 1)
+        U32.pack_into(self._mm, OFF_CLOSED, 1)
         self._unmap()
         _LIVE_WRITERS.discard(self)
         if unlink:

@@ -68,7 +68,7 @@ class RollingRecordings:
     """A :class:`probe.reader.collector.Sink` writing recordings into ``directory``, a new file
     every ``every_s`` seconds, keeping the newest ``keep`` (older ones are removed).
 
-    Each file is made by :mod:`probe.output`'s helpers for a file written in place
+    Each file is made by :mod:`probe.reader.output`'s helpers for a file written in place
     (checked, never through a link, never over a file it did not make) and is a whole
     recording of its period: the processes seen (their snapshots) and their steps."""
 
@@ -108,7 +108,7 @@ class RollingRecordings:
         return p
 
     def _open(self) -> None:
-        from probe.output import check_target, new_file_in_place
+        from probe.reader.output import check_target, new_file_in_place
         from probe.reader.recording import RecordingWriter
 
         path = self._name()

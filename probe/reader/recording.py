@@ -32,7 +32,7 @@ from probe.reader.recording_open import (
     RecordingError as RecordingError,
 )
 from probe.reader.recording_open import (
-    _connect_read_only,
+    connect_read_only,
 )
 from probe.reader.recording_open import (
     damaged_error as damaged_error,
@@ -49,6 +49,7 @@ from probe.reader.recording_schema import (
     absent_columns,
     upgrade_sql,
 )
+from probe.reader.sqlite_errors import SQLITE_DAMAGED
 from probe.records import (
     Build,
     Dispatch,
@@ -58,7 +59,6 @@ from probe.records import (
     Replay,
     Span,
 )
-from probe.sqlite_errors import SQLITE_DAMAGED
 from probe.step import STEP_COLUMNS, GpuSample, Step
 
 
@@ -258,14 +258,14 @@ def _step_encoder() -> Callable[[Step, Names], list[Any]]:
     return _row_encoder(segments, kinds)
 
 
-def _no_names(builder_id: int) -> None:
+def no_names(builder_id: int) -> None:
     return None
 
 
-_STEP_ROW = _step_encoder()
+STEP_ROW = _step_encoder()
 _STEP_NAMES = tuple(c.name for c in STEP_COLUMNS)
-_DETAIL_ROWS = tuple((t, _detail_encoder(t)) for t in DETAIL_TABLES)
-_DETAIL_BY_RECORD = {t.record: (t, encode) for t, encode in _DETAIL_ROWS}
+DETAIL_ROWS = tuple((t, _detail_encoder(t)) for t in DETAIL_TABLES)
+_DETAIL_BY_RECORD = {t.record: (t, encode) for t, encode in DETAIL_ROWS}
 
 
 def step_fields(s: Step) -> dict[str, Any]:
@@ -274,11 +274,11 @@ def step_fields(s: Step) -> dict[str, Any]:
     Enum members are their lower-case names, booleans 0/1, a missing value None. The
     writers of foreign formats name a step's values with it (Perfetto's slice args).
     """
-    return dict(zip(_STEP_NAMES, _STEP_ROW(s, _no_names), strict=True))
+    return dict(zip(_STEP_NAMES, STEP_ROW(s, no_names), strict=True))
 
 
 def record_fields(
-    rec: Span | Dispatch | Replay | Build | Reorder, builder_name: Names = _no_names
+    rec: Span | Dispatch | Replay | Build | Reorder, builder_name: Names = no_names
 ) -> dict[str, Any]:
     """One detail record of a :class:`Step` as its table's row holds it, after ``pid``
     and ``step``: column name -> value, in column order, encoded as :func:`step_fields`
@@ -350,9 +350,9 @@ class RecordingWriter:
         marks = ", ".join("?" * len(STEP_COLUMNS))
         self.db.executemany(
             f"INSERT OR REPLACE INTO steps ({cols}) VALUES ({marks})",
-            [_STEP_ROW(s, _no_names) for s in steps],
+            [STEP_ROW(s, no_names) for s in steps],
         )
-        for t, encode in _DETAIL_ROWS:
+        for t, encode in DETAIL_ROWS:
             rows = []
             for s in steps:
                 recs = getattr(s, t.step_field)
@@ -499,14 +499,14 @@ def _check_pids(p: Path, db: sqlite3.Connection) -> None:
             )
 
 
-def _check_order(rd: _Reader, table: str, row: tuple[Any, ...], kw: dict[str, Any]) -> None:
+def check_order(rd: Reader, table: str, row: tuple[Any, ...], kw: dict[str, Any]) -> None:
     """A span that ends before it starts is damage, not data."""
     t0, t1 = kw.get("t0"), kw.get("t1")
     if isinstance(t0, int) and isinstance(t1, int) and t1 < t0:
         raise rd.fail(table, row, "t1", f"is {t1}, before t0 {t0}")
 
 
-class _Reader:
+class Reader:
     """Turns rows into typed values, refusing any that does not fit its column."""
 
     def __init__(self, path: Path) -> None:
@@ -581,7 +581,7 @@ class Recording:
     @classmethod
     def open(cls, path: str | Path) -> Recording:
         p = Path(path)
-        db = _connect_read_only(p)
+        db = connect_read_only(p)
         try:
             version = cls._validate(p, db)
             have = {r[1] for r in db.execute("PRAGMA table_info(steps)")}
@@ -691,7 +691,7 @@ class Recording:
         """
         try:
             where, params = ("WHERE pid = ?", (pid,)) if pid is not None else ("", ())
-            rd = _Reader(self.path)
+            rd = Reader(self.path)
             known = self.builder_names(pid)
             ids = {p: {n: i for i, n in names.items()} for p, names in known.items()}
             details = {
@@ -714,7 +714,7 @@ class Recording:
                         kw["phases"][c.phase] = val
                     else:
                         kw[c.field] = val
-                _check_order(rd, "steps", row, kw)
+                check_order(rd, "steps", row, kw)
                 key = (kw["pid"], kw["step"])
                 for t in DETAIL_TABLES:
                     got: list[Any] = []
@@ -732,7 +732,7 @@ class Recording:
     def _detail_rows(
         self,
         t: DetailTable,
-        rd: _Reader,
+        rd: Reader,
         ids: dict[int, dict[str, int]],
         where: str,
         params: tuple[Any, ...],
@@ -764,7 +764,7 @@ class Recording:
                     kw[c.attr] = rd.value(t.name, row, c.name, v, c.kind, min=c.min)
             if has_flags:
                 kw["flags"] = int(flags)
-            _check_order(rd, t.name, row, kw)
+            check_order(rd, t.name, row, kw)
             yield (pid, step), t.record(**kw)
 
     def _rows_of_pid(self, table: str, cols: str) -> str:

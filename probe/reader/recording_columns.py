@@ -8,8 +8,8 @@ import enum
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
-from probe.reader.recording import Recording, RecordingError, _check_order, _Reader, damaged_error
-from probe.sqlite_errors import SQLITE_DAMAGED
+from probe.reader.recording import Reader, Recording, RecordingError, check_order, damaged_error
+from probe.reader.sqlite_errors import SQLITE_DAMAGED
 from probe.step import STEP_COLUMNS
 
 # -- columnar reading (the summary's streaming pass) -------------------------------------------
@@ -136,7 +136,7 @@ def _refuse(rec: Recording, rows: list[Any], index: int | None) -> None:
     first row of a chunk with a value that does not fit (``index``: that row, when the
     vectorised checks found it), naming the table, the step and the column."""
     keys = [(r[0], r[1]) for r in (rows if index is None else rows[index : index + 1])]
-    rd = _Reader(rec.path)
+    rd = Reader(rec.path)
     cols = ", ".join(f'"{c.name}"' for c in STEP_COLUMNS)
     for pid, step in keys:
         raw = rec.db.execute(
@@ -150,7 +150,7 @@ def _refuse(rec: Recording, rows: list[Any], index: int | None) -> None:
             kw[c.field] = rd.value(
                 "steps", raw, c.name, v, c.kind, nullable=c.nullable, min=c.min, choices=c.choices
             )
-        _check_order(rd, "steps", raw, kw)
+        check_order(rd, "steps", raw, kw)
     raise RecordingError(f"{rec.path}: damaged recording: steps: a value does not fit its column")
 
 
@@ -230,7 +230,7 @@ def check_detail_tables(rec: Recording) -> None:
             ).fetchone()
             if row is None:
                 continue
-            rd = _Reader(rec.path)
+            rd = Reader(rec.path)
             ids = {p: {n: i for i, n in names.items()} for p, names in rec.builder_names().items()}
             for _ in rec._detail_rows(t, rd, ids, "WHERE pid IS ? AND step IS ?", tuple(row)):
                 pass

@@ -9,7 +9,7 @@ import sqlite3
 import stat
 from pathlib import Path
 
-from probe.sqlite_errors import SQLITE_DAMAGED, sqlite_message
+from probe.reader.sqlite_errors import SQLITE_DAMAGED, sqlite_message
 
 
 class RecordingError(ValueError):
@@ -20,7 +20,7 @@ def damaged_error(p: Path, exc: BaseException) -> RecordingError:
     return RecordingError(f"{p}: damaged or truncated recording ({sqlite_message(exc)})")
 
 
-def _connect_read_only(p: Path) -> sqlite3.Connection:
+def connect_read_only(p: Path) -> sqlite3.Connection:
     """Open ``p`` read-only, creating nothing beside it.
 
     Only a regular file is opened (a FIFO would block, a device is not a recording). The
@@ -95,7 +95,7 @@ def _read_copy(p: Path, wal: Path | None) -> sqlite3.Connection:
     the copy (committed frames only) and checkpoints it, and the copy is read. A path
     longer than SQLite takes: the copy's is short. Nothing is created beside ``p``.
     """
-    from probe.sqlite_read import private_copy
+    from probe.reader.sqlite_read import private_copy
 
     try:
         return private_copy(p, wal)

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from probe.reader.recording import _DETAIL_ROWS, _STEP_ROW, Recording, _no_names
+from probe.reader.recording import DETAIL_ROWS, STEP_ROW, Recording, no_names
 from probe.reader.recording_open import (
     RecordingError,
 )
@@ -42,8 +42,8 @@ def encoded_rows(
     ``builder_names``: per pid, a build's builder id -> class name
     (:meth:`Recording.builder_names`)."""
     steps = list(steps)
-    out: dict[str, list[list[Any]]] = {"steps": [_STEP_ROW(s, _no_names) for s in steps]}
-    for t, encode in _DETAIL_ROWS:
+    out: dict[str, list[list[Any]]] = {"steps": [STEP_ROW(s, no_names) for s in steps]}
+    for t, encode in DETAIL_ROWS:
         rows: list[list[Any]] = []
         for s in steps:
             recs = getattr(s, t.step_field)

@@ -13,20 +13,20 @@ from types import TracebackType
 
 from probe.records import RECORD_SIZE
 from probe.ring import (
-    _HEAD,
-    _OFF_CLOSED,
-    _U32,
-    _W_DROPPED,
-    _W_HEARTBEAT,
-    _W_READ,
-    _W_WRITE,
+    HEAD,
     HEADER_SIZE,
     MAGIC,
     MAX_CAPACITY,
+    OFF_CLOSED,
+    U32,
     VERSION,
+    W_DROPPED,
+    W_HEARTBEAT,
+    W_READ,
+    W_WRITE,
     RingFormatError,
-    _boottime_ns,
-    _words,
+    boottime_ns,
+    header_words,
 )
 from probe.ring_dir import OPEN_FLAGS
 
@@ -48,15 +48,15 @@ class RingReader:
         self._mask = capacity - 1
         self._clock = clock
         self._closed = False
-        self._words = _words(mm)
-        self._read: int = self._words[_W_READ]
+        self._words = header_words(mm)
+        self._read: int = self._words[W_READ]
 
     @classmethod
     def open(
         cls,
         path: str | os.PathLike[str],
         *,
-        clock: Callable[[], int] = _boottime_ns,
+        clock: Callable[[], int] = boottime_ns,
         fd: int | None = None,
     ) -> RingReader:
         """Map the ring at ``path``; raises :class:`RingFormatError` if it is not one.
@@ -86,7 +86,7 @@ class RingReader:
 
     @staticmethod
     def _validate(p: Path, mm: mmap.mmap, size: int) -> int:
-        magic, version, record_size, header_size, _pid, capacity, w, *_ = _HEAD.unpack_from(mm)
+        magic, version, record_size, header_size, _pid, capacity, w, *_ = HEAD.unpack_from(mm)
         if magic != MAGIC:
             raise RingFormatError(p, f"bad magic {magic!r}, expected {MAGIC!r}")
         if version != VERSION:
@@ -103,7 +103,7 @@ class RingReader:
             raise RingFormatError(
                 p, f"{what}: {size} bytes, expected {expected} for capacity {capacity}"
             )
-        r = int.from_bytes(mm[8 * _W_READ : 8 * _W_READ + 8], "little")
+        r = int.from_bytes(mm[8 * W_READ : 8 * W_READ + 8], "little")
         if not 0 <= w - r <= capacity:
             raise RingFormatError(p, f"inconsistent indices: write {w}, read {r}")
         return int(capacity)
@@ -120,7 +120,7 @@ class RingReader:
     def written(self) -> int:
         """Records the writer has committed so far (the write index)."""
         self._check_open()
-        value: int = self._words[_W_WRITE]
+        value: int = self._words[W_WRITE]
         return value
 
     @property
@@ -132,25 +132,25 @@ class RingReader:
     def dropped(self) -> int:
         """Records the writer dropped, as published in the header (see "Drops")."""
         self._check_open()
-        value: int = self._words[_W_DROPPED]
+        value: int = self._words[W_DROPPED]
         return value
 
     @property
     def writer_pid(self) -> int:
         self._check_open()
-        value: int = _HEAD.unpack_from(self._mm)[4]
+        value: int = HEAD.unpack_from(self._mm)[4]
         return value
 
     @property
     def writer_closed(self) -> bool:
         """True once the writer called ``close()``: nothing more will be committed."""
         self._check_open()
-        return bool(_U32.unpack_from(self._mm, _OFF_CLOSED)[0])
+        return bool(U32.unpack_from(self._mm, OFF_CLOSED)[0])
 
     @property
     def created_ns(self) -> int:
         self._check_open()
-        value: int = _HEAD.unpack_from(self._mm)[10]
+        value: int = HEAD.unpack_from(self._mm)[10]
         return value
 
     def writer_alive(self) -> bool:
@@ -166,7 +166,7 @@ class RingReader:
     def touch_heartbeat(self, now_ns: int | None = None) -> None:
         """Store ``now_ns`` (default: the reader's clock) as the reader heartbeat."""
         self._check_open()
-        self._words[_W_HEARTBEAT] = self._clock() if now_ns is None else now_ns
+        self._words[W_HEARTBEAT] = self._clock() if now_ns is None else now_ns
 
     def read(self, max_records: int | None = None) -> list[bytes]:
         """Copy out up to ``max_records`` committed records (all, by default), in order.
@@ -184,7 +184,7 @@ class RingReader:
             raise ValueError(f"max_records must be >= 0 or None, got {max_records}")
         self._check_open()
         mm = self._mm
-        w: int = self._words[_W_WRITE]  # load the index before the slots
+        w: int = self._words[W_WRITE]  # load the index before the slots
         r = self._read
         n = w - r
         if n < 0 or n > self._capacity:
@@ -204,7 +204,7 @@ class RingReader:
                     + mm[HEADER_SIZE : HEADER_SIZE + (end - self._capacity) * size]
                 )
             self._read = r + n
-            self._words[_W_READ] = self._read  # after the copies: frees the slots
+            self._words[W_READ] = self._read  # after the copies: frees the slots
         self.touch_heartbeat()
         return block
 

@@ -47,11 +47,11 @@ def test_perfetto_in_bounded_memory_is_the_same_trace(
 
     whole = tmp_path / "whole.pftrace"
     assert main(["export", str(TP2), "--perfetto", str(whole), "--no-progress"]) == 0
-    monkeypatch.setattr(pf, "_SPILL_AT", 500)
-    monkeypatch.setattr(ps, "_SPILL_AT", 500)
+    monkeypatch.setattr(pf, "SPILL_AT", 500)
+    monkeypatch.setattr(ps, "SPILL_AT", 500)
     monkeypatch.setattr(ps, "_CHUNK", 7)
-    monkeypatch.setattr(ps._Runs.__init__, "__defaults__", (500,))
-    monkeypatch.setattr(ps._Spool.__init__, "__defaults__", (50,))
+    monkeypatch.setattr(ps.Runs.__init__, "__defaults__", (500,))
+    monkeypatch.setattr(ps.Spool.__init__, "__defaults__", (50,))
     runs = tmp_path / "runs.pftrace"
     assert main(["export", str(TP2), "--perfetto", str(runs), "--no-progress"]) == 0
     assert runs.read_bytes() == whole.read_bytes()
@@ -69,8 +69,8 @@ def test_spooled_lanes_keep_their_order(tmp_path: Path, monkeypatch: pytest.Monk
         return b.write(tmp_path / "t.pftrace").read_bytes()
 
     whole = trace()
-    monkeypatch.setattr(pf._Spool.__init__, "__defaults__", (8,))
-    monkeypatch.setattr(pf._Runs.__init__, "__defaults__", (16,))
+    monkeypatch.setattr(pf.Spool.__init__, "__defaults__", (8,))
+    monkeypatch.setattr(pf.Runs.__init__, "__defaults__", (16,))
     assert trace() == whole
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 

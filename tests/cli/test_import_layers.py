@@ -316,3 +316,7 @@ def test_the_configuration_imports_no_other_module_of_the_probe() -> None:
     """``config`` is the floor: the ring, the run directory and the control protocol read
     it, and it reads none of them."""
     assert graph()["probe.config"] == set()
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    assert [line for m, p in modules().items() for line in private_imports(m, p)] == []

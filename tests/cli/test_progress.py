@@ -1,4 +1,4 @@
-"""Progress on stderr for export, merge, collect and ab (``probe/progress.py``).
+"""Progress on stderr for export, merge, collect and ab (``probe/cli/progress.py``).
 
 In process: the real writers drive a :class:`Display` on a rich console that writes into
 a ``StringIO`` as a terminal would (``force_terminal``), with a fake clock and no refresh
@@ -29,7 +29,8 @@ from extras import needs
 from rich.console import Console
 from terminal import read_terminal
 
-from probe.progress import Display, counted, display_for, wanted
+from probe.cli.progress import Display, display_for, wanted
+from probe.progress import counted
 from probe.reader.recording import Recording, default_recording
 
 pytestmark = pytest.mark.timeout(300)

@@ -457,7 +457,7 @@ def test_escape_sequences_from_a_recording_never_reach_the_terminal(
 
 
 def test_sanitize_keeps_text_and_escapes_controls() -> None:
-    from probe.terminal import sanitize
+    from probe.cli.terminal import sanitize
 
     assert sanitize("a\tb\nc ü 中") == "a\tb\nc ü 中"
     assert sanitize("\x1b[31m\x07\x00\x7f\x9b") == "\\x1b[31m\\x07\\x00\\x7f\\x9b"
@@ -816,7 +816,7 @@ def test_deadline_gives_up_on_a_call_that_does_not_return() -> None:
 
 def test_new_growing_file_is_checked_and_fresh(tmp_path: Path) -> None:
     from probe.errors import UsageError
-    from probe.output import new_growing_file
+    from probe.reader.output import new_growing_file
 
     seg = tmp_path / "roll-0001.probe.db"
     assert new_growing_file(seg, force=False, flag="--record") == seg

@@ -29,8 +29,8 @@ READER_SIDE = (
     "probe.reader.recording",
     "probe.reader.recording_schema",
     "probe.cli.render_report",
-    "probe.sqlite_errors",
-    "probe.sqlite_read",
+    "probe.reader.sqlite_errors",
+    "probe.reader.sqlite_read",
     "probe.step",
 )
 

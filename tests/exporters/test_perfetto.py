@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from perfetto_read import read_trace
 
-from exporters.perfetto import BOOTTIME_CLOCK_ID, Slice, TraceBuilder, _lanes, write_recording
+from exporters.perfetto import BOOTTIME_CLOCK_ID, Slice, TraceBuilder, split_lanes, write_recording
 from probe.cli.main import main
 from probe.reader.recording import Recording
 
@@ -95,7 +95,7 @@ def test_bundled_recording_exports(tmp_path: Path) -> None:
 
 def test_overlapping_slices_go_to_sibling_lanes(tmp_path: Path) -> None:
     a, b, c = Slice("a", 0, 10), Slice("b", 5, 15), Slice("c", 2, 4)
-    lanes = _lanes([a, b, c])
+    lanes = split_lanes([a, b, c])
     assert lanes == [[a, c], [b]]
     tb = TraceBuilder()
     t = tb.child_track(None, "x")

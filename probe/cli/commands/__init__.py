@@ -50,8 +50,8 @@ def open_recording(path: str | Path | None) -> Recording:
 
 def console(width: int | None = None) -> Console:
     """A rich console for a command's output, ``width`` (``--width``) columns when given;
-    the text it renders has its control characters escaped (:mod:`probe.terminal`)."""
-    from probe.terminal import SafeConsole
+    the text it renders has its control characters escaped (:mod:`probe.cli.terminal`)."""
+    from probe.cli.terminal import SafeConsole
 
     return SafeConsole(width=width or None, soft_wrap=False)
 

@@ -33,11 +33,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from probe import progress
-from probe.terminal import SafeConsole
+from probe.cli import progress
+from probe.cli.terminal import SafeConsole
+from probe.progress import SILENT, Progress
 
 
-def summarize(path: Path, bars: progress.Progress = progress.SILENT) -> Any:
+def summarize(path: Path, bars: Progress = SILENT) -> Any:
     """One recording -> its part in the comparison (:func:`probe.analysis.ab.read_run`;
     ``bars``: one advance when it is read)."""
     from probe.analysis.ab import read_run

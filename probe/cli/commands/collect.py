@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from probe import config, progress
+from probe import config
+from probe.cli import progress
 from probe.cli.commands import boottime_ns, positive_float, probe_version, storage_guard
 from probe.engine.identity import model_name
 from probe.errors import RuntimeFailure, UsageError
@@ -27,8 +28,8 @@ if TYPE_CHECKING:
 
 def cmd_collect(args: argparse.Namespace) -> int:
     """Reader only: record the rings in --run-dir until their writers have exited."""
-    from probe.output import check_target, new_file_in_place
     from probe.reader.collector import Collector, RecordingSink
+    from probe.reader.output import check_target, new_file_in_place
     from probe.reader.recording import RecordingWriter
 
     run_dir = Path(args.run_dir)

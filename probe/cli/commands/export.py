@@ -28,10 +28,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from probe import progress
+from probe.cli import progress
 from probe.cli.commands import endpoint, open_recording, positive_float
 from probe.errors import RuntimeFailure, UsageError
-from probe.output import Outputs, check_target, path_for, together, write_bytes
+from probe.reader.output import Outputs, check_target, path_for, together, write_bytes
 
 
 def _sink_module(name: str) -> Any:
@@ -68,7 +68,7 @@ def check_reachable(endpoint: str, protocol: str, timeout_s: float) -> None:
 
 def _run_exporter(args: argparse.Namespace) -> int:
     """``--to NAME --out TARGET``: the same guarded path as the named flags (the target
-    checked first, written through :func:`probe.output.path_for`, ``--force`` to replace,
+    checked first, written through :func:`probe.reader.output.path_for`, ``--force`` to replace,
     ``-`` for stdout where the format can stream); ``--to otlp`` is ``--otlp TARGET``."""
     from exporters import registry
     from exporters.base import MissingExtra
@@ -132,7 +132,7 @@ def _open(names: list[str] | None) -> Any:
 def _write_db(target: Path, write: Any) -> Any:
     """``write(path)`` makes a new database file, in a private folder next to the target,
     renamed onto it: nothing partial is left, no planted name is used, and a full or
-    read-only disk is one line (:func:`probe.output.path_for`)."""
+    read-only disk is one line (:func:`probe.reader.output.path_for`)."""
     with path_for(target, create=False) as tmp:
         return write(tmp)
 

@@ -20,7 +20,7 @@ import argparse
 import json
 from typing import Any
 
-from probe import progress
+from probe.cli import progress
 from probe.cli.commands import open_recording
 from probe.errors import UsageError
 
@@ -85,7 +85,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if not args.out and not args.report and not args.json and not args.rocpd:
         raise UsageError("merge: give --out FILE.pftrace and/or --report")
-    from probe.output import check_target
+    from probe.reader.output import check_target
 
     out = check_target(args.out, force=args.force, flag="--out") if args.out else None
     if args.rocpd == "-":
@@ -172,7 +172,7 @@ def _merge(args: argparse.Namespace, rec: Any, out: Any, bars: progress.Display)
     from exporters.timelines.load import load_profiles, profile_path
     from exporters.timelines.merge import merge_to_perfetto
     from exporters.timelines.model import ProfileError
-    from probe.output import path_for, together
+    from probe.reader.output import path_for, together
 
     to_stdout = args.out == "-"
     try:

@@ -75,7 +75,7 @@ def session_parent(run_dir: str | None, who: str) -> Path | None:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from probe.output import check_target
+    from probe.reader.output import check_target
 
     sample = sample_every(args.sample)
     cmd = check_command(list(args.command), "record")
@@ -130,8 +130,8 @@ def _record(
     sinks: list[Any],
     run_dir: Path,
 ) -> int:
-    from probe.output import new_file_in_place
     from probe.reader.collector import Collector, RecordingSink
+    from probe.reader.output import new_file_in_place
     from probe.reader.recording import RecordingWriter
 
     # everything is checked: from here on a failure is the command's or the disk's

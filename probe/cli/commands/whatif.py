@@ -24,7 +24,7 @@ import contextlib
 import json
 from typing import Any
 
-from probe import progress
+from probe.cli import progress
 from probe.cli.commands import console, open_recording, positive_int, width
 from probe.errors import RuntimeFailure, UsageError
 from probe.reasons import MODE_NAMES, SUPPORT_NAMES
