@@ -78,7 +78,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from exporters.base import FIXED, ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, Update, process_updates, rank_updates, updates
 from exporters.series import DEFAULT_INTERVAL_S, Hist, Timeline, instance_id, timelines
-from probe.analysis.ranks import RankId, RankMatcher
+from probe.analysis.ranks import RankId
+from probe.analysis.ranks_live import RankMatcher
 from probe.analysis.steady import Classes
 from probe.progress import SILENT, Progress
 from probe.reader.recording import Recording

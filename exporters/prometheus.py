@@ -64,7 +64,8 @@ from exporters.metrics import (
     rank_updates,
     updates,
 )
-from probe.analysis.ranks import RankId, RankMatcher
+from probe.analysis.ranks import RankId
+from probe.analysis.ranks_live import RankMatcher
 from probe.analysis.steady import Classes
 from probe.progress import SILENT, Progress
 from probe.step import Step

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import functools
 import json
 import operator
 import sqlite3
@@ -41,12 +40,11 @@ from probe.reader.recording_schema import (
     APPLICATION_ID,
     DDL,
     DETAIL_TABLES,
-    INDEXES,
     READ_VERSIONS,
     SCHEMA_VERSION,
-    TABLES,
     DetailTable,
-    absent_columns,
+    check_pids,
+    check_schema,
     upgrade_sql,
 )
 from probe.reader.sqlite_errors import SQLITE_DAMAGED
@@ -447,58 +445,6 @@ def finish_wal(path: str | Path) -> bool:
         return _to_rollback_journal(db)
 
 
-@functools.cache
-def _columns() -> dict[str, list[str]]:
-    """Every table's columns, as :data:`DDL` makes them (the one declaration)."""
-    with contextlib.closing(sqlite3.connect(":memory:")) as db:
-        db.executescript(DDL)
-        return {t: [r[1] for r in db.execute(f"PRAGMA table_info({t})")] for t in TABLES}
-
-
-def _check_schema(p: Path, db: sqlite3.Connection, version: int = SCHEMA_VERSION) -> None:
-    """Refuse anything but this schema's tables and indexes (a view, a trigger, a table
-    that is not ours, a column missing; a file of an earlier ``version`` lacks the
-    columns added since, :func:`probe.reader.recording_schema.absent_columns`)."""
-    objects = {(r[0], r[1]) for r in db.execute("SELECT type, name FROM sqlite_master")}
-    missing = sorted(t for t in TABLES if ("table", t) not in objects)
-    if missing:
-        views = sorted(t for t in missing if ("view", t) in objects)
-        if views:
-            raise RecordingError(f"{p}: not a probe recording ({', '.join(views)}: a view)")
-        raise RecordingError(f"{p}: damaged or incomplete recording (no {', '.join(missing)})")
-    foreign = sorted(
-        f"{kind} {name}"
-        for kind, name in objects
-        if not (
-            (kind == "table" and name in TABLES)
-            or (kind == "index" and (name in INDEXES or name.startswith("sqlite_autoindex_")))
-        )
-    )
-    if foreign:
-        raise RecordingError(f"{p}: not a probe recording (it also holds {', '.join(foreign)})")
-    later = set(absent_columns(version))
-    for table, cols in _columns().items():
-        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
-        lost = [c for c in cols if c not in have and not (table == "steps" and c in later)]
-        if lost:
-            raise RecordingError(
-                f"{p}: damaged or incomplete recording (table {table} has no {', '.join(lost)})"
-            )
-
-
-def _check_pids(p: Path, db: sqlite3.Connection) -> None:
-    """Every row's pid names a process of the recording (a flipped byte in a pid would
-    otherwise reach the exporters as a process nobody declared)."""
-    for table in ("steps", "gpu", *(t.name for t in DETAIL_TABLES)):
-        row = db.execute(
-            f"SELECT pid FROM {table} WHERE pid NOT IN (SELECT pid FROM processes) LIMIT 1"
-        ).fetchone()
-        if row is not None:
-            raise RecordingError(
-                f"{p}: damaged recording: {table} has pid {row[0]!r}, not in processes"
-            )
-
-
 def check_order(rd: Reader, table: str, row: tuple[Any, ...], kw: dict[str, Any]) -> None:
     """A span that ends before it starts is damage, not data."""
     t0, t1 = kw.get("t0"), kw.get("t1")
@@ -613,8 +559,8 @@ class Recording:
             check = db.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise damaged_error(p, RuntimeError(check))
-            _check_schema(p, db, ver)
-            _check_pids(p, db)
+            check_schema(p, db, ver)
+            check_pids(p, db)
         except SQLITE_DAMAGED as exc:
             raise damaged_error(p, exc) from None
         return int(ver)

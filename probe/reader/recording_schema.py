@@ -5,12 +5,17 @@ open compare a file's tables and columns with it)."""
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import functools
 import re
+import sqlite3
 from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from probe.reader.recording_open import RecordingError
 from probe.records import (
     Build,
     BuildTag,
@@ -202,3 +207,58 @@ CREATE INDEX IF NOT EXISTS builds_step ON builds (pid, step);
 DDL = _ddl()
 TABLES = tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", DDL))
 INDEXES = tuple(re.findall(r"CREATE INDEX IF NOT EXISTS (\w+)", DDL))
+
+
+# -- checks of a file's schema, on open ----------------------------------------------------
+
+
+@functools.cache
+def _columns() -> dict[str, list[str]]:
+    """Every table's columns, as :data:`DDL` makes them (the one declaration)."""
+    with contextlib.closing(sqlite3.connect(":memory:")) as db:
+        db.executescript(DDL)
+        return {t: [r[1] for r in db.execute(f"PRAGMA table_info({t})")] for t in TABLES}
+
+
+def check_schema(p: Path, db: sqlite3.Connection, version: int = SCHEMA_VERSION) -> None:
+    """Refuse anything but this schema's tables and indexes (a view, a trigger, a table
+    that is not ours, a column missing; a file of an earlier ``version`` lacks the
+    columns added since, :func:`probe.reader.recording_schema.absent_columns`)."""
+    objects = {(r[0], r[1]) for r in db.execute("SELECT type, name FROM sqlite_master")}
+    missing = sorted(t for t in TABLES if ("table", t) not in objects)
+    if missing:
+        views = sorted(t for t in missing if ("view", t) in objects)
+        if views:
+            raise RecordingError(f"{p}: not a probe recording ({', '.join(views)}: a view)")
+        raise RecordingError(f"{p}: damaged or incomplete recording (no {', '.join(missing)})")
+    foreign = sorted(
+        f"{kind} {name}"
+        for kind, name in objects
+        if not (
+            (kind == "table" and name in TABLES)
+            or (kind == "index" and (name in INDEXES or name.startswith("sqlite_autoindex_")))
+        )
+    )
+    if foreign:
+        raise RecordingError(f"{p}: not a probe recording (it also holds {', '.join(foreign)})")
+    later = set(absent_columns(version))
+    for table, cols in _columns().items():
+        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+        lost = [c for c in cols if c not in have and not (table == "steps" and c in later)]
+        if lost:
+            raise RecordingError(
+                f"{p}: damaged or incomplete recording (table {table} has no {', '.join(lost)})"
+            )
+
+
+def check_pids(p: Path, db: sqlite3.Connection) -> None:
+    """Every row's pid names a process of the recording (a flipped byte in a pid would
+    otherwise reach the exporters as a process nobody declared)."""
+    for table in ("steps", "gpu", *(t.name for t in DETAIL_TABLES)):
+        row = db.execute(
+            f"SELECT pid FROM {table} WHERE pid NOT IN (SELECT pid FROM processes) LIMIT 1"
+        ).fetchone()
+        if row is not None:
+            raise RecordingError(
+                f"{p}: damaged recording: {table} has pid {row[0]!r}, not in processes"
+            )

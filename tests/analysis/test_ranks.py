@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from probe.analysis import ranks
+from probe.analysis import ranks, ranks_live
 from probe.analysis.ranks_columns import ranks_of_recording
 from probe.cli.render_report import build_report, render_report
 from probe.reader.recording import Recording
@@ -429,7 +429,7 @@ def test_an_offline_export_matches_every_step_whatever_the_matchers_bound(
     sinks = []
     for pending in (4096, 64):
         monkeypatch.setattr(
-            prom, "RankMatcher", functools.partial(ranks.RankMatcher, pending=pending)
+            prom, "RankMatcher", functools.partial(ranks_live.RankMatcher, pending=pending)
         )
         sink = prom.PrometheusSink()
         replay(Recording.open(TP2), sink, batch=32)
@@ -443,7 +443,7 @@ def test_the_matcher_drops_the_oldest_steps_in_any_arrival_order() -> None:
     first held) or not (the smallest step number)."""
 
     def held(order: list[int]) -> list[int]:
-        m = ranks.RankMatcher(pending=4)
+        m = ranks_live.RankMatcher(pending=4)
         rank = ranks.RankId(1, 0, 0, 0)
         for k in order:
             m.add(rank, [_step(1, k, k * 10_000)])

@@ -19,7 +19,8 @@ import pytest
 
 from probe.engine.ring_writer import RingWriter
 from probe.reader.collector import Collector, RecordingSink, Spool
-from probe.reader.recording import TABLES, Recording, RecordingWriter
+from probe.reader.recording import Recording, RecordingWriter
+from probe.reader.recording_schema import TABLES
 from probe.records import (
     BlobType,
     Build,
