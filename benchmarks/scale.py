@@ -100,10 +100,12 @@ def make(path: Path, steps: int, ranks: int) -> None:
             shift = origin - t0 + k * period
             limit = n - k * top
             for table in ("steps", "spans", "dispatches", "replays", "builds", "reorders"):
-                cols = [c[1] for c in db.execute(f"PRAGMA s.table_info({table})")]
+                have = {c[1] for c in db.execute(f"PRAGMA s.table_info({table})")}
+                # the target's columns; one a source of an earlier schema lacks reads NULL
+                cols = [c[1] for c in db.execute(f"PRAGMA main.table_info({table})")]
                 sel = ", ".join(
                     "?" if c == "pid" else "step + ?" if c == "step"
-                    else f"{c} + ?" if c in TIMED else c
+                    else f"{c} + ?" if c in TIMED else c if c in have else "NULL"
                     for c in cols
                 )  # fmt: skip
                 args: list[Any] = []
