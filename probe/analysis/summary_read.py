@@ -11,7 +11,7 @@ import numpy as np
 
 from probe.analysis.accumulators import BINS_PER_OCTAVE, NB
 from probe.analysis.summary import Summary
-from probe.records import Mode
+from probe.records import BuildTag, Mode
 
 
 def summarize_recording(rec: Any, chunk: int | None = None) -> Summary:
@@ -19,6 +19,7 @@ def summarize_recording(rec: Any, chunk: int | None = None) -> Summary:
     iter_step_columns`, each rank's hooked calls from the detail tables, reorders and
     builds aggregated in SQLite)."""
     from probe.analysis.cost import calibration_of
+    from probe.reader.columnar_read import ColumnarRecording
     from probe.reader.recording_columns import (
         STEP_CHUNK_ROWS,
         check_detail_tables,
@@ -29,17 +30,15 @@ def summarize_recording(rec: Any, chunk: int | None = None) -> Summary:
     check_detail_tables(rec)
     cals = {p["pid"]: calibration_of(p.get("snapshot")) for p in rec.processes()}
     s.calibrations = {p: c for p, c in cals.items() if c is not None}
+    columnar = isinstance(rec, ColumnarRecording)
     calls = _call_counts(rec, s.calibrations) if s.calibrations else None
     for cols in iter_step_columns(rec, chunk=chunk or STEP_CHUNK_ROWS):
         if calls is not None:
             cols = dict(cols)
             cols["_span_calls"], cols["_hook_calls"] = calls.take(cols)
         s.add_columns(cols)
-    for row in rec._rows(
-        "SELECT threshold, count(*), sum(changed), sum(moved), sum(spec_as_decode), "
-        "sum(num_decodes), sum(num_reqs) FROM reorders AS r WHERE EXISTS "
-        "(SELECT 1 FROM steps AS s WHERE s.pid = r.pid AND s.step = r.step) GROUP BY threshold"
-    ):
+    reorders = reorder_totals(rec) if columnar else _sql_reorder_totals(rec)
+    for row in reorders:
         thr, n, changed, moved, spec, dec, reqs = (int(x or 0) for x in row)
         s.reorders["decisions"] += n
         s.reorders["changed"] += changed
@@ -48,17 +47,34 @@ def summarize_recording(rec: Any, chunk: int | None = None) -> Summary:
         s.reorders["decodes"] += dec
         s.reorders["reqs"] += reqs
         s.thresholds[thr] += n
-    for name, tag, drafter, b, n, total in rec._rows(
-        "SELECT builder, tag, drafter, CASE WHEN t1_ns - t0_ns <= 0 THEN 0 ELSE min("
-        f"{NB - 1}, 1 + CAST(floor(log2(t1_ns - t0_ns) * {BINS_PER_OCTAVE}) AS INTEGER)) END "
-        "AS b, count(*), sum(t1_ns - t0_ns) FROM builds AS d WHERE EXISTS (SELECT 1 FROM "
-        "steps AS s WHERE s.pid = d.pid AND s.step = d.step) GROUP BY 1, 2, 3, 4"
-    ):
+    builds = build_histogram(rec) if columnar else _sql_build_histogram(rec)
+    for name, tag, drafter, b, n, total in builds:
         key = (name if isinstance(name, str) else "?", str(tag), bool(drafter))
         s._build(key, 0, int(n), int(b))
         s.builds[key][NB + 1] += int(total)
     s.sources = 1
     return s
+
+
+def _sql_reorder_totals(rec: Any) -> list[Any]:
+    return list(
+        rec._rows(
+            "SELECT threshold, count(*), sum(changed), sum(moved), sum(spec_as_decode), "
+            "sum(num_decodes), sum(num_reqs) FROM reorders AS r WHERE EXISTS (SELECT 1 FROM "
+            "steps AS s WHERE s.pid = r.pid AND s.step = r.step) GROUP BY threshold"
+        )
+    )
+
+
+def _sql_build_histogram(rec: Any) -> list[Any]:
+    return list(
+        rec._rows(
+            "SELECT builder, tag, drafter, CASE WHEN t1_ns - t0_ns <= 0 THEN 0 ELSE min("
+            f"{NB - 1}, 1 + CAST(floor(log2(t1_ns - t0_ns) * {BINS_PER_OCTAVE}) AS INTEGER)) END "
+            "AS b, count(*), sum(t1_ns - t0_ns) FROM builds AS d WHERE EXISTS (SELECT 1 FROM "
+            "steps AS s WHERE s.pid = d.pid AND s.step = d.step) GROUP BY 1, 2, 3, 4"
+        )
+    )
 
 
 def ab_values(s: Summary) -> dict[str, float | None]:
@@ -80,7 +96,9 @@ def summarize_recordings(recs: Sequence[Any]) -> Summary:
     step's time (rolling files of one agent; ranks of several hosts)."""
     parts = []
     for rec in recs:
-        first = rec._rows("SELECT min(t0_ns) FROM steps")[0][0]
+        first = rec.first_t0() if hasattr(rec, "first_t0") else None
+        if first is None and not hasattr(rec, "first_t0"):
+            first = rec._rows("SELECT min(t0_ns) FROM steps")[0][0]
         parts.append((first if first is not None else 0, summarize_recording(rec)))
     parts.sort(key=lambda p: p[0])
     out = Summary()
@@ -150,26 +168,33 @@ class _Calls:
         self.launch = col("spans", 2)
         self.in_phase = col("dispatches", 1)
 
-    def take(self, cols: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def lookup(self, cols: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        """Per row of the chunk: (spans, hooks, launch, in_phase), 0 for a step with no
+        detail rows."""
         self._counts(int(cols["pid"][-1]), int(cols["step"][-1]))
         k = cols["pid"] * (1 << 40) + cols["step"]
-        i = np.searchsorted(self.keys, k)
-        i = np.minimum(i, max(len(self.keys) - 1, 0))
-        ok = (
-            (len(self.keys) > 0) & (self.keys[i] == k) if len(self.keys) else np.zeros(len(k), bool)
+        if not len(self.keys):
+            z = np.zeros(len(k), np.int64)
+            return z, z, z, z
+        i = np.minimum(np.searchsorted(self.keys, k), len(self.keys) - 1)
+        ok = self.keys[i] == k
+        return tuple(
+            np.where(ok, a[i], 0) for a in (self.spans, self.hooks, self.launch, self.in_phase)
         )
+
+    def take(self, cols: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Per row of the chunk: the step's span and hook calls (-1 where it has no
+        forward or its process no calibration)."""
+        spans, hooks, launch, in_phase = self.lookup(cols)
         fw = cols["mode"] >= 0
         has_cal = np.isin(cols["pid"], self.pids)
-        spans = np.where(ok, self.spans[i] if len(self.keys) else 0, 0)
-        hooks = np.where(ok, self.hooks[i] if len(self.keys) else 0, 0)
         # the merged launch: one hook fewer on a replayed FULL step with its launch span
         merged = np.isin(cols["pid"], self.merged_mrv2) & (cols["runner"] == 1)
         merged |= np.isin(cols["pid"], self.merged_v1) & (cols["runner"] == 0)
-        launch = np.where(ok, self.launch[i] if len(self.keys) else 0, 0)
         less = merged & (cols["mode"] == int(Mode.FULL)) & (cols["replayed"] == 1) & (launch > 0)
         hooks = hooks - less.astype(np.int64)
         dip = np.isin(cols["pid"], self.dispatch_in_phase) & (cols["runner"] == 1)
-        spans = spans - np.where(dip & ok, self.in_phase[i] if len(self.keys) else 0, 0)
+        spans = spans - np.where(dip, in_phase, 0)
         use = fw & has_cal
         return np.where(use, spans, -1), np.where(use, hooks, -1)
 
@@ -184,38 +209,31 @@ class _Calls:
     in_phase: np.ndarray
 
 
+class _StoredCalls(_Calls):
+    """The counts of a columnar recording: stored beside each step when it was compacted
+    (:data:`probe.reader.columnar_schema.COUNT_COLUMNS`), read with the step's columns."""
+
+    def __init__(self) -> None:
+        pass
+
+    def lookup(self, cols: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        spans = cols["n_spans"] - cols["n_derived_spans"]
+        hooks = (
+            cols["n_bracket_spans"] + cols["n_replays"] + cols["n_dispatches"]
+            + cols["n_builds"] + cols["n_reorders"]
+        )  # fmt: skip
+        return spans, hooks, cols["n_launch_spans"], cols["n_dispatches_in_phase"]
+
+
 def _call_counts(rec: Any, cals: Mapping[int, Mapping[str, Any]]) -> _Calls:
-    """Per step, the counts :func:`probe.analysis.cost.hooked_calls` makes, from SQL aggregates
-    (each grouped by (pid, step), read in that order as the steps' chunks are)."""
-    # the step's bracket spans; the others are the rest of its rows (only the rows of a
-    # step in steps are looked up, and those are checked: a known, non-NULL phase)
-    bracket = (
-        "CASE phase WHEN 'execute' THEN 1 WHEN 'sample_tokens' THEN 1 "
-        "WHEN 'forward_launch' THEN 1 ELSE 0 END"
-    )
-    parts = {
-        "spans": (
-            f"SELECT pid, step, count(*) - sum({bracket}), sum({bracket}), "
-            "max(phase = 'forward_launch' AND drafter = 0) FROM spans GROUP BY pid, step"
-        ),
-        "derived": (
-            "SELECT a.pid, a.step, count(DISTINCT a.t0_ns || ':' || a.t1_ns) FROM spans AS a "
-            "JOIN spans AS b ON b.pid = a.pid AND b.step = a.step AND b.phase = 'metadata_build'"
-            " AND b.drafter = 0 AND b.t0_ns = a.t1_ns WHERE a.phase = 'prepare_inputs' AND "
-            "a.drafter = 0 GROUP BY a.pid, a.step"
-        ),
-        # each step's dispatches, and those inside its dispatch phase, in one scan
-        "dispatches": (
-            "SELECT d.pid, d.step, count(*), sum(CASE WHEN d.drafter = 0 AND EXISTS (SELECT 1 "
-            "FROM spans AS s WHERE s.pid = d.pid AND s.step = d.step AND s.phase = 'dispatch' "
-            "AND s.drafter = 0 AND s.t0_ns = d.t0_ns AND s.t1_ns = d.t1_ns) THEN 1 ELSE 0 END) "
-            "FROM dispatches AS d GROUP BY d.pid, d.step"
-        ),
-        "replays": "SELECT pid, step, count(*) FROM replays WHERE kind != 'capture' GROUP BY 1, 2",
-        "builds": "SELECT pid, step, count(*) FROM builds GROUP BY 1, 2",
-        "reorders": "SELECT pid, step, count(*) FROM reorders GROUP BY 1, 2",
-    }
-    c = _Calls(rec, parts)
+    """Per step, the counts :func:`probe.analysis.cost.hooked_calls` makes: of a columnar
+    recording, the record counts stored beside each step; of an SQLite one, the same
+    aggregates (:func:`probe.reader.columnar_schema.count_sql`) run by SQLite, read
+    alongside the steps' chunks (both in (pid, step) order)."""
+    from probe.reader.columnar_read import ColumnarRecording
+    from probe.reader.columnar_schema import count_sql
+
+    c: _Calls = _StoredCalls() if isinstance(rec, ColumnarRecording) else _Calls(rec, count_sql())
     c.pids = np.array(sorted(cals), dtype=np.int64)
     c.merged_mrv2 = np.array([p for p, x in cals.items() if x.get("launch_is_replay")], np.int64)
     c.merged_v1 = np.array([p for p, x in cals.items() if x.get("v1_launch_is_replay")], np.int64)
@@ -223,3 +241,114 @@ def _call_counts(rec: Any, cals: Mapping[int, Mapping[str, Any]]) -> _Calls:
         [p for p, x in cals.items() if x.get("dispatch_in_phase")], np.int64
     )
     return c
+
+
+def reorder_totals(rec: Any) -> list[tuple[int, ...]]:
+    """A columnar recording's reorder decisions per threshold: (threshold, decisions,
+    changed, moved, spec_as_decode, decodes, requests), as the SQLite aggregate gives them;
+    every value read is checked (:func:`check_columns`)."""
+    cols = ["threshold", "changed", "moved", "spec_as_decode", "num_decodes", "num_reqs"]
+    acc: dict[int, np.ndarray] = {}
+    for b in rec.batches("reorders", ["pid", "step", *cols]):
+        a = check_columns(rec, "reorders", b)
+        thr = a["threshold"]
+        for t in np.unique(thr).tolist():
+            m = thr == t
+            row = [int(m.sum()), *(int(a[c][m].sum()) for c in cols[1:])]
+            acc[t] = acc.get(t, np.zeros(6, np.int64)) + np.array(row, np.int64)
+    return [(t, *v.tolist()) for t, v in sorted(acc.items())]
+
+
+def build_histogram(rec: Any) -> list[tuple[Any, ...]]:
+    """A columnar recording's metadata builds per (builder, tag, drafter, duration bucket):
+    (builder, tag, drafter, bucket, count, total ns), as the SQLite aggregate gives them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from probe.analysis.accumulators import bins_of
+
+    acc: dict[tuple[Any, ...], list[int]] = {}
+    for b in rec.batches("builds", ["pid", "step", "builder", "tag", "drafter", "t0_ns", "t1_ns"]):
+        a = check_columns(rec, "builds", b)
+        dur = a["t1_ns"] - a["t0_ns"]
+        bins = bins_of(dur)
+        names = b.column("builder")
+        if pa.types.is_dictionary(names.type):
+            names = names.cast(pa.string())
+        uniq = pc.unique(names).to_pylist()
+        nidx = pc.index_in(names, value_set=pa.array(uniq, pa.string())).fill_null(-1)
+        nidx_np = nidx.to_numpy(zero_copy_only=False)
+        nidx_np = np.where(names.is_null().to_numpy(zero_copy_only=False), len(uniq), nidx_np)
+        uniq = [*uniq, None]
+        key = ((nidx_np * 8 + a["tag"]) * 2 + a["drafter"]) * NB + bins
+        ks, inv = np.unique(key, return_inverse=True)
+        n = np.bincount(inv)
+        tot = np.zeros(len(ks), np.int64)
+        np.add.at(tot, inv, dur)
+        for k, cnt, t in zip(ks.tolist(), n.tolist(), tot.tolist(), strict=True):
+            bin_, rest = k % NB, k // NB
+            drafter, rest = rest % 2, rest // 2
+            tag, ni = rest % 8, rest // 8
+            full = (uniq[ni], _TAGS[tag], drafter, bin_)
+            got = acc.setdefault(full, [0, 0])
+            got[0] += cnt
+            got[1] += t
+    # in the order SQLite's GROUP BY gives them (a missing name first), as the summary
+    # keeps them
+    order = sorted(acc, key=lambda k: (k[0] is not None, k[0] or "", k[1], k[2], k[3]))
+    return [(*k, *acc[k]) for k in order]
+
+
+_TAGS = [m.lower() for m in BuildTag.__members__]
+
+
+def check_columns(rec: Any, table: str, batch: Any) -> dict[str, np.ndarray]:
+    """A detail table's batch as int64 numpy columns (an enum its member index, a flag
+    0/1), every value checked against its column: a value that does not fit raises the
+    :class:`RecordingError` naming the table, the step and the column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from probe.reader.recording import RecordingError
+    from probe.reader.recording_schema import DETAIL_TABLES
+
+    t = next(t for t in DETAIL_TABLES if t.name == table)
+    kinds = {c.name: c for c in t.columns}
+    out: dict[str, np.ndarray] = {}
+    pid = batch.column("pid").to_numpy(zero_copy_only=False)
+    step = batch.column("step").to_numpy(zero_copy_only=False)
+
+    def fail(mask: np.ndarray, column: str, why: str) -> RecordingError:
+        i = int(np.argmax(mask))
+        return RecordingError(
+            f"{rec.path}: damaged recording: {table} row (pid {pid[i]}, step {step[i]}): "
+            f"{column} {why}"
+        )
+
+    for name in batch.schema.names:
+        col = batch.column(name)
+        c = kinds.get(name)
+        if name in ("pid", "step"):
+            v = col.to_numpy(zero_copy_only=False)
+            if col.null_count or (v < 0).any():
+                raise fail(v < 0, name, "is not a step key")
+            out[name] = v.astype(np.int64)
+        elif c is None or c.kind is str:
+            continue  # a builder's name: any text, or missing
+        elif pa.types.is_string(col.type) or pa.types.is_dictionary(col.type):
+            names = [m.lower() for m in c.kind.__members__]
+            idx = pc.index_in(col.cast(pa.string()), value_set=pa.array(names))
+            bad = idx.is_null().to_numpy(zero_copy_only=False)
+            if bad.any():
+                raise fail(bad, name, f"is not one of {', '.join(names)}")
+            out[name] = idx.to_numpy(zero_copy_only=False).astype(np.int64)
+        else:
+            if col.null_count:
+                raise fail(col.is_null().to_numpy(zero_copy_only=False), name, "is NULL")
+            v = col.to_numpy(zero_copy_only=False).astype(np.int64)
+            if c.min is not None and not pa.types.is_boolean(col.type) and (v < c.min).any():
+                raise fail(v < c.min, name, f"is below {c.min}")
+            out[name] = v
+    if "t0_ns" in out and "t1_ns" in out and (out["t1_ns"] < out["t0_ns"]).any():
+        raise fail(out["t1_ns"] < out["t0_ns"], "t1", "is before t0")
+    return out

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -40,7 +41,7 @@ from typing import Any
 from probe.cli.commands import address, endpoint, positive_float
 from probe.cli.live_options import add_sample_arg, exporter_sink, hook_families, sample_every
 from probe.cli.targets import Target, add_target_args, discover, run_dir
-from probe.errors import RuntimeFailure, UsageError
+from probe.errors import UsageError
 from probe.reader import session as sharing
 
 ENABLE_TIMEOUT_S = 60.0  # the first enable may import torch for device timing
@@ -256,12 +257,9 @@ def run_session(
     record = opts.record
     out = None
     if record:
-        from probe.reader.output import check_target, new_file_in_place
+        from probe.reader.columnar import check_recording_target
 
-        out = check_target(record, force=opts.force, flag="--record")
-        if out is None:
-            raise UsageError("attach: --record -: a recording is a file, not standard output")
-        new_file_in_place(out)
+        out = check_recording_target(record, force=opts.force, flag="--record")
     exporters: list[Any] = []
     try:
         if opts.prometheus:
@@ -406,14 +404,11 @@ def run_session(
 
 
 def _open_recording(out: Path) -> Any:
-    """The recording's writer on ``out`` (made by ``new_file_in_place``), or the one-line
-    RuntimeFailure of a storage that refuses it."""
-    from probe.reader.recording import RecordingWriter
+    """The recording's writer on ``out`` (checked by ``check_recording_target``), or the
+    one-line RuntimeFailure of a storage that refuses it."""
+    from probe.reader.columnar import writer_at
 
-    try:
-        return RecordingWriter(out)
-    except (OSError, sqlite3.Error) as exc:
-        raise RuntimeFailure(f"attach: cannot write {out}: {' '.join(str(exc).split())}") from None
+    return writer_at(out)
 
 
 def _discard(out: Path | None, writer: Any = None) -> None:
@@ -423,8 +418,11 @@ def _discard(out: Path | None, writer: Any = None) -> None:
         with contextlib.suppress(sqlite3.Error, OSError):
             writer.close()
     if out is not None:
+        if out.is_dir() and not out.is_symlink():
+            shutil.rmtree(out, ignore_errors=True)
         for suffix in ("", "-wal", "-shm"):
-            Path(f"{out}{suffix}").unlink(missing_ok=True)
+            with contextlib.suppress(IsADirectoryError):
+                Path(f"{out}{suffix}").unlink(missing_ok=True)
 
 
 def take_share(nice: int | str | None, command: str) -> None:

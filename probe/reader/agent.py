@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import sqlite3
 import sys
@@ -64,6 +65,12 @@ class Attached:
     checked: float = 0.0
 
 
+def _part(value: str) -> str:
+    """A partition value as a folder name: ``/`` and ``=`` (and anything not printable) as
+    ``_``."""
+    return "".join(c if c.isprintable() and c not in "/=\\" else "_" for c in value) or "_"
+
+
 class RollingRecordings:
     """A :class:`probe.reader.collector.Sink` writing recordings into ``directory``, a new file
     every ``every_s`` seconds, keeping the newest ``keep`` (older ones are removed).
@@ -99,23 +106,29 @@ class RollingRecordings:
         self._open()
 
     def _name(self) -> Path:
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        p = self.directory / f"{self.prefix}-{stamp}.probe.db"
+        """The next file: ``host=<host>/day=<UTC day>/<prefix>-<stamp>.probe`` under the
+        directory (partitioned as DuckDB, Spark and Trino read a dataset)."""
+        now = time.gmtime()
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", now)
+        part = (
+            self.directory
+            / f"host={_part(socket.gethostname())}"
+            / time.strftime("day=%Y-%m-%d", now)
+        )
+        p = part / f"{self.prefix}-{stamp}.probe"
         n = 1
         while p.exists() or p in self.files:
-            p = self.directory / f"{self.prefix}-{stamp}-{n}.probe.db"
+            p = part / f"{self.prefix}-{stamp}-{n}.probe"
             n += 1
         return p
 
     def _open(self) -> None:
-        from probe.reader.output import check_target, new_file_in_place
-        from probe.reader.recording import RecordingWriter
+        from probe.reader.columnar import new_writer
 
         path = self._name()
-        out = check_target(path, force=False, flag="--record-dir")
-        assert out is not None
-        new_file_in_place(out)
-        writer = RecordingWriter(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        writer = new_writer(path, force=False, flag="--record-dir")
+        out = writer.path
         writer.set_meta(
             **self.meta,
             host=socket.gethostname(),
@@ -136,8 +149,9 @@ class RollingRecordings:
             old = self.files.pop(0)
             if old in self.unfinished:
                 self.unfinished.remove(old)
+            shutil.rmtree(old, ignore_errors=True)
             for suffix in ("", "-wal", "-shm"):
-                with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                     Path(f"{old}{suffix}").unlink()
 
     def rotate(self) -> None:

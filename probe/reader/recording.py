@@ -22,7 +22,7 @@ import operator
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,9 @@ from probe.reader.recording_open import (
 from probe.reader.recording_open import (
     damaged_error as damaged_error,
 )
+from probe.reader.recording_rows import Reader as Reader
+from probe.reader.recording_rows import check_order as check_order
+from probe.reader.recording_rows import steps_of_rows
 from probe.reader.recording_schema import (
     APPLICATION_ID,
     DDL,
@@ -84,7 +87,7 @@ META_TYPES: Mapping[str, str] = {
 """The ``meta`` keys the readers use, and what each must hold (``null`` passes)."""
 
 
-def _meta_ok(value: Any, want: str) -> bool:
+def meta_ok(value: Any, want: str) -> bool:
     if want == "an integer":
         return type(value) is int and -(2**63) <= value < 2**63
     if want == "a string":
@@ -92,7 +95,7 @@ def _meta_ok(value: Any, want: str) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-def _snapshot(p: Path, row: Mapping[str, Any]) -> dict[str, Any]:
+def snapshot_of(p: Path, row: Mapping[str, Any]) -> dict[str, Any]:
     """A process's static snapshot: a JSON object, or the recording is damaged."""
     where = f"{p}: table processes, pid {row.get('pid')}, column snapshot"
     try:
@@ -320,6 +323,16 @@ class RecordingWriter:
                 (hello.boottime_ns, hello.epoch_ns, hello.perf_counter_ns, pid),
             )
 
+    def add_processes(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Process rows as another recording holds them (``probe convert``): each with the
+        ``processes`` table's columns, its snapshot JSON text."""
+        cols = [r[1] for r in self.db.execute("PRAGMA table_info(processes)")]
+        marks = ", ".join("?" * len(cols))
+        self.db.executemany(
+            f"INSERT OR REPLACE INTO processes ({', '.join(cols)}) VALUES ({marks})",
+            [[r.get(c, 0 if c == "dropped" else None) for c in cols] for r in rows],
+        )
+
     def set_snapshot(self, pid: int, snap: dict[str, Any]) -> None:
         self.db.execute(
             "UPDATE processes SET role=?, tp_rank=?, pp_rank=?, dp_rank=?, vllm_version=?, "
@@ -445,64 +458,6 @@ def finish_wal(path: str | Path) -> bool:
         return _to_rollback_journal(db)
 
 
-def check_order(rd: Reader, table: str, row: tuple[Any, ...], kw: dict[str, Any]) -> None:
-    """A span that ends before it starts is damage, not data."""
-    t0, t1 = kw.get("t0"), kw.get("t1")
-    if isinstance(t0, int) and isinstance(t1, int) and t1 < t0:
-        raise rd.fail(table, row, "t1", f"is {t1}, before t0 {t0}")
-
-
-class Reader:
-    """Turns rows into typed values, refusing any that does not fit its column."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def fail(self, table: str, row: tuple[Any, ...], column: str, why: str) -> RecordingError:
-        return RecordingError(
-            f"{self.path}: damaged recording: {table} row (pid {row[0]!r}, step {row[1]!r}): "
-            f"{column} {why}"
-        )
-
-    def value(
-        self,
-        table: str,
-        row: tuple[Any, ...],
-        column: str,
-        v: Any,
-        kind: Any,
-        *,
-        nullable: bool = False,
-        min: int | None = 0,
-        choices: tuple[str, ...] = (),
-    ) -> Any:
-        if v is None:
-            if nullable:
-                return None
-            raise self.fail(table, row, column, "is NULL")
-        if isinstance(kind, Flag) or kind is bool:
-            if type(v) is not int or v not in (0, 1):
-                raise self.fail(table, row, column, f"is {v!r}, not 0 or 1")
-            return bool(v)
-        if kind is int:
-            if type(v) is not int:
-                raise self.fail(table, row, column, f"is {v!r}, not an integer")
-            if min is not None and v < min:
-                raise self.fail(table, row, column, f"is {v}, below {min}")
-            return v
-        if kind is str:
-            if type(v) is not str:
-                raise self.fail(table, row, column, f"is {v!r}, not text")
-            if choices and v not in choices:
-                raise self.fail(table, row, column, f"is {v!r}, not one of {', '.join(choices)}")
-            return v
-        member = kind.__members__.get(v.upper()) if type(v) is str else None
-        if member is None:
-            names = ", ".join(m.lower() for m in kind.__members__)
-            raise self.fail(table, row, column, f"is {v!r}, not one of {names}")
-        return member
-
-
 PID_SCAN_LIMIT = 16  #: more processes: a private index by pid (Recording._rows_of_pid)
 
 
@@ -582,7 +537,7 @@ class Recording:
             except (TypeError, ValueError, RecursionError):
                 value = raw
             want = META_TYPES.get(key)
-            if want is not None and value is not None and not _meta_ok(value, want):
+            if want is not None and value is not None and not meta_ok(value, want):
                 shown = str(raw)[:40]
                 raise RecordingError(
                     f"{self.path}: table meta, key {key!r}: {shown!r} is not {want}"
@@ -593,7 +548,7 @@ class Recording:
     def processes(self) -> list[dict[str, Any]]:
         rows = [dict(r) for r in self._rows("SELECT * FROM processes ORDER BY pid")]
         for r in rows:
-            r["snapshot"] = _snapshot(self.path, r) if r.get("snapshot") else None
+            r["snapshot"] = snapshot_of(self.path, r) if r.get("snapshot") else None
         return rows
 
     def builder_names(self, pid: int | None = None) -> dict[int, dict[int, str]]:
@@ -637,81 +592,27 @@ class Recording:
         """
         try:
             where, params = ("WHERE pid = ?", (pid,)) if pid is not None else ("", ())
-            rd = Reader(self.path)
-            known = self.builder_names(pid)
-            ids = {p: {n: i for i, n in names.items()} for p, names in known.items()}
-            details = {
-                t.name: self._detail_rows(t, rd, ids, "", (), pid=pid) for t in DETAIL_TABLES
-            }
-            pending: dict[str, tuple[tuple[int, int], Any] | None] = {
-                name: next(it, None) for name, it in details.items()
-            }
+            details = {t.name: self._detail_rows(t, "", (), pid=pid) for t in DETAIL_TABLES}
             cols = ", ".join(c.name for c in STEP_COLUMNS)
             cur = self.db.cursor()
             cur.row_factory = None
-            for row in cur.execute(f"SELECT {cols} FROM steps {where} ORDER BY pid, step", params):
-                kw: dict[str, Any] = {"phases": {}}
-                for c, v in zip(STEP_COLUMNS, row, strict=True):
-                    val = rd.value(
-                        "steps", row, c.name, v, c.kind, nullable=c.nullable, min=c.min,
-                        choices=c.choices,
-                    )  # fmt: skip
-                    if c.phase:
-                        kw["phases"][c.phase] = val
-                    else:
-                        kw[c.field] = val
-                check_order(rd, "steps", row, kw)
-                key = (kw["pid"], kw["step"])
-                for t in DETAIL_TABLES:
-                    got: list[Any] = []
-                    nxt = pending[t.name]
-                    while nxt is not None and nxt[0] <= key:
-                        if nxt[0] == key:  # rows of a step not in steps: not part of any step
-                            got.append(nxt[1])
-                        nxt = next(details[t.name], None)
-                    pending[t.name] = nxt
-                    kw[t.step_field] = tuple(got)
-                yield Step(**kw)
+            rows = cur.execute(f"SELECT {cols} FROM steps {where} ORDER BY pid, step", params)
+            yield from steps_of_rows(self.path, rows, details, self.builder_names(pid))
         except SQLITE_DAMAGED as exc:
             raise damaged_error(self.path, exc) from None
 
     def _detail_rows(
-        self,
-        t: DetailTable,
-        rd: Reader,
-        ids: dict[int, dict[str, int]],
-        where: str,
-        params: tuple[Any, ...],
-        *,
-        pid: int | None = None,
-    ) -> Iterator[tuple[tuple[int, int], Any]]:
+        self, t: DetailTable, where: str, params: tuple[Any, ...], *, pid: int | None = None
+    ) -> Iterator[tuple[Any, ...]]:
+        """The rows of detail table ``t`` (``pid``, ``step``, then its columns), in (pid,
+        step) order and, within a step, as written."""
         cols = ", ".join(["pid", "step", *(c.name for c in t.columns)])
         cur = self.db.cursor()
         cur.row_factory = None
         q = f"SELECT {cols} FROM {t.name} {where} ORDER BY pid, step, rowid"
         if pid is not None:
             q, params = self._rows_of_pid(t.name, cols), (pid,)
-        has_flags = "flags" in {f.name for f in fields(t.record)}
-        for row in cur.execute(q, params):
-            pid = rd.value(t.name, row, "pid", row[0], int)
-            step = rd.value(t.name, row, "step", row[1], int)
-            kw: dict[str, Any] = {"step": step}
-            flags = 0
-            for c, v in zip(t.columns, row[2:], strict=True):
-                if isinstance(c.kind, Flag):
-                    flags |= c.kind if rd.value(t.name, row, c.name, v, c.kind) else 0
-                elif c.kind is str:  # the builder's name: its id in builder_names()
-                    name = rd.value(t.name, row, c.name, v, str, nullable=True)
-                    bid = ids.get(pid, {}).get(name if name is not None else "?")
-                    if bid is None:
-                        raise rd.fail(t.name, row, c.name, f"{name!r} is not a known builder")
-                    kw[c.attr] = bid
-                else:
-                    kw[c.attr] = rd.value(t.name, row, c.name, v, c.kind, min=c.min)
-            if has_flags:
-                kw["flags"] = int(flags)
-            check_order(rd, t.name, row, kw)
-            yield (pid, step), t.record(**kw)
+        return iter(cur.execute(q, params))
 
     def _rows_of_pid(self, table: str, cols: str) -> str:
         """The query of one process's rows of ``table`` (parameter: the pid). Without a

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probe.reader.recording import Reader, Recording, RecordingError, check_order, damaged_error
+from probe.reader.recording_rows import detail_records
 from probe.reader.sqlite_errors import SQLITE_DAMAGED
 from probe.step import STEP_COLUMNS
+
+if TYPE_CHECKING:
+    from probe.reader.columnar_read import ColumnarRecording
 
 # -- columnar reading (the summary's streaming pass) -------------------------------------------
 
@@ -40,7 +44,7 @@ def _column_sql(c: Any) -> str:
     return f"CASE {null}WHEN typeof({q}) != 'text' THEN {_BAD} ELSE {inner} END"
 
 
-def _nullable_ints() -> list[Any]:
+def nullable_ints() -> list[Any]:
     return [
         c
         for c in STEP_COLUMNS
@@ -52,7 +56,7 @@ def _chunk_sql(where: str, columns: Sequence[Any] = STEP_COLUMNS) -> str:
     cols = [_column_sql(c) for c in columns]
     mask = (
         " | ".join(
-            f'(("{c.name}" IS NULL) << {i})' for i, c in enumerate(_nullable_ints()) if c in columns
+            f'(("{c.name}" IS NULL) << {i})' for i, c in enumerate(nullable_ints()) if c in columns
         )
         or "0"
     )
@@ -64,13 +68,13 @@ def null_mask(cols: Mapping[str, Any], name: str) -> Any:
     column ``name`` is NULL (its value there reads -1)."""
     import numpy as np
 
-    for i, c in enumerate(_nullable_ints()):
+    for i, c in enumerate(nullable_ints()):
         if c.name == name:
             return ((cols["_nulls"] >> i) & 1).astype(bool)
     return np.zeros(len(cols["_nulls"]), dtype=bool)
 
 
-def _column_checks(
+def column_checks(
     cols: Mapping[str, Any], nulls: Any, columns: Sequence[Any] = STEP_COLUMNS
 ) -> Any:
     """Per row: True where some value of ``columns`` does not fit its column (numpy, every
@@ -78,7 +82,7 @@ def _column_checks(
     import numpy as np
 
     bad = np.zeros(len(nulls), dtype=bool)
-    masks = {c.name: ((nulls >> i) & 1).astype(bool) for i, c in enumerate(_nullable_ints())}
+    masks = {c.name: ((nulls >> i) & 1).astype(bool) for i, c in enumerate(nullable_ints())}
     for c in columns:
         v = cols[c.name]
         if c.kind is str or issubclass(c.kind, enum.Enum):
@@ -124,7 +128,7 @@ def _iter_step_columns(
         a = np.frombuffer(flat, dtype=np.int64).reshape(len(rows), width)
         cols = {n: a[:, i] for i, n in enumerate(names)}
         nulls = a[:, -1]
-        bad = _column_checks(cols, nulls, columns)
+        bad = column_checks(cols, nulls, columns)
         if bad.any():
             _refuse(rec, rows, int(np.argmax(bad)))
         cols["_nulls"] = nulls
@@ -155,7 +159,7 @@ def _refuse(rec: Recording, rows: list[Any], index: int | None) -> None:
 
 
 def iter_step_columns(
-    rec: Recording,
+    rec: Recording | ColumnarRecording,
     pid: int | None = None,
     chunk: int = STEP_CHUNK_ROWS,
     only: Collection[str] | None = None,
@@ -172,6 +176,11 @@ def iter_step_columns(
     ``only``: the columns to read (with ``pid``, ``step``, ``t0_ns`` and ``t1_ns``), the
     others neither read nor checked.
     """
+    from probe.reader.columnar_read import ColumnarRecording, iter_columnar_step_columns
+
+    if isinstance(rec, ColumnarRecording):
+        yield from iter_columnar_step_columns(rec, pid, chunk, only)
+        return
     try:
         yield from _iter_step_columns(rec, pid, chunk, only)
     except SQLITE_DAMAGED as exc:
@@ -215,13 +224,16 @@ def _detail_check_sql(t: Any) -> str:
     return " OR ".join(f"({b})" for b in bad)
 
 
-def check_detail_tables(rec: Recording) -> None:
+def check_detail_tables(rec: Recording | ColumnarRecording) -> None:
     """Every value of the detail tables (spans, dispatches, replays, builds, reorders)
     checked in one SQLite scan per table; the first that does not fit raises the
     :class:`RecordingError` :meth:`Recording.iter_steps` raises for it. Rows of a step
     that is not in ``steps`` belong to no step, as there."""
+    from probe.reader.columnar_read import ColumnarRecording
     from probe.reader.recording_schema import DETAIL_TABLES
 
+    if isinstance(rec, ColumnarRecording):
+        return  # types are the file's schema; what the summary reads is checked as it reads
     try:
         for t in DETAIL_TABLES:
             row = rec.db.execute(
@@ -230,9 +242,9 @@ def check_detail_tables(rec: Recording) -> None:
             ).fetchone()
             if row is None:
                 continue
-            rd = Reader(rec.path)
             ids = {p: {n: i for i, n in names.items()} for p, names in rec.builder_names().items()}
-            for _ in rec._detail_rows(t, rd, ids, "WHERE pid IS ? AND step IS ?", tuple(row)):
+            rows = rec._detail_rows(t, "WHERE pid IS ? AND step IS ?", tuple(row))
+            for _ in detail_records(rec.path, t, rows, ids):
                 pass
             raise RecordingError(f"{rec.path}: damaged recording: {t.name}: a value does not fit")
     except SQLITE_DAMAGED as exc:

@@ -57,10 +57,15 @@ def encoded_rows(
 def expand_paths(names: Iterable[str | Path]) -> list[Path]:
     """Recording names as given on a command line: a name with ``*``, ``?`` or ``[`` that
     is not a file is a glob (``ranks/*.probe.db``, ``'**'`` included), its matches sorted;
-    a folder stands for every ``*.probe.db`` below it (an agent's ``--record-dir``), sorted;
+    a recording folder (``NAME.probe/``) is itself, any other folder stands for every
+    recording below it (``*.probe.db`` files and recording folders: an agent's
+    ``--record-dir``), sorted;
     every path once, in the order given. A glob that matches nothing, or a folder that holds
     no recording, raises :class:`RecordingError`."""
     import glob
+
+    from probe.reader.columnar import is_columnar
+    from probe.reader.columnar_schema import MANIFEST
 
     out: list[Path] = []
     seen: set[tuple[int, int] | str] = set()
@@ -71,12 +76,17 @@ def expand_paths(names: Iterable[str | Path]) -> list[Path]:
             if not found:
                 raise RecordingError(f"{s}: no recording matches")
             paths = [Path(f) for f in found]
-        elif _is_dir(s):
+        elif _is_dir(s) and not is_columnar(s):
+            base = glob.escape(s)
             found = sorted(
-                glob.glob(os.path.join(glob.escape(s), "**", "*.probe.db"), recursive=True)
-            )
+                [*glob.glob(os.path.join(base, "**", "*.probe.db"), recursive=True),
+                 *(os.path.dirname(m) for m in glob.glob(
+                     os.path.join(base, "**", MANIFEST), recursive=True))]
+            )  # fmt: skip
             if not found:
-                raise RecordingError(f"{s}: a folder with no recording (*.probe.db) in it")
+                raise RecordingError(
+                    f"{s}: a folder with no recording (*.probe.db, or a recording folder) in it"
+                )
             paths = [Path(f) for f in found]
         else:
             paths = [Path(s)]
@@ -110,6 +120,19 @@ def _identity(p: Path) -> tuple[int, int] | str:
     return (st.st_dev, st.st_ino)
 
 
+def open_recording(path: str | Path) -> Any:
+    """The recording at ``path``, opened and validated: a :class:`Recording` (SQLite) or a
+    :class:`~probe.reader.columnar_read.ColumnarRecording` (a ``NAME.probe/`` folder), with
+    the same reading methods."""
+    from probe.reader.columnar import is_columnar
+
+    if is_columnar(path):
+        from probe.reader.columnar_read import ColumnarRecording
+
+        return ColumnarRecording.open(path)
+    return Recording.open(path)
+
+
 def open_many(names: Iterable[str | Path]) -> Recording | RecordingSet:
     """The recordings named (globs expanded, :func:`expand_paths`), opened and validated:
     one :class:`Recording`, or a :class:`RecordingSet` reading several as one. A file that
@@ -121,7 +144,7 @@ def open_many(names: Iterable[str | Path]) -> Recording | RecordingSet:
     recs: list[Recording] = []
     try:
         for p in paths:
-            recs.append(Recording.open(p))
+            recs.append(open_recording(p))
         return recs[0] if len(recs) == 1 else RecordingSet(recs)
     except BaseException:
         for r in recs:

@@ -20,7 +20,6 @@ from probe.errors import UsageError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from probe.reader.recording import Recording
 
 __all__ = [
     "address",
@@ -37,13 +36,14 @@ __all__ = [
 ]
 
 
-def open_recording(path: str | Path | None) -> Recording:
+def open_recording(path: str | Path | None) -> Any:
     """The recording at ``path`` (None: the bundled one), opened and validated; a file
     that is not a readable recording is a :class:`UsageError` naming it."""
-    from probe.reader.recording import Recording, RecordingError, default_recording
+    from probe.reader.recording import RecordingError, default_recording
+    from probe.reader.recording_set import open_recording as open_any
 
     try:
-        return Recording.open(Path(path) if path else default_recording())
+        return open_any(Path(path) if path else default_recording())
     except RecordingError as exc:
         raise UsageError(str(exc)) from None
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import signal
 import socket
-import sqlite3
 import sys
 import time
 from collections.abc import Iterable
@@ -29,21 +28,13 @@ if TYPE_CHECKING:
 def cmd_collect(args: argparse.Namespace) -> int:
     """Reader only: record the rings in --run-dir until their writers have exited."""
     from probe.reader.collector import Collector, RecordingSink
-    from probe.reader.output import check_target, new_file_in_place
-    from probe.reader.recording import RecordingWriter
+    from probe.reader.columnar import new_writer
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"collect: --run-dir {run_dir} is not a directory")
-    out = check_target(args.out, force=args.force, flag="--out")
-    if out is None:
-        raise UsageError("collect: --out -: a recording is a file (it is written while it grows)")
-    new_file_in_place(out)
-    try:
-        writer = RecordingWriter(out)
-    except (OSError, sqlite3.Error) as exc:
-        out.unlink(missing_ok=True)
-        raise RuntimeFailure(f"collect: cannot write {out}: {' '.join(str(exc).split())}") from None
+    writer = new_writer(args.out, force=args.force, flag="--out")
+    out = writer.path
     writer.set_meta(
         command=["probe", *(model_name(a) if a.startswith("/") else a for a in sys.argv[1:])],
         host=socket.gethostname(),

@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -75,13 +74,11 @@ def session_parent(run_dir: str | None, who: str) -> Path | None:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from probe.reader.output import check_target
+    from probe.reader.columnar import check_recording_target
 
     sample = sample_every(args.sample)
     cmd = check_command(list(args.command), "record")
-    out = check_target(args.out, force=args.force, flag="--out")
-    if out is None:
-        raise UsageError("record: --out -: a recording is a file (it is written while it grows)")
+    out = check_recording_target(args.out, force=args.force, flag="--out")
     parent = session_parent(args.run_dir, "record")
     env = dict(os.environ)
     env[config.ENABLE.name] = "1"
@@ -131,16 +128,10 @@ def _record(
     run_dir: Path,
 ) -> int:
     from probe.reader.collector import Collector, RecordingSink
-    from probe.reader.output import new_file_in_place
-    from probe.reader.recording import RecordingWriter
+    from probe.reader.columnar import writer_at
 
     # everything is checked: from here on a failure is the command's or the disk's
-    new_file_in_place(out)
-    try:
-        writer = RecordingWriter(out)
-    except (OSError, sqlite3.Error) as exc:
-        out.unlink(missing_ok=True)
-        raise RuntimeFailure(f"record: cannot write {out}: {' '.join(str(exc).split())}") from None
+    writer = writer_at(out)
     writer.set_meta(
         command=cmd,
         probe_command=["probe", *sys.argv[1:]],
@@ -236,7 +227,12 @@ def add_parser(sub: Any) -> None:
         "with the probe on from its first step, read every vLLM process it starts, and "
         "write one recording (--out) when the command ends, --duration passes or Ctrl-C.",
     )
-    r.add_argument("--out", "-o", required=True, help="recording file to write (.probe.db)")
+    r.add_argument(
+        "--out",
+        "-o",
+        required=True,
+        help="recording to write: a folder NAME.probe (columnar); a name ending in .db: SQLite",
+    )
     r.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     r.add_argument(
         "--override",

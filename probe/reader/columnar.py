@@ -1,0 +1,539 @@
+"""Writing a columnar recording (``NAME.probe/``, :mod:`probe.reader.columnar_schema`).
+
+The reader process appends: each flush (every half second, and on close) writes one Arrow
+record batch per table to the table's live IPC stream, syncs the streams, then replaces
+the manifest (written beside, synced, renamed) with the count of whole batches per stream.
+A reader or machine killed mid-write leaves streams whose tails the manifest does not
+count: the recording reads whole up to the last flush, and nothing after it is read.
+
+On close the live streams are compacted (DuckDB, bounded memory: it sorts out of core)
+into one Parquet file per table (zstd), sorted by (pid, step), device timings joined into
+their steps and each step's record counts beside it; the streams are then removed.
+
+    >>> import tempfile, pathlib
+    >>> from probe.reader.recording import default_recording
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "run.probe"
+    >>> convert(default_recording(), out)
+    1305
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from probe.reader.columnar_schema import (
+    COUNT_COLUMNS,
+    COUNT_PARTS,
+    FORMAT,
+    FORMAT_VERSION,
+    LIVE,
+    MANIFEST,
+    TABLES,
+    count_sql,
+    live_schema,
+)
+from probe.reader.recording import (
+    DETAIL_ROWS,
+    STEP_ROW,
+    RecordingError,
+    no_names,
+)
+from probe.reader.recording_schema import SCHEMA_VERSION
+from probe.records import Hello
+from probe.step import STEP_COLUMNS, GpuSample, Step
+
+#: how much memory DuckDB may take while compacting (it spills to the recording's folder)
+COMPACT_MEMORY = "256MB"
+#: rows per Parquet row group of a compacted table
+ROW_GROUP_ROWS = 262_144
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """``obj`` as JSON at ``path``, whole or not at all: written beside, synced, renamed."""
+    tmp = path.with_name(path.name + ".tmp")
+    data = json.dumps(obj, default=str, separators=(",", ":")).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    with contextlib.suppress(OSError):
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def is_columnar(path: str | Path) -> bool:
+    """``path`` is a columnar recording's folder (it holds a manifest)."""
+    try:
+        return (Path(path) / MANIFEST).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+class _Columns:
+    """One table's rows of the current flush, column by column (plain lists)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.cols: list[list[Any]] = [[] for _ in names]
+        self.rows = 0
+
+    def add(self, row: Iterable[Any]) -> None:
+        for col, v in zip(self.cols, row, strict=True):
+            col.append(v)
+        self.rows += 1
+
+    def batch(self, schema: Any) -> Any:
+        import pyarrow as pa
+
+        arrays = []
+        for f, col in zip(schema, self.cols, strict=True):
+            if pa.types.is_boolean(f.type):
+                col = [None if v is None else bool(v) for v in col]
+            arrays.append(pa.array(col, type=f.type))
+        self.cols = [[] for _ in self.names]
+        self.rows = 0
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+class ColumnarWriter:
+    """Writes a columnar recording; the reader process's writer (``probe record``,
+    ``attach``, ``agent``), with :class:`probe.reader.recording.RecordingWriter`'s methods.
+
+    ``path`` is the recording's folder; it must not exist, or be an empty folder.
+    """
+
+    def __init__(self, path: str | Path, *, commit_every_s: float = 0.5) -> None:
+        self.path = Path(path)
+        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+            raise RecordingError(f"{self.path}: exists (a columnar recording is a new folder)")
+        (self.path / LIVE).mkdir(parents=True, exist_ok=True)
+        self.commit_every_s = commit_every_s
+        self._last_commit = time.monotonic()
+        self._builder_names: dict[tuple[int, int], str] = {}
+        self.meta: dict[str, Any] = {}
+        self.processes: dict[int, dict[str, Any]] = {}
+        self.faults: dict[tuple[int, str], tuple[int, bool]] = {}
+        self.outside: dict[tuple[int, str], int] = {}
+        self.anomalies: list[tuple[int, str]] = []
+        self._buf = {t: _Columns(list(live_schema(t).names)) for t in (*TABLES, "gpu")}
+        self._streams: dict[str, Any] = {}
+        self._files: dict[str, Any] = {}
+        self.committed = dict.fromkeys((*TABLES, "gpu"), 0)
+        #: steps came in (pid, step) order, each once: compaction need not sort them
+        self._sorted = True
+        self._last_key = (-1, -1)
+        self.closed = False
+        self.set_meta(schema_version=SCHEMA_VERSION, created_epoch_ns=time.time_ns())
+        self.commit()
+
+    # -- what the reader process tells it ----------------------------------------------
+
+    def set_meta(self, **kv: Any) -> None:
+        self.meta.update(kv)
+
+    def add_process(self, pid: int, hello: Hello | None) -> None:
+        p = self.processes.setdefault(pid, {"pid": pid, "dropped": 0})
+        if hello is not None and p.get("boottime_ns") is None:
+            p.update(
+                boottime_ns=hello.boottime_ns,
+                epoch_ns=hello.epoch_ns,
+                perf_counter_ns=hello.perf_counter_ns,
+            )
+
+    def set_snapshot(self, pid: int, snap: dict[str, Any]) -> None:
+        p = self.processes.get(pid)
+        if p is None:
+            return
+        p.update(
+            role=snap.get("role", "worker"),
+            tp_rank=snap.get("tp_rank"),
+            pp_rank=snap.get("pp_rank"),
+            dp_rank=snap.get("dp_rank"),
+            vllm_version=snap.get("vllm_version"),
+            runner=snap.get("runner"),
+            model=snap.get("model"),
+            snapshot=json.dumps(snap, default=str),
+        )
+
+    def set_dropped(self, pid: int, dropped: int) -> None:
+        if pid in self.processes:
+            self.processes[pid]["dropped"] = dropped
+
+    def set_strings(self, pid: int, strings: dict[int, str]) -> None:
+        self._builder_names.update({(pid, k): v for k, v in strings.items()})
+
+    def _builder_name(self, pid: int) -> Callable[[int], str | None]:
+        return lambda builder_id: self._builder_names.get((pid, builder_id))
+
+    def add_steps(self, steps: Iterable[Step]) -> None:
+        """The steps and their detail records, appended to this flush's columns."""
+        buf = self._buf["steps"]
+        for s in steps:
+            key = (s.pid, s.step)
+            if key <= self._last_key:
+                self._sorted = False
+            self._last_key = key
+            buf.add(STEP_ROW(s, no_names))
+            for t, encode in DETAIL_ROWS:
+                recs = getattr(s, t.step_field)
+                if recs:
+                    b, names = self._buf[t.name], self._builder_name(s.pid)
+                    for r in recs:
+                        b.add((s.pid, s.step, *encode(r, names)))
+        self.maybe_commit()
+
+    def add_gpu(self, pid: int, timings: Iterable[GpuSample]) -> None:
+        """Device timings arrive a few steps late; they are joined into steps on close."""
+        b = self._buf["gpu"]
+        for g in timings:
+            b.add((pid, g.step, g.busy_ns, g.idle_before_ns, g.step_ns))
+
+    def join_gpu(self) -> None:
+        """Device timings are joined into their steps when the recording is compacted."""
+
+    def set_faults(self, pid: int, faults: dict[str, tuple[int, bool]]) -> None:
+        for h, (n, d) in faults.items():
+            self.faults[(pid, h)] = (n, bool(d))
+
+    def set_outside(self, pid: int, counts: dict[str, int]) -> None:
+        for k, n in counts.items():
+            self.outside[(pid, k)] = n
+
+    def add_anomalies(self, pid: int, messages: Iterable[str]) -> None:
+        self.anomalies.extend((pid, m) for m in messages)
+
+    # -- flushing ------------------------------------------------------------------------
+
+    def maybe_commit(self) -> None:
+        if time.monotonic() - self._last_commit >= self.commit_every_s:
+            self.commit()
+
+    def _stream(self, table: str) -> Any:
+        import pyarrow as pa
+
+        if table not in self._streams:
+            f = open(self.path / LIVE / f"{table}.arrows", "wb")  # noqa: SIM115 (kept open)
+            self._files[table] = f
+            self._streams[table] = pa.ipc.new_stream(f, live_schema(table))
+        return self._streams[table]
+
+    def commit(self) -> None:
+        """Flush: this flush's rows to the live streams, synced, then the manifest."""
+        wrote = []
+        for table, buf in self._buf.items():
+            if buf.rows:
+                self._stream(table).write_batch(buf.batch(live_schema(table)))
+                self.committed[table] += 1
+                wrote.append(table)
+        for table in wrote:
+            f = self._files[table]
+            f.flush()
+            os.fsync(f.fileno())
+        write_json(self.path / MANIFEST, self.manifest(state="live"))
+        self._last_commit = time.monotonic()
+
+    def manifest(self, state: str, tables: dict[str, str] | None = None) -> dict[str, Any]:
+        """The manifest as of now: ``state`` ``live`` (streams, ``committed`` batches
+        each) or ``closed`` (``tables``: the Parquet file of each table)."""
+        builders: dict[str, list[list[Any]]] = {}
+        for (pid, i), name in sorted(self._builder_names.items()):
+            builders.setdefault(str(pid), []).append([i, name])
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "state": state,
+            "meta": self.meta,
+            "processes": [self.processes[p] for p in sorted(self.processes)],
+            "faults": [
+                {"pid": p, "hook": h, "count": n, "disabled": int(d)}
+                for (p, h), (n, d) in self.faults.items()
+            ],
+            "outside": [{"pid": p, "kind": k, "count": n} for (p, k), n in self.outside.items()],
+            "anomalies": [{"pid": p, "message": m} for p, m in self.anomalies],
+            "committed": dict(self.committed) if state == "live" else {},
+            "sorted": self._sorted,
+            "tables": tables or {},
+        }
+
+    def close(self) -> bool:
+        """Flush, compact into Parquet and remove the live streams. ``True``: the
+        recording is compacted (as ``RecordingWriter.close``'s self-contained file)."""
+        if self.closed:
+            return True
+        self.commit()
+        for s in self._streams.values():
+            s.close()
+        for f in self._files.values():
+            f.close()
+        self.closed = True
+        compact(self.path)
+        return True
+
+
+# -- compaction ---------------------------------------------------------------------------
+
+
+def committed_batches(path: Path, table: str, count: int) -> Iterator[Any]:
+    """The first ``count`` record batches of a table's live stream (fewer when the stream
+    ends sooner: a batch the manifest counts but the file lacks is a damaged recording)."""
+    import pyarrow as pa
+
+    f = path / LIVE / f"{table}.arrows"
+    if count <= 0:
+        return
+    try:
+        src = pa.memory_map(str(f))
+        reader = pa.ipc.open_stream(src)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise RecordingError(f"{path}: damaged recording: live stream {table}: {exc}") from None
+    if reader.schema != live_schema(table):
+        raise RecordingError(f"{path}: damaged recording: live stream {table}: not its schema")
+    for i in range(count):
+        try:
+            yield reader.read_next_batch()
+        except (StopIteration, pa.ArrowInvalid, OSError) as exc:
+            raise RecordingError(
+                f"{path}: damaged recording: live stream {table} ends at batch {i} of {count} "
+                f"({exc or 'end of stream'})"
+            ) from None
+
+
+def live_tables(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Each table's committed rows of a live recording, as Arrow tables (memory-mapped)."""
+    import pyarrow as pa
+
+    out = {}
+    committed = manifest.get("committed") or {}
+    for table in (*TABLES, "gpu"):
+        batches = list(committed_batches(path, table, int(committed.get(table, 0))))
+        out[table] = pa.Table.from_batches(batches, schema=live_schema(table))
+    return out
+
+
+def _duckdb(path: Path) -> Any:
+    import duckdb
+
+    con = duckdb.connect()
+    tmp = path / ".compact-tmp"
+    con.execute(f"SET memory_limit='{COMPACT_MEMORY}'")
+    con.execute(f"SET temp_directory='{tmp}'")
+    con.execute("SET preserve_insertion_order=true")
+    return con
+
+
+def compact(path: str | Path) -> None:
+    """A live recording's streams as sorted Parquet files (zstd), the manifest ``closed``.
+
+    Steps are read in (pid, step) order (sorted out of core where they came interleaved);
+    a step recorded twice keeps its last row; each step gets its device timing (the last
+    that came for it) and its record counts (:data:`COUNT_COLUMNS`)."""
+    p = Path(path)
+    manifest = json.loads((p / MANIFEST).read_text())
+    tables = live_tables(p, manifest)
+    con = _duckdb(p)
+    try:
+        for name, t in tables.items():
+            con.register(f"live_{name}", t)
+        con.execute(
+            "CREATE VIEW gpu AS SELECT pid, step, arg_max(busy_ns, n) AS busy_ns, "
+            "arg_max(idle_before_ns, n) AS idle_before_ns, arg_max(step_ns, n) AS step_ns, "
+            "true AS seen FROM (SELECT *, row_number() OVER () AS n FROM live_gpu) GROUP BY 1, 2"
+        )
+        cols = [c.name for c in STEP_COLUMNS]
+        gpu = {"gpu_busy_ns": "busy_ns", "gpu_idle_before_ns": "idle_before_ns",
+               "gpu_step_ns": "step_ns"}  # fmt: skip
+        sel = ", ".join(
+            f"CASE WHEN g.seen THEN g.{gpu[c]} ELSE s.{c} END AS {c}" if c in gpu else f"s.{c}"
+            for c in cols
+        )
+        dedup = (
+            "(SELECT * FROM (SELECT *, row_number() OVER () AS n FROM live_steps) "
+            "QUALIFY n = max(n) OVER (PARTITION BY pid, step))"
+            if not manifest.get("sorted", False)
+            else "live_steps"
+        )
+        con.execute(
+            f"CREATE VIEW steps AS SELECT {sel} FROM {dedup} AS s "
+            "LEFT JOIN gpu AS g ON g.pid = s.pid AND g.step = s.step"
+        )
+        for name in TABLES[1:]:
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM live_{name}")
+        counts, joins = [], []
+        for i, (part, sql) in enumerate(count_sql(false="false").items()):
+            names = COUNT_PARTS[part]
+            joins.append(
+                f"LEFT JOIN ({sql}) AS c{i}(pid, step, {', '.join(names)}) "
+                f"ON c{i}.pid = s.pid AND c{i}.step = s.step"
+            )
+            counts += [f"coalesce(c{i}.{col}, 0)::BIGINT AS {col}" for col in names]
+        files: dict[str, str] = {}
+        # sorted whatever order the steps came in: the joins do not keep it
+        _copy(
+            con,
+            f"SELECT s.*, {', '.join(counts)} FROM steps AS s {' '.join(joins)} "
+            "ORDER BY s.pid, s.step",
+            p / "steps.parquet",
+        )
+        files["steps"] = "steps.parquet"
+        for name in TABLES[1:]:
+            order = "" if manifest.get("sorted", False) else " ORDER BY pid, step"
+            # a stable sort keeps each step's records in the order they were written
+            q = (
+                f"SELECT * EXCLUDE (n) FROM (SELECT *, row_number() OVER () AS n FROM {name})"
+                f" ORDER BY pid, step, n"
+                if order
+                else f"SELECT * FROM {name}"
+            )
+            _copy(con, q, p / f"{name}.parquet")
+            files[name] = f"{name}.parquet"
+        assert set(COUNT_COLUMNS) == {c for cs in COUNT_PARTS.values() for c in cs}
+    finally:
+        con.close()
+        shutil.rmtree(p / ".compact-tmp", ignore_errors=True)
+    manifest.update(state="closed", committed={}, tables=files)
+    write_json(p / MANIFEST, manifest)
+    shutil.rmtree(p / LIVE, ignore_errors=True)
+
+
+def _copy(con: Any, query: str, out: Path) -> None:
+    tmp = out.with_name(out.name + ".tmp")
+    con.execute(
+        f"COPY ({query}) TO '{tmp}' (FORMAT parquet, COMPRESSION zstd, "
+        f"PARQUET_VERSION v2, ROW_GROUP_SIZE {ROW_GROUP_ROWS})"
+    )
+    os.replace(tmp, out)
+
+
+# -- converting ---------------------------------------------------------------------------
+
+
+def convert(
+    src: str | Path | list[str | Path], out: str | Path, *, to_sqlite: bool = False,
+    chunk: int = 4096,
+) -> int:  # fmt: skip
+    """Write the recording(s) ``src`` (either format; several read as one) as one new
+    recording at ``out``: columnar, or SQLite with ``to_sqlite``; the steps written."""
+    from probe.reader.recording import RecordingWriter
+    from probe.reader.recording_set import iter_step_chunks, open_many
+
+    rec = open_many(src if isinstance(src, list) else [src])
+    n = 0
+    try:
+        w = writer_at(Path(out)) if to_sqlite or is_sqlite_name(out) else None
+        if w is None:
+            w = ColumnarWriter(out, commit_every_s=float("inf"))
+        meta = rec.meta()
+        meta.pop("files", None)
+        processes = []
+        for p in rec.processes():
+            row = dict(p)
+            row.pop("host", None)
+            snap = row.get("snapshot")
+            row["snapshot"] = None if snap is None else json.dumps(snap, default=str)
+            processes.append(row)
+        if isinstance(w, RecordingWriter):
+            w.set_meta(**meta)
+            w.add_processes(processes)
+        else:
+            w.meta = dict(meta)
+            w.processes = {int(r["pid"]): r for r in processes}
+        for pid, names in rec.builder_names().items():
+            w.set_strings(pid, names)
+        for f in rec.faults():
+            w.set_faults(int(f["pid"]), {str(f["hook"]): (int(f["count"]), bool(f["disabled"]))})
+        for o in rec.outside():
+            w.set_outside(int(o["pid"]), {str(o["kind"]): int(o["count"])})
+        w.add_anomalies(0, rec.anomalies())
+        since = 0
+        for steps in iter_step_chunks(rec, chunk):
+            w.add_steps(steps)
+            n += len(steps)
+            since += len(steps)
+            if since >= 65_536:
+                w.commit()
+                since = 0
+        w.close()
+    finally:
+        rec.close()
+    return n
+
+
+# -- a new recording ----------------------------------------------------------------------
+
+
+def is_sqlite_name(path: str | Path) -> bool:
+    """A recording named ``*.db`` is written as SQLite (the earlier format, for tools that
+    read SQLite); any other name is a columnar recording folder."""
+    return str(path).endswith(".db")
+
+
+def check_recording_target(path: str | Path, *, force: bool, flag: str) -> Path:
+    """The new recording's path, checked before any work starts (as every output is: a
+    missing or read-only folder, a name in the way without ``force`` is a
+    :class:`UsageError`)."""
+    from probe.errors import UsageError
+    from probe.reader.output import check_target
+
+    p = Path(path)
+    if str(path) == "-":
+        raise UsageError(f"{flag} -: a recording is written while it grows, not a stream")
+    if is_sqlite_name(p):
+        out = check_target(p, force=force, flag=flag)
+        assert out is not None
+        return out
+    if p.is_symlink() or (p.exists() and not p.is_dir()):
+        raise UsageError(f"{flag} {p}: exists and is not a recording folder")
+    if p.exists() and any(p.iterdir()):
+        if not force:
+            raise UsageError(f"{flag} {p}: exists (use --force to overwrite)")
+        if not is_columnar(p):
+            raise UsageError(f"{flag} {p}: a folder that is not a recording; not overwritten")
+    if not p.parent.is_dir():
+        raise UsageError(f"{flag} {p}: directory {p.parent} does not exist")
+    if not os.access(p.parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {p}: directory {p.parent} is not writable")
+    return p
+
+
+def writer_at(p: Path) -> Any:
+    """The writer of a new recording at ``p`` (checked by :func:`check_recording_target`;
+    what was there is replaced): :class:`ColumnarWriter`, or
+    :class:`~probe.reader.recording.RecordingWriter` for a name ending in ``.db``."""
+    import sqlite3
+
+    from probe.errors import RuntimeFailure
+    from probe.reader.output import new_file_in_place, os_reason
+    from probe.reader.recording import RecordingWriter
+
+    if is_sqlite_name(p):
+        new_file_in_place(p)
+        try:
+            return RecordingWriter(p)
+        except (OSError, sqlite3.Error) as exc:
+            p.unlink(missing_ok=True)
+            raise RuntimeFailure(f"cannot write {p}: {' '.join(str(exc).split())}") from None
+    try:
+        if is_columnar(p):
+            shutil.rmtree(p)
+        return ColumnarWriter(p)
+    except (OSError, RecordingError) as exc:
+        why = os_reason(exc) if isinstance(exc, OSError) else str(exc)
+        raise RuntimeFailure(f"{p}: cannot write it ({why})") from None
+
+
+def new_writer(path: str | Path, *, force: bool, flag: str) -> Any:
+    """:func:`check_recording_target` then :func:`writer_at`, in one call."""
+    return writer_at(check_recording_target(path, force=force, flag=flag))

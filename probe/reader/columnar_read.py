@@ -1,0 +1,345 @@
+"""Reading a columnar recording (``NAME.probe/``): :class:`ColumnarRecording`, with the
+reading methods of :class:`probe.reader.recording.Recording`, and its tables as validated
+numpy column chunks (what the summary's streaming pass reads).
+
+A recording still being written, or left by a killed reader, is read up to its last
+flush: its live streams are compacted into a private temporary folder (removed on close),
+nothing is written beside it.
+
+    >>> import tempfile, pathlib
+    >>> from probe.reader.columnar import convert
+    >>> from probe.reader.recording import default_recording
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "run.probe"
+    >>> _ = convert(default_recording(), out)
+    >>> rec = ColumnarRecording.open(out)
+    >>> next(rec.iter_steps()).runner
+    'mrv2'
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probe.reader.columnar_schema import (
+    COUNT_COLUMNS,
+    FORMAT,
+    LIVE,
+    MANIFEST,
+    READ_FORMAT_VERSIONS,
+    TABLES,
+    is_text,
+    names_of,
+)
+from probe.reader.recording import META_TYPES, meta_ok, snapshot_of
+from probe.reader.recording_open import RecordingError
+from probe.reader.recording_rows import steps_of_rows
+from probe.reader.recording_schema import DETAIL_TABLES
+from probe.step import STEP_COLUMNS, Step
+
+#: the ``processes`` row's keys, in the SQLite table's column order
+PROCESS_KEYS: tuple[str, ...] = (
+    "pid", "role", "tp_rank", "pp_rank", "dp_rank", "vllm_version", "runner", "model",
+    "boottime_ns", "epoch_ns", "perf_counter_ns", "dropped", "snapshot",
+)  # fmt: skip
+#: the code of a NULL in a chunk's enum or nullable integer column; -2: a text value that
+#: is none of its column's names (refused)
+NULL, BAD = -1, -2
+
+
+def read_manifest(p: Path) -> dict[str, Any]:
+    """The manifest of the recording folder ``p``, checked: its format and version."""
+    try:
+        raw = (p / MANIFEST).read_bytes()
+    except OSError as exc:
+        raise RecordingError(f"{p}: cannot read its manifest ({exc.strerror})") from None
+    try:
+        m = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise RecordingError(f"{p}: damaged recording: {MANIFEST} is not JSON") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise RecordingError(f"{p}: not a probe recording ({MANIFEST} names another format)")
+    v = m.get("format_version")
+    if v not in READ_FORMAT_VERSIONS:
+        read = " and ".join(str(x) for x in READ_FORMAT_VERSIONS)
+        raise RecordingError(f"{p}: recording format version {v!r}; this probe reads {read}")
+    for key, kind in (("meta", dict), ("processes", list), ("faults", list),
+                      ("outside", list), ("anomalies", list), ("tables", dict)):  # fmt: skip
+        if not isinstance(m.get(key, kind()), kind):
+            raise RecordingError(f"{p}: damaged recording: {MANIFEST}: {key} is not a {kind}")
+    return m
+
+
+@dataclass
+class ColumnarRecording:
+    """A columnar recording opened for reading (validated as it is read)."""
+
+    path: Path
+    manifest: dict[str, Any]
+    #: per table, its Parquet file
+    files: dict[str, Path]
+    _tmp: Path | None = field(default=None, repr=False)
+    _parquet: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, path: str | Path) -> ColumnarRecording:
+        p = Path(path)
+        m = read_manifest(p)
+        tmp = None
+        if m.get("state") != "closed":
+            from probe.reader.columnar import compact, write_json
+
+            tmp = Path(tempfile.mkdtemp(prefix="probe-read-"))
+            try:
+                (tmp / LIVE).mkdir()
+                for t in (*TABLES, "gpu"):
+                    src = p / LIVE / f"{t}.arrows"
+                    if src.is_file():
+                        (tmp / LIVE / src.name).symlink_to(src.resolve())
+                write_json(tmp / MANIFEST, m)
+                compact(tmp)
+                m = read_manifest(tmp)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        base = tmp or p
+        files = {}
+        for t in TABLES:
+            name = m["tables"].get(t)
+            if not isinstance(name, str) or "/" in name or not (base / name).is_file():
+                if tmp:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise RecordingError(f"{p}: damaged recording: table {t} is missing")
+            files[t] = base / name
+        return cls(p, m, files, tmp)
+
+    # -- the small tables (the manifest) --------------------------------------------------
+
+    def meta(self) -> dict[str, Any]:
+        out = dict(self.manifest.get("meta") or {})
+        for key, want in META_TYPES.items():
+            value = out.get(key)
+            if value is not None and not meta_ok(value, want):
+                raise RecordingError(f"{self.path}: meta, key {key!r}: {value!r:.40} is not {want}")
+        return out
+
+    def processes(self) -> list[dict[str, Any]]:
+        rows = []
+        for r in self.manifest.get("processes", []):
+            if not isinstance(r, dict) or type(r.get("pid")) is not int:
+                raise RecordingError(f"{self.path}: damaged recording: a process without a pid")
+            row = {k: r.get(k, 0 if k == "dropped" else None) for k in PROCESS_KEYS}
+            row["snapshot"] = snapshot_of(self.path, row) if row.get("snapshot") else None
+            rows.append(row)
+        return sorted(rows, key=lambda r: r["pid"])
+
+    def faults(self) -> list[dict[str, Any]]:
+        return [dict(f) for f in self.manifest.get("faults", [])]
+
+    def outside(self) -> list[dict[str, Any]]:
+        return [dict(o) for o in self.manifest.get("outside", [])]
+
+    def anomalies(self) -> list[str]:
+        return [str(a.get("message")) for a in self.manifest.get("anomalies", [])]
+
+    # -- the tables -----------------------------------------------------------------------
+
+    def parquet(self, table: str) -> Any:
+        """The table's Parquet file (opened once; page checksums verified)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if table not in self._parquet:
+            try:
+                self._parquet[table] = pq.ParquetFile(
+                    str(self.files[table]), page_checksum_verification=True
+                )
+            except (OSError, pa.ArrowException) as exc:
+                raise RecordingError(f"{self.path}: damaged recording: {table}: {exc}") from None
+        return self._parquet[table]
+
+    def row_groups(self, table: str, pid: int | None) -> list[int]:
+        """The table's row groups that may hold ``pid``'s rows (all without one)."""
+        f = self.parquet(table)
+        n = f.metadata.num_row_groups
+        if pid is None:
+            return list(range(n))
+        out = []
+        for i in range(n):
+            st = f.metadata.row_group(i).column(0).statistics
+            if st is None or not st.has_min_max or st.min <= pid <= st.max:
+                out.append(i)
+        return out
+
+    def batches(
+        self, table: str, columns: list[str] | None = None, pid: int | None = None,
+        size: int = 65_536,
+    ) -> Iterator[Any]:  # fmt: skip
+        """The table's rows (of ``pid``) in (pid, step) order, as Arrow record batches."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        f = self.parquet(table)
+        groups = self.row_groups(table, pid)
+        if not groups:
+            return
+        try:
+            for b in f.iter_batches(batch_size=size, row_groups=groups, columns=columns):
+                if pid is not None:
+                    b = b.filter(pc.equal(b.column("pid"), pid))
+                    if b.num_rows == 0:
+                        continue
+                yield b
+        except (OSError, pa.ArrowException) as exc:
+            raise RecordingError(f"{self.path}: damaged recording: {table}: {exc}") from None
+
+    def builder_names(self, pid: int | None = None) -> dict[int, dict[int, str]]:
+        """Per pid, the id of each builder class name in :attr:`Step.builds`, in the order
+        the names first appear (as :meth:`Recording.builder_names`)."""
+        out: dict[int, dict[int, str]] = {}
+        for b in self.batches("builds", ["pid", "builder"], pid):
+            for p, name in zip(b.column(0).to_pylist(), b.column(1).to_pylist(), strict=True):
+                names = out.setdefault(p, {})
+                shown = name if isinstance(name, str) else "?"
+                if shown not in names.values():
+                    names[len(names) + 1] = shown
+        return out
+
+    def step_counts(self) -> dict[int, int]:
+        import numpy as np
+
+        out: dict[int, int] = {}
+        for b in self.batches("steps", ["pid"]):
+            pids, n = np.unique(b.column(0).to_numpy(), return_counts=True)
+            for p, k in zip(pids.tolist(), n.tolist(), strict=True):
+                out[p] = out.get(p, 0) + k
+        return out
+
+    def record_count(self) -> int:
+        return sum(self.parquet(t).metadata.num_rows for t in TABLES)
+
+    def first_t0(self) -> int | None:
+        """The earliest step's start (None without steps)."""
+        import pyarrow.compute as pc
+
+        lo = None
+        for b in self.batches("steps", ["t0_ns"]):
+            m = pc.min(b.column(0)).as_py()
+            if m is not None and (lo is None or m < lo):
+                lo = m
+        return lo
+
+    def iter_steps(self, pid: int | None = None) -> Iterator[Step]:
+        """Every step (of ``pid``, or all), in (pid, step) order, with its detail records;
+        every value checked as :meth:`Recording.iter_steps` checks it."""
+        steps = self._rows("steps", [c.name for c in STEP_COLUMNS], pid)
+        details = {
+            t.name: self._rows(t.name, ["pid", "step", *(c.name for c in t.columns)], pid)
+            for t in DETAIL_TABLES
+        }
+        yield from steps_of_rows(self.path, steps, details, self.builder_names(pid))
+
+    def _rows(self, table: str, columns: list[str], pid: int | None) -> Iterator[tuple[Any, ...]]:
+        """The table's rows as the SQLite recording's cursor gives them (booleans 0/1)."""
+        import pyarrow as pa
+
+        for b in self.batches(table, columns, pid, size=4096):
+            cols = []
+            for c in b.columns:
+                if pa.types.is_boolean(c.type):
+                    c = c.cast(pa.int64())
+                cols.append(c.to_pylist())
+            yield from zip(*cols, strict=True)
+
+    def close(self) -> None:
+        self._parquet.clear()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __enter__(self) -> ColumnarRecording:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- the steps as numpy columns -----------------------------------------------------------
+
+
+def _codes(col: Any, names: tuple[str, ...]) -> Any:
+    """A text column as the codes of its names (NULL -1, a name not among them -2)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(pa.string())
+    idx = pc.index_in(col, value_set=pa.array(list(names), pa.string()))
+    out = idx.fill_null(BAD).to_numpy(zero_copy_only=False).astype(np.int64)
+    out[col.is_null().to_numpy(zero_copy_only=False)] = NULL
+    return out
+
+
+def iter_columnar_step_columns(
+    rec: ColumnarRecording, pid: int | None, chunk: int, only: Collection[str] | None
+) -> Iterator[dict[str, Any]]:
+    """The ``steps`` table as :func:`probe.reader.recording_columns.iter_step_columns`
+    gives it (int64 columns, text as codes, NULL -1 with the ``_nulls`` bits), plus each
+    step's record counts (:data:`COUNT_COLUMNS`)."""
+    import enum
+
+    import numpy as np
+
+    from probe.reader.recording_columns import column_checks, nullable_ints
+
+    keep = {"pid", "step", "t0_ns", "t1_ns", *only} if only is not None else None
+    columns = [c for c in STEP_COLUMNS if keep is None or c.name in keep]
+    nullable = nullable_ints()
+    names = [c.name for c in columns]
+    counts = list(COUNT_COLUMNS) if keep is None else []
+    for b in rec.batches("steps", names + counts, pid, size=chunk):
+        cols: dict[str, Any] = {}
+        nulls = np.zeros(b.num_rows, dtype=np.int64)
+        for c in columns:
+            a = b.column(c.name)
+            if is_text(c.kind):
+                codes = _codes(a, names_of(c))
+                if isinstance(c.kind, type) and issubclass(c.kind, enum.Enum):
+                    values = np.array([int(m.value) for m in c.kind.__members__.values()])
+                    ok = codes >= 0
+                    codes[ok] = values[codes[ok]]
+                cols[c.name] = codes
+                continue
+            isnull = a.is_null().to_numpy(zero_copy_only=False) if a.null_count else None
+            v = a.fill_null(0 if c.kind is bool else NULL) if a.null_count else a
+            arr = v.to_numpy(zero_copy_only=False).astype(np.int64)
+            if isnull is not None:
+                if c.kind is bool or not c.nullable:
+                    raise RecordingError(
+                        f"{rec.path}: damaged recording: steps: {c.name} is NULL "
+                        f"(pid {b.column('pid')[int(np.argmax(isnull))]})"
+                    )
+                arr[isnull] = NULL
+                nulls |= isnull.astype(np.int64) << nullable.index(c)
+            cols[c.name] = arr
+        for n in counts:
+            cols[n] = b.column(n).to_numpy(zero_copy_only=False).astype(np.int64)
+        bad = column_checks(cols, nulls, columns)
+        if bad.any():
+            i = int(np.argmax(bad))
+            why = "t1_ns is before t0_ns"
+            if cols["t1_ns"][i] >= cols["t0_ns"][i]:
+                c = next(c for c in columns if column_checks(cols, nulls, [c])[i])
+                why = f"{c.name} does not fit its column"
+            raise RecordingError(
+                f"{rec.path}: damaged recording: steps row (pid {cols['pid'][i]}, step "
+                f"{cols['step'][i]}): {why}"
+            )
+        cols["_nulls"] = nulls
+        yield cols

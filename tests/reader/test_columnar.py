@@ -1,0 +1,218 @@
+"""The columnar recording: written, read, converted both ways, and crash-safe.
+
+The kill test runs a real writer in a child process (the reader's own ColumnarWriter, fed
+the bundled recording's real steps) and kills it with SIGKILL while it writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyarrow")
+pytest.importorskip("duckdb")
+
+from probe.reader.columnar import ColumnarWriter, convert, is_columnar  # noqa: E402
+from probe.reader.columnar_read import ColumnarRecording  # noqa: E402
+from probe.reader.columnar_schema import LIVE, MANIFEST  # noqa: E402
+from probe.reader.recording import Recording, RecordingError  # noqa: E402
+from probe.reader.recording_set import open_recording  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+
+
+def _sqlite_copy(tmp_path: Path, name: str) -> Path:
+    """A committed recording as an SQLite file (converted from its columnar folder)."""
+    src = ROOT / "probe" / "data" / "default.probe" if name == "default" else DATA / f"{name}.probe"
+    out = tmp_path / f"{name}.probe.db"
+    convert(src, out, to_sqlite=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The bundled recording as SQLite and again as columnar (converted from it)."""
+    tmp = tmp_path_factory.mktemp("both")
+    db = _sqlite_copy(tmp, "default")
+    col = tmp / "default.probe"
+    assert convert(db, col) == 1305
+    return db, col
+
+
+def test_every_step_reads_the_same_from_both_formats(both: tuple[Path, Path]) -> None:
+    db, col = both
+    a, b = Recording.open(db), ColumnarRecording.open(col)
+    assert list(a.iter_steps()) == list(b.iter_steps())
+    assert a.meta() == b.meta()
+    assert a.processes() == b.processes()
+    assert a.builder_names() == b.builder_names()
+    assert a.step_counts() == b.step_counts()
+    assert a.record_count() == b.record_count()
+    assert a.faults() == b.faults() and a.outside() == b.outside()
+    pid = next(iter(a.step_counts()))
+    assert list(a.iter_steps(pid)) == list(b.iter_steps(pid))
+    assert list(b.iter_steps(pid + 10**6)) == []
+
+
+def test_summary_and_report_are_the_same_from_both_formats(both: tuple[Path, Path]) -> None:
+    from probe.cli.render_report import report_json
+
+    db, col = both
+    a = report_json(Recording.open(db))
+    b = report_json(ColumnarRecording.open(col))
+    a.pop("recording"), b.pop("recording"), a.pop("recordings"), b.pop("recordings")
+    assert a == b
+
+
+def test_columnar_back_to_sqlite_is_the_same(both: tuple[Path, Path], tmp_path: Path) -> None:
+    db, col = both
+    back = tmp_path / "back.probe.db"
+    assert convert(col, back, to_sqlite=True) == 1305
+    assert list(Recording.open(back).iter_steps()) == list(Recording.open(db).iter_steps())
+
+
+def test_a_columnar_recording_is_much_smaller(both: tuple[Path, Path]) -> None:
+    db, col = both
+    size = sum(f.stat().st_size for f in col.iterdir())
+    assert size * 5 < db.stat().st_size
+    assert not (col / LIVE).exists()
+    assert json.loads((col / MANIFEST).read_text())["state"] == "closed"
+
+
+def test_a_recording_read_while_it_is_written_leaves_nothing_beside_it(tmp_path: Path) -> None:
+    src = ColumnarRecording.open(ROOT / "probe" / "data" / "default.probe")
+    steps = list(src.iter_steps())
+    out = tmp_path / "live.probe"
+    w = ColumnarWriter(out, commit_every_s=float("inf"))
+    w.meta.update(src.meta())
+    for p in src.processes():
+        w.add_process(p["pid"], None)
+    w.set_strings(steps[0].pid, src.builder_names()[steps[0].pid])
+    w.add_steps(steps[:500])
+    w.commit()
+    w.add_steps(steps[500:700])  # not flushed: not read
+    before = sorted(p.name for p in out.rglob("*"))
+    live = ColumnarRecording.open(out)
+    assert list(live.iter_steps()) == steps[:500]
+    live.close()
+    assert sorted(p.name for p in out.rglob("*")) == before
+    w.close()
+    assert list(ColumnarRecording.open(out).iter_steps()) == steps[:700]
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    from probe.reader.columnar import ColumnarWriter
+    from probe.reader.columnar_read import ColumnarRecording
+    src = ColumnarRecording.open(sys.argv[1])
+    steps = list(src.iter_steps())
+    names = src.builder_names()
+    w = ColumnarWriter(sys.argv[2], commit_every_s=float("inf"))
+    for pid, n in names.items():
+        w.set_strings(pid, n)
+    w.add_process(steps[0].pid, None)
+    batch, done = int(sys.argv[3]), 0
+    while True:
+        for i in range(0, len(steps), batch):
+            w.add_steps(steps[i:i + batch])
+            w.commit()
+            done += len(steps[i:i + batch])
+            print(done, flush=True)
+    """
+)
+
+
+def test_a_writer_killed_mid_write_reads_whole_up_to_its_last_flush(tmp_path: Path) -> None:
+    src = ROOT / "probe" / "data" / "default.probe"
+    out = tmp_path / "killed.probe"
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    batch = 87  # 1305 = 15 x 87: every flush ends on a batch
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(src), str(out), str(batch)],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    assert child.stdout is not None
+    last = 0
+    for line in child.stdout:  # flushes reported; the kill lands while it writes more
+        last = int(line)
+        if last >= 20 * batch:
+            break
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert child.returncode == -signal.SIGKILL
+    assert (out / LIVE).is_dir()  # never compacted: read from its live streams
+    rec = open_recording(out)
+    got = list(rec.iter_steps())
+    rec.close()
+    assert len(got) >= last and len(got) % batch == 0  # whole flushes, the last included
+    want = list(ColumnarRecording.open(src).iter_steps())
+    reps = [want[i % len(want)] for i in range(len(got))]
+    assert got == reps  # every step whole, in the order written, nothing partial
+    assert sorted(p.name for p in (out / LIVE).iterdir()) == sorted(
+        p.name for p in (out / LIVE).iterdir()
+    )
+
+
+def test_a_stream_shorter_than_its_manifest_says_is_damage(tmp_path: Path) -> None:
+    src = ColumnarRecording.open(ROOT / "probe" / "data" / "default.probe")
+    steps = list(src.iter_steps())
+    out = tmp_path / "cut.probe"
+    w = ColumnarWriter(out, commit_every_s=float("inf"))
+    w.set_strings(steps[0].pid, src.builder_names()[steps[0].pid])
+    w.add_steps(steps[:300])
+    w.commit()
+    stream = out / LIVE / "steps.arrows"
+    data = stream.read_bytes()
+    stream.write_bytes(data[: len(data) // 2])  # what the manifest counts is not all there
+    with pytest.raises(RecordingError, match="damaged recording: live stream steps"):
+        ColumnarRecording.open(out)
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda p: (p / MANIFEST).write_text("{"), "is not JSON"),
+        (lambda p: (p / MANIFEST).write_text('{"format": "x"}'), "not a probe recording"),
+        (lambda p: (p / "steps.parquet").write_bytes(b"PAR1" * 8), "damaged recording: steps"),
+        (lambda p: (p / "spans.parquet").unlink(), "table spans is missing"),
+    ],
+)
+def test_damage_is_one_clear_error(tmp_path: Path, damage: object, why: str) -> None:
+    out = tmp_path / "d.probe"
+    convert(ROOT / "probe" / "data" / "default.probe", out)
+    damage(out)  # type: ignore[operator]
+    with pytest.raises(RecordingError, match=why):
+        rec = ColumnarRecording.open(out)
+        list(rec.iter_steps())
+
+
+def test_damage_gives_one_line_and_exit_2_from_report(tmp_path: Path) -> None:
+    out = tmp_path / "d.probe"
+    convert(ROOT / "probe" / "data" / "default.probe", out)
+    (out / "steps.parquet").write_bytes(b"PAR1" * 8)
+    p = subprocess.run(
+        [sys.executable, "-m", "probe", "report", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert p.returncode == 2
+    assert p.stderr.startswith("probe: error: ") and len(p.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in p.stderr
+
+
+def test_only_a_folder_with_a_manifest_is_a_recording(tmp_path: Path) -> None:
+    assert not is_columnar(tmp_path)
+    (tmp_path / MANIFEST).write_text("{}")
+    assert is_columnar(tmp_path)
