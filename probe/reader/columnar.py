@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from probe.reader.columnar_schema import (
-    COUNT_COLUMNS,
     COUNT_PARTS,
     FORMAT,
     FORMAT_VERSION,
@@ -399,13 +398,44 @@ def compact(path: str | Path) -> None:
             )
             _copy(con, q, p / f"{name}.parquet")
             files[name] = f"{name}.parquet"
-        assert set(COUNT_COLUMNS) == {c for cs in COUNT_PARTS.values() for c in cs}
+        _write_processes(manifest, p / "processes.parquet")
+        files["processes"] = "processes.parquet"
     finally:
         con.close()
         shutil.rmtree(p / ".compact-tmp", ignore_errors=True)
     manifest.update(state="closed", committed={}, tables=files)
     write_json(p / MANIFEST, manifest)
     shutil.rmtree(p / LIVE, ignore_errors=True)
+
+
+#: the columns of ``processes.parquet``: each process's place (for SQL over a fleet; the
+#: manifest keeps the whole row with its snapshot)
+PROCESS_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("pid", "int64"), ("host", "string"), ("role", "string"), ("tp_rank", "int64"),
+    ("pp_rank", "int64"), ("dp_rank", "int64"), ("vllm_version", "string"),
+    ("runner", "string"), ("model", "string"), ("boottime_ns", "int64"),
+    ("epoch_ns", "int64"), ("dropped", "int64"),
+)  # fmt: skip
+
+
+def _write_processes(manifest: dict[str, Any], out: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    host = (manifest.get("meta") or {}).get("host")
+    rows = [{**r, "host": host} for r in manifest.get("processes", [])]
+    cols = {}
+    for name, kind in PROCESS_COLUMNS:
+        vals = [r.get(name) for r in rows]
+        vals = [v if isinstance(v, (int, str)) and not isinstance(v, bool) else None for v in vals]
+        if kind == "int64":
+            vals = [v if isinstance(v, int) else None for v in vals]
+        else:
+            vals = [v if isinstance(v, str) else None for v in vals]
+        cols[name] = pa.array(vals, type=getattr(pa, kind)())
+    tmp = out.with_name(out.name + ".tmp")
+    pq.write_table(pa.table(cols), tmp, compression="zstd")
+    os.replace(tmp, out)
 
 
 def _copy(con: Any, query: str, out: Path) -> None:
