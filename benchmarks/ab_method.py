@@ -3,8 +3,8 @@ recordings and on the synthetic varied-length workload of the tests.
 
     PYTHONPATH=$PWD python benchmarks/ab_method.py --out benchmarks/results/ab-method/results.json
 
-1. The committed H200 pair (``tests/data/stock_mrv2_k1.probe.db``, stock, against
-   ``probe/data/default.probe.db``, the UNIFORM_SINGLE_TOKEN_DECODE override) holds five
+1. The committed H200 pair (``tests/data/stock_mrv2_k1.probe``, stock, against
+   ``probe/data/default.probe``, the UNIFORM_SINGLE_TOKEN_DECODE override) holds five
    repetitions of one workload per arm (a 64-request prefill, then 255 decode steps).
    Each repetition is taken as a run of its own: every pair of repetitions of one arm is
    two runs of one setting (no difference to find), every stock repetition against every
@@ -38,12 +38,12 @@ sys.path.insert(0, str(REPO / "tests"))
 from probe.analysis import ab  # noqa: E402
 from probe.reader.recording import Recording  # noqa: E402
 
-STOCK = REPO / "tests/data/stock_mrv2_k1.probe.db"
-USTD = REPO / "probe/data/default.probe.db"
+STOCK = REPO / "tests/data/stock_mrv2_k1.probe"
+USTD = REPO / "probe/data/default.probe"
 OTHERS = [
-    REPO / "tests/data/chunked_mrv2_k1.probe.db",
-    REPO / "tests/data/serve-tp2.probe.db",
-    REPO / "tests/data/groundtruth-window.probe.db",
+    REPO / "tests/data/chunked_mrv2_k1.probe",
+    REPO / "tests/data/serve-tp2.probe",
+    REPO / "tests/data/groundtruth-window.probe",
 ]
 
 

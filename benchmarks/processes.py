@@ -7,7 +7,7 @@ new pids).
 
 Each recording holds ``--processes`` processes of ``--steps-per`` (default 2) steps each,
 made from real recorded steps: the bundled H200 recording's worker
-(``probe/data/default.probe.db``), its first steps and every detail row of them repeated
+(``probe/data/default.probe``), its first steps and every detail row of them repeated
 under a new pid per process (:func:`make`), each process with the worker's snapshot.
 Then each command runs as a child process of its own (``report --json`` and ``export`` to
 every offline target), under ``--timeout`` seconds: a command cut short is recorded as
@@ -34,7 +34,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SOURCE = ROOT / "probe" / "data" / "default.probe.db"
+SOURCE = ROOT / "probe" / "data" / "default.probe"
 DETAIL = ("steps", "spans", "dispatches", "replays", "builds", "reorders", "gpu")
 FIRST_PID = 100_000
 

@@ -2,7 +2,7 @@
 recording, then ``probe report`` (``build_report``) with the check and without it.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/quick_check_damage.py \\
-        tests/data/chunked_mrv2_k1.probe.db --trials 300 --seed 2
+        tests/data/chunked_mrv2_k1.probe --trials 300 --seed 2
 
 Each trial overwrites 1, 4 or 16 random bytes of one random page (never page 1: the header
 and the schema) of a copy of the recording, and reads it twice: as the probe does, and with

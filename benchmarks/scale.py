@@ -4,8 +4,8 @@
         --steps 10000 100000 1000000 --out benchmarks/results/scale/
 
 Each size is a recording made from real recorded steps: the bundled H200 recording
-(``probe/data/default.probe.db``, one worker) and the TP=2 serve recording
-(``tests/data/serve-tp2.probe.db``, two workers), their steps
+(``probe/data/default.probe``, one worker) and the TP=2 serve recording
+(``tests/data/serve-tp2.probe``, two workers), their steps
 and every detail row repeated with shifted step numbers and times, over ``--ranks``
 ranks (the even ranks the bundled worker's steps, the odd ones the TP=2 workers' in turn),
 all ranks over the same stretch of time. Then each command runs as a child process of
@@ -35,8 +35,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SOURCES = (
-    (ROOT / "probe" / "data" / "default.probe.db", None),
-    (ROOT / "tests" / "data" / "serve-tp2.probe.db", None),
+    (ROOT / "probe" / "data" / "default.probe", None),
+    (ROOT / "tests" / "data" / "serve-tp2.probe", None),
 )
 SHARED = Path(os.environ.get("PROBE_SHARED_DIR") or ROOT.parent / "shared")
 KINETO = SHARED / "data" / "profiles" / "kineto"
@@ -44,14 +44,122 @@ KINETO_FILE = "tracelens_vllm_decode_full_graph_execution_hipgraph.json.gz"
 TIMED = ("t0_ns", "t1_ns")
 
 
+def _sqlite_source(path: Path) -> Path:
+    """The source recording as an SQLite file (converted once, kept beside the work)."""
+    from probe.reader.columnar import convert
+
+    out = Path("/tmp/probe-scale-sources") / (path.name + ".db")
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        convert(path, out, to_sqlite=True)
+    return out
+
+
 def _sources() -> list[tuple[Path, int]]:
-    """(recording, worker pid) of every recorded worker, the bundled one first."""
+    """(SQLite recording, worker pid) of every recorded worker, the bundled one first."""
     out = []
-    for path, _ in SOURCES:
+    for src, _ in SOURCES:
+        path = _sqlite_source(src)
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
             for (pid,) in db.execute("SELECT DISTINCT pid FROM steps ORDER BY pid"):
                 out.append((path, int(pid)))
     return out
+
+
+def make_columnar(path: Path, steps: int, ranks: int) -> None:
+    """A columnar recording of ``steps`` steps over ``ranks`` ranks, as :func:`make` makes
+    the SQLite one (the same steps, pids, shifts), written table by table with pyarrow in
+    (pid, step) order, each table's columns encoded as the compactor's writer chooses them
+    (DuckDB: delta for times and steps, dictionaries for the rest), zstd."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from probe.reader.columnar import write_json
+    from probe.reader.columnar_read import read_manifest
+    from probe.reader.columnar_schema import TABLES
+
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    srcs = [(src, pid) for src, _ in SOURCES for pid in _pids(src)]
+    odd = srcs[1:] or srcs
+    first_manifest = read_manifest(srcs[0][0])
+    tables = {t: {src: pq.read_table(src / f"{t}.parquet") for src, _ in SOURCES} for t in TABLES}
+    per_rank = [steps // ranks + (1 if r < steps % ranks else 0) for r in range(ranks)]
+    origin: int | None = None
+    writers: dict[str, Any] = {}
+    pending: dict[str, list[Any]] = {t: [] for t in TABLES}
+    rows: dict[str, int] = dict.fromkeys(TABLES, 0)
+    processes = []
+
+    def flush(t: str, force: bool = False) -> None:
+        if pending[t] and (force or rows[t] >= 1 << 18):
+            tab = pa.concat_tables(pending[t])
+            if t not in writers:
+                delta = [c for c in tab.column_names if c.endswith("_ns") or
+                         (t == "steps" and c in ("step", "carried_reqs"))]  # fmt: skip
+                writers[t] = pq.ParquetWriter(
+                    path / f"{t}.parquet", tab.schema, compression="zstd",
+                    use_dictionary=[c for c in tab.column_names if c not in delta],
+                    column_encoding=dict.fromkeys(delta, "DELTA_BINARY_PACKED"),
+                    data_page_version="2.0",
+                )  # fmt: skip
+            writers[t].write_table(tab, row_group_size=1 << 18)
+            pending[t], rows[t] = [], 0
+
+    for r in range(ranks):
+        src, spid = srcs[0] if r % 2 == 0 else odd[(r // 2) % len(odd)]
+        own = {t: tables[t][src].filter(pc.equal(tables[t][src]["pid"], spid)) for t in TABLES}
+        st = own["steps"]
+        top = pc.max(st["step"]).as_py()
+        t0, t1 = pc.min(st["t0_ns"]).as_py(), pc.max(st["t1_ns"]).as_py()
+        origin = t0 if origin is None else origin
+        period = t1 - t0 + 1_000_000
+        pid = 100_000 + r
+        proc = next(p for p in read_manifest(src)["processes"] if p["pid"] == spid)
+        processes.append({**proc, "pid": pid, "tp_rank": r,
+                          "boottime_ns": proc["boottime_ns"] - t0 + origin,
+                          "epoch_ns": proc["epoch_ns"] - t0 + origin})  # fmt: skip
+        n = per_rank[r]
+        for k in range(-(-n // top)):
+            shift, limit = origin - t0 + k * period, n - k * top
+            for t in TABLES:
+                tab = own[t]
+                if limit < top:
+                    tab = tab.filter(pc.less_equal(tab["step"], limit))
+                cols = {}
+                for c in tab.column_names:
+                    a = tab[c]
+                    if c == "pid":
+                        a = pa.array([pid] * len(tab), pa.int64())
+                    elif c == "step":
+                        a = pc.add(a, k * top)
+                    elif c in TIMED:
+                        a = pc.add(a, shift)
+                    cols[c] = a
+                pending[t].append(pa.table(cols, schema=tab.schema))
+                rows[t] += len(tab)
+                flush(t)
+    for t in TABLES:
+        flush(t, force=True)
+        writers[t].close()
+    manifest = {**first_manifest, "processes": processes, "faults": [], "outside": [],
+                "anomalies": [], "tables": {t: f"{t}.parquet" for t in TABLES}}  # fmt: skip
+    from probe.reader.columnar import write_processes
+
+    write_processes(manifest, path / "processes.parquet")
+    manifest["tables"]["processes"] = "processes.parquet"
+    write_json(path / "recording.json", manifest)
+
+
+def _pids(src: Path) -> list[int]:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    return sorted(
+        pc.unique(pq.read_table(src / "steps.parquet", columns=["pid"])["pid"]).to_pylist()
+    )
 
 
 def make(path: Path, steps: int, ranks: int) -> None:
@@ -129,6 +237,13 @@ def make(path: Path, steps: int, ranks: int) -> None:
     db.close()
 
 
+def _size(rec: Path) -> int:
+    """A recording's bytes: the file, or every file of its folder."""
+    if rec.is_dir():
+        return sum(f.stat().st_size for f in rec.rglob("*") if f.is_file())
+    return rec.stat().st_size
+
+
 def _run(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
     load = os.getloadavg()
     t = time.monotonic()
@@ -174,9 +289,13 @@ def commands(rec: Path, work: Path) -> dict[str, list[str]]:
 
 def table(results: dict[str, Any]) -> str:
     """RESULTS.json as a Markdown table: per command and size, CPU s / wall s / peak MB."""
-    sizes = sorted(results["sizes"].values(), key=lambda e: e["steps"])
+    sizes = sorted(results["sizes"].values(), key=lambda e: (e["steps"], e.get("format", "")))
     names = list(dict.fromkeys(n for e in sizes for n in e.get("runs", {})))
-    head = "| command | " + " | ".join(f"{e['steps']:,} steps" for e in sizes) + " |"
+    head = (
+        "| command | "
+        + " | ".join(f"{e['steps']:,} steps, {e.get('format', 'sqlite')}" for e in sizes)
+        + " |"
+    )
     rows = [head, "|---|" + "---|" * len(sizes)]
     rows.append(
         "| recording | " + " | ".join(
@@ -218,6 +337,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     ap.add_argument("--steps", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument(
+        "--formats", nargs="+", default=["sqlite", "columnar"], choices=["sqlite", "columnar"]
+    )
     ap.add_argument("--work", type=Path, default=Path("/tmp/probe-scale"))
     ap.add_argument("--out", type=Path, help="folder for RESULTS.json (merged with what is there)")
     ap.add_argument("--only", nargs="+", help="commands to run (default: all)")
@@ -241,17 +363,18 @@ def main() -> int:
         [".venv/bin/python", "benchmarks/scale.py", *sys.argv[1:]]
     )
     results["machine"] = f"{os.cpu_count()} CPUs, {os.uname().release}"
-    for n in a.steps:
-        rec = a.work / f"scale-{n}.probe.db"
+    for n, fmt in [(n, f) for n in a.steps for f in a.formats]:
+        key = str(n) if fmt == "sqlite" else f"{n} {fmt}"
+        rec = a.work / (f"scale-{n}.probe.db" if fmt == "sqlite" else f"scale-{n}.probe")
         t = time.monotonic()
         if not rec.exists():
-            make(rec, n, a.ranks)
+            (make if fmt == "sqlite" else make_columnar)(rec, n, a.ranks)
         made = time.monotonic() - t
-        size = rec.stat().st_size
-        entry: dict[str, Any] = results["sizes"].get(str(n), {})
+        size = _size(rec)
+        entry: dict[str, Any] = results["sizes"].get(key, {})
         entry.update(
             steps=n, ranks=a.ranks, file_bytes=size, bytes_per_step=round(size / n, 1),
-            made_s=round(made, 1), commit=commit,
+            made_s=round(made, 1), commit=commit, format=fmt,
         )  # fmt: skip
         runs = entry.setdefault("runs", {})
         for name, c in commands(rec, a.work).items():
@@ -270,12 +393,12 @@ def main() -> int:
                     f.stat().st_size for f in (a.work / "pq").rglob("*") if f.is_file()
                 )
                 shutil.rmtree(a.work / "pq")
-            results["sizes"][str(n)] = entry
+            results["sizes"][key] = entry
             _save(a.out, results)
-        results["sizes"][str(n)] = entry
+        results["sizes"][key] = entry
         _save(a.out, results)
         if not a.keep:
-            rec.unlink()
+            shutil.rmtree(rec) if rec.is_dir() else rec.unlink()
     return 0
 
 

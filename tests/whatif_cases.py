@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "tests/data"
 #: every recording of real runs in the repository (H200, vLLM 0.26.0)
 RECORDINGS = {
-    "default_mrv2_ustd": ROOT / "probe/data/default.probe.db",
-    "stock_mrv2_k1": BENCH / "stock_mrv2_k1.probe.db",
-    "groundtruth_v1_k1": BENCH / "groundtruth-window.probe.db",
+    "default_mrv2_ustd": ROOT / "probe/data/default.probe",
+    "stock_mrv2_k1": BENCH / "stock_mrv2_k1.probe",
+    "groundtruth_v1_k1": BENCH / "groundtruth-window.probe",
 }
 USTD = (("FlashMLASparseMetadataBuilder", "UNIFORM_SINGLE_TOKEN_DECODE"),)
 UB = (("FlashMLASparseMetadataBuilder", "UNIFORM_BATCH"),)

@@ -273,13 +273,10 @@ def build_histogram(rec: Any) -> list[tuple[Any, ...]]:
         dur = a["t1_ns"] - a["t0_ns"]
         bins = bins_of(dur)
         names = b.column("builder")
-        if pa.types.is_dictionary(names.type):
-            names = names.cast(pa.string())
-        uniq = pc.unique(names).to_pylist()
-        nidx = pc.index_in(names, value_set=pa.array(uniq, pa.string())).fill_null(-1)
-        nidx_np = nidx.to_numpy(zero_copy_only=False)
-        nidx_np = np.where(names.is_null().to_numpy(zero_copy_only=False), len(uniq), nidx_np)
-        uniq = [*uniq, None]
+        if not pa.types.is_dictionary(names.type):
+            names = pc.dictionary_encode(names)
+        uniq = [*names.dictionary.to_pylist(), None]
+        nidx_np = names.indices.fill_null(len(uniq) - 1).to_numpy(zero_copy_only=False)
         key = ((nidx_np * 8 + a["tag"]) * 2 + a["drafter"]) * NB + bins
         ks, inv = np.unique(key, return_inverse=True)
         n = np.bincount(inv)
@@ -337,11 +334,14 @@ def check_columns(rec: Any, table: str, batch: Any) -> dict[str, np.ndarray]:
             continue  # a builder's name: any text, or missing
         elif pa.types.is_string(col.type) or pa.types.is_dictionary(col.type):
             names = [m.lower() for m in c.kind.__members__]
-            idx = pc.index_in(col.cast(pa.string()), value_set=pa.array(names))
-            bad = idx.is_null().to_numpy(zero_copy_only=False)
-            if bad.any():
-                raise fail(bad, name, f"is not one of {', '.join(names)}")
-            out[name] = idx.to_numpy(zero_copy_only=False).astype(np.int64)
+            if not pa.types.is_dictionary(col.type):
+                col = pc.dictionary_encode(col)
+            lut = pc.index_in(col.dictionary, value_set=pa.array(names)).fill_null(-1)
+            lut_np = np.append(lut.to_numpy(zero_copy_only=False).astype(np.int64), -1)
+            idx = lut_np[col.indices.fill_null(len(lut_np) - 1).to_numpy(zero_copy_only=False)]
+            if (idx < 0).any():
+                raise fail(idx < 0, name, f"is not one of {', '.join(names)}")
+            out[name] = idx
         else:
             if col.null_count:
                 raise fail(col.is_null().to_numpy(zero_copy_only=False), name, "is NULL")

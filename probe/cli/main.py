@@ -1,9 +1,9 @@
 """The ``probe`` command line (started by :mod:`probe.cli.entry`); each command lives in
 ``probe/cli/commands/``.
 
-    probe record --out run.probe.db -- python my_llm_script.py
-    probe report run.probe.db            # no file: the bundled H200 recording
-    probe doctor run.probe.db
+    probe record --out run.probe -- python my_llm_script.py
+    probe report run.probe            # no file: the bundled H200 recording
+    probe doctor run.probe
     probe env                            # every PROBE_* variable and its value here
 
 User mistakes (a missing file, a bad value) end in one line on stderr naming the problem
@@ -58,14 +58,14 @@ how long the host spent before the GPU had its work; what the batch reorder deci
 
 EXAMPLES = """\
 examples:
-  probe record --out run.probe.db -- vllm serve MODEL    run a command with the probe on
-  probe attach --url http://127.0.0.1:8000 --duration 30 --record run.probe.db
+  probe record --out run.probe -- vllm serve MODEL    run a command with the probe on
+  probe attach --url http://127.0.0.1:8000 --duration 30 --record run.probe
   probe top --url http://127.0.0.1:8000                  live view of a running server
   probe agent --prometheus 0.0.0.0:9464 --sample 8       every server of this host, always on
-  probe report run.probe.db                              summarize (no file: a bundled one)
-  probe doctor run.probe.db                              graph support and known traps
-  probe whatif run.probe.db --capture-sizes 1,2,4,8,16   the recorded shapes under other settings
-  probe export run.probe.db --perfetto run.pftrace       Perfetto, Prometheus, OTLP
+  probe report run.probe                              summarize (no file: a bundled one)
+  probe doctor run.probe                              graph support and known traps
+  probe whatif run.probe --capture-sizes 1,2,4,8,16   the recorded shapes under other settings
+  probe export run.probe --perfetto run.pftrace       Perfetto, Prometheus, OTLP
   probe env                                              every PROBE_* variable
 
 Exit status: 0 done, 1 a runtime failure, 2 a usage error (one `probe: error:` line).

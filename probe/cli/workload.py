@@ -17,7 +17,7 @@ def check_command(cmd: list[str], who: str) -> list[str]:
     if not cmd:
         raise UsageError(
             f"{who}: give the command to run after --, e.g. "
-            "probe record --out run.probe.db -- vllm serve MODEL"
+            "probe record --out run.probe -- vllm serve MODEL"
         )
     exe = cmd[0]
     found = shutil.which(exe) if os.sep not in exe else exe

@@ -398,7 +398,7 @@ def compact(path: str | Path) -> None:
             )
             _copy(con, q, p / f"{name}.parquet")
             files[name] = f"{name}.parquet"
-        _write_processes(manifest, p / "processes.parquet")
+        write_processes(manifest, p / "processes.parquet")
         files["processes"] = "processes.parquet"
     finally:
         con.close()
@@ -418,7 +418,7 @@ PROCESS_COLUMNS: tuple[tuple[str, str], ...] = (
 )  # fmt: skip
 
 
-def _write_processes(manifest: dict[str, Any], out: Path) -> None:
+def write_processes(manifest: dict[str, Any], out: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 

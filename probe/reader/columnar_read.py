@@ -156,9 +156,12 @@ class ColumnarRecording:
 
         if table not in self._parquet:
             try:
+                f = pq.ParquetFile(str(self.files[table]))
+                text = [x.name for x in f.schema_arrow if pa.types.is_string(x.type)]
                 self._parquet[table] = pq.ParquetFile(
-                    str(self.files[table]), page_checksum_verification=True
-                )
+                    str(self.files[table]), page_checksum_verification=True,
+                    read_dictionary=text,
+                )  # fmt: skip
             except (OSError, pa.ArrowException) as exc:
                 raise RecordingError(f"{self.path}: damaged recording: {table}: {exc}") from None
         return self._parquet[table]
@@ -189,7 +192,9 @@ class ColumnarRecording:
         if not groups:
             return
         try:
-            for b in f.iter_batches(batch_size=size, row_groups=groups, columns=columns):
+            for b in f.iter_batches(
+                batch_size=size, row_groups=groups, columns=columns, use_threads=True
+            ):
                 if pid is not None:
                     b = b.filter(pc.equal(b.column("pid"), pid))
                     if b.num_rows == 0:
@@ -224,12 +229,19 @@ class ColumnarRecording:
         return sum(self.parquet(t).metadata.num_rows for t in TABLES)
 
     def first_t0(self) -> int | None:
-        """The earliest step's start (None without steps)."""
+        """The earliest step's start (None without steps): the row groups' statistics,
+        their column read only where a row group has none."""
         import pyarrow.compute as pc
 
+        f = self.parquet("steps")
+        at = f.schema_arrow.get_field_index("t0_ns")
         lo = None
-        for b in self.batches("steps", ["t0_ns"]):
-            m = pc.min(b.column(0)).as_py()
+        for i in range(f.metadata.num_row_groups):
+            st = f.metadata.row_group(i).column(at).statistics
+            if st is not None and st.has_min_max:
+                m = st.min
+            else:
+                m = pc.min(f.read_row_group(i, columns=["t0_ns"]).column(0)).as_py()
             if m is not None and (lo is None or m < lo):
                 lo = m
         return lo
@@ -273,14 +285,19 @@ class ColumnarRecording:
 
 
 def _codes(col: Any, names: tuple[str, ...]) -> Any:
-    """A text column as the codes of its names (NULL -1, a name not among them -2)."""
+    """A text column as the codes of its names (NULL -1, a name not among them -2); a
+    dictionary column maps its dictionary once and takes its indices."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    values = pa.array(list(names), pa.string())
     if pa.types.is_dictionary(col.type):
-        col = col.cast(pa.string())
-    idx = pc.index_in(col, value_set=pa.array(list(names), pa.string()))
+        lut = pc.index_in(col.dictionary, value_set=values).fill_null(BAD)
+        lut_np = np.append(lut.to_numpy(zero_copy_only=False).astype(np.int64), NULL)
+        idx = col.indices.fill_null(len(lut_np) - 1).to_numpy(zero_copy_only=False)
+        return lut_np[idx]
+    idx = pc.index_in(col, value_set=values)
     out = idx.fill_null(BAD).to_numpy(zero_copy_only=False).astype(np.int64)
     out[col.is_null().to_numpy(zero_copy_only=False)] = NULL
     return out

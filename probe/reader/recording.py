@@ -68,7 +68,7 @@ def default_recording() -> Path:
     benchmarks/evidence/bundled-recording.md)."""
     from importlib import resources  # here: its import is a cost every command paid at start
 
-    return Path(str(resources.files("probe") / "data" / "default.probe.db"))
+    return Path(str(resources.files("probe") / "data" / "default.probe"))
 
 
 META_TYPES: Mapping[str, str] = {
@@ -480,8 +480,22 @@ class Recording:
     _indexed: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def open(cls, path: str | Path) -> Recording:
+    def open(cls, path: str | Path) -> Any:
+        """The recording at ``path``, validated: this class for an SQLite file, a
+        :class:`~probe.reader.columnar_read.ColumnarRecording` (the same reading methods)
+        for a columnar recording's folder."""
         p = Path(path)
+        from probe.reader.columnar import is_columnar
+
+        if is_columnar(p):
+            from probe.reader.columnar_read import ColumnarRecording
+
+            return ColumnarRecording.open(p)
+        return cls.open_sqlite(p)
+
+    @classmethod
+    def open_sqlite(cls, p: Path) -> Recording:
+        """An SQLite recording, validated."""
         db = connect_read_only(p)
         try:
             version = cls._validate(p, db)

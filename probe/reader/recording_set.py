@@ -124,12 +124,6 @@ def open_recording(path: str | Path) -> Any:
     """The recording at ``path``, opened and validated: a :class:`Recording` (SQLite) or a
     :class:`~probe.reader.columnar_read.ColumnarRecording` (a ``NAME.probe/`` folder), with
     the same reading methods."""
-    from probe.reader.columnar import is_columnar
-
-    if is_columnar(path):
-        from probe.reader.columnar_read import ColumnarRecording
-
-        return ColumnarRecording.open(path)
     return Recording.open(path)
 
 

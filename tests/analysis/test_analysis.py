@@ -1,7 +1,7 @@
 """The verdicts of probe.analysis.views on real recordings: host-bound as docs/rules.md defines it,
 warm-up apart from steady state, and the probe's own cost line.
 
-The recordings are the bundled H200 one (probe/data/default.probe.db) and the H200 TP=2
+The recordings are the bundled H200 one (probe/data/default.probe) and the H200 TP=2
 ``vllm serve`` recording under tests/data/; Steps built here stand in only where
 a rule must be pinned to exact inputs (the warm-up rule's cases, the call count).
 """
@@ -26,7 +26,7 @@ from probe.records import Span as SpanRec
 from probe.step import Step
 
 ROOT = Path(__file__).resolve().parents[2]
-TP2 = ROOT / "tests/data/serve-tp2.probe.db"
+TP2 = ROOT / "tests/data/serve-tp2.probe"
 
 
 def _steps(path: Path) -> list[Step]:

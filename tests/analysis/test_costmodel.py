@@ -26,8 +26,8 @@ from probe.records import Mode, Reason
 from probe.step import PHASES, Step, new_step
 
 ROOT = Path(__file__).resolve().parents[2]
-CHUNKED = ROOT / "tests/data/chunked_mrv2_k1.probe.db"
-SERVE = ROOT / "tests/data/serve-tp2.probe.db"
+CHUNKED = ROOT / "tests/data/chunked_mrv2_k1.probe"
+SERVE = ROOT / "tests/data/serve-tp2.probe"
 
 
 def _steps(path: Path) -> list[Step]:

@@ -25,7 +25,7 @@ from probe.records import Mode, Reason
 from probe.step import PHASES, Step, new_step
 
 ROOT = Path(__file__).resolve().parents[2]
-TP2 = ROOT / "tests/data/serve-tp2.probe.db"
+TP2 = ROOT / "tests/data/serve-tp2.probe"
 
 # the candidates in the order probe.analysis.ranks breaks ties (first listed wins)
 CANDIDATES = ("start", "reorder", "prepare_inputs", "dispatch", "metadata_build",

@@ -23,7 +23,7 @@ from probe.records import Mode, Reason
 from probe.step import PHASES, Step, new_step
 
 ROOT = Path(__file__).resolve().parents[2]
-TP2 = ROOT / "tests/data/serve-tp2.probe.db"
+TP2 = ROOT / "tests/data/serve-tp2.probe"
 
 
 def _steps(rnd: random.Random, pid: int, n: int, *, first: int, base: int) -> list[Step]:

@@ -16,9 +16,9 @@ from probe.reader.recording import Recording, RecordingError, default_recording
 from probe.reader.recording_columns import iter_step_columns
 
 ROOT = Path(__file__).resolve().parents[2]
-TP2 = ROOT / "tests/data/serve-tp2.probe.db"
+TP2 = ROOT / "tests/data/serve-tp2.probe"
 # calibrated: each step's hooked calls are counted from the detail tables, chunk by chunk
-CHUNKED = ROOT / "tests/data/chunked_mrv2_k1.probe.db"
+CHUNKED = ROOT / "tests/data/chunked_mrv2_k1.probe"
 
 
 @pytest.mark.parametrize("chunk", [7, 13, 97])
@@ -119,7 +119,7 @@ def test_report_takes_several_recordings_or_a_glob_as_one() -> None:
             cwd=ROOT, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
 
-    stock = "tests/data/stock_mrv2_k1.probe.db"
+    stock = "tests/data/stock_mrv2_k1.probe"
     out = run("tests/data/stock_*.probe.db", str(default_recording()))
     assert out.returncode == 0, out.stderr
     rep = json.loads(out.stdout)

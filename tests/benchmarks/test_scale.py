@@ -15,7 +15,7 @@ from probe.reader.recording_set import RecordingSet, iter_step_chunks, open_many
 from tests.profiles_data import profiles_dir
 
 ROOT = Path(__file__).resolve().parents[2]
-TP2 = ROOT / "tests" / "data" / "serve-tp2.probe.db"
+TP2 = ROOT / "tests" / "data" / "serve-tp2.probe"
 KINETO = profiles_dir() / "kineto" / "tracelens_vllm_decode_full_graph_execution_hipgraph.json.gz"
 
 

@@ -28,9 +28,9 @@ def test_compare_mode_on_real_h200_recordings() -> None:
     out = _probe(
         "ab",
         "--a",
-        str(H200 / "stock_mrv2_k1.probe.db"),
+        str(H200 / "stock_mrv2_k1.probe"),
         "--b",
-        str(REPO / "probe/data/default.probe.db"),
+        str(REPO / "probe/data/default.probe"),
         "--json",
     )
     assert out.returncode == 0, out.stderr

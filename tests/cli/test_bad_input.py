@@ -28,7 +28,7 @@ import pytest
 from extras import needs
 
 ROOT = Path(os.environ.get("PROBE_CODE_ROOT") or Path(__file__).resolve().parents[2])
-BUNDLED = ROOT / "probe" / "data" / "default.probe.db"
+BUNDLED = ROOT / "probe" / "data" / "default.probe"
 
 
 def probe(

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-BUNDLED = ROOT / "probe" / "data" / "default.probe.db"
+BUNDLED = ROOT / "probe" / "data" / "default.probe"
 EXAMPLES = int(os.environ.get("PROBE_FUZZ_EXAMPLES", "15"))
 SETTINGS = settings(
     max_examples=EXAMPLES,

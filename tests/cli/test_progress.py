@@ -37,7 +37,7 @@ pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "tests/data"
-WINDOW = H200 / "groundtruth-window.probe.db"
+WINDOW = H200 / "groundtruth-window.probe"
 KINETO = H200 / "run3-groundtruth.kineto.trimmed.json.gz"
 STEPS = 1305  # the bundled recording's steps
 RECORDS = 31125  # its steps and detail rows: what perfetto and rocpd read
@@ -393,8 +393,8 @@ def test_merge_outputs_are_the_same_with_and_without_progress(tmp_path: Path) ->
 
 
 def test_ab_compare_mode_counts_the_recordings(tmp_path: Path) -> None:
-    a = str(H200 / "stock_mrv2_k1.probe.db")
-    b = str(ROOT / "probe/data/default.probe.db")
+    a = str(H200 / "stock_mrv2_k1.probe")
+    b = str(ROOT / "probe/data/default.probe")
     plain = _probe("ab", "--a", a, "--b", b, "--width", "100", cwd=tmp_path)
     forced = _probe("ab", "--a", a, "--b", b, "--width", "100", "--progress", cwd=tmp_path)
     assert plain.returncode == forced.returncode == 0
@@ -544,7 +544,7 @@ def test_on_a_terminal_only_unless_plain_output_is_asked_for(
 
 
 def test_json_output_draws_nothing_on_a_terminal(tmp_path: Path) -> None:
-    a = str(H200 / "stock_mrv2_k1.probe.db")
+    a = str(H200 / "stock_mrv2_k1.probe")
     rc, out, tty = _on_a_terminal(["ab", "--a", a, "--b", a, "--json"], tmp_path, {})
     assert rc == 0 and out.startswith(b"{")
     assert tty == b""

@@ -24,9 +24,9 @@ import pytest
 from extras import needs
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDING = ROOT / "probe/data/default.probe.db"
+RECORDING = ROOT / "probe/data/default.probe"
 H200 = ROOT / "tests/data"
-WINDOW = H200 / "groundtruth-window.probe.db"
+WINDOW = H200 / "groundtruth-window.probe"
 KINETO = H200 / "run3-groundtruth.kineto.trimmed.json.gz"
 
 

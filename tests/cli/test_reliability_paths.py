@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDING = ROOT / "probe/data/default.probe.db"
+RECORDING = ROOT / "probe/data/default.probe"
 KINETO = ROOT / "tests/data/run3-groundtruth.kineto.trimmed.json.gz"
 
 

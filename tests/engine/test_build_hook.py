@@ -166,11 +166,11 @@ def test_a_failing_build_propagates_and_records_nothing(hot_path: str, tmp_path:
 
 
 RECORDINGS = [
-    "probe/data/default.probe.db",
-    "tests/data/chunked_mrv2_k1.probe.db",
-    "tests/data/stock_mrv2_k1.probe.db",
-    "tests/data/serve-tp2.probe.db",
-    "tests/data/groundtruth-window.probe.db",
+    "probe/data/default.probe",
+    "tests/data/chunked_mrv2_k1.probe",
+    "tests/data/stock_mrv2_k1.probe",
+    "tests/data/serve-tp2.probe",
+    "tests/data/groundtruth-window.probe",
 ]
 # FlashMLASparseMetadata has no num_prefill_tokens: the engine-side hook used to fill it in
 LEAVES_OUT_PREFILL_TOKENS = {"FlashMLASparseMetadataBuilder"}

@@ -1,7 +1,7 @@
 """``probe merge`` on real data: the H200 window recording with its real Kineto trace,
 the real rocprofv3 CSV set, and broken inputs.
 
-The H200 files (tests/data/): ``groundtruth-window.probe.db`` is
+The H200 files (tests/data/): ``groundtruth-window.probe`` is
 run3's ``stock_v1_k1`` recording cut to the 25 steps of the torch-profiler window, and
 ``run3-groundtruth.kineto.trimmed.json.gz`` that profiler's trace of the same steps.
 ``run3-groundtruth.json`` says 23 cudaGraphLaunch calls fell inside ``_model_forward``
@@ -29,7 +29,7 @@ from probe.reader.recording import Recording
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "tests/data"
-WINDOW = H200 / "groundtruth-window.probe.db"
+WINDOW = H200 / "groundtruth-window.probe"
 KINETO = H200 / "run3-groundtruth.kineto.trimmed.json.gz"
 GROUNDTRUTH = json.loads((H200 / "run3-groundtruth.json").read_text())
 

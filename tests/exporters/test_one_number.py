@@ -79,7 +79,7 @@ def _bucket_width(v: float, bounds: tuple[float, ...]) -> float:
 
 
 def test_every_committed_recording_is_covered() -> None:
-    assert len(RECORDINGS) >= 5 and "probe/data/default.probe.db" in RECORDINGS
+    assert len(RECORDINGS) >= 5 and "probe/data/default.probe" in RECORDINGS
 
 
 @pytest.mark.parametrize("path", RECORDINGS)

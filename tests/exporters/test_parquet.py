@@ -21,7 +21,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 duckdb = pytest.importorskip("duckdb")
 
 ROOT = Path(__file__).resolve().parents[2]
-TP2 = ROOT / "tests" / "data" / "serve-tp2.probe.db"
+TP2 = ROOT / "tests" / "data" / "serve-tp2.probe"
 
 # the headline as docs/parquet.md gives it, over every forward step (the report's `ratios`)
 HEADLINE = """

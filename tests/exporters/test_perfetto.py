@@ -17,8 +17,8 @@ from probe.cli.main import main
 from probe.reader.recording import Recording
 
 ROOT = Path(__file__).resolve().parents[2]
-WINDOW = ROOT / "tests/data/groundtruth-window.probe.db"
-BUNDLED = ROOT / "probe/data/default.probe.db"
+WINDOW = ROOT / "tests/data/groundtruth-window.probe"
+BUNDLED = ROOT / "probe/data/default.probe"
 
 
 @pytest.fixture(scope="module")

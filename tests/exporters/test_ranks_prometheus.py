@@ -20,7 +20,7 @@ from exporters.prometheus import ServingSink
 from probe.analysis.ranks_columns import ranks_of_recording
 from probe.reader.recording import Recording
 
-TP2 = Path(__file__).resolve().parents[2] / "tests/data/serve-tp2.probe.db"
+TP2 = Path(__file__).resolve().parents[2] / "tests/data/serve-tp2.probe"
 LAST = "vllm_graph_probe_rank_last_steps_total"
 
 

@@ -33,7 +33,7 @@ from exporters.timelines.rocprofv3_csv import read_rocprofv3_csv
 from probe.reader.recording import Recording
 
 ROOT = Path(__file__).resolve().parents[2]
-WINDOW = ROOT / "tests/data/groundtruth-window.probe.db"
+WINDOW = ROOT / "tests/data/groundtruth-window.probe"
 GUID = "00000000-0000-0000-0000-000000000000"
 
 

@@ -15,7 +15,7 @@ from exporters.timelines.rocpd_writer import create_rocpd_db
 from probe.reader.recording import Recording
 
 ROOT = Path(__file__).resolve().parents[2]
-WINDOW = ROOT / "tests/data/groundtruth-window.probe.db"
+WINDOW = ROOT / "tests/data/groundtruth-window.probe"
 
 
 def _key(m: object) -> tuple[object, ...]:

@@ -40,7 +40,7 @@ from exporters.timelines.rocprofv3_csv import read_rocprofv3_csv
 from probe.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
-WINDOW = ROOT / "tests/data/groundtruth-window.probe.db"
+WINDOW = ROOT / "tests/data/groundtruth-window.probe"
 EXAMPLES = int(os.environ.get("PROBE_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(
     max_examples=EXAMPLES,

@@ -28,7 +28,7 @@ from exporters.timelines.rocprofv3_csv import read_rocprofv3_csv
 from probe.reader.recording import Recording
 
 ROOT = Path(__file__).resolve().parents[2]
-WINDOW = ROOT / "tests/data/groundtruth-window.probe.db"
+WINDOW = ROOT / "tests/data/groundtruth-window.probe"
 KERNEL_HEADER = (
     "Kind,Agent_Id,Queue_Id,Kernel_Id,Kernel_Name,Correlation_Id,Start_Timestamp,"
     "End_Timestamp,Thread_Id\n"

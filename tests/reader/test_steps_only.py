@@ -36,9 +36,9 @@ CODECS = {
     *(ROOT / "probe" / "reader" / m for m in ("recording_open.py", "recording_columns.py")),
 }
 H200 = ROOT / "tests/data"
-WINDOW = H200 / "groundtruth-window.probe.db"
+WINDOW = H200 / "groundtruth-window.probe"
 KINETO = H200 / "run3-groundtruth.kineto.trimmed.json.gz"
-BUNDLED = ROOT / "probe/data/default.probe.db"
+BUNDLED = ROOT / "probe/data/default.probe"
 
 
 def _sources() -> list[Path]:

@@ -24,7 +24,7 @@ from .vllm_env import CAPTURE_SIZES, ENGINES, Vllm, resolve
 
 pytestmark = [pytest.mark.wheels, pytest.mark.usefixtures("clean_probe")]
 
-H200_RECORDING = Path(__file__).resolve().parents[2] / "tests/data/stock_mrv2_k1.probe.db"
+H200_RECORDING = Path(__file__).resolve().parents[2] / "tests/data/stock_mrv2_k1.probe"
 
 
 def _codes(snap: dict[str, Any]) -> set[str]:
@@ -266,7 +266,7 @@ def test_full_decode_only_eager_mixed_steps_counted_from_the_replayed_steps(vl: 
     from probe.analysis.whatif import Replayer, Setting, load_vllm
     from probe.reader.recording import Recording
 
-    path = H200_RECORDING.parent / "chunked_mrv2_k1.probe.db"
+    path = H200_RECORDING.parent / "chunked_mrv2_k1.probe"
     rec = Recording.open(path)
     steps = list(rec.iter_steps())
     snaps = {p["pid"]: p["snapshot"] for p in rec.processes() if p.get("snapshot")}

@@ -6,7 +6,7 @@
         --reps 5 --out ab/ -- python bench.py
 
     # or compare recordings made elsewhere (e.g. by benchmarks/gpu/harness.py)
-    probe ab --a 'stock*.probe.db' --b 'ustd*.probe.db'
+    probe ab --a 'stock*.probe' --b 'ustd*.probe'
 
 Each run is a ``probe record`` session. Per arm the comparison shows, over steady state
 (the rules of :mod:`probe.analysis.rules`): throughput (scheduled tokens per second of

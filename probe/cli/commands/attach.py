@@ -1,7 +1,7 @@
 """``probe attach``: turn the probe on in a running ``vllm serve``, watch, turn it off.
 
     probe attach --url http://127.0.0.1:8000                      # live view until Ctrl-C
-    probe attach --url http://127.0.0.1:8000 --duration 60 --record run.probe.db --no-live
+    probe attach --url http://127.0.0.1:8000 --duration 60 --record run.probe --no-live
     probe attach --pid 4242 --prometheus 127.0.0.1:9464 --otlp http://127.0.0.1:4318
 
 It asks every armed process of the server (``probe ps``) to enable its hooks, reads their

@@ -1,7 +1,7 @@
 """``probe collect``: the reader alone, for rings some other process armed.
 
 PROBE_ENABLE=1 PROBE_RUN_DIR=/dev/shm/run1 vllm serve MODEL &
-probe collect --run-dir /dev/shm/run1 --out run.probe.db
+probe collect --run-dir /dev/shm/run1 --out run.probe
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def add_parser(sub: Any) -> None:
         "of a run that wrote them, alive or ended) into one recording file (--out).",
     )
     c.add_argument("--run-dir", required=True, help="the directory the rings are in")
-    c.add_argument("--out", "-o", required=True, help="recording file to write (.probe.db)")
+    c.add_argument("--out", "-o", required=True, help="recording to write: NAME.probe (columnar), or NAME.probe.db (SQLite)")
     c.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     c.add_argument("--interval", type=positive_float, default=0.05, help="ring poll interval, s")
     progress.add_flag(c, "steps, processes, drops, elapsed")

@@ -1,8 +1,8 @@
 """``probe convert``: a recording in the other format.
 
-probe convert run.probe.db run.probe        # SQLite -> columnar (a folder)
-probe convert run.probe run.probe.db        # columnar -> SQLite
-probe convert 'agent-*.probe.db' all.probe  # several recordings as one
+probe convert run.probe run.probe        # SQLite -> columnar (a folder)
+probe convert run.probe run.probe        # columnar -> SQLite
+probe convert 'agent-*.probe' all.probe  # several recordings as one
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``probe doctor``: the static graph-support picture and known traps.
 
-probe doctor run.probe.db                  # from a recording's snapshot
+probe doctor run.probe                  # from a recording's snapshot
 probe doctor --url http://127.0.0.1:8000   # from a running server, live
 """
 

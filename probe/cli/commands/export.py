@@ -1,15 +1,15 @@
 """``probe export``: a finished recording into OTLP, a Prometheus textfile, or Perfetto.
 
-    probe export run.probe.db --otlp http://127.0.0.1:4318
-    probe export run.probe.db --otlp 127.0.0.1:4317 --otlp-protocol grpc --sampling 0.1
-    probe export run.probe.db --prometheus-textfile /var/lib/node_exporter/probe.prom
-    probe export run.probe.db --perfetto run.perfetto-trace
-    probe export run.probe.db --openmetrics run.om      # then: promtool tsdb create-blocks-from
-    probe export run.probe.db --rocpd probe_results.db  # a rocpd side-car
-    probe export run.probe.db --parquet pq/             # Parquet, by host and day
-    probe export 'ranks/*.probe.db' --perfetto all.pftrace  # several recordings as one
+    probe export run.probe --otlp http://127.0.0.1:4318
+    probe export run.probe --otlp 127.0.0.1:4317 --otlp-protocol grpc --sampling 0.1
+    probe export run.probe --prometheus-textfile /var/lib/node_exporter/probe.prom
+    probe export run.probe --perfetto run.perfetto-trace
+    probe export run.probe --openmetrics run.om      # then: promtool tsdb create-blocks-from
+    probe export run.probe --rocpd probe_results.db  # a rocpd side-car
+    probe export run.probe --parquet pq/             # Parquet, by host and day
+    probe export 'ranks/*.probe' --perfetto all.pftrace  # several recordings as one
     probe export --to list                              # every registered exporter
-    probe export run.probe.db --to rocpd --out probe_results.db
+    probe export run.probe --to rocpd --out probe_results.db
 
 Several recordings (or a glob) are read as one: their processes side by side, their
 steps in (pid, step) order (:class:`probe.reader.recording_set.RecordingSet`). Each target needs its

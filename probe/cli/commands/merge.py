@@ -1,10 +1,10 @@
 """``probe merge``: a recording and GPU profiles on one Perfetto timeline, and a per-step check.
 
-    probe merge run.probe.db trace.json.gz --out merged.pftrace          # Kineto
-    probe merge run.probe.db rocprof_out/ --out merged.pftrace           # rocprofv3 CSV dir
-    probe merge run.probe.db 1234_results.db --out merged.pftrace        # rocpd
-    probe merge run.probe.db trace.json.gz --report                      # per-step table
-    probe merge 'ranks/*.probe.db' trace.json.gz --out merged.pftrace    # several as one
+    probe merge run.probe trace.json.gz --out merged.pftrace          # Kineto
+    probe merge run.probe rocprof_out/ --out merged.pftrace           # rocprofv3 CSV dir
+    probe merge run.probe 1234_results.db --out merged.pftrace        # rocpd
+    probe merge run.probe trace.json.gz --report                      # per-step table
+    probe merge 'ranks/*.probe' trace.json.gz --out merged.pftrace    # several as one
 
 Several recordings (a glob, or recordings given before the profiles) are read as one: their
 processes side by side, their steps in (pid, step) order.
@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "recording",
-        help="probe recording (.probe.db) or a glob; recordings among the profiles join it",
+        help="probe recording (NAME.probe or .probe.db) or a glob; recordings among the profiles join it",
     )
     p.add_argument(
         "profiles",

@@ -1,7 +1,7 @@
 """``probe record``: run a command with the probe on and write its recording.
 
-probe record --out run.probe.db -- vllm serve MODEL
-probe record --out run.probe.db --duration 60 --sample 4 -- python bench.py
+probe record --out run.probe -- vllm serve MODEL
+probe record --out run.probe --duration 60 --sample 4 -- python bench.py
 """
 
 from __future__ import annotations

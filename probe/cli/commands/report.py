@@ -2,9 +2,9 @@
 several as one (rolling files of one agent, the ranks of several hosts; a quoted glob is
 expanded), their summaries merged.
 
-probe report run.probe.db
-probe report run.probe.db --json
-probe report 'agent-*.probe.db'
+probe report run.probe
+probe report run.probe --json
+probe report 'agent-*.probe'
 """
 
 from __future__ import annotations

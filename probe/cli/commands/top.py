@@ -4,7 +4,7 @@ every few seconds. It takes the same CPU share as ``probe attach`` (``--session-
 :mod:`probe.reader.session`).
 
     probe top --url http://127.0.0.1:8000
-    probe top --url http://127.0.0.1:8000 --record top.probe.db   # and keep what it saw
+    probe top --url http://127.0.0.1:8000 --record top.probe   # and keep what it saw
 """
 
 from __future__ import annotations

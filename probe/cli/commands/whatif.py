@@ -1,13 +1,13 @@
 """``probe whatif``: a recording's batch shapes through the installed vLLM's real dispatcher.
 
-    probe whatif run.probe.db                          # replay check + capture-size suggestion
-    probe whatif run.probe.db --support FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE
-    probe whatif run.probe.db --capture-sizes 1,2,4,8,16,32,64,128 --mode FULL_DECODE_ONLY
-    probe whatif run.probe.db --max-capture-size 64 --json
-    probe whatif a.probe.db --support FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE \
-        --costs-from b.probe.db                        # host time from the run that ran it
+    probe whatif run.probe                          # replay check + capture-size suggestion
+    probe whatif run.probe --support FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE
+    probe whatif run.probe --capture-sizes 1,2,4,8,16,32,64,128 --mode FULL_DECODE_ONLY
+    probe whatif run.probe --max-capture-size 64 --json
+    probe whatif a.probe --support FlashMLASparseMetadataBuilder=UNIFORM_SINGLE_TOKEN_DECODE \
+        --costs-from b.probe                        # host time from the run that ran it
 
-    probe whatif run.probe.db --decode-cudagraph-capture-request-sizes 1,2,4,8,16,32,64
+    probe whatif run.probe --decode-cudagraph-capture-request-sizes 1,2,4,8,16,32,64
 
 Columns: what was recorded; the recording's own settings replayed (every step's mode and
 reason must come out as recorded); the what-if; the suggested capture sizes. Each with its
@@ -357,7 +357,7 @@ def add_parser(sub: Any) -> None:
     )
     q.add_argument(
         "--costs-from",
-        metavar="B.probe.db",
+        metavar="B.probe",
         help="host-time costs for the modes and shapes this recording never ran, measured "
         "in another recording",
     )
