@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -24,10 +24,8 @@ from probe.analysis.accumulators import (
     total_of,
 )
 from probe.analysis.rules import CLASSES, STEADY
+from probe.analysis.summary_state import Candidate, Rank
 from probe.records import Mode, Reason
-
-if TYPE_CHECKING:
-    from probe.analysis.summary import Candidate, Rank
 
 
 class FiguresOf:
