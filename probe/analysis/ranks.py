@@ -89,6 +89,7 @@ __all__ = [
     "StepRanks",
     "align_offsets",
     "compare",
+    "dp_costs",
     "engine_figures",
     "engine_ranks",
     "exact_sum",
@@ -644,18 +645,38 @@ def rank_verdict(figures: Sequence[RankFigures], named: int) -> str | None:
 
 
 def dp_rank(r: RankInput, steps: Iterable[Step]) -> DpRank:
-    """A rank's data-parallel costs (see :class:`DpRank`)."""
+    """A rank's data-parallel costs (see :class:`DpRank`): :func:`dp_costs` of its Steps."""
+
+    def chunks() -> Iterator[dict[str, np.ndarray]]:
+        it = iter(steps)
+        while rows := [s for _, s in zip(range(RANKS_CHUNK_ROWS), it, strict=False)]:
+            yield {
+                "reason": np.array([-1 if s.reason is None else s.reason for s in rows], np.int64),
+                "padded_tokens": np.array([s.padded_tokens for s in rows], np.int64),
+                "num_tokens": np.array([s.num_tokens for s in rows], np.int64),
+                "host_ns": np.array([s.host_ns for s in rows], np.int64),
+                "gpu_busy_ns": np.array([s.gpu_busy_ns or 0 for s in rows], np.int64),
+            }
+
+    return dp_costs(r, chunks())
+
+
+def dp_costs(r: RankInput, chunks: Iterable[Mapping[str, np.ndarray]]) -> DpRank:
+    """A rank's data-parallel costs (see :class:`DpRank`) from its step columns
+    (``reason``, ``padded_tokens``, ``num_tokens``, ``host_ns``, ``gpu_busy_ns`` with 0
+    where the step has no device timing), a chunk at a time."""
     n = fe = fe_h = fe_g = pad = pad_h = pad_g = 0
-    for s in steps:
-        n += 1
-        if s.reason == Reason.FORCED_EAGER:
-            fe += 1
-            fe_h += s.host_ns
-            fe_g += s.gpu_busy_ns or 0
-        if s.padded_tokens > s.num_tokens:
-            pad += 1
-            pad_h += s.host_ns
-            pad_g += s.gpu_busy_ns or 0
+    for cols in chunks:
+        gpu = cols["gpu_busy_ns"]
+        forced = cols["reason"] == int(Reason.FORCED_EAGER)
+        padded = cols["padded_tokens"] > cols["num_tokens"]
+        n += len(forced)
+        fe += int(forced.sum())
+        fe_h += exact_sum(cols["host_ns"][forced])
+        fe_g += exact_sum(gpu[forced])
+        pad += int(padded.sum())
+        pad_h += exact_sum(cols["host_ns"][padded])
+        pad_g += exact_sum(gpu[padded])
     return DpRank(r.rank, n, fe, fe_h, fe_g, pad, pad_h, pad_g, sum(r.outside.values()))
 
 

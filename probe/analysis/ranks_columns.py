@@ -29,12 +29,11 @@ from probe.analysis.ranks import (
     EngineRanks,
     RankInput,
     RanksSummary,
+    dp_costs,
     engine_figures,
-    exact_sum,
     matching,
     recording_ranks,
 )
-from probe.records import Reason
 
 __all__ = ["RANKS_CHUNK_ROWS", "engine_ranks_of_columns", "ranks_of_recording"]
 
@@ -76,19 +75,12 @@ def dp_rank_of_columns(rec: Any, r: RankInput) -> DpRank:
     """:func:`probe.analysis.ranks.dp_rank` of ``r``, from ``rec``'s columns of its pid."""
     from probe.reader.recording_columns import iter_step_columns, null_mask
 
-    n = fe = fe_h = fe_g = pad = pad_h = pad_g = 0
-    for cols in iter_step_columns(rec, r.rank.pid):
-        gpu = np.where(null_mask(cols, "gpu_busy_ns"), 0, cols["gpu_busy_ns"])
-        forced = cols["reason"] == int(Reason.FORCED_EAGER)
-        padded = cols["padded_tokens"] > cols["num_tokens"]
-        n += len(forced)
-        fe += int(forced.sum())
-        fe_h += exact_sum(cols["host_ns"][forced])
-        fe_g += exact_sum(gpu[forced])
-        pad += int(padded.sum())
-        pad_h += exact_sum(cols["host_ns"][padded])
-        pad_g += exact_sum(gpu[padded])
-    return DpRank(r.rank, n, fe, fe_h, fe_g, pad, pad_h, pad_g, sum(r.outside.values()))
+    def chunks() -> Iterator[dict[str, np.ndarray]]:
+        for cols in iter_step_columns(rec, r.rank.pid):
+            gpu = np.where(null_mask(cols, "gpu_busy_ns"), 0, cols["gpu_busy_ns"])
+            yield {**cols, "gpu_busy_ns": gpu}
+
+    return dp_costs(r, chunks())
 
 
 def ranks_of_recording(rec: Any, *, epoch_sync_ns: int = DEFAULT_EPOCH_SYNC_NS) -> RanksSummary:
