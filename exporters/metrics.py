@@ -31,7 +31,7 @@ units the Collector's Prometheus translation adds nothing for (``s`` on names th
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,7 +39,8 @@ from exporters.base import ProcessInfo
 from probe.analysis import rules
 from probe.analysis import views as analysis
 from probe.analysis.cost import TIMINGS, calls_with, has_timing
-from probe.analysis.ranks import StepRanks
+from probe.analysis.ranks import RankId, StepRanks
+from probe.analysis.ranks_live import RankMatcher
 from probe.analysis.steady import Classes
 from probe.records import BuildTag, Mode
 from probe.step import PHASES, GpuSample, Step
@@ -524,6 +525,38 @@ def updates(
         yield u("gpu_idle_before_step_seconds", g.idle_before_ns / 1e9, steady=st)
         bound = rules.host_bound(g.idle_before_ns, g.step_ns)
         yield u("host_bound_steps_total", 1.0 if bound else 0.0, steady=st)
+
+
+class RankSeries:
+    """The ranks-side-by-side series of a live sink (Prometheus, OTLP): every worker's
+    steps, as their batches arrive, into one :class:`probe.analysis.ranks_live.RankMatcher`
+    (on the CPU platform if the first worker's is), and each step it matches as
+    :func:`rank_updates`. The one computation both sinks apply, each to its own series."""
+
+    def __init__(self) -> None:
+        self.matcher: RankMatcher | None = None
+
+    def updates(
+        self,
+        info: ProcessInfo,
+        steps: Sequence[Step],
+        infos: Callable[[int], ProcessInfo],
+    ) -> Iterator[Update]:
+        """The updates of the steps this batch of ``info``'s lets the matcher pair with the
+        other workers' steps; ``infos``: a matched rank's process facts by pid. Nothing for
+        a process that is no worker."""
+        if info.role != "worker":
+            return
+        if self.matcher is None:
+            self.matcher = RankMatcher(sync_launch=info.platform == "cpu")
+        rid = RankId(info.pid, info.tp_rank, info.pp_rank, info.dp_rank)
+        for members, sr in self.matcher.add(rid, steps):
+            yield from rank_updates([infos(r.pid) for r in members], sr)
+
+    def forget(self, pid: int) -> None:
+        """Let go of ``pid``'s held steps (a process gone)."""
+        if self.matcher is not None:
+            self.matcher.forget(pid)
 
 
 def rank_updates(infos: Sequence[ProcessInfo], matched: StepRanks) -> Iterator[Update]:

@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -76,10 +76,8 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from exporters.base import FIXED, ExportSink, GpuSample, ProcessInfo
-from exporters.metrics import METRICS, Update, process_updates, rank_updates, updates
+from exporters.metrics import METRICS, RankSeries, Update, process_updates, updates
 from exporters.series import DEFAULT_INTERVAL_S, Hist, Timeline, instance_id, timelines
-from probe.analysis.ranks import RankId
-from probe.analysis.ranks_live import RankMatcher
 from probe.analysis.steady import Classes
 from probe.progress import SILENT, Progress
 from probe.reader.recording import Recording
@@ -267,7 +265,7 @@ class OtlpSink(ExportSink):
         self._boottime = boottime_ns
         self._epoch = epoch_ns
         self._procs: dict[int, _Proc] = {}
-        self._ranks: RankMatcher | None = None
+        self._ranks = RankSeries()
         self._pending: dict[int, ProcessInfo] = {}
         self._classes = Classes()  # the steady/warm-up split and engine idle, per rank
         self.span_exporters: list[CountingSpanExporter] = []
@@ -383,21 +381,11 @@ class OtlpSink(ExportSink):
         if self.metrics:
             for u in updates(info, steps, gpu, self._classes):
                 self._apply(p, u)
-            for u in self._rank_updates(info, steps):
+            # on the last rank's resource
+            for u in self._ranks.updates(info, steps, lambda pid: self._procs[pid].info):
                 self._apply(self._procs[int(u.labels["pid"])], u)
         for s in steps:
             self._span(p, s)
-
-    def _rank_updates(self, info: ProcessInfo, steps: Sequence[Step]) -> Iterator[Update]:
-        """The ranks-side-by-side series (:mod:`probe.analysis.ranks`) of the steps this batch lets
-        the matcher pair with the other workers' steps, on the last rank's resource."""
-        if info.role != "worker":
-            return
-        if self._ranks is None:
-            self._ranks = RankMatcher(sync_launch=info.platform == "cpu")
-        rid = RankId(info.pid, info.tp_rank, info.pp_rank, info.dp_rank)
-        for members, sr in self._ranks.add(rid, steps):
-            yield from rank_updates([self._procs[r.pid].info for r in members], sr)
 
     def _span(self, p: _Proc, s: Step) -> None:
         off = p.offset_ns

@@ -58,14 +58,12 @@ from exporters.base import AGENT_BY_PID, AGENT_METRICS, FIXED, ExportSink, GpuSa
 from exporters.metrics import (
     METRICS,
     NAMESPACE,
+    RankSeries,
     Update,
     process_labels,
     process_updates,
-    rank_updates,
     updates,
 )
-from probe.analysis.ranks import RankId
-from probe.analysis.ranks_live import RankMatcher
 from probe.analysis.steady import Classes
 from probe.progress import SILENT, Progress
 from probe.step import Step
@@ -179,7 +177,7 @@ class PrometheusSink(ExportSink):
         self.values = _Values()
         self.registry.register(self.values)  # type: ignore[arg-type]
         self._known: dict[int, ProcessInfo] = {}
-        self._ranks: RankMatcher | None = None
+        self._ranks = RankSeries()
         #: each process's label facts as of its first step (FIXED)
         self._fixed: dict[int, dict[str, Any]] = {}
         self._pending: dict[int, ProcessInfo] = {}  # facts of a process before its first step
@@ -264,7 +262,7 @@ class PrometheusSink(ExportSink):
             info = self._labelled(info)
             for u in updates(info, steps, gpu, self._classes):
                 self.apply(u)
-            for u in self._rank_updates(info, steps):
+            for u in self._ranks.updates(info, steps, self._known.__getitem__):
                 self.apply(u)
             self._dirty = True
 
@@ -290,23 +288,11 @@ class PrometheusSink(ExportSink):
         with self._lock:
             n = self.values.forget(str(pid))
             self._known.pop(pid, None)
-            if self._ranks is not None:
-                self._ranks.forget(pid)
+            self._ranks.forget(pid)
             self._fixed.pop(pid, None)
             self._pending.pop(pid, None)
             self._dirty = True
         return n
-
-    def _rank_updates(self, info: ProcessInfo, steps: Sequence[Step]) -> Iterator[Update]:
-        """The ranks-side-by-side series (:mod:`probe.analysis.ranks`) of the steps that this batch
-        lets the matcher pair with the other workers' steps."""
-        if info.role != "worker":
-            return
-        if self._ranks is None:
-            self._ranks = RankMatcher(sync_launch=info.platform == "cpu")
-        rid = RankId(info.pid, info.tp_rank, info.pp_rank, info.dp_rank)
-        for members, sr in self._ranks.add(rid, steps):
-            yield from rank_updates([self._known[r.pid] for r in members], sr)
 
     def exposition(self) -> bytes:
         """The current text exposition, whole (waits for a batch being applied)."""

@@ -1,11 +1,12 @@
 """The probe's own cost per step: how many hooked calls each step's records stand for
 (:func:`hooked_calls`), the calibration taken at attach (:func:`calibration_of`), and the
-two together (:func:`probe_cost`, :func:`cost_line`). Re-exported by :mod:`probe.analysis.views`,
+two together (:func:`cost_figures`, the one computation of the figure; :func:`probe_cost`
+over Steps; :func:`cost_line`). Re-exported by :mod:`probe.analysis.views`,
 whose reports print it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from probe.reader.assemble import derived_prepare
@@ -112,56 +113,77 @@ def probe_cost(
 ) -> dict[str, Any] | None:
     """The probe's cost per forward step by each rank's calibration (``pid ->``
     :func:`calibration_of`), and its share of the CPU launch overhead of the same steps
-    (the sums' ratio). None when no step's rank has a calibration."""
-    cal_steps = [(s, c) for s in steps if s.forward and (c := calibrations.get(s.pid)) is not None]
-    if not cal_steps:
-        return None
-    cold_ok = all(has_timing(c, "_cold") for _, c in cal_steps)
-    code_ok = cold_ok and all(has_timing(c, "_cold_code") for _, c in cal_steps)
-    cost = cold_cost = code_cost = 0.0
-    spans = hooks = 0
-    launch = [s.cpu_launch_overhead_ns for s, _ in cal_steps if s.cpu_launch_overhead_ns]
-    for s, c in cal_steps:
+    (the sums' ratio): :func:`cost_figures` of the steps' hooked calls (:func:`calls_with`),
+    counted per calibration. None when no step's rank has a calibration."""
+    per: dict[int, list[Any]] = {}  # id(calibration) -> [calibration, steps, spans, hooks]
+    launch = launch_n = 0
+    for s in steps:
+        c = calibrations.get(s.pid)
+        if not s.forward or c is None:
+            continue
         n_span, n_hook = calls_with(s, c)
-        spans += n_span
-        hooks += n_hook
-        cost += cost_per_step_ns(dict(c), n_span, n_hook)
-        if cold_ok:
-            cold_cost += cost_per_step_ns(dict(c), n_span, n_hook, "_cold")
-        if code_ok:
-            code_cost += cost_per_step_ns(dict(c), n_span, n_hook, "_cold_code")
-    n = len(cal_steps)
-    per_step = cost / n
-    per_step_cold = cold_cost / n if cold_ok else None
-    mean_launch = sum(launch) / len(launch) if launch else None
-    cals = list({id(c): c for _, c in cal_steps}.values())
+        row = per.setdefault(id(c), [c, 0, 0, 0])
+        row[1] += 1
+        row[2] += n_span
+        row[3] += n_hook
+        if s.cpu_launch_overhead_ns is not None:
+            launch += s.cpu_launch_overhead_ns
+            launch_n += 1
+    mean_launch = launch / launch_n if launch_n else None
+    return cost_figures([(c, n, a, b) for c, n, a, b in per.values()], mean_launch)
+
+
+def cost_figures(
+    per: Sequence[tuple[Mapping[str, Any], int, int, int]], mean_launch_ns: float | None
+) -> dict[str, Any] | None:
+    """The probe cost's figures, for every surface (the report, ``probe ab``, the live view,
+    :func:`probe_cost`): ``per``, the steps counted by calibration, each ``(calibration,
+    steps, span calls, hook calls)`` (:func:`calls_with`, summed over those steps);
+    ``mean_launch_ns``, the mean CPU launch overhead of the same steps. The cost per step
+    by each timing of the calibrations (all of them have it, else None), their share of
+    that mean, and the headline (:func:`with_headline`). None without a step."""
+    rows = [r for r in per if r[1]]
+    if not rows:
+        return None
+    n = sum(r[1] for r in rows)
+    spans = sum(r[2] for r in rows)
+    hooks = sum(r[3] for r in rows)
+    used = list({id(c): c for c, *_ in rows}.values())
+    cold_ok = all(has_timing(c, "_cold") for c in used)
+    code_ok = cold_ok and all(has_timing(c, "_cold_code") for c in used)
+
+    def cost(timing: str) -> float:
+        return sum(cost_per_step_ns(dict(c), a, b, timing) for c, _, a, b in rows)
+
+    per_step = cost("") / n
+    cold = cost("_cold") / n if cold_ok else None
+    code = cost("_cold_code") / n if code_ok else None
+
+    def share(x: float | None) -> float | None:
+        return x / mean_launch_ns if mean_launch_ns and x is not None else None
+
+    def each(key: str, ok: bool = True) -> list[float] | None:
+        return [float(c[key]) for c in used] if ok else None
+
     return with_headline(
         {
             "steps": n,
             "span_calls_per_step": spans / n,
             "hook_calls_per_step": hooks / n,
-            "span_ns": [float(c["span_ns"]) for c in cals],
-            "hook_ns": [float(c["hook_ns"]) for c in cals],
-            "hot_path": sorted({str(c.get("hot_path")) for c in cals}),
+            "span_ns": each("span_ns"),
+            "hook_ns": each("hook_ns"),
+            "hot_path": sorted({str(c.get("hot_path")) for c in used}),
             "per_step_warm_ns": per_step,
-            "cpu_launch_overhead_mean_ns": mean_launch,
-            "share_warm_of_cpu_launch_overhead": per_step / mean_launch if mean_launch else None,
-            "span_cold_ns": [float(c["span_cold_ns"]) for c in cals] if cold_ok else None,
-            "hook_cold_ns": [float(c["hook_cold_ns"]) for c in cals] if cold_ok else None,
-            "per_step_cold_ns": per_step_cold,
-            "share_cold_of_cpu_launch_overhead": (
-                per_step_cold / mean_launch if mean_launch and per_step_cold is not None else None
-            ),
-            "span_cold_code_ns": (
-                [float(c["span_cold_code_ns"]) for c in cals] if code_ok else None
-            ),
-            "hook_cold_code_ns": (
-                [float(c["hook_cold_code_ns"]) for c in cals] if code_ok else None
-            ),
-            "per_step_cold_code_ns": code_cost / n if code_ok else None,
-            "share_cold_code_of_cpu_launch_overhead": (
-                code_cost / n / mean_launch if mean_launch and code_ok else None
-            ),
+            "cpu_launch_overhead_mean_ns": mean_launch_ns,
+            "share_warm_of_cpu_launch_overhead": share(per_step),
+            "span_cold_ns": each("span_cold_ns", cold_ok),
+            "hook_cold_ns": each("hook_cold_ns", cold_ok),
+            "per_step_cold_ns": cold,
+            "share_cold_of_cpu_launch_overhead": share(cold),
+            "span_cold_code_ns": each("span_cold_code_ns", code_ok),
+            "hook_cold_code_ns": each("hook_cold_code_ns", code_ok),
+            "per_step_cold_code_ns": code,
+            "share_cold_code_of_cpu_launch_overhead": share(code),
         }
     )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -23,11 +23,10 @@ from probe.analysis.accumulators import (
     percentile_of,
     total_of,
 )
+from probe.analysis.cost import cost_figures, cost_line
 from probe.analysis.rules import CLASSES, STEADY
+from probe.analysis.summary_state import Candidate, Rank
 from probe.records import Mode, Reason
-
-if TYPE_CHECKING:
-    from probe.analysis.summary import Candidate, Rank
 
 
 class FiguresOf:
@@ -91,66 +90,22 @@ class FiguresOf:
         }
 
     def _probe_cost(self, steady: Mapping[Key, Acc], st: Acc) -> dict[str, Any] | None:
-        from probe.analysis.cost import cost_per_step_ns, has_timing, with_headline
-
+        """:func:`probe.analysis.cost.cost_figures` of the steady steps whose rank has a
+        calibration, counted per group."""
         cals = self.calibrations
         per = [
             (c, a)
             for k, a in steady.items()
             if (c := cals.get(k[0])) is not None and a.s[S["costed"]]
         ]
-        if not per:
-            return None
-        n = sum(int(a.s[S["costed"]]) for _, a in per)
-        spans = sum(int(a.s[S["span_calls"]]) for _, a in per)
-        hooks = sum(int(a.s[S["hook_calls"]]) for _, a in per)
-        used = list({id(c): c for c, _ in per}.values())
-        cold_ok = all(has_timing(c, "_cold") for c in used)
-        code_ok = cold_ok and all(has_timing(c, "_cold_code") for c in used)
-
-        def cost(timing: str) -> float:
-            return sum(
-                cost_per_step_ns(
-                    dict(c), int(a.s[S["span_calls"]]), int(a.s[S["hook_calls"]]), timing
-                )
-                for c, a in per
-            )
-
         launch = total_of(a for _, a in per)
         li = Q["cpu_launch_overhead_ns"]
         mean_launch = float(launch.q[li, 1]) / int(launch.q[li, 0]) if launch.q[li, 0] else None
-        per_step = cost("") / n
-        cold = cost("_cold") / n if cold_ok else None
-        code = cost("_cold_code") / n if code_ok else None
-
-        def share(x: float | None) -> float | None:
-            return x / mean_launch if mean_launch and x is not None else None
-
-        return with_headline(
-            {
-                "steps": n,
-                "span_calls_per_step": spans / n,
-                "hook_calls_per_step": hooks / n,
-                "span_ns": [float(c["span_ns"]) for c in used],
-                "hook_ns": [float(c["hook_ns"]) for c in used],
-                "hot_path": sorted({str(c.get("hot_path")) for c in used}),
-                "per_step_warm_ns": per_step,
-                "cpu_launch_overhead_mean_ns": mean_launch,
-                "share_warm_of_cpu_launch_overhead": share(per_step),
-                "span_cold_ns": [float(c["span_cold_ns"]) for c in used] if cold_ok else None,
-                "hook_cold_ns": [float(c["hook_cold_ns"]) for c in used] if cold_ok else None,
-                "per_step_cold_ns": cold,
-                "share_cold_of_cpu_launch_overhead": share(cold),
-                "span_cold_code_ns": [float(c["span_cold_code_ns"]) for c in used]
-                if code_ok
-                else None,
-                "hook_cold_code_ns": [float(c["hook_cold_code_ns"]) for c in used]
-                if code_ok
-                else None,
-                "per_step_cold_code_ns": code,
-                "share_cold_code_of_cpu_launch_overhead": share(code),
-            }
-        )
+        counts = [
+            (c, int(a.s[S["costed"]]), int(a.s[S["span_calls"]]), int(a.s[S["hook_calls"]]))
+            for c, a in per
+        ]
+        return cost_figures(counts, mean_launch)
 
     def reorder_figures(self) -> dict[str, Any]:
         r = self.reorders
@@ -286,8 +241,6 @@ def verdict(
     """Plain-words findings about steady state, most important first, from
     :meth:`Summary.figures` (``per_rank``: (pid, figures) of each rank, for the
     host-bound line per rank)."""
-    from probe.analysis.cost import cost_line
-
     out: list[str] = []
     n_warm = fig["forward_steps"] - fig["steady_steps"]
     if not fig["steady_steps"]:

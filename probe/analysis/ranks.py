@@ -11,7 +11,8 @@ by how much, and which phase made it late.
     >>> ranks_of_recording(Recording.open(default_recording())).engines  # one worker: none
     ()
 
-(:mod:`probe.analysis.ranks_columns` computes the same figures over a recording's columns.)
+The matching itself is :mod:`probe.analysis.ranks_match`'s, over columns: Steps are turned
+into them here, a recording's are read as they are by :mod:`probe.analysis.ranks_columns`.
 
 Definitions (the report prints them with the numbers):
 
@@ -49,22 +50,24 @@ pair; the uncertainty is the hosts' wall-clock agreement (``epoch_sync_ns``, an 
 what chrony/PTP reports for the hosts) plus each pair's read window. A step whose skew is
 not larger than that uncertainty names no last rank (``within_uncertainty``).
 
-Memory: steps are streamed per rank in step order; what is held is the first
-:data:`ALIGN_WINDOW` steps of each rank (to read the offset), one Step per rank while
-matching, one skew figure per matched step (8 bytes, for exact percentiles) and counters
-per rank and phase.
+Memory: steps are streamed per rank in step order, as columns a chunk
+(:data:`RANKS_CHUNK_ROWS`) at a time; what is held is at most two chunks per rank, one
+skew figure per matched step that names a last rank (8 bytes, for exact percentiles) and
+counters per rank and phase.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-from array import array
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
+from probe.analysis import ranks_match
+from probe.analysis.ranks_match import FL, PHASES_BEFORE_FORWARD, START
 from probe.records import Reason
 from probe.step import Step
 
@@ -73,9 +76,11 @@ __all__ = [
     "DEFAULT_EPOCH_SYNC_NS",
     "MAX_OFFSET",
     "PHASES_BEFORE_FORWARD",
+    "RANKS_CHUNK_ROWS",
     "VERDICT_RULE",
     "DpRank",
     "EngineRanks",
+    "Matching",
     "RankFigures",
     "RankId",
     "RankInput",
@@ -84,31 +89,25 @@ __all__ = [
     "StepRanks",
     "align_offsets",
     "compare",
+    "dp_costs",
+    "engine_figures",
     "engine_ranks",
+    "exact_sum",
+    "matched",
+    "matching",
     "per_step",
     "ranks_summary",
     "recording_ranks",
 ]
 
-#: the phases that run before a step's forward is fully enqueued (the ones that can make a
-#: rank late for the step's collectives); logits, sample and draft run after it and show
-#: as a later ``start`` of the next step
-PHASES_BEFORE_FORWARD = (
-    "reorder",
-    "prepare_inputs",
-    "dispatch",
-    "metadata_build",
-    "forward_launch",
-    "sync_stall",
-)
-START = "start"
-FL = "forward_launch"
 ARRIVAL = {
     False: "enqueue end: t0 + cpu_launch_overhead_ns",
     True: "forward start: t0 + cpu_launch_overhead_ns - forward_launch "
     "(the forward call runs the model and its collectives wait for every rank)",
 }
 ALIGN_WINDOW = 256
+#: rows per rank read at a time while matching (a window holds at most two per rank)
+RANKS_CHUNK_ROWS = 8192
 MAX_OFFSET = 8
 ALIGN_MIN_AGREE = 0.9
 #: steps each rank holds before a live matcher reads the offsets
@@ -343,39 +342,6 @@ def clock_shifts(ranks: Sequence[RankInput], epoch_sync_ns: int) -> tuple[list[i
     )
 
 
-class _Peek:
-    def __init__(self, it: Iterator[Step]) -> None:
-        self.it = it
-        self.head: Step | None = next(it, None)
-        self.skipped = 0
-
-    def take(self, step: int) -> Step | None:
-        """The step numbered ``step``, skipping (and counting) the ones before it."""
-        while self.head is not None and self.head.step < step:
-            self.skipped += 1
-            self.head = next(self.it, None)
-        if self.head is not None and self.head.step == step:
-            s, self.head = self.head, next(self.it, None)
-            return s
-        return None
-
-    def rest(self) -> int:
-        n = 0
-        while self.head is not None:
-            n += 1
-            self.head = next(self.it, None)
-        return n
-
-
-def _lead(x: int, xs: Sequence[int]) -> float:
-    """``x`` minus the median of ``xs``, exactly: epoch-ns values are past a float's 53
-    bits, so the median is taken doubled, in integers."""
-    ys = sorted(xs)
-    m = len(ys) // 2
-    twice = 2 * ys[m] if len(ys) % 2 else ys[m - 1] + ys[m]
-    return (2 * x - twice) / 2
-
-
 def compare(
     steps: Sequence[Step],
     shifts: Sequence[int] | None = None,
@@ -385,77 +351,115 @@ def compare(
 ) -> StepRanks | None:
     """One step of every rank of an engine (in the engine's rank order), side by side;
     None when a rank has no launch time (no forward). ``shifts`` put each rank's BOOTTIME
-    on the common clock (none: one host)."""
+    on the common clock (none: one host). The live matcher's, one matched step of
+    :func:`probe.analysis.ranks_match.match_rows`."""
     if any(s.cpu_launch_overhead_ns is None for s in steps):
         return None
+    cols = ranks_match.step_columns(steps)
+    v = {k: a[None, :] for k, a in cols.items()}
     sh = list(shifts) if shifts is not None else [0] * len(steps)
-    clo = [int(s.cpu_launch_overhead_ns or 0) for s in steps]
-    fl = [s.phases.get(FL, 0) for s in steps]
-    starts = [s.t0 + x for s, x in zip(steps, sh, strict=True)]
-    ends = [t + c - (f if sync_launch else 0) for t, c, f in zip(starts, clo, fl, strict=True)]
-    last = max(range(len(ends)), key=lambda i: (ends[i], -i))
-    others = [i for i in range(len(ends)) if i != last]
-    skew_ns = round(_lead(ends[last], [ends[i] for i in others]))
-    phase: str | None = None
-    excess = 0
-    wait: int | None = None
-    named: int | None = last
-    if skew_ns <= uncertainty_ns:
-        named = None
-    else:
-        cands = {START: _lead(starts[last], [starts[i] for i in others])}
-        for p in PHASES_BEFORE_FORWARD:
-            if not (sync_launch and p == FL):
-                mine = steps[last].phases.get(p, 0)
-                cands[p] = _lead(mine, [steps[i].phases.get(p, 0) for i in others])
-        phase = max(cands, key=lambda k: cands[k])  # first listed wins a tie
-        excess = round(cands[phase])
-        if sync_launch:
-            wait = sum(ends[last] - ends[i] for i in others)
-        elif (idle := steps[last].gpu_idle_before_ns) is not None:
-            wait = sum(min(ends[last] - ends[i], idle) for i in others)
-    return StepRanks(
-        step=steps[0].step,
-        steps=tuple(s.step for s in steps),
-        start_ns=tuple(starts),
-        end_ns=tuple(ends),
-        forward_launch_ns=tuple(fl),
-        cpu_launch_overhead_ns=tuple(clo),
-        last=named,
-        skew_ns=skew_ns,
-        phase=phase,
-        phase_excess_ns=excess,
-        wait_ns=wait,
+    cands = ranks_match.candidates(sync_launch)
+    return next(_step_ranks(v, ranks_match.match_rows(v, sh, uncertainty_ns, sync_launch, cands)))
+
+
+def _step_ranks(v: Mapping[str, np.ndarray], m: ranks_match.Rows) -> Iterator[StepRanks]:
+    """Each matched step of ``m`` (over the columns ``v``) as a :class:`StepRanks`."""
+    steps = v["step"].tolist()
+    fl = v[f"{FL}_ns"].tolist()
+    clo = v["cpu_launch_overhead_ns"].tolist()
+    start, end = m.start.tolist(), m.end.tolist()
+    for j, (last, skew, phase, excess, wait, has) in enumerate(
+        zip(
+            m.last.tolist(), m.skew.tolist(), m.phase.tolist(), m.excess.tolist(),
+            m.wait.tolist(), m.has_wait.tolist(), strict=True,
+        )
+    ):  # fmt: skip
+        yield StepRanks(
+            step=int(steps[j][0]),
+            steps=tuple(int(x) for x in steps[j]),
+            start_ns=tuple(int(x) for x in start[j]),
+            end_ns=tuple(int(x) for x in end[j]),
+            forward_launch_ns=tuple(int(x) for x in fl[j]),
+            cpu_launch_overhead_ns=tuple(int(x) for x in clo[j]),
+            last=None if last < 0 else int(last),
+            skew_ns=int(skew),
+            phase=None if phase < 0 else m.cands[phase],
+            phase_excess_ns=int(excess),
+            wait_ns=int(wait) if has else None,
+        )
+
+
+@dataclass
+class Matching:
+    """An engine's ranks set up for matching: each rank's stream of columns, the offsets
+    read from their first steps, the clock shifts and the facts of both."""
+
+    streams: list[ranks_match.Stream]
+    offsets: tuple[int, ...]
+    shifts: list[int]
+    facts: dict[str, Any]
+    cands: list[str]
+    sync_launch: bool
+
+
+def matching(
+    ranks: Sequence[RankInput],
+    chunks: Sequence[Iterator[Mapping[str, np.ndarray]]],
+    *,
+    epoch_sync_ns: int = DEFAULT_EPOCH_SYNC_NS,
+    sync_launch: bool = False,
+) -> Matching:
+    """``ranks`` with each one's columns (``chunks``, in step order: a recording's, or
+    Steps', :func:`probe.analysis.ranks_match.step_chunks`), their offsets read from the
+    first :data:`ALIGN_WINDOW` steps and their clocks aligned."""
+    if len(ranks) < 2:
+        raise ValueError("ranks side by side need at least two ranks")
+    streams = [ranks_match.Stream(c) for c in chunks]
+    for st in streams:
+        st.fill(ALIGN_WINDOW)
+    prefixes = [
+        [
+            _Batch(int(a), int(b), int(c))
+            for a, b, c in zip(
+                st.buf["step"][:ALIGN_WINDOW].tolist(),
+                st.buf["num_tokens"][:ALIGN_WINDOW].tolist(),
+                st.buf["num_reqs"][:ALIGN_WINDOW].tolist(),
+                strict=True,
+            )
+        ]
+        for st in streams
+    ]
+    offsets, how = align_offsets(prefixes)
+    shifts, unc, clock = clock_shifts(ranks, epoch_sync_ns)
+    facts: dict[str, Any] = {
+        "offsets": offsets,
+        "alignment": how,
+        "clock": clock,
+        "uncertainty_ns": unc,
+        "tally": Counter(),
+        "arrival": ARRIVAL[sync_launch],
+    }
+    return Matching(
+        streams, offsets, shifts, facts, ranks_match.candidates(sync_launch), sync_launch
     )
 
 
-def _match(
-    ranks: Sequence[RankInput], shifts: Sequence[int], unc: int, offsets: Sequence[int],
-    peeks: Sequence[_Peek], tally: Counter[str], sync_launch: bool,
-) -> Iterator[StepRanks]:  # fmt: skip
-    ref = peeks[0]
-    while ref.head is not None:
-        s0 = ref.head
-        ref.head = next(ref.it, None)
-        got: list[Step | None] = [s0]
-        for i in range(1, len(ranks)):
-            got.append(peeks[i].take(s0.step + offsets[i]))
-        if any(g is None for g in got):
-            tally["unmatched0"] += 1
-            for i, g in enumerate(got[1:], 1):
-                if g is not None:
-                    tally[f"unmatched{i}"] += 1
-            continue
-        steps = [g for g in got if g is not None]
-        if any(_batch(s) != _batch(s0) for s in steps[1:]):
-            tally["batch_mismatches"] += 1
-        sr = compare(steps, shifts, uncertainty_ns=unc, sync_launch=sync_launch)
-        if sr is None:
-            tally["no_launch"] += 1
-            continue
-        yield sr
-    for i, pk in enumerate(peeks[1:], 1):
-        tally[f"unmatched{i}"] += pk.skipped + pk.rest()
+def matched(mt: Matching, chunk: int) -> Iterator[tuple[ranks_match.Paired, ranks_match.Rows]]:
+    """The windows of an engine's matched steps: each pairing and its rules' figures; the
+    facts' ``tally`` (unmatched steps per rank, batch mismatches, steps without a launch
+    time) complete once exhausted."""
+    tally: Counter[str] = mt.facts["tally"]
+    unc = mt.facts["uncertainty_ns"]
+    full = 0
+    for ws in ranks_match.windows(mt.streams, mt.offsets, chunk):
+        p = ranks_match.match_window(ws, mt.offsets)
+        full += p.full
+        tally["batch_mismatches"] += p.mismatches
+        tally["no_launch"] += p.no_launch
+        if len(p.cols["step"]):
+            yield p, ranks_match.match_rows(p.cols, mt.shifts, unc, mt.sync_launch, mt.cands)
+    for i, st in enumerate(mt.streams):
+        tally[f"unmatched{i}"] = st.count - full
 
 
 def per_step(
@@ -463,34 +467,24 @@ def per_step(
     *,
     epoch_sync_ns: int = DEFAULT_EPOCH_SYNC_NS,
     sync_launch: bool = False,
+    chunk: int = RANKS_CHUNK_ROWS,
 ) -> tuple[Iterator[StepRanks], dict[str, Any]]:
     """The engine's matched steps, streamed in step order, and the matching's facts
     (``offsets``, ``alignment``, ``clock``, ``uncertainty_ns``; after the iterator is
     exhausted also ``tally``: unmatched steps per rank, batch mismatches, steps without a
     launch time)."""
-    if len(ranks) < 2:
-        raise ValueError("ranks side by side need at least two ranks")
-    its = [iter(r.steps) for r in ranks]
-    prefixes = [list(itertools.islice(it, ALIGN_WINDOW)) for it in its]
-    offsets, how = align_offsets(prefixes)
-    shifts, unc, clock = clock_shifts(ranks, epoch_sync_ns)
-    peeks = [_Peek(itertools.chain(pre, it)) for pre, it in zip(prefixes, its, strict=True)]
-    tally: Counter[str] = Counter()
-    facts: dict[str, Any] = {
-        "offsets": offsets,
-        "alignment": how,
-        "clock": clock,
-        "uncertainty_ns": unc,
-        "tally": tally,
-    }
-    facts["arrival"] = ARRIVAL[sync_launch]
-    return _match(ranks, shifts, unc, offsets, peeks, tally, sync_launch), facts
+    mt = matching(
+        ranks,
+        [ranks_match.step_chunks(r.steps, chunk) for r in ranks],
+        epoch_sync_ns=epoch_sync_ns,
+        sync_launch=sync_launch,
+    )
 
+    def each() -> Iterator[StepRanks]:
+        for p, m in matched(mt, chunk):
+            yield from _step_ranks(p.cols, m)
 
-def _pct(xs: Sequence[int], q: float) -> float | None:
-    from probe.analysis.views import percentile
-
-    return percentile(xs, q)
+    return each(), mt.facts
 
 
 def engine_ranks(
@@ -498,73 +492,128 @@ def engine_ranks(
     *,
     epoch_sync_ns: int = DEFAULT_EPOCH_SYNC_NS,
     sync_launch: bool = False,
+    chunk: int = RANKS_CHUNK_ROWS,
 ) -> EngineRanks:
-    """One engine's ranks side by side over all their matched steps."""
-    it, facts = per_step(ranks, epoch_sync_ns=epoch_sync_ns, sync_launch=sync_launch)
+    """One engine's ranks side by side over all their matched steps (:func:`engine_figures`
+    of their Steps)."""
+    mt = matching(
+        ranks,
+        [ranks_match.step_chunks(r.steps, chunk) for r in ranks],
+        epoch_sync_ns=epoch_sync_ns,
+        sync_launch=sync_launch,
+    )
+    return engine_figures(ranks, mt, chunk)
+
+
+def engine_figures(ranks: Sequence[RankInput], mt: Matching, chunk: int) -> EngineRanks:
+    """An engine's figures over every matched step of ``mt`` (its ranks' columns, from
+    Steps or a recording), summed window by window."""
     n = len(ranks)
+    k = len(mt.cands)
     last = [0] * n
-    phases: list[Counter[str]] = [Counter() for _ in range(n)]
-    mine: list[array[int]] = [array("q") for _ in range(n)]
+    phases = np.zeros((n, k), np.int64)
+    mine: list[list[np.ndarray]] = [[] for _ in range(n)]
     caused = [0] * n
     caused_n = [0] * n
     fl = [0] * n
     clo = [0] * n
-    skews: array[int] = array("q")
-    matched = within = wait = wait_steps = 0
-    for sr in it:
-        matched += 1
-        for i in range(n):
-            fl[i] += sr.forward_launch_ns[i]
-            clo[i] += sr.cpu_launch_overhead_ns[i]
-        if sr.last is None:
-            within += 1
-            continue
-        last[sr.last] += 1
-        phases[sr.last][sr.phase or START] += 1
-        mine[sr.last].append(sr.skew_ns)
-        skews.append(sr.skew_ns)
-        if sr.wait_ns is not None:
-            caused[sr.last] += sr.wait_ns
-            caused_n[sr.last] += 1
-            wait += sr.wait_ns
-            wait_steps += 1
-    tally = facts["tally"]
-    named = sum(last)
+    count = within = wait = wait_steps = 0
+    for p, m in matched(mt, chunk):
+        v = p.cols
+        count += len(v["step"])
+        for r in range(n):
+            fl[r] += exact_sum(v[f"{FL}_ns"][:, r])
+            clo[r] += exact_sum(v["cpu_launch_overhead_ns"][:, r])
+        named = m.last >= 0
+        within += int((~named).sum())
+        at, skew, phase, has = m.last[named], m.skew[named], m.phase[named], m.has_wait[named]
+        w = m.wait[named]
+        phases += np.bincount(at * k + phase, minlength=n * k).reshape(n, k)
+        for r in range(n):
+            is_r = at == r
+            last[r] += int(is_r.sum())
+            mine[r].append(skew[is_r])
+            caused[r] += exact_sum(w[is_r & has])
+            caused_n[r] += int((is_r & has).sum())
+        wait += exact_sum(w[has])
+        wait_steps += int(has.sum())
+    tally = mt.facts["tally"]
+    named_n = sum(last)
+    skews = _sorted([a for x in mine for a in x])
     figures = tuple(
         RankFigures(
             rank=r.rank,
             last=last[i],
-            share=last[i] / named if named else None,
-            phases=tuple(sorted(phases[i].items(), key=lambda kv: (-kv[1], kv[0]))),
-            skew_p50_ns=_pct(mine[i], 50),
+            share=last[i] / named_n if named_n else None,
+            phases=tuple(
+                sorted(
+                    ((c, int(phases[i, j])) for j, c in enumerate(mt.cands) if phases[i, j]),
+                    key=lambda kv: (-kv[1], kv[0]),
+                )
+            ),
+            skew_p50_ns=_pct_sorted(_sorted(mine[i]), 50),
             wait_caused_ns=caused[i],
             wait_steps=caused_n[i],
-            mean_forward_launch_ns=fl[i] / matched if matched else None,
-            mean_cpu_launch_overhead_ns=clo[i] / matched if matched else None,
+            mean_forward_launch_ns=fl[i] / count if count else None,
+            mean_cpu_launch_overhead_ns=clo[i] / count if count else None,
         )
         for i, r in enumerate(ranks)
     )
     return EngineRanks(
         dp_rank=ranks[0].rank.dp_rank,
         ranks=figures,
-        offsets=facts["offsets"],
-        alignment=facts["alignment"],
-        arrival=facts["arrival"],
-        matched=matched,
+        offsets=mt.offsets,
+        alignment=mt.facts["alignment"],
+        arrival=mt.facts["arrival"],
+        matched=count,
         unmatched=tuple(tally[f"unmatched{i}"] for i in range(n)),
         batch_mismatches=tally["batch_mismatches"],
         no_launch=tally["no_launch"],
-        clock=facts["clock"],
-        uncertainty_ns=facts["uncertainty_ns"],
+        clock=mt.facts["clock"],
+        uncertainty_ns=mt.facts["uncertainty_ns"],
         within_uncertainty=within,
-        skew_p50_ns=_pct(skews, 50),
-        skew_p90_ns=_pct(skews, 90),
-        skew_p99_ns=_pct(skews, 99),
-        skew_max_ns=max(skews) if skews else None,
+        skew_p50_ns=_pct_sorted(skews, 50),
+        skew_p90_ns=_pct_sorted(skews, 90),
+        skew_p99_ns=_pct_sorted(skews, 99),
+        skew_max_ns=int(skews[-1]) if len(skews) else None,
         wait_ns=wait,
         wait_steps=wait_steps,
-        verdict=rank_verdict(figures, named),
+        verdict=rank_verdict(figures, named_n),
     )
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """What :func:`align_offsets` reads of a step."""
+
+    step: int
+    num_tokens: int
+    num_reqs: int
+
+
+def exact_sum(a: np.ndarray) -> int:
+    """The exact sum of int64 values (in Python integers where int64 could overflow)."""
+    if len(a) == 0:
+        return 0
+    if int(np.abs(a).max()) * len(a) < 2**63:
+        return int(a.sum())
+    return sum(int(x) for x in a.tolist())
+
+
+def _sorted(parts: Sequence[np.ndarray]) -> np.ndarray:
+    return np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+
+
+def _pct_sorted(xs: np.ndarray, q: float) -> float | None:
+    """:func:`probe.analysis.views.percentile` of sorted ``xs``, in the same arithmetic."""
+    if len(xs) == 0:
+        return None
+    if len(xs) == 1:
+        return float(xs[0])
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    a, b = int(xs[lo]), int(xs[hi])
+    return float(a + (b - a) * (pos - lo))
 
 
 def holds_more_than_share(last: int, named: int, n: int) -> bool:
@@ -596,18 +645,38 @@ def rank_verdict(figures: Sequence[RankFigures], named: int) -> str | None:
 
 
 def dp_rank(r: RankInput, steps: Iterable[Step]) -> DpRank:
-    """A rank's data-parallel costs (see :class:`DpRank`)."""
+    """A rank's data-parallel costs (see :class:`DpRank`): :func:`dp_costs` of its Steps."""
+
+    def chunks() -> Iterator[dict[str, np.ndarray]]:
+        it = iter(steps)
+        while rows := [s for _, s in zip(range(RANKS_CHUNK_ROWS), it, strict=False)]:
+            yield {
+                "reason": np.array([-1 if s.reason is None else s.reason for s in rows], np.int64),
+                "padded_tokens": np.array([s.padded_tokens for s in rows], np.int64),
+                "num_tokens": np.array([s.num_tokens for s in rows], np.int64),
+                "host_ns": np.array([s.host_ns for s in rows], np.int64),
+                "gpu_busy_ns": np.array([s.gpu_busy_ns or 0 for s in rows], np.int64),
+            }
+
+    return dp_costs(r, chunks())
+
+
+def dp_costs(r: RankInput, chunks: Iterable[Mapping[str, np.ndarray]]) -> DpRank:
+    """A rank's data-parallel costs (see :class:`DpRank`) from its step columns
+    (``reason``, ``padded_tokens``, ``num_tokens``, ``host_ns``, ``gpu_busy_ns`` with 0
+    where the step has no device timing), a chunk at a time."""
     n = fe = fe_h = fe_g = pad = pad_h = pad_g = 0
-    for s in steps:
-        n += 1
-        if s.reason == Reason.FORCED_EAGER:
-            fe += 1
-            fe_h += s.host_ns
-            fe_g += s.gpu_busy_ns or 0
-        if s.padded_tokens > s.num_tokens:
-            pad += 1
-            pad_h += s.host_ns
-            pad_g += s.gpu_busy_ns or 0
+    for cols in chunks:
+        gpu = cols["gpu_busy_ns"]
+        forced = cols["reason"] == int(Reason.FORCED_EAGER)
+        padded = cols["padded_tokens"] > cols["num_tokens"]
+        n += len(forced)
+        fe += int(forced.sum())
+        fe_h += exact_sum(cols["host_ns"][forced])
+        fe_g += exact_sum(gpu[forced])
+        pad += int(padded.sum())
+        pad_h += exact_sum(cols["host_ns"][padded])
+        pad_g += exact_sum(gpu[padded])
     return DpRank(r.rank, n, fe, fe_h, fe_g, pad, pad_h, pad_g, sum(r.outside.values()))
 
 

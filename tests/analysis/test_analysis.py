@@ -550,3 +550,30 @@ def test_the_report_names_reorder_thresholds_in_words() -> None:
     assert f"reorder_batch_threshold 2 in {n:,};" in text and "{'" not in text
     assert _thresholds({"1": 1200, "-1": 15}) == "1 in 1,200, none in 15"
     assert _thresholds({}) == "-"
+
+
+def test_the_probe_cost_is_one_figure_whether_counted_per_step_or_per_group(
+    tmp_path: Path,
+) -> None:
+    """The report's probe cost (the summary's groups, hooked calls counted per group) and
+    ``probe_cost`` over the same steady Steps (counted per step) go through one
+    computation (``cost.cost_figures``): every field equal, on a calibration with
+    fractional per-call figures and on one of several ranks' steps."""
+    cal = {**CALIBRATION, "span_ns": 81.3, "hook_ns": 119.7, "span_cold_code_ns": 2000.1}
+    rec = Recording.open(_calibrated_copy(tmp_path, cal))
+    rep = build_report(rec)
+    cals = {p["pid"]: analysis.calibration_of(p.get("snapshot")) for p in rec.processes()}
+    steady, _ = analysis.split_steady(analysis.forward_steps(rec.iter_steps()))
+    got = analysis.probe_cost(steady, cals)
+    assert got is not None and rep["probe_cost"] is not None
+    assert got.keys() == rep["probe_cost"].keys()
+    for k, v in rep["probe_cost"].items():
+        assert got[k] == (pytest.approx(v) if isinstance(v, float) else v), k
+    assert got["steps"] == rep["steady_steps"] > 0
+    assert cost.cost_figures([], None) is None
+    assert cost.cost_figures([(cal, 0, 5, 5)], 1000.0) is None  # no step: no figure
+    two = cost.cost_figures([(cal, 2, 10, 4), (cal, 2, 6, 0)], 1000.0)
+    assert two is not None
+    assert two["per_step_warm_ns"] == pytest.approx((81.3 * 16 + 119.7 * 4) / 4)
+    assert two["span_ns"] == [81.3]  # one calibration, listed once
+    assert two["share_warm_of_cpu_launch_overhead"] == pytest.approx(two["per_step_warm_ns"] / 1000)

@@ -420,6 +420,7 @@ def test_an_offline_export_matches_every_step_whatever_the_matchers_bound(
     report pairs (fed one worker after the other, it paired at most 64)."""
     import functools
 
+    import exporters.metrics as metrics
     import exporters.prometheus as prom
     from exporters.base import replay
 
@@ -429,7 +430,7 @@ def test_an_offline_export_matches_every_step_whatever_the_matchers_bound(
     sinks = []
     for pending in (4096, 64):
         monkeypatch.setattr(
-            prom, "RankMatcher", functools.partial(ranks_live.RankMatcher, pending=pending)
+            metrics, "RankMatcher", functools.partial(ranks_live.RankMatcher, pending=pending)
         )
         sink = prom.PrometheusSink()
         replay(Recording.open(TP2), sink, batch=32)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,3 +128,91 @@ def test_the_tp2_recording_and_its_data_parallel_costs() -> None:
     assert ranks_of_recording(rec) == _step_path(rec)
     for r in (r for e in ranks.recording_ranks(rec).by_dp.values() for r in e):
         assert dp_rank_of_columns(rec, r) == ranks.dp_rank(r, rec.iter_steps(r.rank.pid))
+
+
+def _reference(
+    ranks_: list[ranks.RankInput], sync_launch: bool
+) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
+    """The rules of probe.analysis.ranks step by step, in Python integers, written apart
+    from the code: each rank's steps taken by the reference rank's step number plus the
+    offset, and per matched step (last, skew, phase, excess, wait) as the module's
+    docstring defines them; with the tallies."""
+    offsets, _ = ranks.align_offsets([list(r.steps)[: ranks.ALIGN_WINDOW] for r in ranks_])
+    by_step = [{s.step: s for s in r.steps} for r in ranks_]
+    counts = [len(list(r.steps)) for r in ranks_]
+    cands = ["start", *(p for p in ranks.PHASES_BEFORE_FORWARD
+                        if not (sync_launch and p == "forward_launch"))]  # fmt: skip
+
+    def lead(x: int, xs: list[int]) -> float:
+        ys = sorted(xs)
+        m = len(ys) // 2
+        return (2 * x - (2 * ys[m] if len(ys) % 2 else ys[m - 1] + ys[m])) / 2
+
+    out: list[tuple[Any, ...]] = []
+    full = mismatches = no_launch = 0
+    for s0 in ranks_[0].steps:
+        got = [by_step[i].get(s0.step + offsets[i]) for i in range(len(ranks_))]
+        steps = [g for g in got if g is not None]
+        if len(steps) < len(got):
+            continue
+        full += 1
+        mismatches += any((s.num_tokens, s.num_reqs) != (s0.num_tokens, s0.num_reqs)
+                          for s in steps)  # fmt: skip
+        if any(s.cpu_launch_overhead_ns is None for s in steps):
+            no_launch += 1
+            continue
+        fl = [s.phases.get("forward_launch", 0) for s in steps]
+        ends = [s.t0 + (s.cpu_launch_overhead_ns or 0) - (f if sync_launch else 0)
+                for s, f in zip(steps, fl, strict=True)]  # fmt: skip
+        last = max(range(len(ends)), key=lambda i: (ends[i], -i))
+        others = [i for i in range(len(ends)) if i != last]
+        skew = round(lead(ends[last], [ends[i] for i in others]))
+        if skew <= 0:
+            out.append((s0.step, None, skew, None, 0, None))
+            continue
+        leads = {"start": lead(steps[last].t0, [steps[i].t0 for i in others])}
+        for p in cands[1:]:
+            leads[p] = lead(
+                steps[last].phases.get(p, 0), [steps[i].phases.get(p, 0) for i in others]
+            )
+        phase = max(cands, key=lambda c: leads[c])
+        idle = steps[last].gpu_idle_before_ns
+        wait = (
+            sum(ends[last] - ends[i] for i in others)
+            if sync_launch
+            else None
+            if idle is None
+            else sum(min(ends[last] - ends[i], idle) for i in others)
+        )
+        out.append((s0.step, last, skew, phase, round(leads[phase]), wait))
+    tally = {"unmatched": tuple(c - full for c in counts), "batch_mismatches": mismatches,
+             "no_launch": no_launch}  # fmt: skip
+    return out, tally
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_matching_gives_the_rules_figures_step_by_step(tmp_path: Path, case: str) -> None:
+    """The one matching (probe.analysis.ranks_match, behind both the Step and the column
+    paths) against the rules computed step by step apart from it, on every case: each
+    matched step's last rank, skew, phase, excess and wait, and the tallies."""
+    rec = Recording.open(_recording(tmp_path, "r.probe.db", **CASES[case]))  # type: ignore[arg-type]
+    rr = ranks.recording_ranks(rec)
+    for e in rr.engines:
+        inputs = [ranks.RankInput(r.rank, list(rec.iter_steps(r.rank.pid))) for r in e]
+        want, tally = _reference(inputs, rr.sync_launch)
+        it, facts = ranks.per_step(inputs, sync_launch=rr.sync_launch, chunk=97)
+        got = [
+            (sr.step, sr.last, sr.skew_ns, sr.phase, sr.phase_excess_ns, sr.wait_ns) for sr in it
+        ]
+        assert got == want
+        assert any(w[1] is not None for w in want) and any(w[1] is None for w in want)
+        t = facts["tally"]
+        assert tuple(t[f"unmatched{i}"] for i in range(len(inputs))) == tally["unmatched"]
+        assert (t["batch_mismatches"], t["no_launch"]) == (
+            tally["batch_mismatches"],
+            tally["no_launch"],
+        )
+        got_e = engine_ranks_of_columns(rec, e, sync_launch=rr.sync_launch)
+        assert got_e.matched == len(want)
+        assert got_e.within_uncertainty == sum(1 for w in want if w[1] is None)
+        assert got_e.unmatched == tally["unmatched"]

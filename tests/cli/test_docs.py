@@ -128,3 +128,47 @@ def test_no_test_reads_outside_the_repository() -> None:
     assert hits == []
     assert (ROOT / "tests/data/profiles/SOURCES.md").exists()
     assert (ROOT / "tests/data/rocpd-schema/LICENSE").exists()
+
+
+FIGURES = "## Where each figure is computed"
+FUNCTION = re.compile(r"`((?:probe|exporters)[\w.]*:[\w.]+)`")
+
+
+def figure_functions(text: str) -> list[str]:
+    """The ``module:function`` names of docs/rules.md's list of where each figure is
+    computed."""
+    section = text.split(FIGURES, 1)[1].split("\n## ", 1)[0]
+    return FUNCTION.findall(section)
+
+
+def resolves(name: str) -> bool:
+    """Whether ``module:attr.attr`` names a callable of the project."""
+    import importlib
+
+    module, _, attrs = name.partition(":")
+    try:
+        obj: object = importlib.import_module(module)
+    except ImportError:
+        return False
+    for a in attrs.split("."):
+        obj = getattr(obj, a, None)
+        if obj is None:
+            return False
+    return callable(obj)
+
+
+def test_every_function_the_rules_name_for_a_figure_exists() -> None:
+    """docs/rules.md names, for every family of figures, the one function that computes
+    it: each name resolves to a function of the project, and every family is listed."""
+    text = (ROOT / "docs/rules.md").read_text(encoding="utf-8")
+    names = figure_functions(text)
+    assert [n for n in names if not resolves(n)] == []
+    section = text.split(FIGURES, 1)[1].lower()
+    for family in ("hit rates", "percentiles", "probe cost", "engine idle", "host-bound",
+                   "steady state", "skew", "a/b ratio", "interval", "what-if worth",
+                   "traps", "reorder stats", "build stats"):  # fmt: skip
+        assert family in section, family
+    # not vacuous: the list is read, and a name that is gone is seen
+    assert "probe.analysis.cost:cost_figures" in names and len(names) >= 20
+    assert not resolves("probe.analysis.cost:no_such_function")
+    assert not resolves("probe.analysis.no_such_module:figures")

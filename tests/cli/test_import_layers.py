@@ -5,8 +5,10 @@ side (``probe/engine/``, inside vLLM) imports the root; the reader side (``probe
 imports the root; analysis (``probe/analysis/``) the root and the reader; the CLI
 (``probe/cli/``) anything; ``exporters/`` the root, the reader and analysis; ``dashboards/``
 those and ``exporters/``. Imports inside functions count the same as those at the top, and
-no two modules may import each other, directly or around a circle (imports under ``if
-TYPE_CHECKING:`` never run and are not counted). Within the CLI, the commands
+no two modules may import each other, directly or around a circle. Imports under ``if
+TYPE_CHECKING:`` never run: the layer table does not count them, but a circle through them
+is still one (two modules that need each other's types are one module in two files, or
+share a third). Within the CLI, the commands
 (``probe/cli/commands/*``) share code through the modules below them (``probe/cli/``, the
 package's own ``__init__``), never through each other.
 
@@ -67,21 +69,22 @@ def modules() -> dict[str, Path]:
 _TYPE_CHECKING = ("TYPE_CHECKING", "typing.TYPE_CHECKING")
 
 
-def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+def imports_of(name: str, path: Path, known: set[str], typing: bool = False) -> set[str]:
     """The project's modules ``name`` imports: ``from a import b`` counts ``a.b`` where that
     is a module, else ``a``, as import checkers do (a package's ``__init__`` that imports
-    one of its own modules lazily is no circle)."""
+    one of its own modules lazily is no circle). ``typing``: those imported under ``if
+    TYPE_CHECKING:`` too (they never run)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     is_pkg = path.name == "__init__.py"
     found: set[str] = set()
-    # imports for type checking only never run: not an edge
-    typing_only = {
+    # imports for type checking only never run: not an edge, unless asked for
+    typing_only = set() if typing else {
         id(n)
         for block in ast.walk(tree)
         if isinstance(block, ast.If) and ast.unparse(block.test) in _TYPE_CHECKING
         for stmt in block.body
         for n in ast.walk(stmt)
-    }
+    }  # fmt: skip
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
@@ -178,10 +181,11 @@ def private_imports(name: str, path: Path) -> list[str]:
     return out
 
 
-def graph() -> dict[str, set[str]]:
+def graph(typing: bool = False) -> dict[str, set[str]]:
+    """Each module's imports of the project's modules (``typing``: type-checking ones too)."""
     mods = modules()
     known = set(mods)
-    return {m: imports_of(m, p, known) for m, p in mods.items()}
+    return {m: imports_of(m, p, known, typing) for m, p in mods.items()}
 
 
 def test_the_layer_table_names_every_module() -> None:
@@ -263,8 +267,46 @@ def _parent_edges(g: dict[str, set[str]]) -> dict[str, set[str]]:
     return {m: {t for t in ts if not m.startswith(t + ".")} for m, ts in g.items()}
 
 
+def a_circle(g: dict[str, set[str]], comp: list[str]) -> list[str]:
+    """One circle through the modules of ``comp`` (a strongly connected component of
+    ``g``), as the path of imports ``a -> b -> ... -> a`` from its first module."""
+    inside = set(comp)
+    start = comp[0]
+    # breadth first from the start's imports back to the start: the shortest circle through it
+    came: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        nxt: list[str] = []
+        for v in todo:
+            for w in sorted(g.get(v, set()) & inside):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(came[path[-1]])
+                    return [start, *reversed(path[:-1]), start]
+                if w not in came:
+                    came[w] = v
+                    nxt.append(w)
+        todo = nxt
+    return comp
+
+
+def circles(g: dict[str, set[str]]) -> list[str]:
+    """Every circle of imports in ``g`` (package parents aside), one path per strongly
+    connected component, in words."""
+    g = _parent_edges(g)
+    return [" -> ".join(a_circle(g, comp)) for comp in _circles(g)]
+
+
 def test_no_module_imports_itself_around_a_circle() -> None:
-    assert _circles(_parent_edges(graph())) == []
+    """No circle of imports between the modules of ``probe/``, ``exporters/`` and
+    ``dashboards/``: every import counts, at a module's top, inside a function (run
+    later, still an edge) or under ``if TYPE_CHECKING:``."""
+    g = graph(typing=True)
+    assert circles(g) == []
+    # the graph holds the imports of all three kinds
+    assert "probe.cli.commands" in g["probe.cli.main"]  # by string, at call time
+    assert "probe.analysis.accumulators" in g["probe.analysis.figures"]
 
 
 def test_the_checks_see_a_violation_and_a_circle() -> None:
@@ -275,6 +317,30 @@ def test_the_checks_see_a_violation_and_a_circle() -> None:
     assert layer_of("probe.engine.x") == "engine"
     assert "reader" not in MAY_IMPORT["engine"]
     assert _circles(g) == [["probe.engine.x", "probe.reader.y"]]
+    assert circles(g) == ["probe.engine.x -> probe.reader.y -> probe.engine.x"]
+    # three modules around (the package's ``__init__`` importing its module is no circle)
+    three = {"a.x": {"a.y"}, "a.y": {"a.z", "a"}, "a.z": {"a.x"}, "a": {"a.y"}}
+    assert circles(three) == ["a.x -> a.y -> a.z -> a.x"]
+
+
+def test_type_checking_and_function_imports_are_edges_of_the_circle_check(tmp_path: Path) -> None:
+    """An import under ``if TYPE_CHECKING:`` is an edge for the circle check (not for the
+    layer table), and one inside a function is an edge for both."""
+    mod = tmp_path / "m.py"
+    mod.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from probe.analysis.summary import Summary\n"
+        "def f() -> None:\n"
+        "    from probe.analysis import cost\n",
+        encoding="utf-8",
+    )
+    known = set(modules())
+    assert imports_of("probe.analysis.m", mod, known) == {"probe.analysis.cost"}
+    assert imports_of("probe.analysis.m", mod, known, typing=True) == {
+        "probe.analysis.cost",
+        "probe.analysis.summary",
+    }
     shared = {"probe.cli.commands.a": {"probe.cli.commands", "probe.cli.options"}}
     assert commands_importing_commands(shared) == []
     g = {
