@@ -226,7 +226,9 @@ class ColumnarWriter:
         if table not in self._streams:
             f = open(self.path / LIVE / f"{table}.arrows", "wb")  # noqa: SIM115 (kept open)
             self._files[table] = f
-            self._streams[table] = pa.ipc.new_stream(f, live_schema(table))
+            # each batch's buffers compressed (lz4): the live streams a few times smaller
+            opts = pa.ipc.IpcWriteOptions(compression="lz4")
+            self._streams[table] = pa.ipc.new_stream(f, live_schema(table), options=opts)
         return self._streams[table]
 
     def commit(self) -> None:
