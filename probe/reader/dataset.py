@@ -159,8 +159,7 @@ class Dataset:
             try:
                 self._views()
             except duckdb.Error as exc:
-                why = " ".join(str(exc).split())
-                raise RecordingError(f"damaged recording in the set: {why}") from None
+                raise RecordingError(f"damaged recording in the set: {message(exc)}") from None
         except BaseException:
             self.close()
             raise
@@ -255,6 +254,12 @@ class Dataset:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def message(exc: BaseException) -> str:
+    """A DuckDB error in one line: its first (the lines after it point into the query)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def _quote(text: str) -> str:

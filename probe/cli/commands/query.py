@@ -31,7 +31,7 @@ TABLE_ROWS = 1000
 def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
 
-    from probe.reader.dataset import open_dataset
+    from probe.reader.dataset import message, open_dataset
     from probe.reader.recording import RecordingError, default_recording
 
     names = list(args.recording)
@@ -49,9 +49,9 @@ def cmd_query(args: argparse.Namespace) -> int:
                 cols = [str(d[0]) for d in result.description or []]
                 rows = result.fetchall() if cols else []
             except (duckdb.IOException, duckdb.OutOfMemoryException) as exc:
-                raise RuntimeFailure(f"query: {_first_line(exc)}") from None
+                raise RuntimeFailure(f"query: {message(exc)}") from None
             except duckdb.Error as exc:
-                raise UsageError(f"query: {_first_line(exc)}") from None
+                raise UsageError(f"query: {message(exc)}") from None
     except RecordingError as exc:
         raise UsageError(str(exc)) from None
     if not cols:
@@ -63,12 +63,6 @@ def cmd_query(args: argparse.Namespace) -> int:
     else:
         _table(cols, rows, args)
     return 0
-
-
-def _first_line(exc: BaseException) -> str:
-    """DuckDB's message in one line (its first; the rest points into the query)."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 def plain(v: Any) -> Any:
