@@ -134,21 +134,34 @@ def _explain(views: Sequence[tuple[str, str, Sequence[tuple[str, str]]]], args: 
 
 
 def add_parser(sub: Any) -> None:
+    import textwrap
+
     from probe.reader.dataset import ADDED_COLUMNS, TABLE_VIEWS, VIEWS
 
-    views = "\n".join(f"  {v.name}: {v.doc}" for v in VIEWS)
+    def item(name: str, text: str) -> str:
+        return textwrap.fill(f"{name}: {text}", 88, initial_indent="  ", subsequent_indent="    ")
+
+    description = (
+        "Run SQL (DuckDB, embedded) over the recordings given (a folder such as an agent's "
+        "--record-dir, a quoted glob, files; with none, the bundled recording) as one "
+        "dataset. A SQLite recording is read through a temporary columnar copy, removed "
+        "afterwards (`probe convert` it once to skip that). docs/fleet.md has the queries "
+        "that reproduce `probe report`'s figures, in DuckDB and Spark."
+    )
+    epilog = "\n".join(
+        [
+            textwrap.fill(f"views of every table ({', '.join(TABLE_VIEWS)}), with:", 88),
+            *(item(k, v) for k, v in ADDED_COLUMNS.items()),
+            "convenience views:",
+            *(item(v.name, v.doc) for v in VIEWS),
+            "--explain-views lists every view's columns.",
+        ]
+    )
     q = sub.add_parser(
         "query",
         help="SQL (DuckDB) over a recording set as one dataset",
-        description="Run SQL (DuckDB, embedded) over the recordings given (a folder such as "
-        "an agent's --record-dir, a quoted glob, files; with none, the bundled recording) "
-        "as one dataset. A SQLite recording is read through a temporary columnar copy, "
-        "removed afterwards (`probe convert` it once to skip that). docs/fleet.md has the "
-        "queries that reproduce `probe report`'s figures, in DuckDB and Spark.",
-        epilog=f"views of every table ({', '.join(TABLE_VIEWS)}), each with "
-        f"{', '.join(ADDED_COLUMNS)} added:\n"
-        + "\n".join(f"  {k}: {v}" for k, v in ADDED_COLUMNS.items())
-        + f"\nconvenience views:\n{views}\n--explain-views lists every view's columns.",
+        description=textwrap.fill(description, 88),
+        epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     q.add_argument("sql", nargs="?", help="the SQL to run (DuckDB's dialect)")
