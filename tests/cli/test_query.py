@@ -173,8 +173,12 @@ def test_a_recording_being_written_reads_to_its_last_flush(tmp_path: Path) -> No
         w.add_steps(steps[:40])
         w.commit()
         w.add_steps(steps[40:])  # not flushed: not read
-        rows = query("SELECT count(*) AS n FROM steps", str(tmp_path / "live.probe"))
+        scratch = tmp_path / "scratch"
+        scratch.mkdir()
+        env = {**os.environ, "TMPDIR": str(scratch)}
+        rows = query("SELECT count(*) AS n FROM steps", str(tmp_path / "live.probe"), env=env)
         assert rows == [{"n": 40}]
+        assert list(scratch.iterdir()) == []  # its compacted copy is gone
     finally:
         w.close()
     assert query("SELECT count(*) AS n FROM steps", str(tmp_path / "live.probe")) == [
