@@ -46,7 +46,7 @@ TIMED = ("t0_ns", "t1_ns")
 
 def _sqlite_source(path: Path) -> Path:
     """The source recording as an SQLite file (converted once, kept beside the work)."""
-    from probe.reader.columnar import convert
+    from probe.reader.columnar_convert import convert
 
     out = Path("/tmp/probe-scale-sources") / (path.name + ".db")
     if not out.exists():
@@ -75,7 +75,7 @@ def make_columnar(path: Path, steps: int, ranks: int) -> None:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from probe.reader.columnar import write_json
+    from probe.reader.columnar_compact import write_json
     from probe.reader.columnar_read import read_manifest
     from probe.reader.columnar_schema import TABLES
 
@@ -146,7 +146,7 @@ def make_columnar(path: Path, steps: int, ranks: int) -> None:
         writers[t].close()
     manifest = {**first_manifest, "processes": processes, "faults": [], "outside": [],
                 "anomalies": [], "tables": {t: f"{t}.parquet" for t in TABLES}}  # fmt: skip
-    from probe.reader.columnar import write_processes
+    from probe.reader.columnar_compact import write_processes
 
     write_processes(manifest, path / "processes.parquet")
     manifest["tables"]["processes"] = "processes.parquet"

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from probe.reader.columnar import convert
+from probe.reader.columnar_convert import convert
 from probe.reader.columnar_schema import MANIFEST
 from probe.reader.recording import default_recording
 

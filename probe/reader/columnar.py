@@ -11,31 +11,30 @@ into one Parquet file per table (zstd), sorted by (pid, step), device timings jo
 their steps and each step's record counts beside it; the streams are then removed.
 
     >>> import tempfile, pathlib
-    >>> from probe.reader.recording import default_recording
-    >>> out = pathlib.Path(tempfile.mkdtemp()) / "run.probe"
-    >>> convert(default_recording(), out)
-    1305
+    >>> w = ColumnarWriter(pathlib.Path(tempfile.mkdtemp()) / "run.probe")
+    >>> w.close()
+    True
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from probe.reader.columnar_compact import compact, write_json
 from probe.reader.columnar_schema import (
-    COUNT_PARTS,
     FORMAT,
     FORMAT_VERSION,
     LIVE,
     MANIFEST,
     TABLES,
-    count_sql,
+    is_columnar,
+    is_sqlite_name,
     live_schema,
 )
 from probe.reader.recording import (
@@ -46,39 +45,12 @@ from probe.reader.recording import (
 )
 from probe.reader.recording_schema import SCHEMA_VERSION
 from probe.records import Hello
-from probe.step import STEP_COLUMNS, GpuSample, Step
+from probe.step import GpuSample, Step
 
 #: how much memory DuckDB may take while compacting (it spills to the recording's folder)
 COMPACT_MEMORY = "256MB"
 #: rows per Parquet row group of a compacted table
 ROW_GROUP_ROWS = 262_144
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """``obj`` as JSON at ``path``, whole or not at all: written beside, synced, renamed."""
-    tmp = path.with_name(path.name + ".tmp")
-    data = json.dumps(obj, default=str, separators=(",", ":")).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-
-def is_columnar(path: str | Path) -> bool:
-    """``path`` is a columnar recording's folder (it holds a manifest)."""
-    try:
-        return (Path(path) / MANIFEST).is_file()
-    except (OSError, ValueError):
-        return False
 
 
 class _Columns:
@@ -284,232 +256,7 @@ class ColumnarWriter:
         return True
 
 
-# -- compaction ---------------------------------------------------------------------------
-
-
-def committed_batches(path: Path, table: str, count: int) -> Iterator[Any]:
-    """The first ``count`` record batches of a table's live stream (fewer when the stream
-    ends sooner: a batch the manifest counts but the file lacks is a damaged recording)."""
-    import pyarrow as pa
-
-    f = path / LIVE / f"{table}.arrows"
-    if count <= 0:
-        return
-    try:
-        src = pa.memory_map(str(f))
-        reader = pa.ipc.open_stream(src)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise RecordingError(f"{path}: damaged recording: live stream {table}: {exc}") from None
-    if reader.schema != live_schema(table):
-        raise RecordingError(f"{path}: damaged recording: live stream {table}: not its schema")
-    for i in range(count):
-        try:
-            yield reader.read_next_batch()
-        except (StopIteration, pa.ArrowInvalid, OSError) as exc:
-            raise RecordingError(
-                f"{path}: damaged recording: live stream {table} ends at batch {i} of {count} "
-                f"({exc or 'end of stream'})"
-            ) from None
-
-
-def live_tables(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Each table's committed rows of a live recording, as Arrow tables (memory-mapped)."""
-    import pyarrow as pa
-
-    out = {}
-    committed = manifest.get("committed") or {}
-    for table in (*TABLES, "gpu"):
-        batches = list(committed_batches(path, table, int(committed.get(table, 0))))
-        out[table] = pa.Table.from_batches(batches, schema=live_schema(table))
-    return out
-
-
-def _duckdb(path: Path) -> Any:
-    import duckdb
-
-    con = duckdb.connect()
-    tmp = path / ".compact-tmp"
-    con.execute(f"SET memory_limit='{COMPACT_MEMORY}'")
-    con.execute(f"SET temp_directory='{tmp}'")
-    con.execute("SET preserve_insertion_order=true")
-    return con
-
-
-def compact(path: str | Path) -> None:
-    """A live recording's streams as sorted Parquet files (zstd), the manifest ``closed``.
-
-    Steps are read in (pid, step) order (sorted out of core where they came interleaved);
-    a step recorded twice keeps its last row; each step gets its device timing (the last
-    that came for it) and its record counts (:data:`COUNT_COLUMNS`)."""
-    p = Path(path)
-    manifest = json.loads((p / MANIFEST).read_text())
-    tables = live_tables(p, manifest)
-    con = _duckdb(p)
-    try:
-        for name, t in tables.items():
-            con.register(f"live_{name}", t)
-        con.execute(
-            "CREATE VIEW gpu AS SELECT pid, step, arg_max(busy_ns, n) AS busy_ns, "
-            "arg_max(idle_before_ns, n) AS idle_before_ns, arg_max(step_ns, n) AS step_ns, "
-            "true AS seen FROM (SELECT *, row_number() OVER () AS n FROM live_gpu) GROUP BY 1, 2"
-        )
-        cols = [c.name for c in STEP_COLUMNS]
-        gpu = {"gpu_busy_ns": "busy_ns", "gpu_idle_before_ns": "idle_before_ns",
-               "gpu_step_ns": "step_ns"}  # fmt: skip
-        sel = ", ".join(
-            f"CASE WHEN g.seen THEN g.{gpu[c]} ELSE s.{c} END AS {c}" if c in gpu else f"s.{c}"
-            for c in cols
-        )
-        dedup = (
-            "(SELECT * FROM (SELECT *, row_number() OVER () AS n FROM live_steps) "
-            "QUALIFY n = max(n) OVER (PARTITION BY pid, step))"
-            if not manifest.get("sorted", False)
-            else "live_steps"
-        )
-        con.execute(
-            f"CREATE VIEW steps AS SELECT {sel} FROM {dedup} AS s "
-            "LEFT JOIN gpu AS g ON g.pid = s.pid AND g.step = s.step"
-        )
-        for name in TABLES[1:]:
-            con.execute(f"CREATE VIEW {name} AS SELECT * FROM live_{name}")
-        counts, joins = [], []
-        for i, (part, sql) in enumerate(count_sql(false="false").items()):
-            names = COUNT_PARTS[part]
-            joins.append(
-                f"LEFT JOIN ({sql}) AS c{i}(pid, step, {', '.join(names)}) "
-                f"ON c{i}.pid = s.pid AND c{i}.step = s.step"
-            )
-            counts += [f"coalesce(c{i}.{col}, 0)::BIGINT AS {col}" for col in names]
-        files: dict[str, str] = {}
-        # sorted whatever order the steps came in: the joins do not keep it
-        _copy(
-            con,
-            f"SELECT s.*, {', '.join(counts)} FROM steps AS s {' '.join(joins)} "
-            "ORDER BY s.pid, s.step",
-            p / "steps.parquet",
-        )
-        files["steps"] = "steps.parquet"
-        for name in TABLES[1:]:
-            order = "" if manifest.get("sorted", False) else " ORDER BY pid, step"
-            # a stable sort keeps each step's records in the order they were written
-            q = (
-                f"SELECT * EXCLUDE (n) FROM (SELECT *, row_number() OVER () AS n FROM {name})"
-                f" ORDER BY pid, step, n"
-                if order
-                else f"SELECT * FROM {name}"
-            )
-            _copy(con, q, p / f"{name}.parquet")
-            files[name] = f"{name}.parquet"
-        write_processes(manifest, p / "processes.parquet")
-        files["processes"] = "processes.parquet"
-    finally:
-        con.close()
-        shutil.rmtree(p / ".compact-tmp", ignore_errors=True)
-    manifest.update(state="closed", committed={}, tables=files)
-    write_json(p / MANIFEST, manifest)
-    shutil.rmtree(p / LIVE, ignore_errors=True)
-
-
-#: the columns of ``processes.parquet``: each process's place (for SQL over a fleet; the
-#: manifest keeps the whole row with its snapshot)
-PROCESS_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("pid", "int64"), ("host", "string"), ("role", "string"), ("tp_rank", "int64"),
-    ("pp_rank", "int64"), ("dp_rank", "int64"), ("vllm_version", "string"),
-    ("runner", "string"), ("model", "string"), ("boottime_ns", "int64"),
-    ("epoch_ns", "int64"), ("dropped", "int64"),
-)  # fmt: skip
-
-
-def write_processes(manifest: dict[str, Any], out: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    host = (manifest.get("meta") or {}).get("host")
-    rows = [{**r, "host": host} for r in manifest.get("processes", [])]
-    cols = {}
-    for name, kind in PROCESS_COLUMNS:
-        vals = [r.get(name) for r in rows]
-        vals = [v if isinstance(v, (int, str)) and not isinstance(v, bool) else None for v in vals]
-        if kind == "int64":
-            vals = [v if isinstance(v, int) else None for v in vals]
-        else:
-            vals = [v if isinstance(v, str) else None for v in vals]
-        cols[name] = pa.array(vals, type=getattr(pa, kind)())
-    tmp = out.with_name(out.name + ".tmp")
-    pq.write_table(pa.table(cols), tmp, compression="zstd")
-    os.replace(tmp, out)
-
-
-def _copy(con: Any, query: str, out: Path) -> None:
-    tmp = out.with_name(out.name + ".tmp")
-    con.execute(
-        f"COPY ({query}) TO '{tmp}' (FORMAT parquet, COMPRESSION zstd, "
-        f"PARQUET_VERSION v2, ROW_GROUP_SIZE {ROW_GROUP_ROWS})"
-    )
-    os.replace(tmp, out)
-
-
-# -- converting ---------------------------------------------------------------------------
-
-
-def convert(
-    src: str | Path | list[str | Path], out: str | Path, *, to_sqlite: bool = False,
-    chunk: int = 4096,
-) -> int:  # fmt: skip
-    """Write the recording(s) ``src`` (either format; several read as one) as one new
-    recording at ``out``: columnar, or SQLite with ``to_sqlite``; the steps written."""
-    from probe.reader.recording import RecordingWriter
-    from probe.reader.recording_set import iter_step_chunks, open_many
-
-    rec = open_many(src if isinstance(src, list) else [src])
-    n = 0
-    try:
-        w = writer_at(Path(out)) if to_sqlite or is_sqlite_name(out) else None
-        if w is None:
-            w = ColumnarWriter(out, commit_every_s=float("inf"))
-        meta = rec.meta()
-        meta.pop("files", None)
-        processes = []
-        for p in rec.processes():
-            row = dict(p)
-            row.pop("host", None)
-            snap = row.get("snapshot")
-            row["snapshot"] = None if snap is None else json.dumps(snap, default=str)
-            processes.append(row)
-        if isinstance(w, RecordingWriter):
-            w.set_meta(**meta)
-            w.add_processes(processes)
-        else:
-            w.meta = dict(meta)
-            w.processes = {int(r["pid"]): r for r in processes}
-        for pid, names in rec.builder_names().items():
-            w.set_strings(pid, names)
-        for f in rec.faults():
-            w.set_faults(int(f["pid"]), {str(f["hook"]): (int(f["count"]), bool(f["disabled"]))})
-        for o in rec.outside():
-            w.set_outside(int(o["pid"]), {str(o["kind"]): int(o["count"])})
-        w.add_anomalies(0, rec.anomalies())
-        since = 0
-        for steps in iter_step_chunks(rec, chunk):
-            w.add_steps(steps)
-            n += len(steps)
-            since += len(steps)
-            if since >= 65_536:
-                w.commit()
-                since = 0
-        w.close()
-    finally:
-        rec.close()
-    return n
-
-
 # -- a new recording ----------------------------------------------------------------------
-
-
-def is_sqlite_name(path: str | Path) -> bool:
-    """A recording named ``*.db`` is written as SQLite (the earlier format, for tools that
-    read SQLite); any other name is a columnar recording folder."""
-    return str(path).endswith(".db")
 
 
 def check_recording_target(path: str | Path, *, force: bool, flag: str) -> Path:

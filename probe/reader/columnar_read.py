@@ -7,7 +7,7 @@ flush: its live streams are compacted into a private temporary folder (removed o
 nothing is written beside it.
 
     >>> import tempfile, pathlib
-    >>> from probe.reader.columnar import convert
+    >>> from probe.reader.columnar_convert import convert
     >>> from probe.reader.recording import default_recording
     >>> out = pathlib.Path(tempfile.mkdtemp()) / "run.probe"
     >>> _ = convert(default_recording(), out)
@@ -36,9 +36,9 @@ from probe.reader.columnar_schema import (
     is_text,
     names_of,
 )
-from probe.reader.recording import META_TYPES, meta_ok, snapshot_of
+from probe.reader.recording_meta import META_TYPES, meta_ok, snapshot_of
 from probe.reader.recording_open import RecordingError
-from probe.reader.recording_rows import steps_of_rows
+from probe.reader.recording_rows import BAD, NULL, steps_of_rows
 from probe.reader.recording_schema import DETAIL_TABLES
 from probe.step import STEP_COLUMNS, Step
 
@@ -47,9 +47,6 @@ PROCESS_KEYS: tuple[str, ...] = (
     "pid", "role", "tp_rank", "pp_rank", "dp_rank", "vllm_version", "runner", "model",
     "boottime_ns", "epoch_ns", "perf_counter_ns", "dropped", "snapshot",
 )  # fmt: skip
-#: the code of a NULL in a chunk's enum or nullable integer column; -2: a text value that
-#: is none of its column's names (refused)
-NULL, BAD = -1, -2
 
 
 def read_manifest(p: Path) -> dict[str, Any]:
@@ -92,7 +89,7 @@ class ColumnarRecording:
         m = read_manifest(p)
         tmp = None
         if m.get("state") != "closed":
-            from probe.reader.columnar import compact, write_json
+            from probe.reader.columnar_compact import compact, write_json
 
             tmp = Path(tempfile.mkdtemp(prefix="probe-read-"))
             try:
@@ -158,6 +155,16 @@ class ColumnarRecording:
             try:
                 f = pq.ParquetFile(str(self.files[table]))
                 text = [x.name for x in f.schema_arrow if pa.types.is_string(x.type)]
+                # read as dictionaries where every page is (a delta-encoded text page
+                # cannot be decoded into one)
+                md = f.metadata
+                for g in range(md.num_row_groups):
+                    rg = md.row_group(g)
+                    for i in range(rg.num_columns):
+                        col = rg.column(i)
+                        if any(e.startswith("DELTA") for e in col.encodings):
+                            name = col.path_in_schema
+                            text = [t for t in text if t != name]
                 self._parquet[table] = pq.ParquetFile(
                     str(self.files[table]), page_checksum_verification=True,
                     read_dictionary=text,
@@ -313,7 +320,7 @@ def iter_columnar_step_columns(
 
     import numpy as np
 
-    from probe.reader.recording_columns import column_checks, nullable_ints
+    from probe.reader.recording_rows import column_checks, nullable_ints
 
     keep = {"pid", "step", "t0_ns", "t1_ns", *only} if only is not None else None
     columns = [c for c in STEP_COLUMNS if keep is None or c.name in keep]

@@ -21,6 +21,7 @@ reads either (``docs/recording-format.md``).
 from __future__ import annotations
 
 import enum
+from pathlib import Path
 from typing import Any
 
 from probe.reader.recording_schema import DETAIL_TABLES, DetailColumn
@@ -174,3 +175,17 @@ def live_schema(table: str) -> Any:
     if table == "gpu":
         return gpu_schema()
     return detail_schema(table)
+
+
+def is_columnar(path: str | Path) -> bool:
+    """``path`` is a columnar recording's folder (it holds a manifest)."""
+    try:
+        return (Path(path) / MANIFEST).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def is_sqlite_name(path: str | Path) -> bool:
+    """A recording named ``*.db`` is written as SQLite (the earlier format, for tools that
+    read SQLite); any other name is a columnar recording folder."""
+    return str(path).endswith(".db")

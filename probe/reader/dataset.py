@@ -165,8 +165,9 @@ class Dataset:
             raise
 
     def _part(self, path: Path) -> Part:
-        from probe.reader.columnar import convert, is_columnar
+        from probe.reader.columnar_convert import convert
         from probe.reader.columnar_read import ColumnarRecording
+        from probe.reader.columnar_schema import is_columnar
 
         src = path
         if not is_columnar(path):

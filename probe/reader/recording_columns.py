@@ -9,7 +9,13 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from probe.reader.recording import Reader, Recording, RecordingError, check_order, damaged_error
-from probe.reader.recording_rows import detail_records
+from probe.reader.recording_rows import (
+    BAD,
+    NULL,
+    column_checks,
+    detail_records,
+    nullable_ints,
+)
 from probe.reader.sqlite_errors import SQLITE_DAMAGED
 from probe.step import STEP_COLUMNS
 
@@ -20,9 +26,6 @@ if TYPE_CHECKING:
 
 #: rows per chunk of :meth:`Recording.iter_step_columns` (bounded memory, numpy-sized work)
 STEP_CHUNK_ROWS = 65_536
-#: the code of a NULL in an enum or nullable integer column of a chunk
-NULL = -1
-_BAD = -2  # a text value that is none of its column's names: refused
 
 
 def _column_sql(c: Any) -> str:
@@ -40,16 +43,8 @@ def _column_sql(c: Any) -> str:
     codes = range(len(names)) if c.kind is str else [int(m.value) for m in members]
     whens = " ".join(f"WHEN '{n}' THEN {v}" for n, v in zip(names, codes, strict=True))
     null = f"WHEN {q} IS NULL THEN {NULL} " if c.nullable else ""
-    inner = f"CASE {q} {whens} ELSE {_BAD} END"
-    return f"CASE {null}WHEN typeof({q}) != 'text' THEN {_BAD} ELSE {inner} END"
-
-
-def nullable_ints() -> list[Any]:
-    return [
-        c
-        for c in STEP_COLUMNS
-        if c.nullable and not (c.kind is str or issubclass(c.kind, enum.Enum))
-    ]
+    inner = f"CASE {q} {whens} ELSE {BAD} END"
+    return f"CASE {null}WHEN typeof({q}) != 'text' THEN {BAD} ELSE {inner} END"
 
 
 def _chunk_sql(where: str, columns: Sequence[Any] = STEP_COLUMNS) -> str:
@@ -72,32 +67,6 @@ def null_mask(cols: Mapping[str, Any], name: str) -> Any:
         if c.name == name:
             return ((cols["_nulls"] >> i) & 1).astype(bool)
     return np.zeros(len(cols["_nulls"]), dtype=bool)
-
-
-def column_checks(
-    cols: Mapping[str, Any], nulls: Any, columns: Sequence[Any] = STEP_COLUMNS
-) -> Any:
-    """Per row: True where some value of ``columns`` does not fit its column (numpy, every
-    value)."""
-    import numpy as np
-
-    bad = np.zeros(len(nulls), dtype=bool)
-    masks = {c.name: ((nulls >> i) & 1).astype(bool) for i, c in enumerate(nullable_ints())}
-    for c in columns:
-        v = cols[c.name]
-        if c.kind is str or issubclass(c.kind, enum.Enum):
-            bad |= v == _BAD
-            if not c.nullable:
-                bad |= v == NULL
-        elif c.kind is bool:
-            bad |= (v != 0) & (v != 1)
-        elif c.min is not None:
-            below = v < c.min
-            if c.name in masks:
-                below &= ~masks[c.name]
-            bad |= below
-    bad |= cols["t1_ns"] < cols["t0_ns"]
-    return bad
 
 
 def _iter_step_columns(

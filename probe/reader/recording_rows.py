@@ -5,7 +5,8 @@ both formats: the SQLite recording's cursor rows and the columnar recording's ba
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import enum
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -144,3 +145,45 @@ def steps_of_rows(
             pending[t.name] = nxt
             kw[t.step_field] = tuple(got)
         yield Step(**kw)
+
+
+# -- the checks of step columns (numpy; both formats' column chunks) -----------------------
+
+#: the code of a NULL in an enum or nullable integer column of a chunk
+NULL = -1
+#: the code of a text value that is none of its column's names: refused
+BAD = -2
+
+
+def nullable_ints() -> list[Any]:
+    return [
+        c
+        for c in STEP_COLUMNS
+        if c.nullable and not (c.kind is str or issubclass(c.kind, enum.Enum))
+    ]
+
+
+def column_checks(
+    cols: Mapping[str, Any], nulls: Any, columns: Sequence[Any] = STEP_COLUMNS
+) -> Any:
+    """Per row: True where some value of ``columns`` does not fit its column (numpy, every
+    value)."""
+    import numpy as np
+
+    bad = np.zeros(len(nulls), dtype=bool)
+    masks = {c.name: ((nulls >> i) & 1).astype(bool) for i, c in enumerate(nullable_ints())}
+    for c in columns:
+        v = cols[c.name]
+        if c.kind is str or issubclass(c.kind, enum.Enum):
+            bad |= v == BAD
+            if not c.nullable:
+                bad |= v == NULL
+        elif c.kind is bool:
+            bad |= (v != 0) & (v != 1)
+        elif c.min is not None:
+            below = v < c.min
+            if c.name in masks:
+                below &= ~masks[c.name]
+            bad |= below
+    bad |= cols["t1_ns"] < cols["t0_ns"]
+    return bad

@@ -64,8 +64,7 @@ def expand_paths(names: Iterable[str | Path]) -> list[Path]:
     no recording, raises :class:`RecordingError`."""
     import glob
 
-    from probe.reader.columnar import is_columnar
-    from probe.reader.columnar_schema import MANIFEST
+    from probe.reader.columnar_schema import MANIFEST, is_columnar
 
     out: list[Path] = []
     seen: set[tuple[int, int] | str] = set()

@@ -30,7 +30,8 @@ from fleet import (
     report,
 )
 
-from probe.reader.columnar import ColumnarWriter, convert
+from probe.reader.columnar import ColumnarWriter
+from probe.reader.columnar_convert import convert
 from probe.reader.recording_set import open_recording
 
 

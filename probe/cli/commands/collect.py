@@ -119,7 +119,10 @@ def add_parser(sub: Any) -> None:
         "of a run that wrote them, alive or ended) into one recording file (--out).",
     )
     c.add_argument("--run-dir", required=True, help="the directory the rings are in")
-    c.add_argument("--out", "-o", required=True, help="recording to write: NAME.probe (columnar), or NAME.probe.db (SQLite)")
+    c.add_argument(
+        "--out", "-o", required=True,
+        help="recording to write: NAME.probe (columnar), or NAME.probe.db (SQLite)",
+    )  # fmt: skip
     c.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     c.add_argument("--interval", type=positive_float, default=0.05, help="ring poll interval, s")
     progress.add_flag(c, "steps, processes, drops, elapsed")

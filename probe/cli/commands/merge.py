@@ -33,7 +33,8 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "recording",
-        help="probe recording (NAME.probe or .probe.db) or a glob; recordings among the profiles join it",
+        help="probe recording (NAME.probe or NAME.probe.db) or a glob; recordings among the "
+        "profiles join it",
     )
     p.add_argument(
         "profiles",
