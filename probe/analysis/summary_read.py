@@ -336,8 +336,8 @@ def check_columns(rec: Any, table: str, batch: Any) -> dict[str, np.ndarray]:
             names = [m.lower() for m in c.kind.__members__]
             if not pa.types.is_dictionary(col.type):
                 col = pc.dictionary_encode(col)
-            lut = pc.index_in(col.dictionary, value_set=pa.array(names)).fill_null(-1)
-            lut_np = np.append(lut.to_numpy(zero_copy_only=False).astype(np.int64), -1)
+            code = {n: i for i, n in enumerate(names)}
+            lut_np = np.array([code.get(v, -1) for v in col.dictionary.to_pylist()] + [-1])
             idx = lut_np[col.indices.fill_null(len(lut_np) - 1).to_numpy(zero_copy_only=False)]
             if (idx < 0).any():
                 raise fail(idx < 0, name, f"is not one of {', '.join(names)}")

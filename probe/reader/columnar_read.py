@@ -292,22 +292,18 @@ class ColumnarRecording:
 
 
 def _codes(col: Any, names: tuple[str, ...]) -> Any:
-    """A text column as the codes of its names (NULL -1, a name not among them -2); a
-    dictionary column maps its dictionary once and takes its indices."""
+    """A text column as the codes of its names (NULL -1, a name not among them -2): its
+    dictionary mapped once (in Python: building an Arrow array from a list imports
+    pandas, a second of a report's start), its indices taken."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    values = pa.array(list(names), pa.string())
-    if pa.types.is_dictionary(col.type):
-        lut = pc.index_in(col.dictionary, value_set=values).fill_null(BAD)
-        lut_np = np.append(lut.to_numpy(zero_copy_only=False).astype(np.int64), NULL)
-        idx = col.indices.fill_null(len(lut_np) - 1).to_numpy(zero_copy_only=False)
-        return lut_np[idx]
-    idx = pc.index_in(col, value_set=values)
-    out = idx.fill_null(BAD).to_numpy(zero_copy_only=False).astype(np.int64)
-    out[col.is_null().to_numpy(zero_copy_only=False)] = NULL
-    return out
+    if not pa.types.is_dictionary(col.type):
+        col = pc.dictionary_encode(col)
+    code = {n: i for i, n in enumerate(names)}
+    lut = np.array([code.get(v, BAD) for v in col.dictionary.to_pylist()] + [NULL], np.int64)
+    return lut[col.indices.fill_null(len(lut) - 1).to_numpy(zero_copy_only=False)]
 
 
 def iter_columnar_step_columns(
