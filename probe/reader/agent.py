@@ -102,6 +102,7 @@ class RollingRecordings:
         self.path: Path | None = None
         self.files: list[Path] = []  # written by this agent, oldest first
         self.unfinished: list[Path] = []  # closed while a reader had them open
+        self.compacting: list[Any] = []  # columnar files compacting in a thread
         self.next_at = 0.0
         self._open()
 
@@ -159,12 +160,25 @@ class RollingRecordings:
         self._close_file()
         self._open()
 
-    def _close_file(self) -> None:
+    def _close_file(self, *, final: bool = False) -> None:
+        """Close this file: a columnar one compacts in a thread at a rotation (the loop
+        goes on draining the rings), and is waited for at the agent's end."""
+        from probe.reader.columnar import ColumnarWriter
+
         if self.sink is not None:
-            self.sink.writer.set_meta(ended_epoch_ns=time.time_ns())
-            if not self.sink.writer.close() and self.path is not None:
+            w = self.sink.writer
+            w.set_meta(ended_epoch_ns=time.time_ns())
+            if isinstance(w, ColumnarWriter):
+                w.close(wait=final)
+                self.compacting = [c for c in self.compacting if c._compacting is not None]
+                self.compacting.append(w)
+            elif not w.close() and self.path is not None:
                 self.unfinished.append(self.path)
             self.sink = None
+        if final:
+            for c in self.compacting:
+                c.join()
+            self.compacting = []
         self._finish_unfinished()
 
     def _finish_unfinished(self) -> None:
@@ -203,7 +217,7 @@ class RollingRecordings:
         self.procs.pop(pid, None)
 
     def close(self) -> None:
-        self._close_file()
+        self._close_file(final=True)
 
 
 class Agent:

@@ -241,10 +241,14 @@ class ColumnarWriter:
             "tables": tables or {},
         }
 
-    def close(self) -> bool:
+    def close(self, *, wait: bool = True) -> bool:
         """Flush, compact into Parquet and remove the live streams. ``True``: the
-        recording is compacted (as ``RecordingWriter.close``'s self-contained file)."""
+        recording is compacted (as ``RecordingWriter.close``'s self-contained file).
+
+        ``wait=False`` (the agent's rotation): flush now, compact in a thread (its
+        readers meanwhile read the live streams, whole); :meth:`join` waits for it."""
         if self.closed:
+            self.join()
             return True
         self.commit()
         for s in self._streams.values():
@@ -252,8 +256,30 @@ class ColumnarWriter:
         for f in self._files.values():
             f.close()
         self.closed = True
-        compact(self.path)
+        if wait:
+            compact(self.path)
+            return True
+        import threading
+
+        def run() -> None:
+            try:
+                compact(self.path)
+            except Exception as exc:  # left live: it reads whole; the next reader says why
+                self.compact_error = f"{self.path}: not compacted ({exc})"
+
+        self._compacting = threading.Thread(target=run, name="probe-compact", daemon=True)
+        self._compacting.start()
         return True
+
+    #: why a compaction in a thread failed (the recording is left live, reading whole)
+    compact_error: str | None = None
+    _compacting: Any = None
+
+    def join(self) -> None:
+        """Wait for a compaction started by ``close(wait=False)``."""
+        if self._compacting is not None:
+            self._compacting.join()
+            self._compacting = None
 
 
 # -- a new recording ----------------------------------------------------------------------

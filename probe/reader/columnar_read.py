@@ -363,3 +363,47 @@ def iter_columnar_step_columns(
             )
         cols["_nulls"] = nulls
         yield cols
+
+
+def read_ahead(chunks: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """``chunks`` as they are, read by a thread up to ``depth`` ahead of the consumer:
+    decoding the next row group (Arrow and numpy release the GIL) overlaps the work on this
+    one. An error of the reading is raised here, at the chunk where it happened; a consumer
+    that stops early stops the thread."""
+    import queue
+    import threading
+
+    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for c in chunks:
+                if not put(("chunk", c)):
+                    return
+            put(("end", None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            put(("error", exc))
+
+    t = threading.Thread(target=run, name="probe-read-ahead", daemon=True)
+    t.start()
+    try:
+        while True:
+            kind, item = q.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise item
+            yield item
+    finally:
+        stop.set()
+        t.join()

@@ -145,10 +145,14 @@ def iter_step_columns(
     ``only``: the columns to read (with ``pid``, ``step``, ``t0_ns`` and ``t1_ns``), the
     others neither read nor checked.
     """
-    from probe.reader.columnar_read import ColumnarRecording, iter_columnar_step_columns
+    from probe.reader.columnar_read import (
+        ColumnarRecording,
+        iter_columnar_step_columns,
+        read_ahead,
+    )
 
     if isinstance(rec, ColumnarRecording):
-        yield from iter_columnar_step_columns(rec, pid, chunk, only)
+        yield from read_ahead(iter_columnar_step_columns(rec, pid, chunk, only))
         return
     try:
         yield from _iter_step_columns(rec, pid, chunk, only)
