@@ -165,9 +165,11 @@ class ColumnarRecording:
                         if any(e.startswith("DELTA") for e in col.encodings):
                             name = col.path_in_schema
                             text = [t for t in text if t != name]
+                # pages read as they are decoded (not a row group buffered whole):
+                # memory is a chunk's columns, not a row group's
                 self._parquet[table] = pq.ParquetFile(
                     str(self.files[table]), page_checksum_verification=True,
-                    read_dictionary=text,
+                    read_dictionary=text, pre_buffer=False, buffer_size=1 << 20,
                 )  # fmt: skip
             except (OSError, pa.ArrowException) as exc:
                 raise RecordingError(f"{self.path}: damaged recording: {table}: {exc}") from None
