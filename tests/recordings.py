@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -24,6 +25,16 @@ DATA = ROOT / "tests" / "data"
 #: the code that writes a SQLite recording from a columnar one: part of the cache key, so a
 #: changed converter or writer makes a new file rather than reusing a stale one
 _WRITERS = (probe.reader.columnar.__file__, probe.reader.recording.__file__)
+
+
+def committed() -> list[str]:
+    """The committed recordings, as paths from the repository's root, sorted: each columnar
+    folder (the one holding a committed ``recording.json``) and any SQLite ``*.probe.db``."""
+    files = subprocess.run(
+        ["git", "ls-files", "*.probe/recording.json", "*.probe.db"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    return sorted(str(Path(f).parent) if f.endswith("recording.json") else f for f in files)
 
 
 def _key(src: Path) -> str:
