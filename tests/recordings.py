@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sqlite3
 import subprocess
 import tempfile
 from pathlib import Path
@@ -76,6 +77,12 @@ def sqlite_of(src: str | Path) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return out
+
+
+def raw_rows(src: str | Path) -> sqlite3.Connection:
+    """A read-only sqlite3 connection to the recording ``src`` as SQLite (:func:`sqlite_of`):
+    its raw rows, for figures computed with SQL beside the probe's own."""
+    return sqlite3.connect(f"{sqlite_of(src).absolute().as_uri()}?mode=ro", uri=True)
 
 
 def copy_recording(src: str | Path, dst: str | Path) -> Path:
