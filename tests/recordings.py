@@ -82,7 +82,9 @@ def sqlite_of(src: str | Path) -> Path:
 def raw_rows(src: str | Path) -> sqlite3.Connection:
     """A read-only sqlite3 connection to the recording ``src`` as SQLite (:func:`sqlite_of`):
     its raw rows, for figures computed with SQL beside the probe's own."""
-    return sqlite3.connect(f"{sqlite_of(src).absolute().as_uri()}?mode=ro", uri=True)
+    con = sqlite3.connect(f"{sqlite_of(src).absolute().as_uri()}?mode=ro", uri=True)
+    con.row_factory = sqlite3.Row  # as the codec's own connection: by index or by name
+    return con
 
 
 def copy_recording(src: str | Path, dst: str | Path) -> Path:
