@@ -55,8 +55,8 @@ def _cache() -> Path:
 
 def sqlite_of(src: str | Path) -> Path:
     """The recording ``src`` as a SQLite file (``*.probe.db``): ``src`` itself when it is one,
-    else its conversion, made once and cached. The cached file is read-only: a test that
-    changes it copies it first (:func:`copy_recording`)."""
+    else its conversion, made once and cached. Every test shares the cached file: a test that
+    changes a recording changes a copy (:func:`copy_recording`)."""
     from probe.reader.columnar import convert
 
     src = Path(src)
@@ -72,7 +72,7 @@ def sqlite_of(src: str | Path) -> Path:
         convert(src, tmp, to_sqlite=True)
         for side in ("-wal", "-shm", "-journal"):
             assert not Path(f"{tmp}{side}").exists(), f"the converted {tmp} left {side} beside it"
-        tmp.chmod(0o444)
+        tmp.chmod(0o644)  # mkstemp's 0o600, as a file written by the probe
         os.replace(tmp, out)  # atomic: a parallel run sees no file or the whole file
     finally:
         tmp.unlink(missing_ok=True)
@@ -88,8 +88,7 @@ def raw_rows(src: str | Path) -> sqlite3.Connection:
 
 
 def copy_recording(src: str | Path, dst: str | Path) -> Path:
-    """Copy the recording ``src`` (a SQLite file or a columnar folder) to ``dst``, writable
-    whatever the source's permissions; ``dst``."""
+    """Copy the recording ``src`` (a SQLite file or a columnar folder) to ``dst``; ``dst``."""
     src, dst = Path(src), Path(dst)
     if src.is_dir():
         shutil.copytree(src, dst, copy_function=shutil.copyfile)
