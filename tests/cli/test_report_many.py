@@ -121,5 +121,6 @@ def test_a_folder_without_recordings_is_one_error_line(tmp_path: Path) -> None:
     out = _report(str(tmp_path))
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
-        f"probe: error: {tmp_path}: a folder with no recording (*.probe.db, or a recording folder) in it"
+        f"probe: error: {tmp_path}: a folder with no recording "
+        "(*.probe.db, or a recording folder) in it"
     ]

@@ -18,12 +18,12 @@ import pytest
 pytest.importorskip("pyarrow")
 pytest.importorskip("duckdb")
 
-from probe.reader.columnar import ColumnarWriter, convert, is_columnar  # noqa: E402
-from probe.reader.columnar_read import ColumnarRecording  # noqa: E402
-from probe.reader.columnar_schema import LIVE, MANIFEST  # noqa: E402
-from probe.reader.recording import Recording, RecordingError  # noqa: E402
-from probe.reader.recording_set import open_recording  # noqa: E402
-from probe.step import Step  # noqa: E402
+from probe.reader.columnar import ColumnarWriter, convert, is_columnar
+from probe.reader.columnar_read import ColumnarRecording
+from probe.reader.columnar_schema import LIVE, MANIFEST
+from probe.reader.recording import Recording, RecordingError
+from probe.reader.recording_set import open_recording
+from probe.step import Step
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
