@@ -5,11 +5,12 @@ predates the calibration)."""
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from recordings import copy_recording, sqlite_of
 
 from probe.reader.recording import default_recording
 
@@ -27,9 +28,10 @@ CALIBRATION: Mapping[str, Any] = {
 
 
 def calibrated_copy(dst: Path, cal: Mapping[str, Any] | None = CALIBRATION) -> Path:
-    """Copy the bundled recording to ``dst`` with ``cal`` as its process's calibration
-    (``snapshot["probe"]["calibration"]``; None or any value, as a damaged one)."""
-    shutil.copyfile(default_recording(), dst)
+    """Copy the bundled recording to ``dst`` (a SQLite file, ``*.db``) with ``cal`` as its
+    process's calibration (``snapshot["probe"]["calibration"]``; None or any value, as a
+    damaged one)."""
+    copy_recording(sqlite_of(default_recording()), dst)
     con = sqlite3.connect(dst)
     pid, raw = con.execute(
         "SELECT pid, snapshot FROM processes WHERE snapshot IS NOT NULL"

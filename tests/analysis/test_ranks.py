@@ -1,7 +1,8 @@
 """Ranks side by side (probe.analysis.ranks) on the committed H200 TP=2 ``vllm serve`` recording,
-checked against the same figures computed here from the recording's raw rows with SQL
-(sqlite3, none of the probe's code); Steps built here only where a rule must be pinned to
-exact inputs (clocks across hosts, the offset, the verdict rule, data-parallel costs).
+checked against the same figures computed here from the recording's raw rows with SQL (sqlite3
+on its SQLite conversion, none of the probe's analysis code); Steps built here only where a rule
+must be pinned to exact inputs (clocks across hosts, the offset, the verdict rule, data-parallel
+costs).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recordings import sqlite_of
 from rich.console import Console
 
 from probe.analysis import ranks, ranks_live
@@ -26,6 +28,7 @@ from probe.step import PHASES, Step, new_step
 
 ROOT = Path(__file__).resolve().parents[2]
 TP2 = ROOT / "tests/data/serve-tp2.probe"
+TP2_DB = sqlite_of(TP2)  # the same recording as SQLite, for the raw-row SQL
 
 # the candidates in the order probe.analysis.ranks breaks ties (first listed wins)
 CANDIDATES = ("start", "reorder", "prepare_inputs", "dispatch", "metadata_build",
@@ -42,7 +45,7 @@ def _interp(xs: list[int], q: float) -> float:
 @pytest.fixture(scope="module")
 def sql() -> dict[str, Any]:
     """The ranks figures of the TP=2 recording, from its raw rows."""
-    db = sqlite3.connect(f"file:{TP2}?mode=ro", uri=True)
+    db = sqlite3.connect(f"file:{TP2_DB}?mode=ro", uri=True)
     (p0,), (p1,) = db.execute(
         "SELECT pid FROM processes WHERE role = 'worker' ORDER BY tp_rank"
     ).fetchall()
@@ -341,7 +344,7 @@ def test_perfetto_has_the_ranks_as_aligned_tracks_with_the_late_rank_marked(
     marks = [s for s in t.by_category("rank_mark") if s.track == top]
     assert len(marks) == engine.matched and all(s.start_ns == s.end_ns for s in marks)
     # one step, from the raw rows: tp1's step 299 is tp0's step 300 (same batch)
-    db = sqlite3.connect(f"file:{TP2}?mode=ro", uri=True)
+    db = sqlite3.connect(f"file:{TP2_DB}?mode=ro", uri=True)
     want = {
         pid: db.execute(
             "SELECT t0_ns, t0_ns + cpu_launch_overhead_ns FROM steps WHERE pid = ? AND step = ?",

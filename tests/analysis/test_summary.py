@@ -3,11 +3,11 @@ columnar read."""
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
+from recordings import copy_recording, sqlite_of
 
 from probe.analysis.cost import calibration_of
 from probe.analysis.steady import summarize_steps
@@ -94,8 +94,7 @@ def test_several_recordings_as_one_cover_every_rank() -> None:
 def test_the_columnar_read_refuses_what_iter_steps_refuses(
     tmp_path: Path, column: str, value: object, why: str
 ) -> None:
-    p = tmp_path / "bad.probe.db"
-    shutil.copy(default_recording(), p)
+    p = copy_recording(sqlite_of(default_recording()), tmp_path / "bad.probe.db")
     with sqlite3.connect(p) as db:
         db.execute(f"UPDATE steps SET {column} = ? WHERE step = 500", (value,))
     rec = Recording.open(p)
@@ -120,7 +119,7 @@ def test_report_takes_several_recordings_or_a_glob_as_one() -> None:
         )  # fmt: skip
 
     stock = "tests/data/stock_mrv2_k1.probe"
-    out = run("tests/data/stock_*.probe.db", str(default_recording()))
+    out = run("tests/data/stock_*.probe", str(default_recording()))
     assert out.returncode == 0, out.stderr
     rep = json.loads(out.stdout)
     one = [json.loads(run(p).stdout) for p in (stock, str(default_recording()))]

@@ -9,12 +9,12 @@ from __future__ import annotations
 import copy
 import json
 import re
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from recordings import committed
 
 from probe.analysis.traps import CHECKS, traps
 from probe.cli.main import main
@@ -23,9 +23,7 @@ from probe.records import Mode, Reason
 from probe.step import Step
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = subprocess.run(
-    ["git", "ls-files", "*.probe.db"], cwd=ROOT, capture_output=True, text=True, check=True
-).stdout.split()
+COMMITTED = committed()
 STOCK = ROOT / "tests/data/stock_mrv2_k1.probe"
 BUNDLED = ROOT / "probe/data/default.probe"
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from extras import needs
+from recordings import copy_recording, sqlite_of
 
 from probe.cli.main import main
 from probe.reader.recording import Recording, RecordingError, default_recording
@@ -23,7 +24,7 @@ def _ranks(tmp_path: Path) -> Path:
     d = tmp_path / "ranks"
     d.mkdir()
     for name, src in (("a", default_recording()), ("b", TP2)):
-        (d / f"{name}.probe.db").write_bytes(Path(src).read_bytes())
+        copy_recording(src, d / f"{name}.probe")
     return d
 
 
@@ -85,7 +86,7 @@ def test_export_of_a_glob_is_one_trace(tmp_path: Path) -> None:
 
     d = _ranks(tmp_path)
     out = tmp_path / "all.pftrace"
-    assert main(["export", str(d / "*.probe.db"), "--perfetto", str(out), "--no-progress"]) == 0
+    assert main(["export", str(d / "*.probe"), "--perfetto", str(out), "--no-progress"]) == 0
     tr = pb.Trace()
     tr.ParseFromString(out.read_bytes())
     pids = {
@@ -105,7 +106,7 @@ def test_export_of_a_glob_is_one_trace(tmp_path: Path) -> None:
 def test_textfile_of_two_recordings_counts_both(tmp_path: Path) -> None:
     d = _ranks(tmp_path)
     out = tmp_path / "m.prom"
-    args = ["export", str(d / "a.probe.db"), str(d / "b.probe.db"), "--prometheus-textfile"]
+    args = ["export", str(d / "a.probe"), str(d / "b.probe"), "--prometheus-textfile"]
     assert main([*args, str(out), "--no-progress"]) == 0
     text = out.read_text()
     for r in (default_recording(), TP2):
@@ -118,19 +119,18 @@ def test_merge_reads_a_glob_as_the_recordings_listed(tmp_path: Path) -> None:
     d = _ranks(tmp_path)
     a, b = tmp_path / "glob.pftrace", tmp_path / "list.pftrace"
     common = [str(KINETO), "--allow-unaligned", "--no-progress", "--out"]
-    assert main(["merge", str(d / "*.probe.db"), *common, str(a)]) == 0
-    assert main(["merge", str(d / "a.probe.db"), str(d / "b.probe.db"), *common, str(b)]) == 0
+    assert main(["merge", str(d / "*.probe"), *common, str(a)]) == 0
+    assert main(["merge", str(d / "a.probe"), str(d / "b.probe"), *common, str(b)]) == 0
     assert a.read_bytes() == b.read_bytes()
 
 
 def test_one_pid_on_two_hosts_is_refused(tmp_path: Path) -> None:
     d = _ranks(tmp_path)
-    other = tmp_path / "other.probe.db"
-    other.write_bytes(Path(default_recording()).read_bytes())
+    other = copy_recording(sqlite_of(default_recording()), tmp_path / "other.probe.db")
     with sqlite3.connect(other) as db:
         db.execute("UPDATE meta SET value = 'elsewhere' WHERE key = 'host'")
     with pytest.raises(RecordingError, match=r"also in .* another host"):
-        open_many([d / "a.probe.db", other])
+        open_many([d / "a.probe", other])
 
 
 def test_rolling_files_of_one_process_read_as_one(tmp_path: Path) -> None:
@@ -141,8 +141,7 @@ def test_rolling_files_of_one_process_read_as_one(tmp_path: Path) -> None:
     half = steps[len(steps) // 2].step
     parts = []
     for i, keep in enumerate(("step < ?", "step >= ?")):
-        p = tmp_path / f"part{i}.probe.db"
-        p.write_bytes(Path(default_recording()).read_bytes())
+        p = copy_recording(sqlite_of(default_recording()), tmp_path / f"part{i}.probe.db")
         with sqlite3.connect(p) as db:
             for t in ("steps", "spans", "dispatches", "replays", "builds", "reorders", "gpu"):
                 db.execute(f"DELETE FROM {t} WHERE NOT ({keep})", (half,))

@@ -26,9 +26,11 @@ from typing import Any
 
 import pytest
 from extras import needs
+from recordings import sqlite_of
 
 ROOT = Path(os.environ.get("PROBE_CODE_ROOT") or Path(__file__).resolve().parents[2])
-BUNDLED = ROOT / "probe" / "data" / "default.probe"
+# the bundled recording as SQLite: the damage done here (bytes, rows, WAL) is SQLite's
+BUNDLED = sqlite_of(ROOT / "probe" / "data" / "default.probe")
 
 
 def probe(

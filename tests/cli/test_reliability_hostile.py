@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pytest
 from extras import needs
+from recordings import sqlite_of
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDING = ROOT / "probe/data/default.probe"
+RECORDING_DB = sqlite_of(RECORDING)  # as SQLite, for the cases that change its bytes or rows
 H200 = ROOT / "tests/data"
 WINDOW = H200 / "groundtruth-window.probe"
 KINETO = H200 / "run3-groundtruth.kineto.trimmed.json.gz"
@@ -413,7 +415,7 @@ def test_a_reader_that_leaves_early_is_quiet(argv: list[str]) -> None:
 
 def test_a_file_name_not_utf8_under_strict_utf8_stdout(tmp_path: Path) -> None:
     name = os.fsdecode(b"\xff\xfe.probe.db")
-    (tmp_path / name).write_bytes(RECORDING.read_bytes())
+    (tmp_path / name).write_bytes(RECORDING_DB.read_bytes())
     r = probe("report", name, cwd=tmp_path, env={"PYTHONIOENCODING": "utf-8:strict"})
     assert r.returncode == 0, r.stderr
     assert b"Traceback" not in r.stderr
@@ -429,7 +431,7 @@ def _hostile_recording(tmp_path: Path) -> Path:
     import json
 
     rec = tmp_path / "hostile.probe.db"
-    rec.write_bytes(RECORDING.read_bytes())
+    rec.write_bytes(RECORDING_DB.read_bytes())
     with contextlib.closing(sqlite3.connect(rec)) as c, c:
         c.execute(
             "UPDATE meta SET value = ? WHERE key = 'command'", (json.dumps(["vllm", ESCAPES]),)
@@ -558,7 +560,7 @@ def test_ps_deletes_nothing_it_did_not_create(run_dir: Path) -> None:
 
 def _with_meta(tmp_path: Path, key: str, value: str) -> Path:
     rec = tmp_path / "m.probe.db"
-    rec.write_bytes(RECORDING.read_bytes())
+    rec.write_bytes(RECORDING_DB.read_bytes())
     with contextlib.closing(sqlite3.connect(rec)) as c, c:
         c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
     return rec
@@ -596,7 +598,7 @@ def test_an_integer_where_the_snapshot_holds_an_object(
     import json
 
     rec = tmp_path / "s.probe.db"
-    rec.write_bytes(RECORDING.read_bytes())
+    rec.write_bytes(RECORDING_DB.read_bytes())
     with contextlib.closing(sqlite3.connect(rec)) as c, c:
         (raw,) = c.execute("SELECT snapshot FROM processes WHERE snapshot IS NOT NULL").fetchone()
         snap = json.loads(raw)
@@ -647,7 +649,7 @@ def _doubled_in_wal(d: Path) -> Path:
     import shutil
 
     src = d / "w.probe.db"
-    src.write_bytes(RECORDING.read_bytes())
+    src.write_bytes(RECORDING_DB.read_bytes())
     c = sqlite3.connect(src)
     c.execute("PRAGMA journal_mode=WAL")
     c.execute("PRAGMA wal_autocheckpoint=0")
@@ -704,7 +706,7 @@ def _deep(tmp_path: Path) -> Path:
 
 def test_a_recording_at_a_path_longer_than_sqlite_takes_opens(tmp_path: Path) -> None:
     d = _deep(tmp_path)
-    (d / "r.probe.db").write_bytes(RECORDING.read_bytes())
+    (d / "r.probe.db").write_bytes(RECORDING_DB.read_bytes())
     r = probe("report", str(d / "r.probe.db"), "--json")
     assert r.returncode == 0, r.stderr[-500:]
     assert os.listdir(d) == ["r.probe.db"]

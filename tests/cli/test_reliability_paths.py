@@ -20,9 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from recordings import sqlite_of
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDING = ROOT / "probe/data/default.probe"
+RECORDING_DB = sqlite_of(RECORDING)  # the same as one SQLite file, copied where a case needs it
 KINETO = ROOT / "tests/data/run3-groundtruth.kineto.trimmed.json.gz"
 
 
@@ -67,7 +69,7 @@ def tmpfs(at: Path, size: str) -> Iterator[Path]:
 
 
 def _paths(d: Path) -> None:
-    (d / "good.probe.db").write_bytes(RECORDING.read_bytes())
+    (d / "good.probe.db").write_bytes(RECORDING_DB.read_bytes())
     (d / "loop.db").symlink_to("loop.db")
     (d / "a.db").symlink_to("b.db")
     (d / "b.db").symlink_to("a.db")
@@ -158,7 +160,7 @@ def test_a_parent_that_cannot_be_searched_is_one_line(tmp_path: Path, argv: list
     prefix = _without_dac()
     _paths(tmp_path)
     (tmp_path / "locked/in").mkdir(parents=True)
-    (tmp_path / "locked/in/r.probe.db").write_bytes(RECORDING.read_bytes())
+    (tmp_path / "locked/in/r.probe.db").write_bytes(RECORDING_DB.read_bytes())
     os.chmod(tmp_path / "locked", 0)
     try:
         r = probe(*argv, cwd=tmp_path, prefix=prefix)
@@ -222,7 +224,7 @@ def test_a_wal_mode_profile_on_a_read_only_mount_is_read_whole_creating_nothing(
     tmp_path: Path, how: str
 ) -> None:
     src = _rocpd_profile(tmp_path)
-    (tmp_path / "good.probe.db").write_bytes(RECORDING.read_bytes())
+    (tmp_path / "good.probe.db").write_bytes(RECORDING_DB.read_bytes())
     plain = _checkpointed(src, tmp_path, how)
     want = probe("merge", "good.probe.db", str(plain), "--allow-unaligned", "--json", cwd=tmp_path)
     assert want.returncode == 0, want.stderr
@@ -247,7 +249,7 @@ def test_a_wal_mode_profile_on_a_read_only_mount_is_read_whole_creating_nothing(
 
 def test_a_wal_mode_profile_in_a_writable_folder_is_left_as_it_was(tmp_path: Path) -> None:
     src = _rocpd_profile(tmp_path)
-    (tmp_path / "good.probe.db").write_bytes(RECORDING.read_bytes())
+    (tmp_path / "good.probe.db").write_bytes(RECORDING_DB.read_bytes())
     there = tmp_path / "there"
     there.mkdir()
     _in_wal(src, there, "frames")

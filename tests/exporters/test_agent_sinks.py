@@ -6,6 +6,7 @@ rolling recordings (rotation, retention, every step in exactly one file)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import threading
 import time
@@ -148,7 +149,7 @@ def test_rolling_recordings_rotate_keep_and_hold_every_step_once(tmp_path: Path)
         clock["t"] += 10.0
         roll.tick()
     roll.close()
-    files = sorted(tmp_path.glob("agent-*.probe.db"))
+    files = sorted(tmp_path.glob("host=*/day=*/agent-*.probe"))
     assert len(files) == 2  # three written, the oldest removed
     counts = [sum(1 for _ in Recording.open(p).iter_steps()) for p in files]
     assert counts == [30, 0]  # the last rotation opened an empty file; 30 each before
@@ -159,8 +160,10 @@ def test_rolling_recordings_rotate_keep_and_hold_every_step_once(tmp_path: Path)
 
 def test_a_reader_of_a_rolling_file_never_stops_the_rotation(tmp_path: Path) -> None:
     """A user's ``probe report`` of the agent's current file when it rotates: the rotation
-    goes on, the file keeps every step, and a later rotation makes it self-contained."""
+    goes on and compacts the file under the reader, the reader still reads what it opened,
+    and the file keeps every step, self-contained (no live streams left)."""
     from probe.reader.agent import RollingRecordings
+    from probe.reader.columnar_schema import LIVE, MANIFEST
 
     Proc, steps = _bundled_process(40)
     clock = {"t": 0.0}
@@ -170,19 +173,23 @@ def test_a_reader_of_a_rolling_file_never_stops_the_rotation(tmp_path: Path) -> 
     roll.on_steps(Proc, steps[:20], [])  # type: ignore[arg-type]
     roll.sink.writer.commit()  # type: ignore[union-attr]
     first = roll.path
-    assert first is not None
+    assert first is not None and (first / LIVE).is_dir()
     reader = Recording.open(first)  # held open across the rotation
     clock["t"] += 10.0
     roll.tick()
-    assert roll.unfinished == [first] and Path(f"{first}-wal").exists()
+    assert roll.path != first and roll.unfinished == []
+    assert not (first / LIVE).exists()
+    assert json.loads((first / MANIFEST).read_text())["state"] == "closed"
+    assert sum(1 for _ in reader.iter_steps()) == 20
     roll.on_steps(Proc, steps[20:], [])  # type: ignore[arg-type]
     reader.close()
     clock["t"] += 10.0
-    roll.tick()  # the next rotation finishes the first file
-    assert roll.unfinished == [] and not Path(f"{first}-wal").exists()
+    roll.tick()
+    assert roll.unfinished == []
     roll.close()
     counts = [sum(1 for _ in Recording.open(p).iter_steps()) for p in roll.files]
     assert counts == [20, 20, 0]
+    assert all(p.parent.parent.parent == tmp_path for p in roll.files)
 
 
 def test_the_agent_enables_a_process_and_follows_its_hooks_going_off(

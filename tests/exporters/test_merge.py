@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 from perfetto_read import read_trace
 from profiles_data import profile_path
+from recordings import copy_recording, sqlite_of
 
 from exporters.timelines.align import AlignmentError, align
 from exporters.timelines.crosscheck import step_table
@@ -52,8 +52,7 @@ def test_kineto_alignment_uses_the_clock_pair(kineto: Any) -> None:
 
 def test_forward_matching_when_the_clock_pair_is_off(kineto: Any, tmp_path: Path) -> None:
     """A wall clock stepped by 2 s after the pair was taken: the forwards find the offset."""
-    db = tmp_path / "stepped.probe.db"
-    shutil.copy(WINDOW, db)
+    db = copy_recording(sqlite_of(WINDOW), tmp_path / "stepped.probe.db")
     con = sqlite3.connect(db)
     con.execute("UPDATE processes SET epoch_ns = epoch_ns + 2000000000")
     con.commit()
@@ -188,7 +187,7 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str], path: P
 
 def test_truncated_recording(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "trunc.probe.db"
-    bad.write_bytes(WINDOW.read_bytes()[:5000])
+    bad.write_bytes(sqlite_of(WINDOW).read_bytes()[:5000])
     _one_line_error(capsys, ["merge", str(bad), str(KINETO), "--report"], bad)
 
 
@@ -219,8 +218,7 @@ def test_wrong_rocpd_schema_version(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_wrong_recording_schema_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bad = tmp_path / "v99.probe.db"
-    shutil.copy(WINDOW, bad)
+    bad = copy_recording(sqlite_of(WINDOW), tmp_path / "v99.probe.db")
     con = sqlite3.connect(bad)
     con.execute("PRAGMA user_version=99")
     con.commit()

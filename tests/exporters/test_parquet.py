@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from recordings import copy_recording, raw_rows
 
 from probe.cli.main import main
 from probe.reader.recording import Recording, RecordingWriter, default_recording
@@ -106,6 +107,7 @@ def test_pyarrow_reads_the_schema_and_every_row(tmp_path: Path) -> None:
     out = tmp_path / "pq"
     assert main(["export", "--parquet", str(out), "--no-progress"]) == 0
     rec = Recording.open(default_recording())
+    db = raw_rows(default_recording())  # the same recording's rows, read with SQL
     steps = pq.read_table(out / "steps")
     assert steps.column_names[: len(STEP_COLUMNS)] == [c.name for c in STEP_COLUMNS]
     assert steps.num_rows == sum(rec.step_counts().values())
@@ -118,13 +120,13 @@ def test_pyarrow_reads_the_schema_and_every_row(tmp_path: Path) -> None:
     # every detail row, as the recording holds it (rows of a step not in steps aside)
     for table in ("spans", "dispatches", "replays", "builds", "reorders"):
         t = pq.read_table(out / table)
-        n = rec.db.execute(
+        n = db.execute(
             f"SELECT count(*) FROM {table} AS d WHERE EXISTS "
             "(SELECT 1 FROM steps AS s WHERE s.pid = d.pid AND s.step = d.step)"
         ).fetchone()[0]
         assert t.num_rows == n, table
     spans = pq.read_table(out / "spans").to_pylist()
-    first = rec.db.execute(
+    first = db.execute(
         "SELECT pid, step, phase, t0_ns, t1_ns, drafter FROM spans ORDER BY pid, step, rowid"
     ).fetchone()
     assert {k: spans[0][k] for k in ("pid", "step", "phase", "t0_ns", "t1_ns", "drafter")} == (
@@ -136,18 +138,18 @@ def test_a_glob_of_recordings_exports_as_one(tmp_path: Path) -> None:
     ranks = tmp_path / "ranks"
     ranks.mkdir()
     for name, src in (("a", default_recording()), ("b", TP2)):
-        (ranks / f"{name}.probe.db").write_bytes(Path(src).read_bytes())
+        copy_recording(src, ranks / f"{name}.probe")
     out = tmp_path / "pq"
-    assert main(["export", str(ranks / "*.probe.db"), "--parquet", str(out), "--no-progress"]) == 0
+    assert main(["export", str(ranks / "*.probe"), "--parquet", str(out), "--no-progress"]) == 0
     [n] = _sql(
         f"SELECT count(DISTINCT pid), count(*) FROM read_parquet('{out}/steps/**/*.parquet')"
     )
-    both = open_many([ranks / "*.probe.db"])
+    both = open_many([ranks / "*.probe"])
     assert n == (len(both.step_counts()), sum(both.step_counts().values()))
     assert len(both.step_counts()) == 3
     # again, into the same folder: refused, nothing overwritten, unless --force
-    assert main(["export", str(ranks / "*.probe.db"), "--parquet", str(out)]) == 2
-    assert main(["export", str(ranks / "*.probe.db"), "--parquet", str(out), "--force"]) == 0
+    assert main(["export", str(ranks / "*.probe"), "--parquet", str(out)]) == 2
+    assert main(["export", str(ranks / "*.probe"), "--parquet", str(out), "--force"]) == 0
 
 
 def test_a_glob_that_matches_nothing_is_one_error(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from perfetto_read import read_trace
+from recordings import raw_rows
 
 from exporters.perfetto import BOOTTIME_CLOCK_ID, Slice, TraceBuilder, split_lanes, write_recording
 from probe.cli.main import main
@@ -30,8 +31,8 @@ def window(tmp_path_factory: pytest.TempPathFactory) -> tuple[Recording, object]
 
 
 def test_counts_equal_the_recording(window: tuple[Recording, object]) -> None:
-    rec, tr = window
-    db = rec.db
+    _, tr = window
+    db = raw_rows(WINDOW)  # the same recording's rows, read with SQL
     n = {
         t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
         for t in ("steps", "spans", "dispatches", "replays", "builds", "reorders")
@@ -57,10 +58,11 @@ def test_counts_equal_the_recording(window: tuple[Recording, object]) -> None:
 def test_timestamps_are_the_recordings_boottime(window: tuple[Recording, object]) -> None:
     rec, tr = window
     assert tr.clock_ids == {BOOTTIME_CLOCK_ID}
-    steps = {tuple(r) for r in rec.db.execute("SELECT t0_ns, t1_ns, step FROM steps")}
+    db = raw_rows(WINDOW)  # the same recording's rows, read with SQL
+    steps = {tuple(r) for r in db.execute("SELECT t0_ns, t1_ns, step FROM steps")}
     got = {(s.start_ns, s.end_ns, s.args["step"]) for s in tr.by_category("step")}
     assert got == steps
-    spans = sorted(tuple(r) for r in rec.db.execute("SELECT t0_ns, t1_ns FROM spans"))
+    spans = sorted(tuple(r) for r in db.execute("SELECT t0_ns, t1_ns FROM spans"))
     assert sorted((s.start_ns, s.end_ns) for s in tr.by_category("phase")) == spans
     # the ground-truth window (run3-results.json), on BOOTTIME
     assert all(469862122252 <= s.start_ns <= 472903818611 for s in tr.by_category("step"))
@@ -90,7 +92,8 @@ def test_bundled_recording_exports(tmp_path: Path) -> None:
     rec = Recording.open(BUNDLED)
     out = write_recording(rec, tmp_path / "b.pftrace")
     tr = read_trace(out)
-    assert len(tr.by_category("step")) == rec.db.execute("SELECT count(*) FROM steps").fetchone()[0]
+    n = raw_rows(BUNDLED).execute("SELECT count(*) FROM steps").fetchone()[0]
+    assert len(tr.by_category("step")) == n == sum(rec.step_counts().values())
 
 
 def test_overlapping_slices_go_to_sibling_lanes(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from exporters.metrics import NAMESPACE, RankSeries, Update
 from probe.analysis.ranks_columns import ranks_of_recording
 from probe.reader.recording import Recording
 
-TP2 = Path(__file__).resolve().parents[2] / "tests/data/serve-tp2.probe.db"
+TP2 = Path(__file__).resolve().parents[2] / "tests/data/serve-tp2.probe"
 
 
 def _fed(rec: Recording, series: RankSeries, batch: int = 256) -> list[Update]:

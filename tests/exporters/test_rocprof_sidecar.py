@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from recordings import raw_rows
 
 from exporters.rocprof_sidecar import detect_rocpd_layout, sidecar_spans, write_sidecar
 from exporters.timelines.model import GpuKernel, ProfileError
@@ -31,7 +32,7 @@ def test_read_back_gives_the_spans(tmp_path: Path) -> None:
     assert sorted(map(_key, prof.markers)) == sorted(map(_key, sidecar_spans(rec)))
     assert prof.kernels == () and prof.host_calls == ()
     counts = Counter(m.category for m in prof.markers)
-    db = rec.db
+    db = raw_rows(WINDOW)  # the same recording's rows, read with SQL
     for table, cat in (
         ("steps", "PROBE_MARKER_STEP"),
         ("spans", "PROBE_MARKER_PHASE"),

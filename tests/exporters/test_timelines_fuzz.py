@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from perfetto_read import read_trace
 from profiles_data import profile_path
+from recordings import copy_recording
 
 from exporters.timelines.load import load_profiles
 from exporters.timelines.rocpd_writer import create_rocpd_db
@@ -174,8 +175,7 @@ def _deadline(seconds: int) -> Iterator[None]:
 def _run_case(name: str, blob: bytes) -> int:
     base = Path(tempfile.mkdtemp(prefix="probe-fuzz-"))
     (base / "in").mkdir(parents=True)
-    rec = base / "in" / "run.probe.db"
-    shutil.copy(WINDOW, rec)
+    rec = copy_recording(WINDOW, base / "in" / "run.probe")
     prof = base / "in" / name
     prof.write_bytes(blob)
     out = base / "out" / "merged.pftrace"

@@ -17,6 +17,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from recordings import raw_rows
 
 from exporters.timelines.align import AlignmentError, align
 from exporters.timelines.kineto import read_kineto
@@ -190,7 +191,7 @@ def test_csv_kernel_with_negative_times(tmp_path: Path) -> None:
 def test_overlap_looks_at_every_row(tmp_path: Path) -> None:
     """Two kernels far before and far after the recording straddle it, none inside."""
     rec = Recording.open(WINDOW)
-    lo, hi = rec.db.execute("SELECT min(t0_ns), max(t1_ns) FROM steps").fetchone()
+    lo, hi = raw_rows(WINDOW).execute("SELECT min(t0_ns), max(t1_ns) FROM steps").fetchone()
     rows = [f"KERNEL_DISPATCH,1,1,3,a,10,{lo // 2},{lo // 2 + 5},77"]
     rows.append(f"KERNEL_DISPATCH,1,1,3,b,11,{hi * 2},{hi * 2 + 5},77")
     prof = read_rocprofv3_csv(_csv(tmp_path, "kernel_trace.csv", rows))

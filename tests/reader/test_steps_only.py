@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from extras import needs
+from recordings import sqlite_of
 
 from probe.cli.main import main
 from probe.reader.recording import Recording
@@ -36,9 +37,11 @@ CODECS = {
     *(ROOT / "probe" / "reader" / m for m in ("recording_open.py", "recording_columns.py")),
 }
 H200 = ROOT / "tests/data"
-WINDOW = H200 / "groundtruth-window.probe"
+# SQLite conversions of the committed (columnar) recordings: the watch is on the SQLite codec's
+# connection
+WINDOW = sqlite_of(H200 / "groundtruth-window.probe")
 KINETO = H200 / "run3-groundtruth.kineto.trimmed.json.gz"
-BUNDLED = ROOT / "probe/data/default.probe"
+BUNDLED = sqlite_of(ROOT / "probe/data/default.probe")
 
 
 def _sources() -> list[Path]:

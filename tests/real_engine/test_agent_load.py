@@ -45,6 +45,8 @@ MIN_SAMPLES = 20  # scrapes answered before the load stops (however long a busy 
 SCRAPE_TIMEOUT_S = 10.0  # a scrape that waited on the drain would hang; a busy host is slow
 DRAIN_RATE = 100  # records a second: about 10 steps, a fraction of what the engine writes
 LAG_WARN_S = 2.0
+# the agent's rolling recordings under --record-dir, partitioned by host and day
+ROLLING = "host=*/day=*/agent-*.probe"
 
 
 @dataclass
@@ -75,7 +77,7 @@ class Run:
         from probe.reader.recording import Recording
 
         out: Counter[int] = Counter()
-        for path in sorted((self.root / "rec").glob("*.probe.db")):
+        for path in sorted((self.root / "rec").glob(ROLLING)):
             with contextlib.closing(Recording.open(path)) as rec:
                 for s in rec.iter_steps():
                     if s.forward:

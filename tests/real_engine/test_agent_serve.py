@@ -38,6 +38,8 @@ from prometheus_server import PROMETHEUS, prometheus_server
 pytestmark = [pytest.mark.engine, pytest.mark.prometheus, pytest.mark.timeout(1200)]
 
 RESTARTS = 2
+# the agent's rolling recordings under --record-dir, partitioned by host and day
+ROLLING = "host=*/day=*/agent-*.probe"
 
 
 def server_cmd(port: int) -> list[str]:
@@ -186,7 +188,7 @@ class Node:
         from probe.reader.recording import Recording
 
         out: Counter[int] = Counter()
-        for path in sorted(self.rec_dir.glob("*.probe.db")):
+        for path in sorted(self.rec_dir.glob(ROLLING)):
             with contextlib.closing(Recording.open(path)) as rec:
                 for s in rec.iter_steps():
                     if s.forward:
@@ -306,7 +308,7 @@ def test_counters_equal_the_recordings_for_every_process(fleet: Fleet) -> None:
     assert RESTARTS <= len(fleet.a.recorded()) <= RESTARTS + 1, fleet.a.recorded()
     assert len(fleet.b.recorded()) == 1
     # the rolling recordings rotated: steps spread over several files
-    assert len(list(fleet.a.rec_dir.glob("*.probe.db"))) > 2
+    assert len(list(fleet.a.rec_dir.glob(ROLLING))) > 2
 
 
 def test_restarts_are_counted(fleet: Fleet) -> None:

@@ -8,8 +8,6 @@ it and stay quiet on the one that does not.
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -149,9 +147,11 @@ def test_support_set_on_backend_not_builder(vl: Vllm, monkeypatch: pytest.Monkey
 
 def test_reorder_threshold_far_above_decode_on_h200_snapshot() -> None:
     """FlashMLA sparse on the H200 (16 heads): threshold 256 against uq 2, as recorded."""
-    with sqlite3.connect(H200_RECORDING) as db:
-        (text,) = db.execute("select snapshot from processes").fetchone()
-    snap = json.loads(text)
+    from probe.reader.recording import Recording
+
+    rec = Recording.open(H200_RECORDING)
+    [snap] = [p["snapshot"] for p in rec.processes()]
+    rec.close()
     msgs = [
         f["message"] for f in findings(snap) if f["code"] == "reorder_threshold_far_above_decode"
     ]
