@@ -40,15 +40,22 @@ COLUMNS = (
 def medians(path: Path) -> tuple[str, int, list[float]]:
     """The runner, the number of steps measured and the median of each column (µs; none
     where no FULL step has all the spans)."""
-    rec = Recording.open(path)
+    from probe.records import Flag, Mode
+
+    rec = Recording.open(path)  # either format: read through its steps
     try:
         spans: dict[tuple[int, int], dict[str, tuple[int, int]]] = {}
-        rows = rec.db.execute("SELECT pid, step, phase, t0_ns, t1_ns FROM spans WHERE drafter = 0")
-        for pid, step, phase, t0, t1 in rows:
-            spans.setdefault((pid, step), {})[phase] = (t0, t1)
-        full_rows = rec.db.execute("SELECT pid, step FROM steps WHERE mode = 'full'")
-        full = {(pid, step) for pid, step in full_rows}
-        runners = sorted({r for (r,) in rec.db.execute("SELECT DISTINCT runner FROM steps")})
+        full: set[tuple[int, int]] = set()
+        runner_set: set[str] = set()
+        for st in rec.iter_steps():
+            runner_set.add(st.runner)
+            if st.mode == Mode.FULL:
+                full.add((st.pid, st.step))
+            d = spans.setdefault((st.pid, st.step), {})
+            for sp in st.spans:
+                if not sp.flags & Flag.DRAFTER:
+                    d[sp.phase.name.lower()] = (sp.t0, sp.t1)
+        runners = sorted(runner_set)
     finally:
         rec.close()
     cols: list[list[float]] = [[] for _ in COLUMNS]

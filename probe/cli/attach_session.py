@@ -257,7 +257,7 @@ def run_session(
     record = opts.record
     out = None
     if record:
-        from probe.reader.columnar import check_recording_target
+        from probe.reader.recording_target import check_recording_target
 
         out = check_recording_target(record, force=opts.force, flag="--record")
     exporters: list[Any] = []
@@ -406,9 +406,9 @@ def run_session(
 def _open_recording(out: Path) -> Any:
     """The recording's writer on ``out`` (checked by ``check_recording_target``), or the
     one-line RuntimeFailure of a storage that refuses it."""
-    from probe.reader.columnar import writer_at
+    from probe.reader.recording_target import writer_at
 
-    return writer_at(out)
+    return writer_at(out, "attach")
 
 
 def _discard(out: Path | None, writer: Any = None) -> None:

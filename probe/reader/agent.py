@@ -124,7 +124,7 @@ class RollingRecordings:
         return p
 
     def _open(self) -> None:
-        from probe.reader.columnar import new_writer
+        from probe.reader.recording_target import new_writer
 
         path = self._name()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,6 +150,9 @@ class RollingRecordings:
             old = self.files.pop(0)
             if old in self.unfinished:
                 self.unfinished.remove(old)
+            for w in self.compacting:  # a file still compacting: done first, then removed
+                if w.path == old:
+                    w.join()
             shutil.rmtree(old, ignore_errors=True)
             for suffix in ("", "-wal", "-shm"):
                 with contextlib.suppress(FileNotFoundError, IsADirectoryError):

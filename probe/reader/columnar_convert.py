@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from probe.reader.columnar import ColumnarWriter, writer_at
+from probe.reader.columnar import ColumnarWriter
 from probe.reader.columnar_schema import is_sqlite_name
+from probe.reader.recording_target import writer_at
 
 
 def convert(

@@ -21,15 +21,16 @@ reads either (``docs/recording-format.md``).
 from __future__ import annotations
 
 import enum
-from pathlib import Path
 from typing import Any
 
+# the manifest's name, and what is a columnar recording or an SQLite name (a leaf module)
+from probe.reader.recording_names import MANIFEST as MANIFEST
+from probe.reader.recording_names import is_columnar as is_columnar
+from probe.reader.recording_names import is_sqlite_name as is_sqlite_name
 from probe.reader.recording_schema import DETAIL_TABLES, DetailColumn
 from probe.records import Flag
 from probe.step import STEP_COLUMNS, Column
 
-#: the manifest's file name inside a recording folder
-MANIFEST = "recording.json"
 #: what the manifest's ``format`` key holds
 FORMAT = "vllm-graph-probe columnar recording"
 #: the version of the folder's layout this probe writes (and the versions it reads)
@@ -175,17 +176,3 @@ def live_schema(table: str) -> Any:
     if table == "gpu":
         return gpu_schema()
     return detail_schema(table)
-
-
-def is_columnar(path: str | Path) -> bool:
-    """``path`` is a columnar recording's folder (it holds a manifest)."""
-    try:
-        return (Path(path) / MANIFEST).is_file()
-    except (OSError, ValueError):
-        return False
-
-
-def is_sqlite_name(path: str | Path) -> bool:
-    """A recording named ``*.db`` is written as SQLite (the earlier format, for tools that
-    read SQLite); any other name is a columnar recording folder."""
-    return str(path).endswith(".db")

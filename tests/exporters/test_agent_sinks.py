@@ -160,7 +160,8 @@ def test_rolling_recordings_rotate_keep_and_hold_every_step_once(tmp_path: Path)
 
 def test_a_reader_of_a_rolling_file_never_stops_the_rotation(tmp_path: Path) -> None:
     """A user's ``probe report`` of the agent's current file when it rotates: the rotation
-    goes on and compacts the file under the reader, the reader still reads what it opened,
+    goes on and compacts the file under the reader (in a thread: the agent's loop goes on
+    meanwhile), the reader still reads what it opened,
     and the file keeps every step, self-contained (no live streams left)."""
     from probe.reader.agent import RollingRecordings
     from probe.reader.columnar_schema import LIVE, MANIFEST
@@ -178,6 +179,9 @@ def test_a_reader_of_a_rolling_file_never_stops_the_rotation(tmp_path: Path) -> 
     clock["t"] += 10.0
     roll.tick()
     assert roll.path != first and roll.unfinished == []
+    assert [w.path for w in roll.compacting] == [first]  # compacting in a thread
+    for w in roll.compacting:
+        w.join()
     assert not (first / LIVE).exists()
     assert json.loads((first / MANIFEST).read_text())["state"] == "closed"
     assert sum(1 for _ in reader.iter_steps()) == 20

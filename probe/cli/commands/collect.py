@@ -28,12 +28,12 @@ if TYPE_CHECKING:
 def cmd_collect(args: argparse.Namespace) -> int:
     """Reader only: record the rings in --run-dir until their writers have exited."""
     from probe.reader.collector import Collector, RecordingSink
-    from probe.reader.columnar import new_writer
+    from probe.reader.recording_target import new_writer
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"collect: --run-dir {run_dir} is not a directory")
-    writer = new_writer(args.out, force=args.force, flag="--out")
+    writer = new_writer(args.out, force=args.force, flag="--out", who="collect")
     out = writer.path
     writer.set_meta(
         command=["probe", *(model_name(a) if a.startswith("/") else a for a in sys.argv[1:])],

@@ -15,10 +15,10 @@ from probe.errors import UsageError
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from probe.cli.terminal import SafeConsole
-    from probe.reader.columnar import check_recording_target
     from probe.reader.columnar_convert import convert
     from probe.reader.columnar_schema import is_sqlite_name
     from probe.reader.recording import RecordingError
+    from probe.reader.recording_target import check_recording_target
 
     out = check_recording_target(args.out, force=args.force, flag="out")
     try:

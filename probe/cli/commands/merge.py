@@ -116,18 +116,22 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _is_recording(name: str) -> bool:
-    """A probe recording (an SQLite file with the recording's application id), or a glob
-    whose every match is one; anything else is a profile."""
+    """A probe recording (a columnar recording's folder, an SQLite file with the
+    recording's application id), or a glob whose every match is one; anything else is a
+    profile."""
     import glob
     import os
     import stat
 
+    from probe.reader.columnar_schema import is_columnar
     from probe.reader.recording_schema import APPLICATION_ID
 
     paths = glob.glob(name, recursive=True) if any(c in name for c in "*?[") else [name]
     if not paths:
         return False
     for p in paths:
+        if is_columnar(p):
+            continue
         try:
             # only a regular file is read: a FIFO would block here (the profile loader
             # refuses it with one line)

@@ -74,7 +74,7 @@ def session_parent(run_dir: str | None, who: str) -> Path | None:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from probe.reader.columnar import check_recording_target
+    from probe.reader.recording_target import check_recording_target
 
     sample = sample_every(args.sample)
     cmd = check_command(list(args.command), "record")
@@ -128,10 +128,10 @@ def _record(
     run_dir: Path,
 ) -> int:
     from probe.reader.collector import Collector, RecordingSink
-    from probe.reader.columnar import writer_at
+    from probe.reader.recording_target import writer_at
 
     # everything is checked: from here on a failure is the command's or the disk's
-    writer = writer_at(out)
+    writer = writer_at(out, "record")
     writer.set_meta(
         command=cmd,
         probe_command=["probe", *sys.argv[1:]],
