@@ -24,7 +24,7 @@ first use of a shape) is resolved when the figures are read (:meth:`Summary.figu
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,10 +43,16 @@ from probe.analysis.accumulators import (
     Key,
     Q,
     S,
+    Selected,
+    add_bins,
     bins_of,
-    gsum_sel,
+    group_codes,
+    key_counts,
+    keys_of_codes,
     percentile_of,
     q_zero,
+    segment_stats,
+    segment_sums,
     total_of,
 )
 from probe.analysis.figures import (
@@ -137,6 +143,28 @@ def columns_of_steps(
 _NONE = np.zeros(0, dtype=np.int64)
 
 
+class _Contiguous(Mapping[str, np.ndarray]):
+    """A chunk's columns, each made contiguous the first time it is read: a column that is
+    a strided view (a row of every field in turn) is read once at memory speed, and every
+    pass after that runs over contiguous memory."""
+
+    def __init__(self, cols: Mapping[str, np.ndarray]) -> None:
+        self.cols = cols
+        self.got: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        got = self.got.get(name)
+        if got is None:
+            got = self.got[name] = np.ascontiguousarray(self.cols[name])
+        return got
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.cols)
+
+    def __len__(self) -> int:
+        return len(self.cols)
+
+
 @dataclass
 class Rank:
     prev_t1: int | None = None
@@ -208,6 +236,7 @@ class Summary(FiguresOf):
         n = len(cols["pid"])
         if n == 0:
             return np.zeros(0, dtype=np.int64)
+        cols = _Contiguous(cols)
         pid = cols["pid"]
         mode = cols["mode"]
         fw = mode >= 0
@@ -296,13 +325,16 @@ class Summary(FiguresOf):
                     cand[j] = True
         decode = (cols["uniform"] == 1) & (cols["uniform_decode_query_len"] >= 1)
         uq = np.minimum(cols["uniform_decode_query_len"], 255)
-        self._accumulate(cols, fw & ~cand, cls, decode, uq, idle, gap, period, graph)
-        # each first use apart, in one pass: a group of its own per row
-        each = self._group_accs(cols, cand, cls, decode, uq, idle, gap, period, graph, each=True)
-        for j, ((_, key), acc) in zip(np.flatnonzero(cand), each.items(), strict=True):
+        # each first use apart: a group of its own per row
+        grouped, each = self._group_accs(
+            cols, fw & ~cand, cand, cls, decode, uq, idle, gap, period, graph
+        )
+        for key, acc in grouped:
+            self._add_group(key, acc)
+        for j, (key, acc) in zip(np.flatnonzero(cand), each, strict=True):
             k = (int(pid[j]), int(shape[j]))
             self.candidates[k] = Candidate(
-                (*key[:5], STEADY),  # type: ignore[arg-type]
+                key.of_class(STEADY),
                 int(cls[j]),
                 int(cols["step"][j]),
                 int(cols["host_ns"][j]),
@@ -380,14 +412,11 @@ class Summary(FiguresOf):
         else:
             cur.add(acc)
 
-    def _accumulate(self, *args: Any) -> None:
-        for key, acc in self._group_accs(*args).items():
-            self._add_group(key, acc)
-
     def _group_accs(
         self,
         cols: Mapping[str, np.ndarray],
         rows: np.ndarray,
+        apart: np.ndarray,
         cls: np.ndarray,
         decode: np.ndarray,
         uq: np.ndarray,
@@ -395,107 +424,107 @@ class Summary(FiguresOf):
         gap: np.ndarray,
         period: np.ndarray,
         graph: np.ndarray,
-        each: bool = False,
-    ) -> dict[Any, Acc]:
-        """The accumulators of ``rows`` by group (:data:`Key`); ``each``: one per row, in
-        row order, keyed ``(row, Key)``."""
-        idx = np.flatnonzero(rows)
-        if len(idx) == 0:
-            return {}
-        code = (
-            (cols["pid"][idx] << 20)
-            | ((cols["mode"][idx] + 1) << 16)
-            | ((cols["reason"][idx] + 1) << 12)
-            | (decode[idx].astype(np.int64) << 11)
-            | (uq[idx] << 3)
-            | cls[idx]
-        )
-        if each:
-            uniq_code, inv = code, np.arange(len(idx))
-        else:
-            uniq_code, inv = np.unique(code, return_inverse=True)
-            inv = inv.reshape(-1)
-        g = len(uniq_code)
-        uniq = np.stack(
-            [
-                uniq_code >> 20,
-                ((uniq_code >> 16) & 0xF) - 1,
-                ((uniq_code >> 12) & 0xF) - 1,
-                (uniq_code >> 11) & 1,
-                (uniq_code >> 3) & 0xFF,
-                uniq_code & 0x7,
-            ]
-        )
+    ) -> tuple[list[tuple[Key, Acc]], list[tuple[Key, Acc]]]:
+        """The accumulators of ``rows`` by group (:class:`Key`), in key order, and those of
+        each row of ``apart`` as a group of its own, in row order: all in one pass over the
+        rows sorted by group, each figure summed per group run."""
+        grouped = np.flatnonzero(rows)
+        each = np.flatnonzero(apart)
+        if len(grouped) + len(each) == 0:
+            return [], []
+        code_of_row = group_codes(cols["pid"], cols["mode"], cols["reason"], decode, uq, cls)
+        code = code_of_row[grouped]
+        by_code = np.argsort(code, kind="stable")
+        code = code[by_code]
+        new = np.ones(len(code), dtype=bool)
+        new[1:] = code[1:] != code[:-1]
+        # the rows in group order, where each group starts, and each row's group
+        order = np.concatenate([grouped[by_code], each])
+        starts = np.concatenate([np.flatnonzero(new), len(grouped) + np.arange(len(each))])
+        keys = keys_of_codes(np.concatenate([code[new], code_of_row[each]]))
+        g = len(keys)
+        sizes = np.diff(starts, append=len(order))
+        group = np.repeat(np.arange(g), sizes)
+        taken: dict[str, np.ndarray] = {}
 
         def col(name: str) -> np.ndarray:
-            return cols[name][idx]
+            if name not in taken:
+                taken[name] = cols[name].take(order)
+            return taken[name]
 
-        def gsum(v: np.ndarray) -> np.ndarray:
-            v = v.astype(np.int64)
-            if len(v) and int(np.abs(v).max()) * len(v) < 2**53:
-                return np.rint(np.bincount(inv, weights=v, minlength=g)).astype(np.int64)
-            out = np.zeros(g, dtype=np.int64)
-            np.add.at(out, inv, v)
-            return out
-
-        gi = graph[idx]
+        gi = Selected(graph[order], starts)
+        idle_after = Selected(idle[order], starts)
         idle_before = col("gpu_idle_before_ns")
         gstep = col("gpu_step_ns")
-        timed = (idle_before >= 0) & (gstep >= 0) & ~idle[idx]
-        bound = timed & rules.host_bound(idle_before, gstep)
-        spans = col("_span_calls") if "_span_calls" in cols else np.full(len(idx), -1)
-        hooks = col("_hook_calls") if "_hook_calls" in cols else np.full(len(idx), -1)
-        costed = spans >= 0
-        sc = {
-            "steps": np.ones(len(idx), dtype=np.int64),
-            "tokens": col("num_tokens"),
-            "graph_tokens": np.where(gi, col("num_tokens"), 0),
-            "graph_padded_tokens": np.where(gi, col("padded_tokens"), 0),
-            "replayed": (gi & (col("replayed") == 1)).astype(np.int64),
-            "serving_ns": period[idx],
-            "timed": timed.astype(np.int64),
-            "idle_ns": np.where(timed, idle_before, 0),
-            "device_ns": np.where(timed, idle_before + gstep, 0),
-            "host_bound": bound.astype(np.int64),
-            "engine_idle_ns": np.where(idle[idx], gap[idx], 0),
-            "engine_idle_gaps": idle[idx].astype(np.int64),
-            "costed": costed.astype(np.int64),
-            "span_calls": np.where(costed, spans, 0),
-            "hook_calls": np.where(costed, hooks, 0),
+        timed_rows = (idle_before >= 0) & (gstep >= 0) & ~idle[order]
+        timed = Selected(timed_rows, starts)
+        bound = Selected(timed_rows & rules.host_bound(idle_before, gstep), starts)
+        replayed = Selected(graph[order] & (col("replayed") == 1), starts)
+        idle_sums = timed.sums(idle_before)
+        sums = {
+            "steps": sizes,
+            "tokens": segment_sums(col("num_tokens"), starts),
+            "graph_tokens": gi.sums(col("num_tokens")),
+            "graph_padded_tokens": gi.sums(col("padded_tokens")),
+            "replayed": replayed.counts,
+            "serving_ns": segment_sums(period[order], starts),
+            "timed": timed.counts,
+            "idle_ns": idle_sums,
+            "device_ns": idle_sums + timed.sums(gstep),
+            "host_bound": bound.counts,
+            "engine_idle_ns": idle_after.sums(gap[order]),
+            "engine_idle_gaps": idle_after.counts,
         }
+        if "_span_calls" in cols:
+            costed = Selected(col("_span_calls") >= 0, starts)
+            sums["costed"] = costed.counts
+            sums["span_calls"] = costed.sums(col("_span_calls"))
+            sums["hook_calls"] = costed.sums(col("_hook_calls"))
         for p in PHASE_NS:
-            sc[f"bound_{p}"] = np.where(bound, col(p), 0)
-        s = np.stack([gsum(sc[name]) for name in SCALARS], axis=1)
+            sums[f"bound_{p}"] = bound.sums(col(p))
+        none = np.zeros(g, dtype=np.int64)
+        s = np.stack([sums.get(name, none) for name in SCALARS], axis=1)
         q = np.tile(q_zero(), (g, 1, 1))
-        # the histograms sparse: (group, quantity, bucket) as one flat key per value
-        flat: list[np.ndarray] = []
+        # the histograms: (group, quantity, bucket) as one flat key per value, a value left
+        # out keyed g * NQ * NB
+        left_out = g * NQ * NB
+        flat = np.empty((NQ, len(order)), dtype=np.int64)
+        used = 0
+        at_group = group * (NQ * NB)
         for qi, name in enumerate(QUANTITIES):
             v = col(name)
             if name == "gpu_idle_before_ns" or name == "gpu_step_ns":
                 ok = timed
             elif name == "host_ns":
-                ok = v > 0
+                ok = Selected(v > 0, starts)
             else:
-                ok = v >= 0
-            if not ok.any():
+                ok = Selected(v >= 0, starts)
+            if not ok.most and not len(ok.rows):
                 continue
-            vi, ii = v[ok], inv[ok]
-            q[:, qi, 0] = np.bincount(ii, minlength=g)
-            q[:, qi, 1] = gsum_sel(vi, ii, g)
-            mn = np.full(g, np.iinfo(np.int64).max, dtype=np.int64)
-            mx = np.full(g, np.iinfo(np.int64).min, dtype=np.int64)
-            np.minimum.at(mn, ii, vi)
-            np.maximum.at(mx, ii, vi)
-            q[:, qi, 2], q[:, qi, 3] = mn, mx
-            flat.append(ii * (NQ * NB) + qi * NB + bins_of(vi))
-        hk, hv = np.unique(np.concatenate(flat) if flat else _NONE, return_counts=True)
+            q[:, qi] = segment_stats(v, ok)
+            slot = flat[used]
+            used += 1
+            if ok.most:
+                add_bins(v, slot, at_group + qi * NB)
+                slot[ok.rows] = left_out
+            else:
+                slot[:] = left_out
+                add_bins(v[ok.rows], slot[: len(ok.rows)], at_group[ok.rows] + qi * NB)
+        hk, hv = key_counts(flat[:used].reshape(-1), left_out)
         bounds = np.searchsorted(hk, np.arange(g + 1) * (NQ * NB))
-        out: dict[Any, Acc] = {}
-        for j, key in enumerate(zip(*(u.tolist() for u in uniq), strict=True)):
-            lo, hi = bounds[j], bounds[j + 1]
-            acc = Acc.sparse(s[j], q[j], hk[lo:hi] - j * (NQ * NB), hv[lo:hi])
-            out[(j, key) if each else key] = acc
-        return out
+        accs = [
+            (
+                key,
+                Acc.sparse(
+                    s[j],
+                    q[j],
+                    hk[bounds[j] : bounds[j + 1]] - j * (NQ * NB),
+                    hv[bounds[j] : bounds[j + 1]],
+                ),
+            )
+            for j, key in enumerate(keys)
+        ]
+        return accs[: g - len(each)], accs[g - len(each) :]
 
     def add_steps(self, steps: Sequence[Step]) -> np.ndarray:
         """Add Steps (sorted here into (pid, step) order); returns their classes in that
