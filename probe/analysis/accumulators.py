@@ -88,7 +88,7 @@ def group_codes(
     """Each row's group (:class:`Key`) as one int64, ordered as the keys are (rows grouped
     by sorting these; :func:`keys_of_codes` reads them back): ``mode`` and ``reason`` are
     codes from -1 to 14, ``query_len`` at most 255 and ``step_class`` at most 7."""
-    return (
+    codes: np.ndarray = (
         (pid << 20)
         | ((mode + 1) << 16)
         | ((reason + 1) << 12)
@@ -96,6 +96,7 @@ def group_codes(
         | (query_len << 3)
         | step_class
     )
+    return codes
 
 
 def keys_of_codes(codes: np.ndarray) -> list[Key]:
@@ -132,10 +133,13 @@ def add_bins(v: np.ndarray, out: np.ndarray, offset: np.ndarray | int = 0) -> No
         np.minimum(fb, NB - 2, out=fb)
         np.copyto(ob, fb, casting="unsafe")  # fb >= 0: truncated is floor
         ob += 1
-    np.add(out, offset, out=out)
-    low = v <= 0
-    if low.any():
-        out[low] -= 1
+        if isinstance(offset, np.ndarray):
+            ob += offset[i : i + _BLOCK]
+        elif offset:
+            ob += offset
+        low = vb <= 0
+        if low.any():
+            ob[low] -= 1
 
 
 _BLOCK = 8192
@@ -374,12 +378,12 @@ def segment_stats(v: np.ndarray, ok: Selected) -> np.ndarray:
 
 def key_counts(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """The distinct values of ``keys`` below ``size`` in order, and how often each occurs
-    (``size`` itself: a value left out): counted in place where ``size`` is small beside
+    (values of ``size`` or more: left out): counted in place where ``size`` is small beside
     the keys, sorted otherwise."""
     if size <= max(1 << 20, 2 * len(keys)):
         counts = np.bincount(keys, minlength=size + 1)[:size]
         distinct = np.flatnonzero(counts)
         return distinct, counts[distinct]
     distinct, counts = np.unique(keys, return_counts=True)
-    n = len(distinct) - int(len(distinct) > 0 and distinct[-1] == size)
+    n = int(np.searchsorted(distinct, size))
     return distinct[:n], counts[:n]
