@@ -446,6 +446,7 @@ class Summary(FiguresOf):
             return [], []
         code_of_row = group_codes(cols["pid"], cols["mode"], cols["reason"], decode, uq, cls)
         code = code_of_row[grouped]
+        # stable: each group's rows stay in row order, so every column is read forward
         by_code = np.argsort(code, kind="stable")
         code = code[by_code]
         new = np.ones(len(code), dtype=bool)
