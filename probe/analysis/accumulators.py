@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -54,16 +55,94 @@ S = {s: i for i, s in enumerate(SCALARS)}
 NS = len(SCALARS)
 NQ = len(QUANTITIES)
 
-Key = tuple[int, int, int, int, int, int]  # pid, mode, reason, decode, query len, class
+
+class Key(NamedTuple):
+    """A group of a summary's steps: the steps of one rank with the same mode, miss reason,
+    uniform decode and query length, and class."""
+
+    pid: int
+    #: :class:`probe.records.Mode` code
+    mode: int
+    #: :class:`probe.records.Reason` code, -1 for none
+    reason: int
+    #: 1 for a uniform decode batch (:attr:`probe.step.Step.decode`), else 0
+    decode: int
+    #: the step's ``uniform_decode_query_len``, at most 255
+    query_len: int
+    #: :data:`probe.analysis.rules.CLASSES` code, or :data:`PENDING`
+    step_class: int
+
+    def of_class(self, step_class: int) -> Key:
+        """This group with another class."""
+        return Key(self.pid, self.mode, self.reason, self.decode, self.query_len, step_class)
+
+
+def group_codes(
+    pid: np.ndarray,
+    mode: np.ndarray,
+    reason: np.ndarray,
+    decode: np.ndarray,
+    query_len: np.ndarray,
+    step_class: np.ndarray,
+) -> np.ndarray:
+    """Each row's group (:class:`Key`) as one int64, ordered as the keys are (rows grouped
+    by sorting these; :func:`keys_of_codes` reads them back): ``mode`` and ``reason`` are
+    codes from -1 to 14, ``query_len`` at most 255 and ``step_class`` at most 7."""
+    codes: np.ndarray = (
+        (pid << 20)
+        | ((mode + 1) << 16)
+        | ((reason + 1) << 12)
+        | (decode.astype(np.int64) << 11)
+        | (query_len << 3)
+        | step_class
+    )
+    return codes
+
+
+def keys_of_codes(codes: np.ndarray) -> list[Key]:
+    """The keys of :func:`group_codes`' codes."""
+    fields = (
+        codes >> 20,
+        ((codes >> 16) & 0xF) - 1,
+        ((codes >> 12) & 0xF) - 1,
+        (codes >> 11) & 1,
+        (codes >> 3) & 0xFF,
+        codes & 0x7,
+    )
+    return [Key._make(k) for k in zip(*(f.tolist() for f in fields), strict=True)]
 
 
 def bins_of(v: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(v), dtype=np.int64)
-    pos = v > 0
-    if pos.any():
-        b = 1 + np.floor(np.log2(v[pos].astype(np.float64)) * BINS_PER_OCTAVE).astype(np.int64)
-        out[pos] = np.minimum(b, NB - 1)
+    """The histogram bucket of each integer value (0 for a value of 0 or less)."""
+    out = np.empty(len(v), dtype=np.int64)
+    add_bins(v, out)
     return out
+
+
+def add_bins(v: np.ndarray, out: np.ndarray, offset: np.ndarray | int = 0) -> None:
+    """``out = offset + bins_of(v)``, in place: the bucket is ``1 + floor(32 log2 v)``, at
+    most the last; values of 0 or less go to bucket 0. Worked in blocks whose temporaries
+    stay in the CPU's cache."""
+    f = np.empty(min(len(v), _BLOCK), dtype=np.float64)
+    for i in range(0, len(v), _BLOCK):
+        vb, ob, fb = v[i : i + _BLOCK], out[i : i + _BLOCK], f[: len(v) - i]
+        np.copyto(fb, vb, casting="unsafe")
+        np.maximum(fb, 1.0, out=fb)  # a value of 0 or less: bucket 0, set below
+        np.log2(fb, out=fb)
+        fb *= BINS_PER_OCTAVE
+        np.minimum(fb, NB - 2, out=fb)
+        np.copyto(ob, fb, casting="unsafe")  # fb >= 0: truncated is floor
+        ob += 1
+        if isinstance(offset, np.ndarray):
+            ob += offset[i : i + _BLOCK]
+        elif offset:
+            ob += offset
+        low = vb <= 0
+        if low.any():
+            ob[low] -= 1
+
+
+_BLOCK = 8192
 
 
 def _bin_value(b: int) -> float:
@@ -242,10 +321,69 @@ def pcts(a: Acc, quantity: str) -> dict[str, float | None]:
     }
 
 
-def gsum_sel(v: np.ndarray, inv: np.ndarray, g: int) -> np.ndarray:
-    """Exact int64 sums of ``v`` per group ``inv``."""
-    if len(v) and int(np.abs(v).max()) * len(v) < 2**53:
-        return np.rint(np.bincount(inv, weights=v.astype(np.float64), minlength=g)).astype(np.int64)
-    out = np.zeros(g, dtype=np.int64)
-    np.add.at(out, inv, v)
+def segment_sums(v: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Exact int64 sums of ``v``'s segments, each from one of ``starts`` (increasing, every
+    segment non-empty) to the next or the end."""
+    return np.add.reduceat(v, starts, dtype=np.int64)
+
+
+class Selected:
+    """The rows of segments (see :func:`segment_sums`) where ``mask`` holds, to count them
+    and sum values over them per segment. Only the rows of the smaller side are listed:
+    where most rows hold, a sum is the segment's total less the rest."""
+
+    def __init__(self, mask: np.ndarray, starts: np.ndarray) -> None:
+        self.starts = starts
+        self.counts = np.add.reduceat(mask, starts, dtype=np.int64)
+        self.every = int(self.counts.sum()) == len(mask)
+        self.most = 2 * int(self.counts.sum()) > len(mask)
+        #: the rows where ``mask`` does not hold (``most``) or does
+        self.rows = np.flatnonzero(~mask if self.most else mask)
+        self.at = np.searchsorted(self.rows, starts)
+
+    def sums(self, v: np.ndarray) -> np.ndarray:
+        """Exact int64 sums of ``v`` over the selected rows, per segment."""
+        run = np.zeros(len(self.rows) + 1, dtype=np.int64)
+        np.cumsum(v[self.rows], out=run[1:])
+        part = np.diff(run[self.at], append=run[-1])
+        if self.most:
+            return segment_sums(v, self.starts) - part
+        return part
+
+
+def segment_stats(v: np.ndarray, ok: Selected) -> np.ndarray:
+    """Per segment of ``v`` the count, sum, min and max of its values where ``ok``: an
+    accumulator's ``q`` row of one timing (:func:`q_zero`'s for a segment without any)."""
+    starts = ok.starts
+    out = np.empty((len(starts), 4), dtype=np.int64)
+    out[:, 0] = ok.counts
+    out[:, 1] = ok.sums(v)
+    if ok.every:
+        out[:, 2] = np.minimum.reduceat(v, starts)
+        out[:, 3] = np.maximum.reduceat(v, starts)
+        return out
+    lo, hi = v.copy(), v.copy()
+    if ok.most:
+        lo[ok.rows] = np.iinfo(np.int64).max
+        hi[ok.rows] = np.iinfo(np.int64).min
+    else:
+        keep = np.zeros(len(v), dtype=bool)
+        keep[ok.rows] = True
+        lo[~keep] = np.iinfo(np.int64).max
+        hi[~keep] = np.iinfo(np.int64).min
+    out[:, 2] = np.minimum.reduceat(lo, starts)
+    out[:, 3] = np.maximum.reduceat(hi, starts)
     return out
+
+
+def key_counts(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of ``keys`` below ``size`` in order, and how often each occurs
+    (values of ``size`` or more: left out): counted in place where ``size`` is small beside
+    the keys, sorted otherwise."""
+    if size <= max(1 << 20, 2 * len(keys)):
+        counts = np.bincount(keys, minlength=size + 1)[:size]
+        distinct = np.flatnonzero(counts)
+        return distinct, counts[distinct]
+    distinct, counts = np.unique(keys, return_counts=True)
+    n = int(np.searchsorted(distinct, size))
+    return distinct[:n], counts[:n]

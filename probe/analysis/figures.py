@@ -5,7 +5,7 @@ headline and the verdict in words (:func:`verdict`)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,10 +53,10 @@ class FiguresOf:
         with None), those ``decided`` warm-up listed."""
         why: Counter[str] = Counter()
         for k, a in warm.items():
-            why[CLASSES[k[5]]] += int(a.s[S["steps"]])
+            why[CLASSES[k.step_class]] += int(a.s[S["steps"]])
         listed = []
         rows = [x for x in self.listed if pid is None or x[0] == pid]
-        extra = [c for c in candidates if (c.key[0], c.step) in decided]
+        extra = [c for c in candidates if (c.key.pid, c.step) in decided]
         for x in rows:
             cls = x[2]
             if cls == PENDING:
@@ -68,10 +68,10 @@ class FiguresOf:
             a = c.acc
             listed.append(
                 _listed(
-                    c.key[0],
+                    c.key.pid,
                     c.step,
-                    decided[(c.key[0], c.step)],
-                    c.key[1],
+                    decided[(c.key.pid, c.step)],
+                    c.key.mode,
                     int(a.s[S["tokens"]]),
                     c.padded_tokens,
                     c.cpu_launch_overhead_ns,
@@ -96,7 +96,7 @@ class FiguresOf:
         per = [
             (c, a)
             for k, a in steady.items()
-            if (c := cals.get(k[0])) is not None and a.s[S["costed"]]
+            if (c := cals.get(k.pid)) is not None and a.s[S["costed"]]
         ]
         launch = total_of(a for _, a in per)
         li = Q["cpu_launch_overhead_ns"]
@@ -159,16 +159,16 @@ def _listed(
     }
 
 
-def _count(groups: Mapping[Key, Acc], pred: Any = None) -> int:
+def _count(groups: Mapping[Key, Acc], pred: Callable[[Key], bool] | None = None) -> int:
     return sum(int(a.s[S["steps"]]) for k, a in groups.items() if pred is None or pred(k))
 
 
 def hit_rates(groups: Mapping[Key, Acc]) -> dict[str, Any]:
     n = _count(groups)
-    full = _count(groups, lambda k: k[1] == Mode.FULL)
-    pw = _count(groups, lambda k: k[1] == Mode.PIECEWISE)
-    dec = _count(groups, lambda k: k[3] == 1)
-    dec_full = _count(groups, lambda k: k[3] == 1 and k[1] == Mode.FULL)
+    full = _count(groups, lambda k: k.mode == Mode.FULL)
+    pw = _count(groups, lambda k: k.mode == Mode.PIECEWISE)
+    dec = _count(groups, lambda k: k.decode == 1)
+    dec_full = _count(groups, lambda k: k.decode == 1 and k.mode == Mode.FULL)
     tot = total_of(groups.values())
     graph = full + pw
     real = int(tot.s[S["graph_tokens"]])
@@ -201,13 +201,13 @@ def decode_split(steady: Mapping[Key, Acc]) -> dict[str, Any]:
     uq: Counter[int] = Counter()
     for k, a in steady.items():
         n = int(a.s[S["steps"]])
-        if k[3] == 1:
-            modes[_mode_name(k[1])] += n
-            uq[k[4]] += n
-            if k[1] != Mode.FULL:
-                reasons[_reason_name(k[2])] += n
-        elif k[1] != Mode.FULL:
-            others[_reason_name(k[2])] += n
+        if k.decode == 1:
+            modes[_mode_name(k.mode)] += n
+            uq[k.query_len] += n
+            if k.mode != Mode.FULL:
+                reasons[_reason_name(k.reason)] += n
+        elif k.mode != Mode.FULL:
+            others[_reason_name(k.reason)] += n
     return {
         "modes": dict(modes.most_common()),
         "reasons": dict(reasons.most_common()),
@@ -349,10 +349,10 @@ def miss_reasons(
     steady: Counter[tuple[str, str]] = Counter()
     ex: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for k, a in groups.items():
-        key = (_mode_name(k[1]), _reason_name(k[2]))
-        ex.setdefault(key, examples.get((k[1], k[2]), []))
+        key = (_mode_name(k.mode), _reason_name(k.reason))
+        ex.setdefault(key, examples.get((k.mode, k.reason), []))
         counts[key] += int(a.s[S["steps"]])
-        if k[5] == STEADY:
+        if k.step_class == STEADY:
             steady[key] += int(a.s[S["steps"]])
     total = sum(counts.values())
     return [
@@ -371,7 +371,7 @@ def miss_reasons(
 def phase_figures(steady: Mapping[Key, Acc]) -> dict[str, Any]:
     groups: dict[str, Acc] = {"all": total_of(steady.values())}
     for k, a in sorted(steady.items(), key=lambda kv: -kv[0][1]):
-        name = _mode_name(k[1])
+        name = _mode_name(k.mode)
         if name in groups:
             groups[name].add(a)
         else:

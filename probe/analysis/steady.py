@@ -120,14 +120,14 @@ class Classes:
             return rules.FIRST_USE if (pid, s.step) in self.decided else STEADY
         c = summ.candidates.get((pid, shape))
         mode = int(s.mode) if s.mode is not None else -1
-        of_mode = [a for k, a in summ.groups.items() if k[1] == mode and k[5] == STEADY]
-        pool = of_mode or [a for k, a in summ.groups.items() if k[5] == STEADY]
+        of_mode = [a for k, a in summ.groups.items() if k.mode == mode and k.step_class == STEADY]
+        pool = of_mode or [a for k, a in summ.groups.items() if k.step_class == STEADY]
         med = percentile_of(total_of(pool), "host_ns", 50) if pool else None
         slow = rules.first_use_slow(s.host_ns, med)
         if c is not None:
             # decided now: into the running summary's groups
             del summ.candidates[(pid, shape)]
-            summ._add_group((*c.key[:5], rules.FIRST_USE if slow else STEADY), c.acc)  # type: ignore[arg-type]
+            summ._add_group(c.key.of_class(rules.FIRST_USE if slow else STEADY), c.acc)
         return rules.FIRST_USE if slow else STEADY
 
 

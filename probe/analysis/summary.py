@@ -24,7 +24,7 @@ first use of a shape) is resolved when the figures are read (:meth:`Summary.figu
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,10 +43,16 @@ from probe.analysis.accumulators import (
     Key,
     Q,
     S,
+    Selected,
+    add_bins,
     bins_of,
-    gsum_sel,
+    group_codes,
+    key_counts,
+    keys_of_codes,
     percentile_of,
     q_zero,
+    segment_stats,
+    segment_sums,
     total_of,
 )
 from probe.analysis.figures import (
@@ -135,7 +141,40 @@ def columns_of_steps(
 
 # -- the summary -----------------------------------------------------------------------------
 
-_NONE = np.zeros(0, dtype=np.int64)
+
+class _Contiguous(Mapping[str, np.ndarray]):
+    """A chunk's columns, each made contiguous the first time it is read: a column that is
+    a strided view (a row of every field in turn) is read once at memory speed, and every
+    pass after that runs over contiguous memory. A column read once is read as it lies
+    (``cols``)."""
+
+    def __init__(self, cols: Mapping[str, np.ndarray]) -> None:
+        self.cols = cols
+        self.got: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        got = self.got.get(name)
+        if got is None:
+            got = self.got[name] = np.ascontiguousarray(self.cols[name])
+        return got
+
+    def take(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """The column's values at ``rows``, read where they lie (one pass over them)."""
+        got = self.got.get(name)
+        return np.take(self.cols[name] if got is None else got, rows)
+
+    def at(self, name: str, row: int) -> int:
+        """One value of the column, as an int."""
+        return int(self.cols[name][row])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.cols
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.cols)
+
+    def __len__(self) -> int:
+        return len(self.cols)
 
 
 @dataclass
@@ -175,11 +214,12 @@ class Summary(FiguresOf):
         n = len(cols["pid"])
         if n == 0:
             return np.zeros(0, dtype=np.int64)
+        cols = _Contiguous(cols)
         pid = cols["pid"]
         mode = cols["mode"]
         fw = mode >= 0
         self.nonforward += int(n - fw.sum())
-        t0, t1 = cols["t0_ns"], cols["t1_ns"]
+        t0, t1 = cols.cols["t0_ns"], cols["t1_ns"]
         # the gap before each step on its rank, and whether it was engine idle
         new_rank = np.ones(n, dtype=bool)
         new_rank[1:] = pid[1:] != pid[:-1]
@@ -190,7 +230,7 @@ class Summary(FiguresOf):
         for i in starts:
             r = self.ranks.setdefault(int(pid[i]), Rank())
             if r.first_step is None:
-                r.first_step = int(cols["step"][i])
+                r.first_step = cols.at("step", i)
             if r.prev_t1 is not None:
                 prev[i] = r.prev_t1
                 has_prev[i] = True
@@ -200,23 +240,24 @@ class Summary(FiguresOf):
         if carried is None:  # columns without the engine's state
             carried = np.full(n, -1, dtype=np.int64)
         idle = has_prev & rules.engine_idle(gap, carried, every)
-        period = np.where(has_prev & ~idle, (t1 - prev) // every, t1 - t0)
-        for j in np.flatnonzero(idle):
-            r = self.ranks[int(pid[j])]
-            r.idle_ns += int(gap[j])
-            r.idle_gaps += 1
-        for known in (True, False):
-            judged = has_prev & ((carried >= 0) == known)
-            pids, counts = np.unique(pid[judged], return_counts=True)
-            for p, c in zip(pids, counts, strict=True):
-                r = self.ranks[int(p)]
-                if known:
-                    r.by_state += int(c)
-                else:
-                    r.by_gap += int(c)
+        span = t1 - prev
+        if every > 1:
+            span //= every
+        period = np.where(has_prev & ~idle, span, t1 - t0)
+        # per run of a rank's rows: its engine-idle gaps, and the gaps judged each way
+        idle_gaps = Selected(idle, starts)
+        idle_ns = idle_gaps.sums(gap)
+        known = carried >= 0
+        by_state = segment_sums(has_prev & known, starts)
+        by_gap = segment_sums(has_prev & ~known, starts)
         ends = np.append(starts[1:], n) - 1
-        for i in ends:
-            self.ranks[int(pid[i])].prev_t1 = int(t1[i])
+        for i, end in enumerate(ends.tolist()):
+            r = self.ranks[int(pid[end])]
+            r.idle_ns += int(idle_ns[i])
+            r.idle_gaps += int(idle_gaps.counts[i])
+            r.by_state += int(by_state[i])
+            r.by_gap += int(by_gap[i])
+            r.prev_t1 = int(t1[end])
 
         graph = fw & (mode != int(Mode.NONE))
         reason = cols["reason"]
@@ -224,9 +265,9 @@ class Summary(FiguresOf):
         cls[~fw] = -1
         # captures and warm-up/profile dispatches
         cls[fw & (reason == int(Reason.WARMUP_OR_PROFILE))] = rules.PROFILE
-        cls[fw & (cols["captures"] > 0)] = rules.CAPTURE
+        cls[fw & (cols.cols["captures"] > 0)] = rules.CAPTURE
         # before the rank's first replay
-        replay = graph & (cols["replayed"] == 1)
+        replay = graph & (cols.cols["replayed"] == 1)
         for a, b in zip(starts, ends + 1, strict=True):
             r = self.ranks[int(pid[a])]
             if r.replayed:
@@ -239,7 +280,7 @@ class Summary(FiguresOf):
                 r.replayed = True
                 self._resolve_pending(int(pid[a]))
         # first use of each shape on its rank
-        shape = np.where(graph, mode * (1 << 40) + cols["padded_tokens"], 0)
+        shape = np.where(graph, mode * (1 << 40) + cols.cols["padded_tokens"], 0)
         cand = np.zeros(n, dtype=bool)
         fw_idx = np.flatnonzero(fw)
         if forced is not None:
@@ -261,21 +302,24 @@ class Summary(FiguresOf):
                 r.seen.add(sh)
                 if cls[j] in (STEADY, PENDING):
                     cand[j] = True
-        decode = (cols["uniform"] == 1) & (cols["uniform_decode_query_len"] >= 1)
+        decode = (cols.cols["uniform"] == 1) & (cols["uniform_decode_query_len"] >= 1)
         uq = np.minimum(cols["uniform_decode_query_len"], 255)
-        self._accumulate(cols, fw & ~cand, cls, decode, uq, idle, gap, period, graph)
-        # each first use apart, in one pass: a group of its own per row
-        each = self._group_accs(cols, cand, cls, decode, uq, idle, gap, period, graph, each=True)
-        for j, ((_, key), acc) in zip(np.flatnonzero(cand), each.items(), strict=True):
+        # each first use apart: a group of its own per row
+        grouped, each = self._group_accs(
+            cols, fw & ~cand, cand, cls, decode, uq, idle, gap, period, graph
+        )
+        for key, acc in grouped:
+            self._add_group(key, acc)
+        for j, (key, acc) in zip(np.flatnonzero(cand), each, strict=True):
             k = (int(pid[j]), int(shape[j]))
             self.candidates[k] = Candidate(
-                (*key[:5], STEADY),  # type: ignore[arg-type]
+                key.of_class(STEADY),
                 int(cls[j]),
-                int(cols["step"][j]),
-                int(cols["host_ns"][j]),
+                cols.at("step", j),
+                cols.at("host_ns", j),
                 acc,
-                int(cols["padded_tokens"][j]),
-                int(cols["cpu_launch_overhead_ns"][j]),
+                cols.at("padded_tokens", j),
+                cols.at("cpu_launch_overhead_ns", j),
             )
         out = cls.copy()
         out[out == PENDING] = STEADY
@@ -284,7 +328,7 @@ class Summary(FiguresOf):
         self.last = (cls, idle, cand, shape, period, gap)
         return out
 
-    def _list(self, cols: Mapping[str, np.ndarray], cls: np.ndarray, cand: np.ndarray) -> None:
+    def _list(self, cols: _Contiguous, cls: np.ndarray, cand: np.ndarray) -> None:
         room = 20 - len(self.listed)
         if room <= 0:
             return
@@ -292,25 +336,25 @@ class Summary(FiguresOf):
         for j in warm:
             self.listed.append(
                 (
-                    int(cols["pid"][j]),
-                    int(cols["step"][j]),
+                    cols.at("pid", j),
+                    cols.at("step", j),
                     int(cls[j]),
-                    int(cols["mode"][j]),
-                    int(cols["num_tokens"][j]),
-                    int(cols["padded_tokens"][j]),
-                    int(cols["cpu_launch_overhead_ns"][j]),
-                    int(cols["host_ns"][j]),
+                    cols.at("mode", j),
+                    cols.at("num_tokens", j),
+                    cols.at("padded_tokens", j),
+                    cols.at("cpu_launch_overhead_ns", j),
+                    cols.at("host_ns", j),
                 )
             )
 
-    def _examples(self, cols: Mapping[str, np.ndarray], fw: np.ndarray) -> None:
+    def _examples(self, cols: _Contiguous, fw: np.ndarray) -> None:
         mr = cols["mode"] * 64 + cols["reason"]
         idx = np.flatnonzero(fw)
         if not len(idx):
             return
         _, first = np.unique(mr[idx], return_index=True)
         for j0 in idx[first]:
-            key = (int(cols["mode"][j0]), int(cols["reason"][j0]))
+            key = (cols.at("mode", j0), cols.at("reason", j0))
             have = self.examples.setdefault(key, [])
             if len(have) >= 3:
                 continue
@@ -318,21 +362,21 @@ class Summary(FiguresOf):
             for j in same:
                 have.append(
                     {
-                        "pid": int(cols["pid"][j]),
-                        "step": int(cols["step"][j]),
-                        "num_tokens": int(cols["num_tokens"][j]),
-                        "num_reqs": int(cols["num_reqs"][j]),
-                        "max_query_len": int(cols["max_query_len"][j]),
-                        "uniform_decode_query_len": int(cols["uniform_decode_query_len"][j]),
-                        "uniform": bool(cols["uniform"][j]),
-                        "padded_tokens": int(cols["padded_tokens"][j]),
+                        "pid": cols.at("pid", j),
+                        "step": cols.at("step", j),
+                        "num_tokens": cols.at("num_tokens", j),
+                        "num_reqs": cols.at("num_reqs", j),
+                        "max_query_len": cols.at("max_query_len", j),
+                        "uniform_decode_query_len": cols.at("uniform_decode_query_len", j),
+                        "uniform": bool(cols.at("uniform", j)),
+                        "padded_tokens": cols.at("padded_tokens", j),
                     }
                 )
 
     def _resolve_pending(self, pid: int) -> None:
         for key in self.pending.pop(pid, ()):
             acc = self.groups.pop(key)
-            self._add_group((*key[:5], rules.BEFORE_REPLAY), acc)  # type: ignore[arg-type]
+            self._add_group(key.of_class(rules.BEFORE_REPLAY), acc)
         self.listed = [
             (*x[:2], rules.BEFORE_REPLAY, *x[3:]) if x[0] == pid and x[2] == PENDING else x
             for x in self.listed
@@ -342,19 +386,16 @@ class Summary(FiguresOf):
         cur = self.groups.get(key)
         if cur is None:
             self.groups[key] = acc
-            if key[5] == PENDING:
-                self.pending.setdefault(key[0], set()).add(key)
+            if key.step_class == PENDING:
+                self.pending.setdefault(key.pid, set()).add(key)
         else:
             cur.add(acc)
 
-    def _accumulate(self, *args: Any) -> None:
-        for key, acc in self._group_accs(*args).items():
-            self._add_group(key, acc)
-
     def _group_accs(
         self,
-        cols: Mapping[str, np.ndarray],
+        cols: _Contiguous,
         rows: np.ndarray,
+        apart: np.ndarray,
         cls: np.ndarray,
         decode: np.ndarray,
         uq: np.ndarray,
@@ -362,107 +403,123 @@ class Summary(FiguresOf):
         gap: np.ndarray,
         period: np.ndarray,
         graph: np.ndarray,
-        each: bool = False,
-    ) -> dict[Any, Acc]:
-        """The accumulators of ``rows`` by group (:data:`Key`); ``each``: one per row, in
-        row order, keyed ``(row, Key)``."""
-        idx = np.flatnonzero(rows)
-        if len(idx) == 0:
-            return {}
-        code = (
-            (cols["pid"][idx] << 20)
-            | ((cols["mode"][idx] + 1) << 16)
-            | ((cols["reason"][idx] + 1) << 12)
-            | (decode[idx].astype(np.int64) << 11)
-            | (uq[idx] << 3)
-            | cls[idx]
-        )
-        if each:
-            uniq_code, inv = code, np.arange(len(idx))
-        else:
-            uniq_code, inv = np.unique(code, return_inverse=True)
-            inv = inv.reshape(-1)
-        g = len(uniq_code)
-        uniq = np.stack(
-            [
-                uniq_code >> 20,
-                ((uniq_code >> 16) & 0xF) - 1,
-                ((uniq_code >> 12) & 0xF) - 1,
-                (uniq_code >> 11) & 1,
-                (uniq_code >> 3) & 0xFF,
-                uniq_code & 0x7,
-            ]
-        )
+    ) -> tuple[list[tuple[Key, Acc]], list[tuple[Key, Acc]]]:
+        """The accumulators of ``rows`` by group (:class:`Key`), in key order, and those of
+        each row of ``apart`` as a group of its own, in row order: all in one pass over the
+        rows sorted by group, each figure summed per group run."""
+        grouped = np.flatnonzero(rows)
+        each = np.flatnonzero(apart)
+        if len(grouped) + len(each) == 0:
+            return [], []
+        code_of_row = group_codes(cols["pid"], cols["mode"], cols["reason"], decode, uq, cls)
+        code = code_of_row[grouped]
+        # stable: each group's rows stay in row order, so every column is read forward
+        by_code = np.argsort(code, kind="stable")
+        code = code[by_code]
+        new = np.ones(len(code), dtype=bool)
+        new[1:] = code[1:] != code[:-1]
+        # the rows in group order, where each group starts, and each row's group
+        order = np.concatenate([grouped[by_code], each])
+        starts = np.concatenate([np.flatnonzero(new), len(grouped) + np.arange(len(each))])
+        keys = keys_of_codes(np.concatenate([code[new], code_of_row[each]]))
+        g = len(keys)
+        sizes = np.diff(starts, append=len(order))
+        group = np.repeat(np.arange(g), sizes)
+        # each column read in group order once, and let go after its last use: the
+        # temporaries of one chunk stay few (memory reused, not faulted in again)
+        taken: dict[str, np.ndarray] = {}
 
-        def col(name: str) -> np.ndarray:
-            return cols[name][idx]
+        def col(name: str, last: bool = False) -> np.ndarray:
+            got = taken.pop(name) if name in taken else cols.take(name, order)
+            if not last:
+                taken[name] = got
+            return got
 
-        def gsum(v: np.ndarray) -> np.ndarray:
-            v = v.astype(np.int64)
-            if len(v) and int(np.abs(v).max()) * len(v) < 2**53:
-                return np.rint(np.bincount(inv, weights=v, minlength=g)).astype(np.int64)
-            out = np.zeros(g, dtype=np.int64)
-            np.add.at(out, inv, v)
-            return out
-
-        gi = graph[idx]
+        gi = Selected(graph[order], starts)
+        idle_after = Selected(idle[order], starts)
         idle_before = col("gpu_idle_before_ns")
         gstep = col("gpu_step_ns")
-        timed = (idle_before >= 0) & (gstep >= 0) & ~idle[idx]
-        bound = timed & rules.host_bound(idle_before, gstep)
-        spans = col("_span_calls") if "_span_calls" in cols else np.full(len(idx), -1)
-        hooks = col("_hook_calls") if "_hook_calls" in cols else np.full(len(idx), -1)
-        costed = spans >= 0
-        sc = {
-            "steps": np.ones(len(idx), dtype=np.int64),
-            "tokens": col("num_tokens"),
-            "graph_tokens": np.where(gi, col("num_tokens"), 0),
-            "graph_padded_tokens": np.where(gi, col("padded_tokens"), 0),
-            "replayed": (gi & (col("replayed") == 1)).astype(np.int64),
-            "serving_ns": period[idx],
-            "timed": timed.astype(np.int64),
-            "idle_ns": np.where(timed, idle_before, 0),
-            "device_ns": np.where(timed, idle_before + gstep, 0),
-            "host_bound": bound.astype(np.int64),
-            "engine_idle_ns": np.where(idle[idx], gap[idx], 0),
-            "engine_idle_gaps": idle[idx].astype(np.int64),
-            "costed": costed.astype(np.int64),
-            "span_calls": np.where(costed, spans, 0),
-            "hook_calls": np.where(costed, hooks, 0),
+        timed_rows = (idle_before >= 0) & (gstep >= 0) & ~idle[order]
+        timed = Selected(timed_rows, starts)
+        bound = Selected(timed_rows & rules.host_bound(idle_before, gstep), starts)
+        del timed_rows
+        replayed = Selected(graph[order] & (col("replayed", last=True) == 1), starts)
+        idle_sums = timed.sums(idle_before)
+        tokens = col("num_tokens", last=True)
+        sums = {
+            "steps": sizes,
+            "tokens": segment_sums(tokens, starts),
+            "graph_tokens": gi.sums(tokens),
+            "graph_padded_tokens": gi.sums(col("padded_tokens", last=True)),
+            "replayed": replayed.counts,
+            "serving_ns": segment_sums(period[order], starts),
+            "timed": timed.counts,
+            "idle_ns": idle_sums,
+            "device_ns": idle_sums + timed.sums(gstep),
+            "host_bound": bound.counts,
+            "engine_idle_ns": idle_after.sums(gap[order]),
+            "engine_idle_gaps": idle_after.counts,
         }
-        for p in PHASE_NS:
-            sc[f"bound_{p}"] = np.where(bound, col(p), 0)
-        s = np.stack([gsum(sc[name]) for name in SCALARS], axis=1)
+        del tokens, idle_before, gstep
+        if "_span_calls" in cols:
+            costed = Selected(col("_span_calls") >= 0, starts)
+            sums["costed"] = costed.counts
+            sums["span_calls"] = costed.sums(col("_span_calls", last=True))
+            sums["hook_calls"] = costed.sums(col("_hook_calls", last=True))
         q = np.tile(q_zero(), (g, 1, 1))
-        # the histograms sparse: (group, quantity, bucket) as one flat key per value
-        flat: list[np.ndarray] = []
+        # the histograms: each value's (group, quantity, bucket) as one flat key, counted
+        # per quantity into every group's buckets where those are few beside the rows,
+        # else the keys kept and counted at the end
+        dense = np.zeros((g, NQ, NB), dtype=np.int64) if g * NB <= 2 * len(order) else None
+        kept: list[np.ndarray] = []
+        slot = np.empty(len(order), dtype=np.int64)
+        # each row's key of bucket 0 of the quantity in hand, a value left out keyed `out`
+        at = group * NB if dense is not None else group * (NQ * NB)
+        out = g * NB if dense is not None else g * NQ * NB
         for qi, name in enumerate(QUANTITIES):
-            v = col(name)
+            v = col(name, last=True)
+            if name in PHASE_NS:
+                sums[f"bound_{name}"] = bound.sums(v)
             if name == "gpu_idle_before_ns" or name == "gpu_step_ns":
                 ok = timed
             elif name == "host_ns":
-                ok = v > 0
+                ok = Selected(v > 0, starts)
             else:
-                ok = v >= 0
-            if not ok.any():
+                ok = Selected(v >= 0, starts)
+            if not ok.most and not len(ok.rows):
                 continue
-            vi, ii = v[ok], inv[ok]
-            q[:, qi, 0] = np.bincount(ii, minlength=g)
-            q[:, qi, 1] = gsum_sel(vi, ii, g)
-            mn = np.full(g, np.iinfo(np.int64).max, dtype=np.int64)
-            mx = np.full(g, np.iinfo(np.int64).min, dtype=np.int64)
-            np.minimum.at(mn, ii, vi)
-            np.maximum.at(mx, ii, vi)
-            q[:, qi, 2], q[:, qi, 3] = mn, mx
-            flat.append(ii * (NQ * NB) + qi * NB + bins_of(vi))
-        hk, hv = np.unique(np.concatenate(flat) if flat else _NONE, return_counts=True)
+            q[:, qi] = segment_stats(v, ok)
+            if ok.most:
+                add_bins(v, slot, at)
+                slot[ok.rows] = out
+            else:
+                slot[:] = out
+                add_bins(v[ok.rows], slot[: len(ok.rows)], at[ok.rows])
+            if dense is not None:
+                dense[:, qi] = np.bincount(slot, minlength=out + 1)[:out].reshape(g, NB)
+            else:
+                kept.append(slot + qi * NB)
+        if dense is not None:
+            hk = np.flatnonzero(dense)
+            hv = dense.reshape(-1)[hk]
+        else:
+            hk, hv = key_counts(np.concatenate(kept) if kept else slot[:0], out)
+        none = np.zeros(g, dtype=np.int64)
+        s = np.stack([sums.get(name, none) for name in SCALARS], axis=1)
         bounds = np.searchsorted(hk, np.arange(g + 1) * (NQ * NB))
-        out: dict[Any, Acc] = {}
-        for j, key in enumerate(zip(*(u.tolist() for u in uniq), strict=True)):
-            lo, hi = bounds[j], bounds[j + 1]
-            acc = Acc.sparse(s[j], q[j], hk[lo:hi] - j * (NQ * NB), hv[lo:hi])
-            out[(j, key) if each else key] = acc
-        return out
+        accs = [
+            (
+                key,
+                Acc.sparse(
+                    s[j],
+                    q[j],
+                    hk[bounds[j] : bounds[j + 1]] - j * (NQ * NB),
+                    hv[bounds[j] : bounds[j + 1]],
+                ),
+            )
+            for j, key in enumerate(keys)
+        ]
+        return accs[: g - len(each)], accs[g - len(each) :]
 
     def add_steps(self, steps: Sequence[Step]) -> np.ndarray:
         """Add Steps (sorted here into (pid, step) order); returns their classes in that
@@ -516,17 +573,17 @@ class Summary(FiguresOf):
         out.candidates = dict(self.candidates)
         out.ranks = {p: r.copy() for p, r in self.ranks.items()}
         for k, a in later.groups.items():
-            pid = k[0]
-            cls = k[5]
+            pid = k.pid
+            cls = k.step_class
             mine = out.ranks.get(pid)
             if mine is not None and cls == PENDING:
                 cls = STEADY if mine.replayed else PENDING
-            out._add_group((*k[:5], cls), a.copy())  # type: ignore[arg-type]
+            out._add_group(k.of_class(cls), a.copy())
         for (pid, sh), c in later.candidates.items():
             mine = out.ranks.get(pid)
             if mine is not None and sh in mine.seen:
                 base = c.base if not (mine.replayed and c.base == PENDING) else STEADY
-                out._add_group((*c.key[:5], base), c.acc.copy())  # type: ignore[arg-type]
+                out._add_group(c.key.of_class(base), c.acc.copy())
             else:
                 out.candidates[(pid, sh)] = c
         for pid, r in later.ranks.items():
@@ -568,10 +625,10 @@ class Summary(FiguresOf):
         replay, which are steady state when the rank never replayed."""
         groups: dict[Key, Acc] = {}
         for k, a in self.groups.items():
-            cls = k[5]
+            cls = k.step_class
             if cls == PENDING:
                 cls = STEADY
-            key: Key = (*k[:5], cls)  # type: ignore[assignment]
+            key = k.of_class(cls)
             if key in groups:
                 groups[key].add(a)
             else:
@@ -581,14 +638,14 @@ class Summary(FiguresOf):
         # each rank's steady groups (the median of a rank looks at its own alone)
         steady: dict[int, dict[Key, Acc]] = {}
         for k, a in groups.items():
-            if k[5] == STEADY:
-                steady.setdefault(k[0], {})[k] = a
+            if k.step_class == STEADY:
+                steady.setdefault(k.pid, {})[k] = a
 
         def steady_median(pid: int, mode: int) -> float | None:
             if (pid, mode) not in medians:
                 mine = steady.get(pid, {})
                 same = list(mine.values())
-                of_mode = [a for k, a in mine.items() if k[1] == mode]
+                of_mode = [a for k, a in mine.items() if k.mode == mode]
                 pool = of_mode if any(a.q[Q["host_ns"], 0] for a in of_mode) else same
                 medians[(pid, mode)] = (
                     percentile_of(total_of(pool), "host_ns", 50) if pool else None
@@ -601,12 +658,12 @@ class Summary(FiguresOf):
                 cls = rules.BEFORE_REPLAY
                 decided[(pid, c.step)] = CLASSES[cls]
             else:
-                med = steady_median(pid, c.key[1])
+                med = steady_median(pid, c.key.mode)
                 slow = rules.first_use_slow(c.host_ns, med)
                 cls = rules.FIRST_USE if slow else STEADY
                 if slow:
                     decided[(pid, c.step)] = CLASSES[cls]
-            key = (*c.key[:5], cls)  # type: ignore[assignment]
+            key = c.key.of_class(cls)
             if key in groups:
                 groups[key].add(c.acc)
             else:
@@ -644,7 +701,7 @@ class Summary(FiguresOf):
         groups, decided = self.resolved()
         if pid is None:
             return self._figures_of(groups, decided, None, self.candidates.values(), self.ranks)
-        mine = {k: a for k, a in groups.items() if k[0] == pid}
+        mine = {k: a for k, a in groups.items() if k.pid == pid}
         cands = [c for (p, _), c in self.candidates.items() if p == pid]
         return self._figures_of(mine, decided, pid, cands, {pid: self.ranks.get(pid)})
 
@@ -654,7 +711,7 @@ class Summary(FiguresOf):
         groups, decided = self.resolved()
         by_pid: dict[int, dict[Key, Acc]] = {}
         for k, a in groups.items():
-            by_pid.setdefault(k[0], {})[k] = a
+            by_pid.setdefault(k.pid, {})[k] = a
         cands: dict[int, list[Candidate]] = {}
         for (p, _), c in self.candidates.items():
             cands.setdefault(p, []).append(c)
@@ -673,8 +730,8 @@ class Summary(FiguresOf):
     ) -> dict[str, Any]:
         """The figures of ``groups`` (resolved: :meth:`resolved`), all of one rank with
         ``pid``: ``candidates`` and ``ranks`` are that rank's (all with None)."""
-        steady = {k: a for k, a in groups.items() if k[5] == STEADY}
-        warm = {k: a for k, a in groups.items() if k[5] != STEADY}
+        steady = {k: a for k, a in groups.items() if k.step_class == STEADY}
+        warm = {k: a for k, a in groups.items() if k.step_class != STEADY}
         tot = total_of(groups.values())
         st = total_of(steady.values())
         wm = total_of(warm.values())
@@ -694,7 +751,7 @@ class Summary(FiguresOf):
             "warmup": self._warmup(warm, wm, decided, pid, candidates),
             "probe_cost": self._probe_cost(steady, st),
             "decode": decode_split(steady),
-            "ranks": sorted({k[0] for k in groups}),
+            "ranks": sorted({k.pid for k in groups}),
         }
         out["headline"] = headline(out)
         return out

@@ -3,13 +3,18 @@ columnar read."""
 
 from __future__ import annotations
 
+import pickle
 import sqlite3
+from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from recordings import copy_recording, sqlite_of
 
+from probe.analysis.accumulators import NB, Key, add_bins, bins_of, key_counts
 from probe.analysis.cost import calibration_of
+from probe.analysis.rules import STEADY
 from probe.analysis.steady import summarize_steps
 from probe.analysis.summary_read import summarize_recording, summarize_recordings
 from probe.reader.recording import Recording, RecordingError, default_recording
@@ -130,3 +135,53 @@ def test_report_takes_several_recordings_or_a_glob_as_one() -> None:
     bad = run("no-such-*.probe.db")
     assert bad.returncode == 2
     assert bad.stderr == "probe: error: no-such-*.probe.db: no recording matches\n"
+
+
+def test_histogram_keys_counted_in_place_or_sorted_alike() -> None:
+    """The group pass's key count gives every distinct key below the size once, in order,
+    with its count, whether it counts in place (a small key space) or sorts (a large one);
+    keys at or past the size are values left out."""
+    rng = np.random.default_rng(7)
+    for size in (50, 3 << 20):
+        keys = rng.integers(0, size + 20, 5000)
+        want = sorted((k, n) for k, n in Counter(keys.tolist()).items() if k < size)
+        distinct, counts = key_counts(keys, size)
+        assert list(zip(distinct.tolist(), counts.tolist(), strict=True)) == want
+
+
+def test_buckets_follow_the_log_rule_across_blocks() -> None:
+    """A value's bucket is 1 + floor(32 log2 v) (the last at most; 0 for 0 or less), the
+    same in every block of a long column and with a per-row offset added."""
+    rng = np.random.default_rng(11)
+    v = np.concatenate(
+        [
+            rng.integers(-5, 1 << 44, 20_000),
+            np.array([0, 1, 2, 3, 1 << 20, (1 << 20) + 1, (1 << 44) - 1, 1 << 50, 1 << 62]),
+        ]
+    )
+    want = [
+        0 if x <= 0 else min(NB - 1, 1 + int(np.floor(np.log2(np.float64(x)) * 32)))
+        for x in v.tolist()
+    ]
+    assert bins_of(v).tolist() == want
+    offset = np.arange(len(v), dtype=np.int64) * NB
+    out = np.empty(len(v), dtype=np.int64)
+    add_bins(v, out, offset)
+    assert (out - offset).tolist() == want
+
+
+def test_group_keys_are_named_and_a_summary_pickles() -> None:
+    """The summary's groups are keyed by named fields (rank, mode, reason, uniform decode,
+    query length, class), and a summary survives pickling whole (a summary handed between
+    processes)."""
+    s = summarize_recording(Recording.open(TP2))
+    pids = set(s.ranks)
+    for k in s.groups:
+        assert isinstance(k, Key)
+        assert k.pid in pids and k.mode in (0, 1, 2) and k.decode in (0, 1)
+        assert 0 <= k.query_len <= 255 and k.step_class in range(6)
+        assert k.of_class(STEADY) == Key(k.pid, k.mode, k.reason, k.decode, k.query_len, 0)
+    again = pickle.loads(pickle.dumps(s))
+    assert list(again.groups) == list(s.groups)
+    assert again.figures() == s.figures()
+    assert again.merge(s).figures()["forward_steps"] == 2 * s.figures()["forward_steps"]
