@@ -39,6 +39,26 @@ DETAIL = ("steps", "spans", "dispatches", "replays", "builds", "reorders", "gpu"
 FIRST_PID = 100_000
 
 
+def _sqlite(source: Path) -> Path:
+    """``source`` as an SQLite recording (a columnar one converted once, kept in the
+    temporary folder by its manifest's digest)."""
+    import hashlib
+    import tempfile
+
+    from probe.reader.columnar_convert import convert
+    from probe.reader.recording_names import MANIFEST, is_columnar
+
+    if not is_columnar(source):
+        return source
+    digest = hashlib.sha256((source / MANIFEST).read_bytes()).hexdigest()[:16]
+    out = Path(tempfile.gettempdir()) / f"probe-processes-source-{digest}.probe.db"
+    if not out.exists():
+        tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp.db")
+        convert(source, tmp, to_sqlite=True)
+        os.replace(tmp, out)
+    return out
+
+
 def make(path: Path, processes: int, steps_per: int = 2, source: Path = SOURCE) -> None:
     """A recording of ``processes`` processes of ``steps_per`` steps each: the first
     ``steps_per`` steps of ``source``'s first worker and their detail rows, under the pids
@@ -53,7 +73,7 @@ def make(path: Path, processes: int, steps_per: int = 2, source: Path = SOURCE) 
     db.execute(f"PRAGMA application_id={APPLICATION_ID}")
     db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     db.executescript(DDL)
-    db.execute("ATTACH ? AS s", (f"file:{source}?mode=ro",))
+    db.execute("ATTACH ? AS s", (f"file:{_sqlite(source)}?mode=ro",))
     (spid,) = db.execute("SELECT min(pid) FROM s.steps").fetchone()
     (top,) = db.execute(
         f"SELECT step FROM s.steps WHERE pid = ? ORDER BY step LIMIT 1 OFFSET {steps_per - 1}",

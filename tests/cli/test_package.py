@@ -54,7 +54,8 @@ def test_the_wheel_holds_the_compiled_path_the_plugin_and_the_recording(wheel: P
         (entry,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         points = z.read(entry).decode()
     assert any(n.startswith("probe/engine/accel/_accel.") and n.endswith(".so") for n in names)
-    assert "probe/data/default.probe" in names
+    for table in ("recording.json", "steps.parquet", "spans.parquet", "builds.parquet"):
+        assert f"probe/data/default.probe/{table}" in names
     assert "[vllm.general_plugins]\nvllm_graph_probe = probe.engine.plugin:register" in points
     assert "probe = probe.cli.entry:main" in points
 
