@@ -246,11 +246,13 @@ def _call_counts(rec: Any, cals: Mapping[int, Mapping[str, Any]]) -> _Calls:
 def reorder_totals(rec: Any) -> list[tuple[int, ...]]:
     """A columnar recording's reorder decisions per threshold: (threshold, decisions,
     changed, moved, spec_as_decode, decodes, requests), as the SQLite aggregate gives them;
-    every value read is checked (:func:`check_columns`)."""
+    every value read is checked (:func:`probe.reader.columnar_read.detail_columns`)."""
+    from probe.reader.columnar_read import detail_columns
+
     cols = ["threshold", "changed", "moved", "spec_as_decode", "num_decodes", "num_reqs"]
     acc: dict[int, np.ndarray] = {}
     for b in rec.batches("reorders", ["pid", "step", *cols]):
-        a = check_columns(rec, "reorders", b)
+        a = detail_columns(rec, "reorders", b)
         thr = a["threshold"]
         for t in np.unique(thr).tolist():
             m = thr == t
@@ -266,10 +268,11 @@ def build_histogram(rec: Any) -> list[tuple[Any, ...]]:
     import pyarrow.compute as pc
 
     from probe.analysis.accumulators import bins_of
+    from probe.reader.columnar_read import detail_columns
 
     acc: dict[tuple[Any, ...], list[int]] = {}
     for b in rec.batches("builds", ["pid", "step", "builder", "tag", "drafter", "t0_ns", "t1_ns"]):
-        a = check_columns(rec, "builds", b)
+        a = detail_columns(rec, "builds", b)
         dur = a["t1_ns"] - a["t0_ns"]
         bins = bins_of(dur)
         names = b.column("builder")
@@ -297,58 +300,3 @@ def build_histogram(rec: Any) -> list[tuple[Any, ...]]:
 
 
 _TAGS = [m.lower() for m in BuildTag.__members__]
-
-
-def check_columns(rec: Any, table: str, batch: Any) -> dict[str, np.ndarray]:
-    """A detail table's batch as int64 numpy columns (an enum its member index, a flag
-    0/1), every value checked against its column: a value that does not fit raises the
-    :class:`RecordingError` naming the table, the step and the column."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from probe.reader.recording import RecordingError
-    from probe.reader.recording_schema import DETAIL_TABLES
-
-    t = next(t for t in DETAIL_TABLES if t.name == table)
-    kinds = {c.name: c for c in t.columns}
-    out: dict[str, np.ndarray] = {}
-    pid = batch.column("pid").to_numpy(zero_copy_only=False)
-    step = batch.column("step").to_numpy(zero_copy_only=False)
-
-    def fail(mask: np.ndarray, column: str, why: str) -> RecordingError:
-        i = int(np.argmax(mask))
-        return RecordingError(
-            f"{rec.path}: damaged recording: {table} row (pid {pid[i]}, step {step[i]}): "
-            f"{column} {why}"
-        )
-
-    for name in batch.schema.names:
-        col = batch.column(name)
-        c = kinds.get(name)
-        if name in ("pid", "step"):
-            v = col.to_numpy(zero_copy_only=False)
-            if col.null_count or (v < 0).any():
-                raise fail(v < 0, name, "is not a step key")
-            out[name] = v.astype(np.int64)
-        elif c is None or c.kind is str:
-            continue  # a builder's name: any text, or missing
-        elif pa.types.is_string(col.type) or pa.types.is_dictionary(col.type):
-            names = [m.lower() for m in c.kind.__members__]
-            if not pa.types.is_dictionary(col.type):
-                col = pc.dictionary_encode(col)
-            code = {n: i for i, n in enumerate(names)}
-            lut_np = np.array([code.get(v, -1) for v in col.dictionary.to_pylist()] + [-1])
-            idx = lut_np[col.indices.fill_null(len(lut_np) - 1).to_numpy(zero_copy_only=False)]
-            if (idx < 0).any():
-                raise fail(idx < 0, name, f"is not one of {', '.join(names)}")
-            out[name] = idx
-        else:
-            if col.null_count:
-                raise fail(col.is_null().to_numpy(zero_copy_only=False), name, "is NULL")
-            v = col.to_numpy(zero_copy_only=False).astype(np.int64)
-            if c.min is not None and not pa.types.is_boolean(col.type) and (v < c.min).any():
-                raise fail(v < c.min, name, f"is below {c.min}")
-            out[name] = v
-    if "t0_ns" in out and "t1_ns" in out and (out["t1_ns"] < out["t0_ns"]).any():
-        raise fail(out["t1_ns"] < out["t0_ns"], "t1", "is before t0")
-    return out

@@ -169,9 +169,6 @@ class ColumnarWriter:
         for g in timings:
             b.add((pid, g.step, g.busy_ns, g.idle_before_ns, g.step_ns))
 
-    def join_gpu(self) -> None:
-        """Device timings are joined into their steps when the recording is compacted."""
-
     def set_faults(self, pid: int, faults: dict[str, tuple[int, bool]]) -> None:
         for h, (n, d) in faults.items():
             self.faults[(pid, h)] = (n, bool(d))

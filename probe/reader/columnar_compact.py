@@ -5,7 +5,6 @@ was never closed (into a private folder)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -31,22 +30,13 @@ ROW_GROUP_ROWS = 262_144
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """``obj`` as JSON at ``path``, whole or not at all: written beside, synced, renamed."""
-    tmp = path.with_name(path.name + ".tmp")
-    data = json.dumps(obj, default=str, separators=(",", ":")).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+    """``obj`` as JSON at ``path``, whole or not at all (:func:`probe.reader.output.write_to`:
+    written beside, synced, renamed, the folder synced), now: a flush's manifest is never
+    held back to the end of a command's other outputs."""
+    from probe.reader.output import write_to
+
+    with write_to(path, now=True) as f:
+        f.write(json.dumps(obj, default=str, separators=(",", ":")).encode())
 
 
 def committed_batches(path: Path, table: str, count: int) -> Iterator[Any]:

@@ -283,17 +283,11 @@ class ColumnarRecording:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
 
-    def __enter__(self) -> ColumnarRecording:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 # -- the steps as numpy columns -----------------------------------------------------------
 
 
-def _codes(col: Any, names: tuple[str, ...]) -> Any:
+def text_codes(col: Any, names: tuple[str, ...]) -> Any:
     """A text column as the codes of its names (NULL -1, a name not among them -2): its
     dictionary mapped once (in Python: building an Arrow array from a list imports
     pandas, a second of a report's start), its indices taken."""
@@ -331,7 +325,7 @@ def iter_columnar_step_columns(
         for c in columns:
             a = b.column(c.name)
             if is_text(c.kind):
-                codes = _codes(a, names_of(c))
+                codes = text_codes(a, names_of(c))
                 if isinstance(c.kind, type) and issubclass(c.kind, enum.Enum):
                     values = np.array([int(m.value) for m in c.kind.__members__.values()])
                     ok = codes >= 0
@@ -409,3 +403,51 @@ def read_ahead(chunks: Iterator[Any], depth: int = 2) -> Iterator[Any]:
     finally:
         stop.set()
         t.join()
+
+
+def detail_columns(rec: Any, table: str, batch: Any) -> dict[str, Any]:
+    """A detail table's batch as int64 numpy columns (an enum its member index, a flag
+    0/1), every value checked against its column: a value that does not fit raises the
+    :class:`RecordingError` naming the table, the step and the column."""
+    import numpy as np
+    import pyarrow as pa
+
+    t = next(t for t in DETAIL_TABLES if t.name == table)
+    kinds = {c.name: c for c in t.columns}
+    out: dict[str, Any] = {}
+    pid = batch.column("pid").to_numpy(zero_copy_only=False)
+    step = batch.column("step").to_numpy(zero_copy_only=False)
+
+    def fail(mask: Any, column: str, why: str) -> RecordingError:
+        i = int(np.argmax(mask))
+        return RecordingError(
+            f"{rec.path}: damaged recording: {table} row (pid {pid[i]}, step {step[i]}): "
+            f"{column} {why}"
+        )
+
+    for name in batch.schema.names:
+        col = batch.column(name)
+        c = kinds.get(name)
+        if name in ("pid", "step"):
+            v = col.to_numpy(zero_copy_only=False)
+            if col.null_count or (v < 0).any():
+                raise fail(v < 0, name, "is not a step key")
+            out[name] = v.astype(np.int64)
+        elif c is None or c.kind is str:
+            continue  # a builder's name: any text, or missing
+        elif is_text(c.kind):
+            names = names_of(c)
+            idx = text_codes(col, names)
+            if (idx < 0).any():
+                raise fail(idx < 0, name, f"is not one of {', '.join(names)}")
+            out[name] = idx
+        else:
+            if col.null_count:
+                raise fail(col.is_null().to_numpy(zero_copy_only=False), name, "is NULL")
+            v = col.to_numpy(zero_copy_only=False).astype(np.int64)
+            if c.min is not None and not pa.types.is_boolean(col.type) and (v < c.min).any():
+                raise fail(v < c.min, name, f"is below {c.min}")
+            out[name] = v
+    if "t0_ns" in out and "t1_ns" in out and (out["t1_ns"] < out["t0_ns"]).any():
+        raise fail(out["t1_ns"] < out["t0_ns"], "t1", "is before t0")
+    return out
