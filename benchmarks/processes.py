@@ -39,7 +39,7 @@ DETAIL = ("steps", "spans", "dispatches", "replays", "builds", "reorders", "gpu"
 FIRST_PID = 100_000
 
 
-def _sqlite(source: Path) -> Path:
+def sqlite_source(source: Path) -> Path:
     """``source`` as an SQLite recording (a columnar one converted once, kept in the
     temporary folder by its manifest's digest)."""
     import hashlib
@@ -73,7 +73,7 @@ def make(path: Path, processes: int, steps_per: int = 2, source: Path = SOURCE) 
     db.execute(f"PRAGMA application_id={APPLICATION_ID}")
     db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     db.executescript(DDL)
-    db.execute("ATTACH ? AS s", (f"file:{_sqlite(source)}?mode=ro",))
+    db.execute("ATTACH ? AS s", (f"file:{sqlite_source(source)}?mode=ro",))
     (spid,) = db.execute("SELECT min(pid) FROM s.steps").fetchone()
     (top,) = db.execute(
         f"SELECT step FROM s.steps WHERE pid = ? ORDER BY step LIMIT 1 OFFSET {steps_per - 1}",

@@ -44,22 +44,13 @@ KINETO_FILE = "tracelens_vllm_decode_full_graph_execution_hipgraph.json.gz"
 TIMED = ("t0_ns", "t1_ns")
 
 
-def _sqlite_source(path: Path) -> Path:
-    """The source recording as an SQLite file (converted once, kept beside the work)."""
-    from probe.reader.columnar_convert import convert
-
-    out = Path("/tmp/probe-scale-sources") / (path.name + ".db")
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        convert(path, out, to_sqlite=True)
-    return out
-
-
 def _sources() -> list[tuple[Path, int]]:
     """(SQLite recording, worker pid) of every recorded worker, the bundled one first."""
+    from benchmarks.processes import sqlite_source
+
     out = []
     for src, _ in SOURCES:
-        path = _sqlite_source(src)
+        path = sqlite_source(src)
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
             for (pid,) in db.execute("SELECT DISTINCT pid FROM steps ORDER BY pid"):
                 out.append((path, int(pid)))

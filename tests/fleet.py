@@ -2,9 +2,9 @@
 made from the committed recordings, and the queries of docs/fleet.md read from the page
 with the report figure each one reproduces.
 
-The committed recordings are found in either format (``NAME.probe`` or ``NAME.probe.db``);
-each is converted twice: once as it is, then, with its meta's ``host`` set to its
-partition's, into the fleet folder (so ``probe report`` and the folders name one host).
+Each committed recording is converted twice: once as it is, then, with its meta's ``host``
+set to its partition's, into the fleet folder (so ``probe report`` and the folders name one
+host, in the manifest and in ``processes.parquet`` alike).
 """
 
 from __future__ import annotations
@@ -33,17 +33,9 @@ FLEET: tuple[tuple[str, str, str], ...] = (
 
 
 def committed(name: str) -> Path:
-    """A committed recording, in whichever format it is committed: ``default`` is the
-    bundled one, any other name one of tests/data/."""
-    if name == "default":
-        bundled = default_recording()
-        columnar = bundled.with_name("default.probe")
-        return columnar if columnar.is_dir() else bundled
-    for candidate in (ROOT / "tests" / "data" / f"{name}.probe",
-                      ROOT / "tests" / "data" / f"{name}.probe.db"):  # fmt: skip
-        if candidate.exists():
-            return candidate
-    raise FileNotFoundError(f"no committed recording {name}")
+    """A committed recording: ``default`` is the bundled one, any other name one of
+    tests/data/."""
+    return default_recording() if name == "default" else ROOT / "tests" / "data" / f"{name}.probe"
 
 
 def as_host(src: Path, out: Path, host: str, work: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet import build_fleet, doc_queries, doc_spark_views, expected, in_order, report
+from fleet import doc_queries, doc_spark_views, expected, in_order
 
 
 def _java() -> str | None:
@@ -35,17 +35,6 @@ pytestmark = [
     pytest.mark.timeout(600),
     pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
 ]
-
-
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    work = tmp_path_factory.mktemp("work")
-    return build_fleet(tmp_path_factory.mktemp("fleet") / "fleet", work)
-
-
-@pytest.fixture(scope="module")
-def rep(fleet: Path) -> dict[str, Any]:
-    return report(fleet)
 
 
 @pytest.fixture(scope="module")

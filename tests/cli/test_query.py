@@ -21,29 +21,16 @@ import pytest
 from fleet import (
     FLEET,
     as_host,
-    build_fleet,
     committed,
     doc_queries,
     expected,
     in_order,
     probe,
-    report,
 )
 
 from probe.reader.columnar import ColumnarWriter
 from probe.reader.columnar_convert import convert
 from probe.reader.recording_set import open_recording
-
-
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    work = tmp_path_factory.mktemp("work")
-    return build_fleet(tmp_path_factory.mktemp("fleet") / "fleet", work)
-
-
-@pytest.fixture(scope="module")
-def rep(fleet: Path) -> dict[str, Any]:
-    return report(fleet)
 
 
 def query(*args: str, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
