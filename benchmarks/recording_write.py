@@ -79,10 +79,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from probe.reader.recording import default_recording
-    from probe.reader.recording_set import open_recording
+    from probe.reader.recording import Recording, default_recording
 
-    rec = open_recording(default_recording())
+    rec = Recording.open(default_recording())
     steps = list(rec.iter_steps())
     names = rec.builder_names()
     results = {

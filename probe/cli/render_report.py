@@ -14,7 +14,6 @@ from rich.text import Text
 from probe.analysis import views as analysis
 from probe.analysis.cost import has_timing
 from probe.analysis.ranks_columns import ranks_of_recording
-from probe.reader.columnar_read import ColumnarRecording
 from probe.reader.recording import Recording
 from probe.reader.recording_set import RecordingSet
 
@@ -43,7 +42,7 @@ def build_report(rec: Recording | Sequence[Recording]) -> dict[str, Any]:
     from probe.analysis.summary import verdict
     from probe.analysis.summary_read import summarize_recordings
 
-    recs = [rec] if isinstance(rec, (Recording, ColumnarRecording)) else list(rec)
+    recs = list(rec) if isinstance(rec, Sequence) else [rec]
     # several files as one: each process once, with its totals once
     whole: Any = recs[0] if len(recs) == 1 else RecordingSet(recs)
     summ = summarize_recordings(recs)
@@ -144,7 +143,7 @@ def ranks_report(rec: Recording | Sequence[Recording]) -> dict[str, Any]:
     """The ranks section as plain data (:class:`probe.analysis.ranks.RanksSummary`); of
     several recordings, each one's engines and data-parallel ranks side by side (the ranks
     of one engine are matched within a recording)."""
-    recs = [rec] if isinstance(rec, (Recording, ColumnarRecording)) else list(rec)
+    recs = list(rec) if isinstance(rec, Sequence) else [rec]
     out: dict[str, Any] = {"engines": [], "dp": []}
     for r in recs:
         one = ranks_of_recording(r).as_dict()

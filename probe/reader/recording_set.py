@@ -119,13 +119,6 @@ def _identity(p: Path) -> tuple[int, int] | str:
     return (st.st_dev, st.st_ino)
 
 
-def open_recording(path: str | Path) -> Any:
-    """The recording at ``path``, opened and validated: a :class:`Recording` (SQLite) or a
-    :class:`~probe.reader.columnar_read.ColumnarRecording` (a ``NAME.probe/`` folder), with
-    the same reading methods."""
-    return Recording.open(path)
-
-
 def open_many(names: Iterable[str | Path]) -> Recording | RecordingSet:
     """The recordings named (globs expanded, :func:`expand_paths`), opened and validated:
     one :class:`Recording`, or a :class:`RecordingSet` reading several as one. A file that
@@ -137,7 +130,7 @@ def open_many(names: Iterable[str | Path]) -> Recording | RecordingSet:
     recs: list[Recording] = []
     try:
         for p in paths:
-            recs.append(open_recording(p))
+            recs.append(Recording.open(p))
         return recs[0] if len(recs) == 1 else RecordingSet(recs)
     except BaseException:
         for r in recs:

@@ -30,7 +30,7 @@ from fleet import (
 
 from probe.reader.columnar import ColumnarWriter
 from probe.reader.columnar_convert import convert
-from probe.reader.recording_set import open_recording
+from probe.reader.recording import Recording
 
 
 def query(*args: str, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -67,7 +67,7 @@ def test_views_carry_host_day_and_recording(fleet: Path) -> None:
     want = []
     for name, host, day in FLEET:
         path = fleet / f"host={host}" / f"day={day}" / f"{name}.probe"
-        with closing(open_recording(path)) as rec:
+        with closing(Recording.open(path)) as rec:
             n = sum(rec.step_counts().values())
         want.append({"recording": str(path), "host": host, "day": day, "steps": n})
     assert rows == sorted(want, key=lambda r: (r["recording"], r["host"], r["day"]))
@@ -97,7 +97,7 @@ def test_reasons_and_ranks_views(fleet: Path, rep: dict[str, Any]) -> None:
     # the mean CPU launch overhead, from the recordings' own steps
     for name, host, day in FLEET:
         with closing(
-            open_recording(fleet / f"host={host}" / f"day={day}" / f"{name}.probe")
+            Recording.open(fleet / f"host={host}" / f"day={day}" / f"{name}.probe")
         ) as rec:
             launch: dict[int, list[int]] = {}
             for s in rec.iter_steps():
@@ -129,7 +129,7 @@ def test_host_and_day_from_the_recording_without_partitions(tmp_path: Path) -> N
     """A recording outside the host=/day= layout: its meta's host, the UTC day it started."""
     out = tmp_path / "loose.probe"
     as_host(committed("cpu_graphs_off"), out, "node-7", tmp_path)
-    with closing(open_recording(out)) as rec:
+    with closing(Recording.open(out)) as rec:
         started = rec.meta()["started_epoch_ns"]
     day = datetime.datetime.fromtimestamp(started // 10**9, tz=datetime.UTC).date()
     assert query("SELECT * FROM recordings", str(out)) == [
@@ -152,7 +152,7 @@ def test_sqlite_recording_through_a_temporary_copy(tmp_path: Path) -> None:
 
 
 def test_a_recording_being_written_reads_to_its_last_flush(tmp_path: Path) -> None:
-    with closing(open_recording(committed("cpu_graphs_off"))) as rec:
+    with closing(Recording.open(committed("cpu_graphs_off"))) as rec:
         steps = list(rec.iter_steps())
     w = ColumnarWriter(tmp_path / "live.probe", commit_every_s=float("inf"))
     try:

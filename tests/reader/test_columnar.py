@@ -27,7 +27,6 @@ from probe.reader.columnar_schema import (
     is_columnar,
 )
 from probe.reader.recording import Recording, RecordingError
-from probe.reader.recording_set import open_recording
 from probe.step import Step
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,7 +158,7 @@ def test_a_writer_killed_mid_write_reads_whole_up_to_its_last_flush(tmp_path: Pa
     child.wait()
     assert child.returncode == -signal.SIGKILL
     assert (out / LIVE).is_dir()  # never compacted: read from its live streams
-    rec = open_recording(out)
+    rec = Recording.open(out)
     got = list(rec.iter_steps())
     rec.close()
     assert len(got) >= last and len(got) % batch == 0  # whole flushes, the last included

@@ -39,11 +39,10 @@ __all__ = [
 def open_recording(path: str | Path | None) -> Any:
     """The recording at ``path`` (None: the bundled one), opened and validated; a file
     that is not a readable recording is a :class:`UsageError` naming it."""
-    from probe.reader.recording import RecordingError, default_recording
-    from probe.reader.recording_set import open_recording as open_any
+    from probe.reader.recording import Recording, RecordingError, default_recording
 
     try:
-        return open_any(Path(path) if path else default_recording())
+        return Recording.open(Path(path) if path else default_recording())
     except RecordingError as exc:
         raise UsageError(str(exc)) from None
 

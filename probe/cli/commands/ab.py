@@ -43,11 +43,10 @@ def summarize(path: Path, bars: Progress = SILENT) -> Any:
     ``bars``: one advance when it is read)."""
     from probe.analysis.ab import read_run
     from probe.errors import UsageError
-    from probe.reader.recording import RecordingError
-    from probe.reader.recording_set import open_recording
+    from probe.reader.recording import Recording, RecordingError
 
     try:
-        rec = open_recording(path)
+        rec = Recording.open(path)
         rec.meta()  # checked as `report` checks it: a damaged row is one line, not ignored
         run = read_run(rec, str(path))
     except RecordingError as exc:
