@@ -518,6 +518,51 @@ class Recording:
         except SQLITE_DAMAGED as exc:
             raise damaged_error(self.path, exc) from None
 
+    def batches(
+        self, table: str, columns: list[str] | None = None, pid: int | None = None,
+        size: int = 65_536,
+    ) -> Iterator[Any]:  # fmt: skip
+        """The table's rows (of ``pid``) in (pid, step) order (within a step, as written),
+        as Arrow record batches of the columnar recording's schema
+        (:func:`probe.reader.columnar_schema.step_schema` without the per-step counts,
+        :func:`~probe.reader.columnar_schema.detail_schema`): what
+        :meth:`ColumnarRecording.batches <probe.reader.columnar_read.ColumnarRecording.batches>`
+        gives, so a column pass reads either format. Values are as stored: check them as
+        that method's callers do (:func:`probe.reader.columnar_read.detail_columns`)."""
+        import pyarrow as pa
+
+        from probe.reader.columnar_schema import detail_schema, step_schema
+
+        full = step_schema(with_counts=False) if table == "steps" else detail_schema(table)
+        sch = full if columns is None else pa.schema([full.field(c) for c in columns])
+        cols = ", ".join(sch.names)
+        cur = self.db.cursor()
+        cur.row_factory = None
+        try:
+            if table == "steps":
+                where, params = ("WHERE pid = ?", (pid,)) if pid is not None else ("", ())
+                rows = cur.execute(f"SELECT {cols} FROM steps {where} ORDER BY pid, step", params)
+            elif pid is not None:
+                rows = cur.execute(self._rows_of_pid(table, cols), (pid,))
+            else:
+                rows = cur.execute(f"SELECT {cols} FROM {table} ORDER BY pid, step, rowid")
+            while chunk := rows.fetchmany(size):
+                arrays = []
+                for i, f in enumerate(sch):
+                    values = [r[i] for r in chunk]
+                    try:
+                        if pa.types.is_boolean(f.type):  # stored 0/1
+                            arrays.append(pa.array(values, pa.int64()).cast(pa.bool_()))
+                        else:
+                            arrays.append(pa.array(values, f.type))
+                    except (pa.ArrowException, OverflowError, TypeError) as exc:
+                        raise RecordingError(
+                            f"{self.path}: damaged recording: {table}: {f.name}: {exc}"
+                        ) from None
+                yield pa.RecordBatch.from_arrays(arrays, schema=sch.remove_metadata())
+        except SQLITE_DAMAGED as exc:
+            raise damaged_error(self.path, exc) from None
+
     def _detail_rows(
         self, t: DetailTable, where: str, params: tuple[Any, ...], *, pid: int | None = None
     ) -> Iterator[tuple[Any, ...]]:

@@ -3,6 +3,7 @@ hosts, a glob), and a recording's steps in chunks, as the offline writers stream
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -233,6 +234,40 @@ class RecordingSet:
         for *_, s in heapq.merge(*its, key=lambda t: t[:3]):
             yield s
 
+    def batches(
+        self, table: str, columns: list[str] | None = None, pid: int | None = None,
+        size: int = 65_536,
+    ) -> Iterator[Any]:  # fmt: skip
+        """The table's rows of every file (of ``pid``, or all) as Arrow record batches, in
+        the order :meth:`iter_steps` gives their steps: by pid, then step, a step found in
+        two files from the earlier file first. Builders are named, not numbered, in a
+        batch: nothing to renumber. A process's files are read one after the other where
+        their steps follow on (an agent's rolling files); where they interleave, that
+        process's rows are read whole and ordered."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if pid is None:
+            for p in sorted(self.step_counts()):
+                yield from self.batches(table, columns, p, size)
+            return
+        want = columns if columns is None or "step" in columns else [*columns, "step"]
+        ranges = [rg for r in self.recordings if (rg := _step_range(r, pid)) is not None]
+        follows = all(a[1] <= b[0] for a, b in itertools.pairwise(ranges))
+        if follows:
+            chained: Iterator[Any] = (
+                b for r in self.recordings for b in r.batches(table, want, pid, size)
+            )
+        else:
+            parts = [b for r in self.recordings for b in r.batches(table, want, pid, size)]
+            if not parts:
+                return
+            whole = pa.Table.from_batches(parts)
+            order = pc.sort_indices(whole, [("step", "ascending")])  # stable: file order kept
+            chained = iter(whole.take(order).to_batches(max_chunksize=size))
+        for b in chained:
+            yield b if want is columns else b.select(columns)
+
     def faults(self) -> list[dict[str, Any]]:
         return [f for r in self.recordings for f in r.faults()]
 
@@ -245,3 +280,16 @@ class RecordingSet:
     def close(self) -> None:
         for r in self.recordings:
             r.close()
+
+
+def _step_range(rec: Recording, pid: int) -> tuple[int, int] | None:
+    """The first and last step number of ``pid`` in one file (None: it has none there),
+    its step column read a batch at a time."""
+    import pyarrow.compute as pc
+
+    lo = hi = None
+    for b in rec.batches("steps", ["step"], pid):
+        mm = pc.min_max(b.column(0)).as_py()
+        lo = mm["min"] if lo is None else min(lo, mm["min"])
+        hi = mm["max"] if hi is None else max(hi, mm["max"])
+    return None if lo is None or hi is None else (lo, hi)

@@ -1,0 +1,91 @@
+"""Column batches: either format, and several files read as one, give the same rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from probe.reader.columnar_schema import TABLES, detail_schema, step_schema
+from probe.reader.recording import Recording, RecordingError
+from probe.reader.recording_set import RecordingSet
+from tests.recordings import committed, copy_recording, sqlite_of
+
+RECS = committed()
+
+
+def _table(rec: object, table: str, pid: int | None = None, size: int = 65_536) -> pa.Table:
+    full = step_schema(with_counts=False) if table == "steps" else detail_schema(table)
+    got = list(rec.batches(table, list(full.names), pid, size))  # type: ignore[attr-defined]
+    t = pa.Table.from_batches(got, schema=got[0].schema) if got else full.empty_table()
+    # a columnar file reads text as dictionaries: compared as plain text
+    return t.cast(pa.schema([pa.field(f.name, f.type) for f in full]))
+
+
+@pytest.mark.parametrize("path", RECS)
+@pytest.mark.parametrize("table", TABLES)
+def test_sqlite_batches_equal_the_columnar_ones(path: str, table: str) -> None:
+    col = Recording.open(path)
+    sql = Recording.open(sqlite_of(path))
+    want = _table(col, table)
+    assert want.num_rows > 0 or table != "steps"
+    assert _table(sql, table, size=97).equals(want)
+    pids = sorted(col.step_counts())
+    one = _table(sql, table, pids[-1])
+    assert one.equals(_table(col, table, pids[-1]))
+    assert set(one.column("pid").to_pylist()) <= {pids[-1]}
+
+
+def _split(src: Path, tmp: Path) -> list[Path]:
+    """``src`` (SQLite) as two files: its steps below and from the middle step of each
+    process on, with their detail rows."""
+    import sqlite3
+
+    halves = []
+    for i, keep in enumerate(("<", ">=")):
+        dst = tmp / f"half{i}.probe.db"
+        copy_recording(src, dst)
+        db = sqlite3.connect(dst)
+        mids = dict(db.execute("SELECT pid, (min(step) + max(step)) / 2 FROM steps GROUP BY pid"))
+        for t in TABLES:
+            for pid, mid in mids.items():
+                db.execute(f"DELETE FROM {t} WHERE pid = ? AND NOT step {keep} ?", (pid, mid))
+        db.commit()
+        db.close()
+        halves.append(dst)
+    return halves
+
+
+def test_a_set_of_rolling_files_batches_as_its_whole(tmp_path: Path) -> None:
+    src = sqlite_of(RECS[0])
+    whole = Recording.open(src)
+    a, b = _split(src, tmp_path)
+    for order in ((a, b), (b, a)):  # files named in either order: steps still in order
+        rs = RecordingSet([Recording.open(p) for p in order])
+        for table in TABLES:
+            got = _table(rs, table)
+            want = _table(whole, table)
+            if order[0] == a:
+                assert got.equals(want), table
+            else:  # interleaved files: ordered by step, the earlier-named file first
+                assert got.sort_by([("pid", "ascending"), ("step", "ascending")]).num_rows == (
+                    want.num_rows
+                )
+                steps = got.column("step").to_pylist()
+                pids = got.column("pid").to_pylist()
+                assert list(zip(pids, steps, strict=True)) == sorted(zip(pids, steps, strict=True))
+
+
+def test_a_damaged_value_in_a_batch_is_one_recording_error(tmp_path: Path) -> None:
+    import sqlite3
+
+    dst = tmp_path / "bad.probe.db"
+    copy_recording(sqlite_of(RECS[0]), dst)
+    db = sqlite3.connect(dst)
+    db.execute("UPDATE steps SET t0_ns = 'soon' WHERE rowid = 3")
+    db.commit()
+    db.close()
+    rec = Recording.open(dst)
+    with pytest.raises(RecordingError, match="damaged recording: steps: t0_ns"):
+        list(rec.batches("steps"))
