@@ -303,11 +303,13 @@ def text_codes(col: Any, names: tuple[str, ...]) -> Any:
 
 
 def iter_columnar_step_columns(
-    rec: ColumnarRecording, pid: int | None, chunk: int, only: Collection[str] | None
+    rec: Any, pid: int | None, chunk: int, only: Collection[str] | None
 ) -> Iterator[dict[str, Any]]:
     """The ``steps`` table as :func:`probe.reader.recording_columns.iter_step_columns`
-    gives it (int64 columns, text as codes, NULL -1 with the ``_nulls`` bits), plus each
-    step's record counts (:data:`COUNT_COLUMNS`)."""
+    gives it (int64 columns, text as codes, NULL -1 with the ``_nulls`` bits), from the
+    Arrow batches of ``rec`` (a columnar recording, or several recordings read as one);
+    of a columnar file, every column with each step's record counts
+    (:data:`COUNT_COLUMNS`)."""
     import enum
 
     import numpy as np
@@ -318,7 +320,7 @@ def iter_columnar_step_columns(
     columns = [c for c in STEP_COLUMNS if keep is None or c.name in keep]
     nullable = nullable_ints()
     names = [c.name for c in columns]
-    counts = list(COUNT_COLUMNS) if keep is None else []
+    counts = list(COUNT_COLUMNS) if keep is None and isinstance(rec, ColumnarRecording) else []
     for b in rec.batches("steps", names + counts, pid, size=chunk):
         cols: dict[str, Any] = {}
         nulls = np.zeros(b.num_rows, dtype=np.int64)

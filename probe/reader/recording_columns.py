@@ -128,7 +128,7 @@ def _refuse(rec: Recording, rows: list[Any], index: int | None) -> None:
 
 
 def iter_step_columns(
-    rec: Recording | ColumnarRecording,
+    rec: Any,
     pid: int | None = None,
     chunk: int = STEP_CHUNK_ROWS,
     only: Collection[str] | None = None,
@@ -151,8 +151,14 @@ def iter_step_columns(
         read_ahead,
     )
 
-    if isinstance(rec, ColumnarRecording):
-        yield from read_ahead(iter_columnar_step_columns(rec, pid, chunk, only))
+    if isinstance(rec, ColumnarRecording) or not isinstance(rec, Recording):
+        # a columnar file, or several files read as one (their Arrow batches), read ahead
+        # by a thread where no SQLite connection is involved (one is its thread's)
+        cols = iter_columnar_step_columns(rec, pid, chunk, only)
+        files = getattr(rec, "recordings", [rec])
+        yield from (
+            read_ahead(cols) if all(isinstance(r, ColumnarRecording) for r in files) else cols
+        )
         return
     try:
         yield from _iter_step_columns(rec, pid, chunk, only)

@@ -89,3 +89,22 @@ def test_a_damaged_value_in_a_batch_is_one_recording_error(tmp_path: Path) -> No
     rec = Recording.open(dst)
     with pytest.raises(RecordingError, match="damaged recording: steps: t0_ns"):
         list(rec.batches("steps"))
+
+
+def test_a_set_reads_as_checked_step_columns_as_one_file_does(tmp_path: Path) -> None:
+    import numpy as np
+
+    from probe.reader.recording_columns import iter_step_columns
+
+    src = sqlite_of(RECS[0])
+    a, b = _split(src, tmp_path)
+    rs = RecordingSet([Recording.open(a), Recording.open(b)])
+
+    def whole(rec: object) -> dict[str, np.ndarray]:
+        chunks = list(iter_step_columns(rec, chunk=101))
+        return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+
+    want, got = whole(Recording.open(src)), whole(rs)
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert np.array_equal(got[k], v), k
