@@ -38,7 +38,7 @@ from probe.reader.columnar_schema import (
 )
 from probe.reader.recording_meta import META_TYPES, meta_ok, snapshot_of
 from probe.reader.recording_open import RecordingError
-from probe.reader.recording_rows import BAD, NULL, steps_of_rows
+from probe.reader.recording_rows import BAD, NULL
 from probe.reader.recording_schema import DETAIL_TABLES
 from probe.step import STEP_COLUMNS, Step
 
@@ -200,28 +200,43 @@ class ColumnarRecording:
         groups = self.row_groups(table, pid)
         if not groups:
             return
+        # one process's rows are found by their pid, read whether asked for or not
+        want = columns if columns is None or pid is None or "pid" in columns else ["pid", *columns]
         try:
             for b in f.iter_batches(
-                batch_size=size, row_groups=groups, columns=columns, use_threads=True
+                batch_size=size, row_groups=groups, columns=want, use_threads=True
             ):
                 if pid is not None:
                     b = b.filter(pc.equal(b.column("pid"), pid))
                     if b.num_rows == 0:
                         continue
-                yield b
+                yield b if want is columns else b.select(columns)
         except (OSError, pa.ArrowException) as exc:
             raise RecordingError(f"{self.path}: damaged recording: {table}: {exc}") from None
 
     def builder_names(self, pid: int | None = None) -> dict[int, dict[int, str]]:
         """Per pid, the id of each builder class name in :attr:`Step.builds`, in the order
         the names first appear (as :meth:`Recording.builder_names`)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         out: dict[int, dict[int, str]] = {}
         for b in self.batches("builds", ["pid", "builder"], pid):
-            for p, name in zip(b.column(0).to_pylist(), b.column(1).to_pylist(), strict=True):
-                names = out.setdefault(p, {})
-                shown = name if isinstance(name, str) else "?"
-                if shown not in names.values():
-                    names[len(names) + 1] = shown
+            names = b.column(1)
+            if not pa.types.is_dictionary(names.type):
+                names = pc.dictionary_encode(names)
+            text = [*names.dictionary.to_pylist(), None]
+            idx = names.indices.fill_null(len(text) - 1).to_numpy(zero_copy_only=False)
+            pids = b.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
+            # each (pid, name) once, in the order of its first row
+            _, first = np.unique(pids * len(text) + idx, return_index=True)
+            first.sort()
+            for p, i in zip(pids[first].tolist(), idx[first].tolist(), strict=True):
+                seen = out.setdefault(p, {})
+                shown = text[i] if isinstance(text[i], str) else "?"
+                if shown not in seen.values():
+                    seen[len(seen) + 1] = shown
         return out
 
     def step_counts(self) -> dict[int, int]:
@@ -258,12 +273,9 @@ class ColumnarRecording:
     def iter_steps(self, pid: int | None = None) -> Iterator[Step]:
         """Every step (of ``pid``, or all), in (pid, step) order, with its detail records;
         every value checked as :meth:`Recording.iter_steps` checks it."""
-        steps = self._rows("steps", [c.name for c in STEP_COLUMNS], pid)
-        details = {
-            t.name: self._rows(t.name, ["pid", "step", *(c.name for c in t.columns)], pid)
-            for t in DETAIL_TABLES
-        }
-        yield from steps_of_rows(self.path, steps, details, self.builder_names(pid))
+        from probe.reader.recording_batches import steps_of_batches
+
+        yield from steps_of_batches(self, pid)
 
     def _rows(self, table: str, columns: list[str], pid: int | None) -> Iterator[tuple[Any, ...]]:
         """The table's rows as the SQLite recording's cursor gives them (booleans 0/1)."""

@@ -199,8 +199,8 @@ class RecordingSet:
                     seen["dropped"] = p["dropped"]
         return [out[pid] for pid in sorted(out)]
 
-    def builder_names(self) -> dict[int, dict[int, str]]:
-        return {pid: dict(names) for pid, names in self._names.items()}
+    def builder_names(self, pid: int | None = None) -> dict[int, dict[int, str]]:
+        return {p: dict(names) for p, names in self._names.items() if pid in (None, p)}
 
     def step_counts(self) -> dict[int, int]:
         out: dict[int, int] = {}

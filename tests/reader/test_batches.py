@@ -108,3 +108,32 @@ def test_a_set_reads_as_checked_step_columns_as_one_file_does(tmp_path: Path) ->
     assert set(got) == set(want)
     for k, v in want.items():
         assert np.array_equal(got[k], v), k
+
+
+@pytest.mark.parametrize("path", RECS)
+def test_steps_built_from_batches_equal_the_row_decoders(path: str) -> None:
+    """A columnar recording's Steps (built a batch at a time) are the Steps the row decoder
+    makes of the same recording as SQLite: every field and detail record."""
+    from probe.reader.recording_batches import steps_of_batches
+
+    col, sql = Recording.open(path), Recording.open(sqlite_of(path))
+    want = list(sql.iter_steps())
+    assert list(col.iter_steps()) == want
+    assert list(steps_of_batches(sql)) == want  # the SQLite file's batches too
+    pid = sorted(col.step_counts())[-1]
+    assert list(col.iter_steps(pid)) == [s for s in want if s.pid == pid]
+
+
+def test_a_damaged_columnar_value_is_named_as_the_row_decoder_names_it(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    dst = tmp_path / "bad.probe"
+    copy_recording(RECS[0], dst)
+    t = pq.read_table(dst / "spans.parquet")
+    i = t.schema.get_field_index("t1_ns")
+    bad = t.column("t1_ns").to_pylist()
+    bad[5] = t.column("t0_ns")[5].as_py() - 1
+    pq.write_table(t.set_column(i, "t1_ns", pa.array(bad, pa.int64())), dst / "spans.parquet")
+    why = r"spans row \(pid \d+, step \d+\): t1 is \d+, before t0"
+    with pytest.raises(RecordingError, match=why):
+        list(Recording.open(dst).iter_steps())

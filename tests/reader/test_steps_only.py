@@ -132,7 +132,9 @@ _STEP_TABLES = re.compile(rf"\bFROM\s+(?:(?:{_TABLES})\b|\{{)")
 
 def test_only_the_step_reader_reads_step_tables() -> None:
     """A ``Recording`` method that reads the steps or detail tables returns Steps, the
-    builder ids they carry, or counts; no other method hands those rows out."""
+    builder ids they carry, counts, or the tables as column batches (whose readers check
+    every value: ``detail_columns``, ``iter_step_columns``); no other method hands those
+    rows out."""
     tree = ast.parse(CODEC.read_text())
     [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Recording"]
     readers = set()
@@ -141,6 +143,7 @@ def test_only_the_step_reader_reads_step_tables() -> None:
             readers.add(fn.name)
     assert readers == {
         "iter_steps",
+        "batches",
         "_detail_rows",
         "_rows_of_pid",  # the query _detail_rows runs for one process (and its private index)
         "builder_names",
