@@ -18,6 +18,7 @@ backfilled Prometheus too. No ``_created`` series are written.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import operator
@@ -109,16 +110,27 @@ def _header(m: Metric) -> Iterator[str]:
 def _sample(name: str, lab: dict[str, str], t: int, v: Value) -> Iterator[str]:
     """The lines of one series' value ``v`` at ``t`` (epoch ns)."""
     ts = f"{t // 1_000_000 / 1000:.3f}"
+    text, les = _label_text(tuple(lab.items()), v.bounds if isinstance(v, Hist) else ())
     if isinstance(v, Hist):
         acc = 0
-        for bound, c in zip((*v.bounds, math.inf), v.counts, strict=True):
+        for le, c in zip(les, v.counts, strict=True):
             acc += c
-            le = _labels({**lab, "le": _num_le(bound)})
             yield f"{name}_bucket{le} {acc} {ts}\n"
-        yield f"{name}_count{_labels(lab)} {v.count} {ts}\n"
-        yield f"{name}_sum{_labels(lab)} {_num(v.sum)} {ts}\n"
+        yield f"{name}_count{text} {v.count} {ts}\n"
+        yield f"{name}_sum{text} {_num(v.sum)} {ts}\n"
     else:
-        yield f"{name}{_labels(lab)} {_num(v)} {ts}\n"
+        yield f"{name}{text} {_num(v)} {ts}\n"
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _label_text(
+    items: tuple[tuple[str, str], ...], bounds: tuple[float, ...]
+) -> tuple[str, tuple[str, ...]]:
+    """A series' label text, and a histogram's per bucket (with ``le``): escaped once per
+    series, not once per sample."""
+    lab = dict(items)
+    les = tuple(_labels({**lab, "le": _num_le(b)}) for b in (*bounds, math.inf)) if bounds else ()
+    return _labels(lab), les
 
 
 def _num_le(bound: float) -> str:
@@ -329,7 +341,8 @@ def _process_samples(
             first = t
         last = t
         for metric, pairs, _ in us:
-            state.setdefault((metric, pairs), zero(metric))
+            if (metric, pairs) not in state:
+                state[(metric, pairs)] = zero(metric)
     if first is None:
         return None
     for u in totals:
@@ -359,7 +372,9 @@ def _process_samples(
 
 def _bump(state: dict[Key, Value], k: Key, metric: str, value: float) -> None:
     """:func:`exporters.series.apply` of an update given as its key and value."""
-    cur = state.setdefault(k, zero(metric))
+    cur = state.get(k)
+    if cur is None:
+        cur = state[k] = zero(metric)
     if isinstance(cur, Hist):
         cur.observe(value)
     elif METRICS[metric].kind == "counter":

@@ -23,6 +23,7 @@ a Collector-fed one hold the same samples at the same times.
 
 from __future__ import annotations
 
+import bisect
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -73,7 +74,7 @@ class Hist:
 
     def observe(self, v: float) -> None:
         # Prometheus buckets are `le`: a value equal to a bound falls in that bound's bucket
-        i = next((i for i, b in enumerate(self.bounds) if v <= b), len(self.bounds))
+        i = bisect.bisect_left(self.bounds, v)  # the first bound at or above v
         self.counts[i] += 1
         self.sum += v
         self.count += 1
