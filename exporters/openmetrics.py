@@ -19,31 +19,27 @@ backfilled Prometheus too. No ``_created`` series are written.
 from __future__ import annotations
 
 import functools
-import heapq
 import math
-import operator
 import os
-import pickle
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from exporters.base import ProcessInfo, processes_from_recording
-from exporters.metrics import METRICS, Metric, process_updates, updates
+from exporters.metrics import METRICS, Metric
 from exporters.series import (
     DEFAULT_INTERVAL_S,
+    EventRuns,
     Hist,
     Key,
     Timeline,
     Value,
-    apply,
+    clocked,
     instance_id,
-    series_key,
-    zero,
+    process_ticks,
+    recording_classes,
+    step_events,
 )
-from probe.analysis.steady import Classes, iter_chunks
-from probe.analysis.summary_read import summarize_recordings
 from probe.progress import SILENT, Progress
 from probe.reader.recording import Recording
 from probe.reader.recording_set import RecordingSet
@@ -150,8 +146,9 @@ def write_to(
     The text is the one :func:`lines` gives for :func:`exporters.series.timelines`, made
     as the steps are read: each process's step events are sorted by time in runs held to
     a bound (spilled to a temporary file past it) and read twice (the series that ever
-    appear, then the ticks); each series' samples are appended to a spool (memory up to
-    a bound, then the same file) and the families are written from it in order. Memory
+    appear, then the ticks: :func:`exporters.series.process_ticks`); each series'
+    samples are appended to a spool (memory up to a bound, then the same file) and the
+    families are written from it in order. Memory
     holds a window of events and of text, not the recording's timelines.
     """
     if interval_s <= 0:
@@ -170,17 +167,12 @@ def write_to(
     return n
 
 
-_HOLD = 1 << 14
-"""Events held in memory before a sorted run is written to the temporary file."""
 _HOLD_TEXT = 32 << 20
 """Characters of sample text held in memory before they are appended to the file."""
 
-_Event = tuple[int, list[tuple[str, tuple[tuple[str, str], ...], float]]]
-
 
 class _Spool:
-    """Sorted runs of events and streams of text, in memory to a bound and in one
-    temporary file past it."""
+    """Streams of text, in memory to a bound and in one temporary file past it."""
 
     def __init__(self) -> None:
         self.file: IO[bytes] | None = None
@@ -200,48 +192,6 @@ class _Spool:
             self.file = tempfile.TemporaryFile(prefix="probe-om-")  # noqa: SIM115 (__exit__)
         self.file.seek(0, os.SEEK_END)
         return self.file
-
-    # -- events, sorted by (time, order read)
-
-    def sorted_events(self, events: Iterable[_Event]) -> Callable[[], Iterator[_Event]]:
-        """``events`` held in sorted runs; returns what iterates them in time order (again
-        each time it is called), ties in the order read."""
-        runs: list[tuple[int, int]] = []
-        held: list[tuple[tuple[int, int], _Event]] = []
-        for seq, e in enumerate(events):
-            held.append(((e[0], seq), e))
-            if len(held) >= _HOLD:
-                runs.append(self._run(held))
-                held = []
-        held.sort(key=operator.itemgetter(0))
-
-        def read(offset: int, count: int) -> Iterator[tuple[tuple[int, int], _Event]]:
-            f = self.file
-            assert f is not None
-            pos = offset
-            for _ in range(count):
-                f.seek(pos)
-                items: list[tuple[tuple[int, int], _Event]] = pickle.load(f)
-                pos = f.tell()
-                yield from items
-
-        def ordered() -> Iterator[_Event]:
-            merged = heapq.merge(
-                *(read(o, c) for o, c in runs), iter(held), key=operator.itemgetter(0)
-            )
-            for _, e in merged:
-                yield e
-
-        return ordered
-
-    def _run(self, held: list[tuple[tuple[int, int], _Event]]) -> tuple[int, int]:
-        held.sort(key=operator.itemgetter(0))
-        f = self._file()
-        start, count = f.tell(), 0
-        for i in range(0, len(held), 512):  # the merge holds one chunk of each run
-            pickle.dump(held[i : i + 512], f, protocol=pickle.HIGHEST_PROTOCOL)
-            count += 1
-        return start, count
 
     # -- streams of text, appended in order
 
@@ -278,109 +228,27 @@ def _sample_streams(
     rec: Recording | RecordingSet, interval_s: float, spool: _Spool, progress: Progress
 ) -> list[list[Key]]:
     """Every clocked process's samples into ``spool`` (stream (process, series) -> text),
-    as :func:`exporters.series.timeline` samples them; returns each process's series."""
-    infos = processes_from_recording(rec)  # type: ignore[arg-type]
+    as :func:`exporters.series.process_ticks` samples them; returns each process's
+    series."""
     per_pid = rec.step_counts()
-    clocked = [i for i in infos if i.boottime_ns is not None and i.epoch_ns is not None]
-    progress.stage("building timelines", sum(per_pid.get(i.pid, 0) for i in clocked), "steps")
-    # the report's steady/warm-up split, exactly (one streaming summary pass first)
-    recs = rec.recordings if isinstance(rec, RecordingSet) else [rec]
-    shared = [Classes.of(summarize_recordings(recs))]  # one split across the processes
+    infos = clocked(rec)
+    progress.stage("building timelines", sum(per_pid.get(i.pid, 0) for i in infos), "steps")
+    classes = recording_classes(rec)  # one split across the processes
     out: list[list[Key]] = []
-    for info in clocked:
-        keys = _process_samples(rec, info, interval_s, spool, len(out), progress, shared)
-        if keys is not None:
-            out.append(keys)
+    with EventRuns() as runs:
+        for info in infos:
+            events = step_events(info, rec.iter_steps(info.pid), classes, progress)
+            tk = process_ticks(info, events, interval_s, runs)
+            if tk is None:
+                continue
+            target = {"job": JOB, "instance": instance_id(info)}
+            labels = [{**target, **dict(pairs)} for _, pairs in tk.keys]
+            tl = len(out)
+            for tick, state in tk:
+                for i, k in enumerate(tk.keys):
+                    spool.append((tl, i), "".join(_sample(k[0], labels[i], tick, state[k])))
+            out.append(tk.keys)
     return out
-
-
-def _process_samples(
-    rec: Recording | RecordingSet,
-    info: ProcessInfo,
-    interval_s: float,
-    spool: _Spool,
-    tl: int,
-    progress: Progress,
-    shared: list[Classes],
-) -> list[Key] | None:
-    same: dict[Any, Any] = {}  # one tuple per distinct label set: held events share them
-    base = shared[0]
-
-    def events() -> Iterator[_Event]:
-        done = 0
-        # classified in chunks, as exporters.series.timeline does; the split keeps state as
-        # it goes, so each of the two reads starts from none for this process
-        classes = base.for_process()
-        for chunk in iter_chunks(rec.iter_steps(info.pid)):
-            classes.classify(chunk)
-            for s in chunk:
-                gpu = [s.gpu] if s.gpu is not None else []
-                us = []
-                for u in updates(info, [s], gpu, classes):
-                    pairs = tuple(sorted(u.labels.items()))
-                    us.append((u.metric, same.setdefault(pairs, pairs), u.value))
-                yield info.epoch_ns_of(s.t1), us
-                done += 1
-                if done == 256:
-                    progress.advance(done)
-                    done = 0
-        progress.advance(done)
-
-    ordered = spool.sorted_events(events())
-    health = list(process_updates(info, None))
-    info_gauges = [u for u in health if METRICS[u.metric].kind == "gauge"]
-    totals = [u for u in health if METRICS[u.metric].kind != "gauge"]
-    state: dict[Key, Value] = {}
-    for u in info_gauges:
-        apply(state, u)
-    first: int | None = None
-    last = 0
-    # every series that ever appears, present (at 0) from the first tick
-    for t, us in ordered():
-        if first is None:
-            first = t
-        last = t
-        for metric, pairs, _ in us:
-            if (metric, pairs) not in state:
-                state[(metric, pairs)] = zero(metric)
-    if first is None:
-        return None
-    for u in totals:
-        state.setdefault(series_key(u), zero(u.metric))
-    step_ns = round(interval_s * 1e9)
-    t0 = first - 1_000_000
-    t0 -= t0 % 1_000_000
-    n = -(-(last - t0) // step_ns)
-    target = {"job": JOB, "instance": instance_id(info)}
-    keys = list(state)
-    labels = [{**target, **dict(pairs)} for _, pairs in keys]
-    pending = ordered()
-    nxt = next(pending, None)
-    for ti in range(n + 1):
-        tick = t0 + ti * step_ns
-        while nxt is not None and nxt[0] <= tick:
-            for metric, pairs, value in nxt[1]:
-                _bump(state, (metric, pairs), metric, value)
-            nxt = next(pending, None)
-        if ti == n:
-            for u in totals:
-                apply(state, u)
-        for i, k in enumerate(keys):
-            spool.append((tl, i), "".join(_sample(k[0], labels[i], tick, state[k])))
-    return keys
-
-
-def _bump(state: dict[Key, Value], k: Key, metric: str, value: float) -> None:
-    """:func:`exporters.series.apply` of an update given as its key and value."""
-    cur = state.get(k)
-    if cur is None:
-        cur = state[k] = zero(metric)
-    if isinstance(cur, Hist):
-        cur.observe(value)
-    elif METRICS[metric].kind == "counter":
-        state[k] = cur + value
-    else:
-        state[k] = float(value)
 
 
 def write(

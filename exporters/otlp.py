@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -77,7 +77,18 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from exporters.base import FIXED, ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, RankSeries, Update, process_updates, updates
-from exporters.series import DEFAULT_INTERVAL_S, Hist, Timeline, instance_id, timelines
+from exporters.series import (
+    DEFAULT_INTERVAL_S,
+    EventRuns,
+    Hist,
+    Key,
+    Timeline,
+    clocked,
+    instance_id,
+    process_ticks,
+    recording_classes,
+    step_events,
+)
 from probe.analysis.steady import Classes
 from probe.progress import SILENT, Progress
 from probe.reader.recording import Recording
@@ -519,10 +530,18 @@ def metrics_data(tl: Timeline, i: int) -> MetricsData:
     """The cumulative metric points of one process at its ``i``-th sample time, as the
     SDK's OTLP exporters take them: every point stamped ``tl.ticks[i]``, counting from
     ``tl.start_ns``."""
-    start, t = tl.start_ns, tl.ticks[i]
+    state = {k: values[i] for k, values in tl.series.items()}
+    return metrics_at(tl.info, tl.start_ns, tl.ticks[i], state)
+
+
+def metrics_at(
+    info: ProcessInfo, start: int, t: int, state: Mapping[Key, float | Hist]
+) -> MetricsData:
+    """The cumulative metric points of one process's series ``state`` at time ``t``
+    (epoch ns), counting from ``start``."""
     points: dict[str, list[Any]] = {}
-    for (name, pairs), values in tl.series.items():
-        points.setdefault(name, []).append(_point(name, dict(pairs), start, t, values[i]))
+    for (name, pairs), v in state.items():
+        points.setdefault(name, []).append(_point(name, dict(pairs), start, t, v))
     out = []
     for name, pts in points.items():
         m = METRICS[name]
@@ -535,7 +554,7 @@ def metrics_data(tl: Timeline, i: int) -> MetricsData:
             data = Gauge(pts)
         out.append(MetricData(name=m.otel_name, description=m.help, unit=m.unit, data=data))
     scope = InstrumentationScope(SCOPE)
-    return MetricsData([ResourceMetrics(resource_for(tl.info), [ScopeMetrics(scope, out, "")], "")])
+    return MetricsData([ResourceMetrics(resource_for(info), [ScopeMetrics(scope, out, "")], "")])
 
 
 @dataclass(frozen=True)
@@ -564,8 +583,8 @@ def write(
     """Send a finished recording to the OTLP endpoint ``target``: its steps as spans
     (at their own times), and its metrics as cumulative points every ``interval_s`` of
     the recording's own time (:mod:`exporters.series`), with explicit buckets.
-    ``progress`` gets three stages: the spans' steps, the timelines' steps, the metric
-    exports."""
+    ``progress`` gets two stages: the spans' steps, then the steps of the metric samples
+    (each process's samples sent as they are computed)."""
     from exporters.base import replay
 
     sink = make_sink(
@@ -577,19 +596,29 @@ def write(
     deadline = sink.deadline or Deadline(timeout_s)
     exporter = sink._metric_exporter()
     try:
-        tls = timelines(recording, interval_s, progress=progress)
-        progress.stage("sending metric samples", sum(len(tl.ticks) for tl in tls), "samples")
-        for tl in tls:
-            for i in range(len(tl.ticks)):
-                sent += 1
-                if failed:  # the endpoint is gone: do not wait out a timeout per sample
-                    failed += 1
-                else:
+        # each process's samples as they are computed (exporters.series.process_ticks):
+        # memory holds a window of events, not the recording's timelines
+        per_pid = recording.step_counts()
+        infos = clocked(recording)
+        progress.stage("sending metric samples", sum(per_pid.get(i.pid, 0) for i in infos), "steps")
+        classes = recording_classes(recording)
+        with EventRuns() as runs:
+            for info in infos:
+                events = step_events(info, recording.iter_steps(info.pid), classes, progress)
+                tk = process_ticks(info, events, interval_s, runs)
+                if tk is None:
+                    continue
+                for tick, state in tk:
+                    sent += 1
+                    if failed:  # the endpoint is gone: do not wait out a timeout per sample
+                        failed += 1
+                        continue
                     done, ok = deadline.call(
-                        exporter.export, metrics_data(tl, i), timeout_millis=timeout_s * 1000
+                        exporter.export,
+                        metrics_at(info, tk.start_ns, tick, state),
+                        timeout_millis=timeout_s * 1000,
                     )
                     failed += not done or ok != MetricExportResult.SUCCESS
-                progress.advance()
     finally:
         deadline.call(exporter.shutdown)
         sink.close()

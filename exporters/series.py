@@ -24,19 +24,37 @@ a Collector-fed one hold the same samples at the same times.
 from __future__ import annotations
 
 import bisect
+import heapq
+import operator
+import os
+import pickle
+import tempfile
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import IO, Any
 
 from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import METRICS, Update, process_updates, updates
 from probe.analysis.steady import Classes, iter_chunks
-from probe.analysis.summary_read import summarize_recording
+from probe.analysis.summary_read import summarize_recordings
 from probe.progress import SILENT, Progress, counted
 from probe.reader.recording import Recording
 from probe.step import Step
 
-__all__ = ["DEFAULT_INTERVAL_S", "Hist", "Key", "Timeline", "instance_id", "timelines"]
+__all__ = [
+    "DEFAULT_INTERVAL_S",
+    "EventRuns",
+    "Hist",
+    "Key",
+    "Ticks",
+    "Timeline",
+    "instance_id",
+    "process_ticks",
+    "recording_classes",
+    "step_events",
+    "timelines",
+]
 
 #: one sample per second of the recording: the live Prometheus test's scrape interval
 DEFAULT_INTERVAL_S = 1.0
@@ -130,71 +148,234 @@ def _snapshot(v: Value) -> Value:
     return v.copy() if isinstance(v, Hist) else v
 
 
+#: one step's updates at its end (epoch ns): (metric, sorted label pairs, value) each
+Event = tuple[int, list[tuple[str, tuple[tuple[str, str], ...], float]]]
+
+HOLD = 1 << 14
+"""Events held in memory before a sorted run is written to the temporary file."""
+
+
+class EventRuns:
+    """Events sorted by (time, order read), in runs held to :data:`HOLD` and spilled to
+    one temporary file past it (a context manager: the file goes at its end)."""
+
+    def __init__(self) -> None:
+        self.file: IO[bytes] | None = None
+
+    def __enter__(self) -> EventRuns:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def _file(self) -> IO[bytes]:
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(prefix="probe-events-")  # noqa: SIM115 (__exit__)
+        self.file.seek(0, os.SEEK_END)
+        return self.file
+
+    def sorted(self, events: Iterable[Event]) -> Callable[[], Iterator[Event]]:
+        """``events`` held in sorted runs; returns what iterates them in time order (again
+        each time it is called), ties in the order read."""
+        runs: list[tuple[int, int]] = []
+        held: list[tuple[tuple[int, int], Event]] = []
+        for seq, e in enumerate(events):
+            held.append(((e[0], seq), e))
+            if len(held) >= HOLD:
+                runs.append(self._run(held))
+                held = []
+        held.sort(key=operator.itemgetter(0))
+
+        def read(offset: int, count: int) -> Iterator[tuple[tuple[int, int], Event]]:
+            f = self.file
+            assert f is not None
+            pos = offset
+            for _ in range(count):
+                f.seek(pos)
+                items: list[tuple[tuple[int, int], Event]] = pickle.load(f)
+                pos = f.tell()
+                yield from items
+
+        def ordered() -> Iterator[Event]:
+            merged = heapq.merge(
+                *(read(o, c) for o, c in runs), iter(held), key=operator.itemgetter(0)
+            )
+            for _, e in merged:
+                yield e
+
+        return ordered
+
+    def _run(self, held: list[tuple[tuple[int, int], Event]]) -> tuple[int, int]:
+        held.sort(key=operator.itemgetter(0))
+        f = self._file()
+        start, count = f.tell(), 0
+        for i in range(0, len(held), 512):  # the merge holds one chunk of each run
+            pickle.dump(held[i : i + 512], f, protocol=pickle.HIGHEST_PROTOCOL)
+            count += 1
+        return start, count
+
+
+def step_events(
+    info: ProcessInfo, steps: Iterable[Step], classes: Classes, progress: Progress = SILENT
+) -> Iterator[Event]:
+    """Each of one process's steps as its :func:`exporters.metrics.updates`, at its end
+    (epoch ns); ``classes`` splits them (its decisions; this process's state starts from
+    none); ``progress`` advanced a batch of steps at a time."""
+    same: dict[Any, Any] = {}  # one tuple per distinct label set: held events share them
+    cl = classes.for_process()
+    done = 0
+    for chunk in iter_chunks(steps):
+        cl.classify(chunk)
+        for s in chunk:
+            gpu = [s.gpu] if s.gpu is not None else []
+            us = []
+            for u in updates(info, [s], gpu, cl):
+                pairs = tuple(sorted(u.labels.items()))
+                us.append((u.metric, same.setdefault(pairs, pairs), u.value))
+            yield info.epoch_ns_of(s.t1), us
+            done += 1
+            if done == 256:
+                progress.advance(done)
+                done = 0
+    progress.advance(done)
+
+
+@dataclass
+class Ticks:
+    """One process's series sampled every ``step_ns`` from ``t0`` (epoch ns), as they are
+    computed: iterating gives ``(tick, state)`` for each of the ``n + 1`` ticks, ``state``
+    every series' value then (a dict updated in place: copy what is kept). ``keys``: every
+    series, in the order the state holds them."""
+
+    info: ProcessInfo
+    keys: list[Key]
+    t0: int
+    step_ns: int
+    n: int
+    _state: dict[Key, Value]
+    _ordered: Callable[[], Iterator[Event]]
+    _totals: list[Update]
+
+    @property
+    def start_ns(self) -> int:
+        return self.t0
+
+    def __iter__(self) -> Iterator[tuple[int, dict[Key, Value]]]:
+        state = {k: (v.copy() if isinstance(v, Hist) else v) for k, v in self._state.items()}
+        pending = self._ordered()
+        nxt = next(pending, None)
+        for ti in range(self.n + 1):
+            tick = self.t0 + ti * self.step_ns
+            while nxt is not None and nxt[0] <= tick:
+                for metric, pairs, value in nxt[1]:
+                    bump(state, (metric, pairs), metric, value)
+                nxt = next(pending, None)
+            if ti == self.n:
+                for u in self._totals:
+                    apply(state, u)
+            yield tick, state
+
+
+def process_ticks(
+    info: ProcessInfo, events: Iterable[Event], interval_s: float, runs: EventRuns
+) -> Ticks | None:
+    """One process's :class:`Ticks` of its ``events`` (held sorted in ``runs``); None
+    without events. Every series that ever appears is present from the first tick (at 0,
+    or an info gauge's value); the health totals step up at the last tick."""
+    if interval_s <= 0:
+        raise ValueError(f"interval must be above 0 s, got {interval_s}")
+    ordered = runs.sorted(events)
+    health = list(process_updates(info, None))
+    totals = [u for u in health if METRICS[u.metric].kind != "gauge"]
+    state: dict[Key, Value] = {}
+    for u in health:
+        if METRICS[u.metric].kind == "gauge":
+            apply(state, u)
+    first: int | None = None
+    last = 0
+    for t, us in ordered():
+        if first is None:
+            first = t
+        last = t
+        for metric, pairs, _ in us:
+            if (metric, pairs) not in state:
+                state[(metric, pairs)] = zero(metric)
+    if first is None:
+        return None
+    for u in totals:
+        state.setdefault(series_key(u), zero(u.metric))
+    step_ns = round(interval_s * 1e9)
+    # the first tick sits just before the first step ended: every counter reads 0 there
+    t0 = first - 1_000_000
+    t0 -= t0 % 1_000_000  # whole milliseconds, as OpenMetrics and Prometheus keep them
+    n = -(-(last - t0) // step_ns)  # ticks after the first, the last at or after `last`
+    return Ticks(info, list(state), t0, step_ns, n, state, ordered, totals)
+
+
+def bump(state: dict[Key, Value], k: Key, metric: str, value: float) -> None:
+    """:func:`apply` of an update given as its key and value."""
+    cur = state.get(k)
+    if cur is None:
+        cur = state[k] = zero(metric)
+    if isinstance(cur, Hist):
+        cur.observe(value)
+    elif METRICS[metric].kind == "counter":
+        state[k] = cur + value
+    else:
+        state[k] = float(value)
+
+
+def recording_classes(rec: Any) -> Classes:
+    """The steady/warm-up split of ``rec``'s summary (one recording or several read as
+    one): the report's split, exactly (one streaming summary pass)."""
+    recs = getattr(rec, "recordings", None) or [rec]
+    return Classes.of(summarize_recordings(recs))
+
+
+def clocked(rec: Any) -> list[ProcessInfo]:
+    """The processes of ``rec`` with a clock pair (the ones with a time line)."""
+    return [
+        i
+        for i in processes_from_recording(rec)
+        if i.boottime_ns is not None and i.epoch_ns is not None
+    ]
+
+
 def timeline(
     info: ProcessInfo, steps: Iterable[Step], interval_s: float, classes: Classes | None = None
 ) -> Timeline | None:
-    """One process's :class:`Timeline`; None when it has no steps or no clock pair.
-    ``classes``: the steady/warm-up split of the recording's summary (:func:`timelines`
+    """One process's :class:`Timeline`, held whole; None when it has no steps or no clock
+    pair. ``classes``: the steady/warm-up split of the recording's summary (:func:`timelines`
     passes it; without it, as a live sink splits them)."""
     if interval_s <= 0:
         raise ValueError(f"interval must be above 0 s, got {interval_s}")
     if info.boottime_ns is None or info.epoch_ns is None:
         return None
-    events: list[tuple[int, list[Update]]] = []
     cl = classes if classes is not None else Classes()
-    for chunk in iter_chunks(steps):
-        cl.classify(chunk)
-        for s in chunk:
-            gpu = [s.gpu] if s.gpu is not None else []
-            events.append((info.epoch_ns_of(s.t1), list(updates(info, [s], gpu, cl))))
-    if not events:
-        return None
-    events.sort(key=lambda e: e[0])
-    step_ns = round(interval_s * 1e9)
-    # the first tick sits just before the first step ended: every counter reads 0 there
-    t0 = events[0][0] - 1_000_000
-    t0 -= t0 % 1_000_000  # whole milliseconds, as OpenMetrics and Prometheus keep them
-    last = events[-1][0]
-    n = -(-(last - t0) // step_ns)  # ticks after the first, the last at or after `last`
-    ticks = [t0 + i * step_ns for i in range(n + 1)]
-
-    health = list(process_updates(info, None))
-    info_gauges = [u for u in health if METRICS[u.metric].kind == "gauge"]
-    totals = [u for u in health if METRICS[u.metric].kind != "gauge"]
-    state: dict[Key, Value] = {}
-    for u in info_gauges:
-        apply(state, u)
-    # every series that ever appears, present (at 0) from the first tick
-    for _, us in events:
-        for u in us:
-            state.setdefault(series_key(u), zero(u.metric))
-    for u in totals:
-        state.setdefault(series_key(u), zero(u.metric))
-    series: dict[Key, list[Value]] = {k: [] for k in state}
-    i = 0
-    for ti, tick in enumerate(ticks):
-        while i < len(events) and events[i][0] <= tick:
-            for u in events[i][1]:
-                apply(state, u)
-            i += 1
-        if ti == len(ticks) - 1:
-            for u in totals:
-                apply(state, u)
-        for k, v in state.items():
-            series[k].append(_snapshot(v))
+    with EventRuns() as runs:
+        tk = process_ticks(info, step_events(info, steps, cl), interval_s, runs)
+        if tk is None:
+            return None
+        ticks: list[int] = []
+        series: dict[Key, list[Value]] = {k: [] for k in tk.keys}
+        for tick, state in tk:
+            ticks.append(tick)
+            for k, v in state.items():
+                series[k].append(_snapshot(v))
     return Timeline(info, ticks, series)
 
 
 def timelines(
     rec: Recording, interval_s: float = DEFAULT_INTERVAL_S, *, progress: Progress = SILENT
 ) -> list[Timeline]:
-    """Every process of ``rec`` with steps and a clock pair, as a :class:`Timeline`;
-    ``progress`` counts the steps of those processes as they are read."""
-    infos = processes_from_recording(rec)
+    """Every process of ``rec`` with steps and a clock pair, as a :class:`Timeline` (held
+    whole: :func:`process_ticks` streams them); ``progress`` counts the steps of those
+    processes as they are read."""
     per_pid = rec.step_counts()
-    clocked = [i.pid for i in infos if i.boottime_ns is not None and i.epoch_ns is not None]
-    progress.stage("building timelines", sum(per_pid.get(p, 0) for p in clocked), "steps")
-    classes = Classes.of(summarize_recording(rec))  # the report's split, exactly
+    infos = clocked(rec)
+    progress.stage("building timelines", sum(per_pid.get(i.pid, 0) for i in infos), "steps")
+    classes = recording_classes(rec)
     out = []
     for info in infos:
         steps = counted(rec.iter_steps(info.pid), progress)

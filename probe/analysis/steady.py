@@ -56,6 +56,7 @@ class Classes:
         state is its own: the work of one does not grow with those classified before)."""
         out = Classes(self.decided, None, self.keep)
         out.replayed = self.replayed
+        out.sample_every = self.sample_every
         return out
 
     def get(self, pid: int, step: int) -> tuple[bool, bool, int, int] | None:
