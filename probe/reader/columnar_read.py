@@ -85,25 +85,21 @@ class ColumnarRecording:
 
     @classmethod
     def open(cls, path: str | Path) -> ColumnarRecording:
+        """The recording at ``path``. One still being written is read whole up to its
+        last flush, compacted into a private temporary folder (nothing is written beside
+        it); one its writer closes while it is being read so (the live streams compacted
+        and removed under the reader) is read again, closed."""
         p = Path(path)
         m = read_manifest(p)
         tmp = None
         if m.get("state") != "closed":
-            from probe.reader.columnar_compact import compact, write_json
-
-            tmp = Path(tempfile.mkdtemp(prefix="probe-read-"))
             try:
-                (tmp / LIVE).mkdir()
-                for t in (*TABLES, "gpu"):
-                    src = p / LIVE / f"{t}.arrows"
-                    if src.is_file():
-                        (tmp / LIVE / src.name).symlink_to(src.resolve())
-                write_json(tmp / MANIFEST, m)
-                compact(tmp)
-                m = read_manifest(tmp)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
+                m, tmp = _compact_live(p, m)
+            except (RecordingError, OSError):
+                m = read_manifest(p)
+                if m.get("state") != "closed":
+                    raise
+                tmp = None  # closed meanwhile: read as it now is
         base = tmp or p
         files = {}
         for t in TABLES:
@@ -294,6 +290,29 @@ class ColumnarRecording:
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
+
+
+def _compact_live(p: Path, m: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """A live recording's flushed batches compacted into a private temporary folder
+    (linked, not copied); its manifest and the folder."""
+    from probe.reader.columnar_compact import compact, write_json
+
+    tmp = Path(tempfile.mkdtemp(prefix="probe-read-"))
+    try:
+        (tmp / LIVE).mkdir()
+        for t in (*TABLES, "gpu"):
+            src = p / LIVE / f"{t}.arrows"
+            if src.is_file():
+                (tmp / LIVE / src.name).symlink_to(src.resolve())
+        write_json(tmp / MANIFEST, m)
+        try:
+            compact(tmp)
+        except RecordingError as exc:  # named by the recording, not the private folder
+            raise RecordingError(str(exc).replace(str(tmp), str(p))) from None
+        return read_manifest(tmp), tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 # -- the steps as numpy columns -----------------------------------------------------------

@@ -225,3 +225,38 @@ def test_only_a_folder_with_a_manifest_is_a_recording(tmp_path: Path) -> None:
     assert not is_columnar(tmp_path)
     (tmp_path / MANIFEST).write_text("{}")
     assert is_columnar(tmp_path)
+
+
+def test_a_recording_closed_while_a_reader_opens_it_is_read_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer closes (compacts in place, removes its live streams) while a reader is
+    compacting the same live streams privately: the reader reads the closed recording,
+    every step the writer wrote."""
+    import probe.reader.columnar_compact as cc
+
+    src = ColumnarRecording.open(ROOT / "probe" / "data" / "default.probe")
+    steps = list(src.iter_steps())
+    out = tmp_path / "closing.probe"
+    w = ColumnarWriter(out, commit_every_s=float("inf"))
+    w.meta.update(src.meta())
+    for p in src.processes():
+        w.add_process(p["pid"], None)
+    w.set_strings(steps[0].pid, src.builder_names()[steps[0].pid])
+    w.add_steps(steps[:400])
+    w.commit()
+    w.add_steps(steps[400:600])
+    real = cc.compact
+    closed: list[bool] = []
+
+    def racing(path: str | Path) -> None:
+        if Path(path) != out and not closed:
+            closed.append(w.close())  # the writer's own compaction runs first, to its end
+            assert not (out / LIVE).exists()
+        real(path)
+
+    monkeypatch.setattr(cc, "compact", racing)
+    rec = ColumnarRecording.open(out)
+    assert closed and rec.manifest["state"] == "closed"
+    assert list(rec.iter_steps()) == steps[:600]
+    assert not list(tmp_path.glob("probe-read-*"))
