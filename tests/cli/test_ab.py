@@ -156,4 +156,4 @@ def test_run_mode_on_real_engine(tmp_path: Path) -> None:
     assert cmp["reps"] == {"A": 1, "B": 1}
     assert cmp["metrics"]["steady_host_ns"]["A"] > 0
     assert "wall_s" not in cmp["metrics"]  # the `probe record` lifetime is no workload figure
-    assert sorted(p.name for p in tmp_path.glob("*.probe.db")) == ["A-0.probe.db", "B-0.probe.db"]
+    assert sorted(p.name for p in tmp_path.glob("*.probe")) == ["A-0.probe", "B-0.probe"]

@@ -107,7 +107,7 @@ def run_arms(
         raise UsageError(f"ab: --out {out} is not a directory")
     if not out.parent.is_dir():
         raise UsageError(f"ab: --out {out}: directory {out.parent} does not exist")
-    planned = [out / f"{arm}-{i}.probe.db" for i in range(args.reps) for arm in ("A", "B")]
+    planned = [out / f"{arm}-{i}.probe" for i in range(args.reps) for arm in ("A", "B")]
     there = [p for p in planned if os.path.lexists(p)]
     if there and not args.force:
         raise UsageError(f"ab: {there[0]} exists (use --force to overwrite)")
@@ -119,7 +119,7 @@ def run_arms(
         order = ("A", "B") if i % 2 == 0 else ("B", "A")
         for arm in order:
             override = args.a_override if arm == "A" else args.b_override
-            rec = out / f"{arm}-{i}.probe.db"
+            rec = out / f"{arm}-{i}.probe"
             argv = [sys.executable, "-m", "probe", "record", "--force", "--out", str(rec)]
             if override:
                 argv += ["--override", override]
