@@ -43,6 +43,7 @@ from exporters.base import MissingExtra
 from exporters.perfetto_stream import (  # noqa: F401  (re-exported)
     SPILL_AT,
     ArgValue,
+    EventEncoder,
     Item,
     Key,
     Runs,
@@ -101,11 +102,6 @@ def _protos() -> Any:
     return perfetto_trace_pb2
 
 
-_INTERN_CAP = 1 << 17
-"""Interned names held at once; past it the table starts afresh (a name met again is
-interned again under a new id), so memory stays bounded on any trace."""
-
-
 class TraceBuilder:
     """Collects tracks and slices, then writes one Perfetto protobuf trace.
 
@@ -129,9 +125,6 @@ class TraceBuilder:
         self._names: dict[int, tuple[str, int | None, int | None]] = {}
         self._clock_pairs: list[tuple[int, int]] = []
         self._next_flow = 1
-        self._iids: dict[str, int] = {}  # interned event names (one sequence)
-        self._arg_iids: dict[str, int] = {}  # interned debug annotation names
-        self._next_iid: dict[int, int] = {}  # per table (by id): the last id given
         self._extra: list[Any] = []  # descriptors of the sibling tracks of split lanes
 
     # -- tracks
@@ -207,69 +200,28 @@ class TraceBuilder:
         for s in slices:
             self.add(track, s)
 
+    def _add_packed(self, track: int, rank: int, rows: list[tuple[Any, ...]]) -> None:
+        """Add slices already packed (:func:`exporters.perfetto_stream.packed`) and known
+        to be well formed (a recording's checked values), as :meth:`add` with ``rank``."""
+        if rank > self._rank:
+            self._rank = rank
+        seq = self._seq
+        items = [((t[1], -t[2], rank, seq + i), t) for i, t in enumerate(rows, start=1)]
+        self._seq = seq + len(rows)
+        self._runs.extend(track, items)
+
+    def _reserve(self, track: int, rank: int) -> None:
+        """Place ``track`` among the tracks as if a slice of ``rank`` were added to it now
+        (nothing when it has slices): a writer that adds its slices kind by kind puts a
+        track where a pass over all kinds at once would have."""
+        self._seq += 1
+        self._runs.reserve(track, rank, self._seq)
+
     # -- output
 
-    def _annotation(self, key: str, value: ArgValue, interned: list[Any]) -> Any:
-        iid, new = self._intern(self._arg_iids, key)
-        if new:
-            interned.append(self._pb.DebugAnnotationName(iid=iid, name=key))
-        a = self._pb.DebugAnnotation(name_iid=iid)
-        if isinstance(value, bool):
-            a.bool_value = value
-        elif isinstance(value, int):
-            a.int_value = value
-        elif isinstance(value, float):
-            a.double_value = value
-        else:
-            a.string_value = "" if value is None else str(value)
-        return a
-
-    def _packet(self, ts: int, kind: str, track: int, s: Slice) -> Any:
-        pb = self._pb
-        te = pb.TrackEvent(track_uuid=track)
-        names: list[Any] = []
-        arg_names: list[Any] = []
-        if kind == "E":
-            te.type = pb.TrackEvent.TYPE_SLICE_END
-        else:
-            te.type = pb.TrackEvent.TYPE_INSTANT if kind == "I" else pb.TrackEvent.TYPE_SLICE_BEGIN
-            iid, new = self._intern(self._iids, s.name)
-            if new:
-                names.append(pb.EventName(iid=iid, name=s.name))
-            te.name_iid = iid
-            if s.category:
-                te.categories.append(s.category)
-            te.debug_annotations.extend(
-                self._annotation(k, v, arg_names) for k, v in s.args.items() if v is not None
-            )
-            te.flow_ids.extend(s.flows_out)
-            te.terminating_flow_ids.extend(s.flows_in)
-        packet = pb.TracePacket(
-            timestamp=ts,
-            timestamp_clock_id=BOOTTIME_CLOCK_ID,
-            trusted_packet_sequence_id=_SEQUENCE_ID,
-            track_event=te,
-            sequence_flags=pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE,
-        )
-        if names or arg_names:
-            packet.interned_data.CopyFrom(
-                pb.InternedData(event_names=names, debug_annotation_names=arg_names)
-            )
-        return packet
-
-    def _intern(self, table: dict[str, int], key: str) -> tuple[int, bool]:
-        """``key``'s id in ``table`` and whether it is new (then the packet defines it)."""
-        iid = table.get(key)
-        if iid is not None:
-            return iid, False
-        if len(table) >= _INTERN_CAP:
-            table.clear()
-        self._next_iid[id(table)] = iid = self._next_iid.get(id(table), 0) + 1
-        table[key] = iid
-        return iid, True
-
-    def iter_packets(self, progress: Progress = SILENT) -> Iterator[Any]:
-        """Every packet of the trace, in writing order; ``progress`` counts the slices.
+    def iter_packets(self, progress: Progress = SILENT) -> Iterator[bytes | None]:
+        """Every packet of the trace, framed (:func:`exporters.perfetto_stream.framed`),
+        in writing order; ``progress`` counts the slices.
 
         The track descriptors come first, then each track's events; a track's slices that
         overlap without nesting go to sibling tracks whose descriptors are only known once
@@ -281,9 +233,6 @@ class TraceBuilder:
         """
         progress.stage("encoding trace", sum(self._runs.total.values()), "slices")
         pb = self._pb
-        self._iids = {}
-        self._arg_iids = {}
-        self._next_iid = {}
         first = pb.TracePacket(
             trusted_packet_sequence_id=_SEQUENCE_ID,
             sequence_flags=pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED,
@@ -301,45 +250,54 @@ class TraceBuilder:
             )
             first.timestamp = boot
             first.timestamp_clock_id = BOOTTIME_CLOCK_ID
-        yield first
+        yield framed(first)
         yield None
         self._extra = []
+        enc = EventEncoder()
         try:
             for track in self._runs.tracks():
-                yield from self._track_packets(track, progress)
+                yield from self._track_packets(track, enc, progress)
         finally:
             self._runs.close()
 
-    def _track_packets(self, track: int, progress: Progress) -> Iterator[Any]:
+    def _track_packets(self, track: int, enc: EventEncoder, progress: Progress) -> Iterator[bytes]:
         """One track's events: its first lane as the slices come, in time order; the
         others (slices that overlap without nesting) after it, each on a sibling track."""
         pb = self._pb
+        event = enc.event
         stacks: list[list[int]] = []  # per lane: the ends of its open slices (_lanes)
-        opened: list[list[Slice]] = []  # per lane: its open slices (_events)
+        opened: list[list[tuple[Any, ...]]] = []  # per lane: its open slices (_events)
         later: list[Spool] = []  # lanes after the first: their events, in order
         done = 0
-        for s in self._runs.sorted(track):
-            lane = _fit(stacks, s)
+        for _, t in self._runs.items(track):
+            start, end = t[1], t[2]
+            lane = _fit(stacks, start, end)
             if lane == len(opened):
                 opened.append([])
                 if lane:
                     later.append(Spool())
-            events = _lane_events(opened[lane], s)
             if lane == 0:
-                for ts, kind, x in events:
-                    yield self._packet(ts, kind, track, x)
+                top = opened[0]
+                while top and top[-1][2] <= start:
+                    x = top.pop()
+                    yield event(x[2], "E", track, x)
+                if start == end:
+                    yield event(start, "I", track, t)
+                else:
+                    yield event(start, "B", track, t)
+                    top.append(t)
             else:
-                for ev in events:
+                for ev in _lane_events(opened[lane], t):
                     later[lane - 1].append(ev)
             done += 1
             if done == 4096:
                 progress.advance(done)
                 done = 0
         for lane, stack in enumerate(opened):
-            closing = [(top.end_ns, "E", top) for top in reversed(stack)]
+            closing = [(x[2], "E", x) for x in reversed(stack)]
             if lane == 0:
                 for ts, kind, x in closing:
-                    yield self._packet(ts, kind, track, x)
+                    yield event(ts, kind, track, x)
             else:
                 for ev in closing:
                     later[lane - 1].append(ev)
@@ -352,24 +310,27 @@ class TraceBuilder:
                 d.parent_uuid = parent
             self._extra.append(d)
             for ts, kind, x in spool:
-                yield self._packet(ts, kind, uuid, x)
+                yield event(ts, kind, uuid, x)
 
-    def packets(self, progress: Progress = SILENT) -> list[Any]:
-        """Every packet of the trace, in writing order (held in memory: :meth:`write`
-        streams them)."""
-        it = self.iter_packets(progress)
-        first = next(it)
-        next(it)
-        events = list(it)
-        descriptors = [
-            self._pb.TracePacket(trusted_packet_sequence_id=_SEQUENCE_ID, track_descriptor=d)
+    def _descriptors_framed(self) -> list[bytes]:
+        pb = self._pb
+        return [
+            framed(pb.TracePacket(trusted_packet_sequence_id=_SEQUENCE_ID, track_descriptor=d))
             for d in [*self._descriptors, *self._extra]
         ]
-        return [first, *descriptors, *events]
+
+    def packets(self, progress: Progress = SILENT) -> list[Any]:
+        """Every packet of the trace, in writing order, as ``TracePacket`` messages (held in
+        memory: :meth:`write` streams them)."""
+        return list(self._pb.Trace.FromString(self.serialize(progress)).packet)
 
     def serialize(self, progress: Progress = SILENT) -> bytes:
         """The trace as bytes (a ``Trace`` message: repeated ``TracePacket``)."""
-        return b"".join(framed(p) for p in self.packets(progress))
+        it = self.iter_packets(progress)
+        first = next(it)
+        next(it)
+        events = b"".join(p for p in it if p is not None)
+        return b"".join([first or b"", *self._descriptors_framed(), events])
 
     def write(self, path: str | os.PathLike[str], progress: Progress = SILENT) -> Path:
         """Write the trace to ``path``; returns the path. The events are encoded as the
@@ -378,56 +339,53 @@ class TraceBuilder:
         p = Path(path)
         with tempfile.TemporaryFile(prefix=".probe-events-", dir=p.parent) as events:
             it = self.iter_packets(progress)
-            first = framed(next(it))
+            first = next(it) or b""
             next(it)
             buf: list[bytes] = []
             for packet in it:
-                buf.append(framed(packet))
+                buf.append(packet or b"")
                 if len(buf) >= 4096:
                     events.write(b"".join(buf))
                     buf.clear()
             events.write(b"".join(buf))
             with p.open("wb") as out:
                 out.write(first)
-                for d in [*self._descriptors, *self._extra]:
-                    out.write(
-                        framed(
-                            self._pb.TracePacket(
-                                trusted_packet_sequence_id=_SEQUENCE_ID, track_descriptor=d
-                            )
-                        )
-                    )
+                out.write(b"".join(self._descriptors_framed()))
                 events.seek(0)
                 while chunk := events.read(1 << 20):
                     out.write(chunk)
         return p
 
 
-def _fit(stacks: list[list[int]], s: Slice) -> int:
-    """The first lane ``s`` nests in or follows (as :func:`split_lanes` places it), a new one
-    when none; ``stacks`` holds each lane's open ends and takes ``s``'s."""
+def _fit(stacks: list[list[int]], start: int, end: int) -> int:
+    """The first lane a slice from ``start`` to ``end`` nests in or follows (as
+    :func:`split_lanes` places it), a new one when none; ``stacks`` holds each lane's open
+    ends and takes this one's."""
     for lane, stack in enumerate(stacks):
-        while stack and stack[-1] <= s.start_ns:
+        while stack and stack[-1] <= start:
             stack.pop()
-        if not stack or s.end_ns <= stack[-1]:
-            stack.append(s.end_ns)
+        if not stack or end <= stack[-1]:
+            stack.append(end)
             return lane
-    stacks.append([s.end_ns])
+    stacks.append([end])
     return len(stacks) - 1
 
 
-def _lane_events(opened: list[Slice], s: Slice) -> list[tuple[int, str, Slice]]:
-    """The events ``s`` brings to its lane (sorted input, as :func:`lane_events`): the ends of
-    the open slices that end by its start, then its begin (or instant)."""
-    out: list[tuple[int, str, Slice]] = []
-    while opened and opened[-1].end_ns <= s.start_ns:
+def _lane_events(
+    opened: list[tuple[Any, ...]], t: tuple[Any, ...]
+) -> list[tuple[int, str, tuple[Any, ...]]]:
+    """The events the packed slice ``t`` brings to its lane (sorted input, as
+    :func:`lane_events`): the ends of the open slices that end by its start, then its begin
+    (or instant)."""
+    out: list[tuple[int, str, tuple[Any, ...]]] = []
+    while opened and opened[-1][2] <= t[1]:
         top = opened.pop()
-        out.append((top.end_ns, "E", top))
-    if s.start_ns == s.end_ns:
-        out.append((s.start_ns, "I", s))
+        out.append((top[2], "E", top))
+    if t[1] == t[2]:
+        out.append((t[1], "I", t))
     else:
-        out.append((s.start_ns, "B", s))
-        opened.append(s)
+        out.append((t[1], "B", t))
+        opened.append(t)
     return out
 
 
