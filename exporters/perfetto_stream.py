@@ -17,8 +17,9 @@ from typing import IO, Any
 ArgValue = str | int | float | bool | None
 
 
-# A slice as it is kept until it is written: its sort key on its track and its fields,
-# the args flattened (k1, v1, k2, v2, ...); picklable, smaller than a Slice with a dict.
+# A slice as it is kept until it is written: its sort key on its track and its fields
+# (:func:`packed`); picklable, smaller than a Slice with a dict, the args' names a tuple
+# that slices of one kind share.
 Key = tuple[int, int, int, int]
 Item = tuple[Key, tuple[Any, ...]]
 SPILL_AT = 1 << 17
@@ -86,16 +87,16 @@ def lane_events(lane: Sequence[Slice]) -> Iterator[tuple[int, str, Slice]]:
 
 
 def packed(s: Slice) -> tuple[Any, ...]:
-    flat: list[Any] = []
-    for k, v in s.args.items():
-        flat += (k, v)
-    return (s.name, s.start_ns, s.end_ns, s.category, tuple(flat), s.flows_out, s.flows_in)
+    """``s`` as a tuple: name, start, end, category, the args' names and their values
+    (two tuples), flows out, flows in."""
+    return (s.name, s.start_ns, s.end_ns, s.category, tuple(s.args), tuple(s.args.values()),
+            s.flows_out, s.flows_in)  # fmt: skip
 
 
 def unpacked(t: tuple[Any, ...]) -> Slice:
-    name, start, end, category, flat, flows_out, flows_in = t
-    args = dict(zip(flat[::2], flat[1::2], strict=True))
-    return Slice(name, start, end, category, args, flows_out, flows_in)
+    name, start, end, category, keys, values, flows_out, flows_in = t
+    return Slice(name, start, end, category, dict(zip(keys, values, strict=True)), flows_out,
+                 flows_in)  # fmt: skip
 
 
 class Runs:
@@ -368,16 +369,13 @@ class EventEncoder:
             te = b"\x48\x02\x58" + _uvarint(track)
             body = b"\x40" + _uvarint(ts) + _SEQ + _field(b"\x5a", te) + _TAIL
             return _field(b"\x0a", body)
-        name, _, _, category, flat, flows_out, flows_in = t
+        name, _, _, category, keys, values, flows_out, flows_in = t
         interned: list[bytes] = []
         iid, new = self.names.get(name)
         if new:
             interned.append(_interned(b"\x12", iid, name))
-        parts = [
-            self._annotation(flat[i], flat[i + 1], interned)
-            for i in range(0, len(flat), 2)
-            if flat[i + 1] is not None
-        ]
+        ann = self._annotation
+        parts = [ann(k, v, interned) for k, v in zip(keys, values, strict=True) if v is not None]
         parts.append(_TYPE[kind] + b"\x50" + _uvarint(iid) + b"\x58" + _uvarint(track))
         if category:
             parts.append(_field(b"\xb2\x01", category.encode()))
