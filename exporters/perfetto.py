@@ -535,7 +535,7 @@ def _step_values(cols: Mapping[str, Any], c: Any) -> list[Any]:
     if isinstance(c.kind, type) and issubclass(c.kind, enum.Enum):
         lower = {int(m.value): m.name.lower() for m in c.kind.__members__.values()}
         return [lower.get(i) for i in v.tolist()]  # NULL (-1): None
-    out = v.tolist()
+    out: list[Any] = v.tolist()
     if c.nullable:
         for i in np.flatnonzero(null_mask(cols, c.name)).tolist():
             out[i] = None
