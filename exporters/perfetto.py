@@ -32,6 +32,8 @@ package (``pip install 'vllm-graph-probe[perfetto]'``).
 
 from __future__ import annotations
 
+import enum
+import itertools
 import os
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -39,10 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from exporters.base import MissingExtra
 from exporters.perfetto_stream import (  # noqa: F401  (re-exported)
     SPILL_AT,
     ArgValue,
+    EventEncoder,
     Item,
     Key,
     Runs,
@@ -62,8 +67,9 @@ from exporters.perfetto_stream import (
     split_lanes as split_lanes,
 )
 from probe.progress import SILENT, Progress
-from probe.reader.recording import Recording, record_fields, step_fields
-from probe.records import Build, Dispatch, Flag, Reorder, Replay, Span
+from probe.reader.recording import Recording
+from probe.reader.recording_schema import DETAIL_TABLES
+from probe.records import Dispatch, Flag, Mode, Phase, Replay, Span
 from probe.step import Step
 
 __all__ = [
@@ -101,11 +107,6 @@ def _protos() -> Any:
     return perfetto_trace_pb2
 
 
-_INTERN_CAP = 1 << 17
-"""Interned names held at once; past it the table starts afresh (a name met again is
-interned again under a new id), so memory stays bounded on any trace."""
-
-
 class TraceBuilder:
     """Collects tracks and slices, then writes one Perfetto protobuf trace.
 
@@ -129,9 +130,6 @@ class TraceBuilder:
         self._names: dict[int, tuple[str, int | None, int | None]] = {}
         self._clock_pairs: list[tuple[int, int]] = []
         self._next_flow = 1
-        self._iids: dict[str, int] = {}  # interned event names (one sequence)
-        self._arg_iids: dict[str, int] = {}  # interned debug annotation names
-        self._next_iid: dict[int, int] = {}  # per table (by id): the last id given
         self._extra: list[Any] = []  # descriptors of the sibling tracks of split lanes
 
     # -- tracks
@@ -207,69 +205,28 @@ class TraceBuilder:
         for s in slices:
             self.add(track, s)
 
+    def _add_packed(self, track: int, rank: int, rows: list[tuple[Any, ...]]) -> None:
+        """Add slices already packed (:func:`exporters.perfetto_stream.packed`) and known
+        to be well formed (a recording's checked values), as :meth:`add` with ``rank``."""
+        if rank > self._rank:
+            self._rank = rank
+        seq = self._seq
+        items = [((t[1], -t[2], rank, seq + i), t) for i, t in enumerate(rows, start=1)]
+        self._seq = seq + len(rows)
+        self._runs.extend(track, items)
+
+    def _reserve(self, track: int, rank: int) -> None:
+        """Place ``track`` among the tracks as if a slice of ``rank`` were added to it now
+        (nothing when it has slices): a writer that adds its slices kind by kind puts a
+        track where a pass over all kinds at once would have."""
+        self._seq += 1
+        self._runs.reserve(track, rank, self._seq)
+
     # -- output
 
-    def _annotation(self, key: str, value: ArgValue, interned: list[Any]) -> Any:
-        iid, new = self._intern(self._arg_iids, key)
-        if new:
-            interned.append(self._pb.DebugAnnotationName(iid=iid, name=key))
-        a = self._pb.DebugAnnotation(name_iid=iid)
-        if isinstance(value, bool):
-            a.bool_value = value
-        elif isinstance(value, int):
-            a.int_value = value
-        elif isinstance(value, float):
-            a.double_value = value
-        else:
-            a.string_value = "" if value is None else str(value)
-        return a
-
-    def _packet(self, ts: int, kind: str, track: int, s: Slice) -> Any:
-        pb = self._pb
-        te = pb.TrackEvent(track_uuid=track)
-        names: list[Any] = []
-        arg_names: list[Any] = []
-        if kind == "E":
-            te.type = pb.TrackEvent.TYPE_SLICE_END
-        else:
-            te.type = pb.TrackEvent.TYPE_INSTANT if kind == "I" else pb.TrackEvent.TYPE_SLICE_BEGIN
-            iid, new = self._intern(self._iids, s.name)
-            if new:
-                names.append(pb.EventName(iid=iid, name=s.name))
-            te.name_iid = iid
-            if s.category:
-                te.categories.append(s.category)
-            te.debug_annotations.extend(
-                self._annotation(k, v, arg_names) for k, v in s.args.items() if v is not None
-            )
-            te.flow_ids.extend(s.flows_out)
-            te.terminating_flow_ids.extend(s.flows_in)
-        packet = pb.TracePacket(
-            timestamp=ts,
-            timestamp_clock_id=BOOTTIME_CLOCK_ID,
-            trusted_packet_sequence_id=_SEQUENCE_ID,
-            track_event=te,
-            sequence_flags=pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE,
-        )
-        if names or arg_names:
-            packet.interned_data.CopyFrom(
-                pb.InternedData(event_names=names, debug_annotation_names=arg_names)
-            )
-        return packet
-
-    def _intern(self, table: dict[str, int], key: str) -> tuple[int, bool]:
-        """``key``'s id in ``table`` and whether it is new (then the packet defines it)."""
-        iid = table.get(key)
-        if iid is not None:
-            return iid, False
-        if len(table) >= _INTERN_CAP:
-            table.clear()
-        self._next_iid[id(table)] = iid = self._next_iid.get(id(table), 0) + 1
-        table[key] = iid
-        return iid, True
-
-    def iter_packets(self, progress: Progress = SILENT) -> Iterator[Any]:
-        """Every packet of the trace, in writing order; ``progress`` counts the slices.
+    def iter_packets(self, progress: Progress = SILENT) -> Iterator[bytes | None]:
+        """Every packet of the trace, framed (:func:`exporters.perfetto_stream.framed`),
+        in writing order; ``progress`` counts the slices.
 
         The track descriptors come first, then each track's events; a track's slices that
         overlap without nesting go to sibling tracks whose descriptors are only known once
@@ -281,9 +238,6 @@ class TraceBuilder:
         """
         progress.stage("encoding trace", sum(self._runs.total.values()), "slices")
         pb = self._pb
-        self._iids = {}
-        self._arg_iids = {}
-        self._next_iid = {}
         first = pb.TracePacket(
             trusted_packet_sequence_id=_SEQUENCE_ID,
             sequence_flags=pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED,
@@ -301,45 +255,54 @@ class TraceBuilder:
             )
             first.timestamp = boot
             first.timestamp_clock_id = BOOTTIME_CLOCK_ID
-        yield first
+        yield framed(first)
         yield None
         self._extra = []
+        enc = EventEncoder()
         try:
             for track in self._runs.tracks():
-                yield from self._track_packets(track, progress)
+                yield from self._track_packets(track, enc, progress)
         finally:
             self._runs.close()
 
-    def _track_packets(self, track: int, progress: Progress) -> Iterator[Any]:
+    def _track_packets(self, track: int, enc: EventEncoder, progress: Progress) -> Iterator[bytes]:
         """One track's events: its first lane as the slices come, in time order; the
         others (slices that overlap without nesting) after it, each on a sibling track."""
         pb = self._pb
+        event = enc.event
         stacks: list[list[int]] = []  # per lane: the ends of its open slices (_lanes)
-        opened: list[list[Slice]] = []  # per lane: its open slices (_events)
+        opened: list[list[tuple[Any, ...]]] = []  # per lane: its open slices (_events)
         later: list[Spool] = []  # lanes after the first: their events, in order
         done = 0
-        for s in self._runs.sorted(track):
-            lane = _fit(stacks, s)
+        for _, t in self._runs.items(track):
+            start, end = t[1], t[2]
+            lane = _fit(stacks, start, end)
             if lane == len(opened):
                 opened.append([])
                 if lane:
                     later.append(Spool())
-            events = _lane_events(opened[lane], s)
             if lane == 0:
-                for ts, kind, x in events:
-                    yield self._packet(ts, kind, track, x)
+                top = opened[0]
+                while top and top[-1][2] <= start:
+                    x = top.pop()
+                    yield event(x[2], "E", track, x)
+                if start == end:
+                    yield event(start, "I", track, t)
+                else:
+                    yield event(start, "B", track, t)
+                    top.append(t)
             else:
-                for ev in events:
+                for ev in _lane_events(opened[lane], t):
                     later[lane - 1].append(ev)
             done += 1
             if done == 4096:
                 progress.advance(done)
                 done = 0
         for lane, stack in enumerate(opened):
-            closing = [(top.end_ns, "E", top) for top in reversed(stack)]
+            closing = [(x[2], "E", x) for x in reversed(stack)]
             if lane == 0:
                 for ts, kind, x in closing:
-                    yield self._packet(ts, kind, track, x)
+                    yield event(ts, kind, track, x)
             else:
                 for ev in closing:
                     later[lane - 1].append(ev)
@@ -352,24 +315,27 @@ class TraceBuilder:
                 d.parent_uuid = parent
             self._extra.append(d)
             for ts, kind, x in spool:
-                yield self._packet(ts, kind, uuid, x)
+                yield event(ts, kind, uuid, x)
 
-    def packets(self, progress: Progress = SILENT) -> list[Any]:
-        """Every packet of the trace, in writing order (held in memory: :meth:`write`
-        streams them)."""
-        it = self.iter_packets(progress)
-        first = next(it)
-        next(it)
-        events = list(it)
-        descriptors = [
-            self._pb.TracePacket(trusted_packet_sequence_id=_SEQUENCE_ID, track_descriptor=d)
+    def _descriptors_framed(self) -> list[bytes]:
+        pb = self._pb
+        return [
+            framed(pb.TracePacket(trusted_packet_sequence_id=_SEQUENCE_ID, track_descriptor=d))
             for d in [*self._descriptors, *self._extra]
         ]
-        return [first, *descriptors, *events]
+
+    def packets(self, progress: Progress = SILENT) -> list[Any]:
+        """Every packet of the trace, in writing order, as ``TracePacket`` messages (held in
+        memory: :meth:`write` streams them)."""
+        return list(self._pb.Trace.FromString(self.serialize(progress)).packet)
 
     def serialize(self, progress: Progress = SILENT) -> bytes:
         """The trace as bytes (a ``Trace`` message: repeated ``TracePacket``)."""
-        return b"".join(framed(p) for p in self.packets(progress))
+        it = self.iter_packets(progress)
+        first = next(it)
+        next(it)
+        events = b"".join(p for p in it if p is not None)
+        return b"".join([first or b"", *self._descriptors_framed(), events])
 
     def write(self, path: str | os.PathLike[str], progress: Progress = SILENT) -> Path:
         """Write the trace to ``path``; returns the path. The events are encoded as the
@@ -378,56 +344,53 @@ class TraceBuilder:
         p = Path(path)
         with tempfile.TemporaryFile(prefix=".probe-events-", dir=p.parent) as events:
             it = self.iter_packets(progress)
-            first = framed(next(it))
+            first = next(it) or b""
             next(it)
             buf: list[bytes] = []
             for packet in it:
-                buf.append(framed(packet))
+                buf.append(packet or b"")
                 if len(buf) >= 4096:
                     events.write(b"".join(buf))
                     buf.clear()
             events.write(b"".join(buf))
             with p.open("wb") as out:
                 out.write(first)
-                for d in [*self._descriptors, *self._extra]:
-                    out.write(
-                        framed(
-                            self._pb.TracePacket(
-                                trusted_packet_sequence_id=_SEQUENCE_ID, track_descriptor=d
-                            )
-                        )
-                    )
+                out.write(b"".join(self._descriptors_framed()))
                 events.seek(0)
                 while chunk := events.read(1 << 20):
                     out.write(chunk)
         return p
 
 
-def _fit(stacks: list[list[int]], s: Slice) -> int:
-    """The first lane ``s`` nests in or follows (as :func:`split_lanes` places it), a new one
-    when none; ``stacks`` holds each lane's open ends and takes ``s``'s."""
+def _fit(stacks: list[list[int]], start: int, end: int) -> int:
+    """The first lane a slice from ``start`` to ``end`` nests in or follows (as
+    :func:`split_lanes` places it), a new one when none; ``stacks`` holds each lane's open
+    ends and takes this one's."""
     for lane, stack in enumerate(stacks):
-        while stack and stack[-1] <= s.start_ns:
+        while stack and stack[-1] <= start:
             stack.pop()
-        if not stack or s.end_ns <= stack[-1]:
-            stack.append(s.end_ns)
+        if not stack or end <= stack[-1]:
+            stack.append(end)
             return lane
-    stacks.append([s.end_ns])
+    stacks.append([end])
     return len(stacks) - 1
 
 
-def _lane_events(opened: list[Slice], s: Slice) -> list[tuple[int, str, Slice]]:
-    """The events ``s`` brings to its lane (sorted input, as :func:`lane_events`): the ends of
-    the open slices that end by its start, then its begin (or instant)."""
-    out: list[tuple[int, str, Slice]] = []
-    while opened and opened[-1].end_ns <= s.start_ns:
+def _lane_events(
+    opened: list[tuple[Any, ...]], t: tuple[Any, ...]
+) -> list[tuple[int, str, tuple[Any, ...]]]:
+    """The events the packed slice ``t`` brings to its lane (sorted input, as
+    :func:`lane_events`): the ends of the open slices that end by its start, then its begin
+    (or instant)."""
+    out: list[tuple[int, str, tuple[Any, ...]]] = []
+    while opened and opened[-1][2] <= t[1]:
         top = opened.pop()
-        out.append((top.end_ns, "E", top))
-    if s.start_ns == s.end_ns:
-        out.append((s.start_ns, "I", s))
+        out.append((top[2], "E", top))
+    if t[1] == t[2]:
+        out.append((t[1], "I", t))
     else:
-        out.append((s.start_ns, "B", s))
-        opened.append(s)
+        out.append((t[1], "B", t))
+        opened.append(t)
     return out
 
 
@@ -501,12 +464,95 @@ def phase_name(span: Span) -> str:
     return span.phase.name.lower() + (" (drafter)" if span.flags & Flag.DRAFTER else "")
 
 
-def _args(
-    rec: Dispatch | Replay | Build | Reorder, builders: Mapping[int, str]
-) -> dict[str, ArgValue]:
-    """A detail slice's args: its row's values but the times (step first)."""
-    fields = record_fields(rec, builders.get)
-    return {"step": rec.step, **{k: v for k, v in fields.items() if k not in ("t0_ns", "t1_ns")}}
+def _kept(known: _StepKeys, c: Mapping[str, Any]) -> Any:
+    """The rows of a detail batch's checked columns ``c`` that belong to a step."""
+    return known.mask(c["pid"], c["step"])
+
+
+class _StepKeys:
+    """Which detail rows belong to a step of the ``steps`` table (a row of a step not there
+    belongs to none, as :meth:`Recording.iter_steps` reads it), for batches in (pid, step)
+    order: the step keys read a batch at a time as far as the rows asked about reach."""
+
+    def __init__(self, recording: Any) -> None:
+        import numpy as np
+
+        self._batches = iter(recording.batches("steps", ["pid", "step"]))
+        self._pid = np.zeros(0, np.int64)
+        self._step = np.zeros(0, np.int64)
+        self._done = False
+
+    def mask(self, pid: Any, step: Any) -> Any:
+        import numpy as np
+
+        if len(pid) == 0:
+            return np.zeros(0, bool)
+        last = (int(pid[-1]), int(step[-1]))
+        while not self._done and (
+            len(self._pid) == 0 or (int(self._pid[-1]), int(self._step[-1])) < last
+        ):
+            b = next(self._batches, None)
+            if b is None:
+                self._done = True
+                break
+            self._pid = np.concatenate([self._pid, b.column(0).to_numpy().astype(np.int64)])
+            self._step = np.concatenate([self._step, b.column(1).to_numpy().astype(np.int64)])
+        wide = (
+            max(int(pid.max()), int(self._pid.max(initial=0))) >= 1 << 31
+            or max(int(step.max()), int(self._step.max(initial=0))) >= 1 << 32
+        )
+        if wide:  # keys that do not pack into one integer: as tuples
+            have = set(zip(self._pid.tolist(), self._step.tolist(), strict=True))
+            out = np.array([k in have for k in zip(pid.tolist(), step.tolist(), strict=True)])
+        else:
+            have_k = (self._pid << 32) | self._step
+            k = (pid.astype(np.int64) << 32) | step.astype(np.int64)
+            at = np.searchsorted(have_k, k)
+            out = have_k[np.minimum(at, len(have_k) - 1)] == k if len(have_k) else at < 0
+        first = (int(pid[0]), int(step[0]))
+        keep = 0  # keys before this batch's first row are not asked about again
+        while keep < len(self._pid) and (int(self._pid[keep]), int(self._step[keep])) < first:
+            keep += 1
+        if keep:
+            self._pid, self._step = self._pid[keep:], self._step[keep:]
+        return out
+
+
+def _names(kind: Any) -> tuple[list[str], list[str]]:
+    """An enum's members as a column's codes index them: their names, and lower-case."""
+    members = [kind.__members__[n] for n in kind.__members__]
+    return [m.name for m in members], [m.name.lower() for m in members]
+
+
+def _step_values(cols: Mapping[str, Any], c: Any) -> list[Any]:
+    """One column of a chunk of :func:`iter_step_columns` as :func:`step_fields` gives its
+    values: an enum its lower-case name, the runner its text, NULL None."""
+    from probe.reader.recording_columns import null_mask
+
+    v = cols[c.name]
+    if c.kind is str:
+        return [c.choices[i] for i in v.tolist()]
+    if isinstance(c.kind, type) and issubclass(c.kind, enum.Enum):
+        lower = {int(m.value): m.name.lower() for m in c.kind.__members__.values()}
+        return [lower.get(i) for i in v.tolist()]  # NULL (-1): None
+    out: list[Any] = v.tolist()
+    if c.nullable:
+        for i in np.flatnonzero(null_mask(cols, c.name)).tolist():
+            out[i] = None
+    return out
+
+
+def _pid_runs(pids: Any) -> list[tuple[int, int, int]]:
+    """(pid, first row, end row) of each run of one pid in a batch's pid column."""
+    cuts = [0, *(np.flatnonzero(np.diff(pids)) + 1).tolist(), len(pids)]
+    return [(int(pids[a]), a, b) for a, b in itertools.pairwise(cuts)]
+
+
+_STEP_KEYS = ("step", *_STEP_ARGS)
+_DETAIL_KEYS = {
+    t.name: ("step", *(c.name for c in t.columns if c.name not in ("t0_ns", "t1_ns")))
+    for t in DETAIL_TABLES
+}
 
 
 def recording_tracks(
@@ -519,10 +565,15 @@ def recording_tracks(
     args of a slice are the values its recording row holds
     (:func:`probe.reader.recording.step_fields`, :func:`probe.reader.recording.record_fields`).
     ``progress`` counts the records (steps and their detail records) as they are added.
+
+    The recording is read as column batches, a table at a time, every value checked
+    (:func:`probe.reader.recording_columns.iter_step_columns`,
+    :func:`probe.reader.columnar_read.detail_columns`); each kind of slice has its rank,
+    so the trace is the one a pass over the steps (:meth:`Recording.iter_steps`) adding
+    each step's slices in turn gives.
     """
     procs = {int(p["pid"]): p for p in recording.processes()}
     progress.stage("reading records", recording.record_count(), "records")
-    names = recording.builder_names()
     for pid in recording.step_counts():  # a step whose process row is missing gets a track
         procs.setdefault(pid, {"pid": pid})
     process: dict[int, int] = {}
@@ -539,57 +590,162 @@ def recording_tracks(
     counts = dict.fromkeys(
         ("step", "phase", "dispatch", "replay", "build", "reorder", "reorder_mark"), 0
     )
-    # the steps are read once; each kind of slice has its rank, so that ties on a track
-    # are in the order of a pass over all steps per kind (steps, phases, dispatches,
-    # replays, builds, reorders)
-    add = builder.add
-    done = 0
-    for s in recording.iter_steps():
-        fields = step_fields(s)
-        step_args = {"step": s.step, **{k: fields[k] for k in _STEP_ARGS}}
-        add(thread[s.pid], Slice(step_name(s), s.t0, s.t1, "step", step_args), rank=0)
-        counts["step"] += 1
-        for sp in s.spans:
-            add(
-                thread[s.pid],
-                Slice(phase_name(sp), sp.t0, sp.t1, "phase", {"step": s.step}),
-                rank=1,
-            )
-        counts["phase"] += len(s.spans)
-        builders = names.get(s.pid, {})
-        decisions = sub[(s.pid, "graph decisions")]
-        for d in s.dispatches:
-            name = f"{drafter_prefix(d)}dispatch {d.mode.name} {d.reason.name.lower()}"
-            add(decisions, Slice(name, d.t0, d.t1, "dispatch", _args(d, builders)), rank=2)
-        counts["dispatch"] += len(s.dispatches)
-        for r in s.replays:
-            name = f"{drafter_prefix(r)}{r.kind.name.lower()} {r.mode.name}"
-            add(decisions, Slice(name, r.t0, r.t1, "replay", _args(r, builders)), rank=3)
-        counts["replay"] += len(s.replays)
-        for b in s.builds:
-            name = f"{builders.get(b.builder_id, '?')} ({b.tag.name.lower()})"
-            add(
-                sub[(s.pid, "metadata builds")],
-                Slice(name, b.t0, b.t1, "build", _args(b, builders)),
-                rank=4,
-            )
-        counts["build"] += len(s.builds)
-        for o in s.reorders:
-            track = sub[(s.pid, "reorder")]
-            args = _args(o, builders)
-            name = "reorder" + (" (changed)" if o.changed else "")
-            add(track, Slice(name, o.t0, o.t1, "reorder", args), rank=5)
-            counts["reorder"] += 1
-            if o.changed:
-                add(track, Slice(f"reorder moved {o.moved}", o.t1, o.t1, "reorder", args), rank=5)
-                counts["reorder_mark"] += 1
-        done += 1 + len(s.spans) + len(s.dispatches) + len(s.replays) + len(s.builds)
-        done += len(s.reorders)
-        if done >= 4096:
-            progress.advance(done)
-            done = 0
-    progress.advance(done)
+    _add_steps(builder, recording, thread, counts, progress)
+    _add_spans(builder, recording, thread, counts, progress)
+    _place_decisions(builder, recording, sub)
+    _add_details(builder, recording, sub, counts, progress)
     return RecordingTracks(process, thread, counts)
+
+
+def _add_steps(
+    builder: TraceBuilder, rec: Any, thread: Mapping[int, int], counts: dict[str, int],
+    progress: Progress,
+) -> None:  # fmt: skip
+    """One slice per step (rank 0), named ``step 12 FULL hit``, its row's values as args."""
+    from probe.reader.recording_columns import iter_step_columns
+    from probe.step import STEP_COLUMNS
+
+    by_name = {c.name: c for c in STEP_COLUMNS}
+    upper = {int(m.value): m.name for m in Mode.__members__.values()}
+    for cols in iter_step_columns(rec, chunk=16_384, only=_STEP_ARGS):
+        values = {k: _step_values(cols, by_name[k]) for k in _STEP_ARGS}
+        steps = cols["step"].tolist()
+        modes = [upper.get(m) for m in cols["mode"].tolist()]
+        reasons = values["reason"]
+        names = [
+            f"step {n}" if m is None else f"step {n} {m} {r or ''}".strip()
+            for n, m, r in zip(steps, modes, reasons, strict=True)
+        ]
+        args = list(zip(steps, *(values[k] for k in _STEP_ARGS), strict=True))
+        t0, t1 = cols["t0_ns"].tolist(), cols["t1_ns"].tolist()
+        for pid, a, b in _pid_runs(cols["pid"]):
+            rows = [
+                (names[i], t0[i], t1[i], "step", _STEP_KEYS, args[i], (), ()) for i in range(a, b)
+            ]
+            builder._add_packed(thread[pid], 0, rows)
+        counts["step"] += len(steps)
+        progress.advance(len(steps))
+
+
+def _detail_batches(rec: Any, table: str, columns: list[str] | None = None) -> Iterator[Any]:
+    """Each batch of detail ``table`` (``columns`` of it) with its checked columns and the
+    rows that belong to a step: (batch, columns, kept), kept rows only."""
+    from probe.reader.columnar_read import detail_columns
+
+    known = _StepKeys(rec)
+    for b in rec.batches(table, columns, size=16_384):
+        c = detail_columns(rec, table, b)
+        keep = _kept(known, c)
+        if not keep.all():
+            idx = np.flatnonzero(keep)
+            b = b.take(idx)
+            c = {k: v[idx] for k, v in c.items()}
+        if b.num_rows:
+            yield b, c
+
+
+def _add_spans(
+    builder: TraceBuilder, rec: Any, thread: Mapping[int, int], counts: dict[str, int],
+    progress: Progress,
+) -> None:  # fmt: skip
+    """One slice per phase span (rank 1), inside its step's on the thread track."""
+    _, lower = _names(Phase)
+    keys = ("step",)
+    for _, c in _detail_batches(rec, "spans"):
+        steps = c["step"].tolist()
+        names = [
+            lower[p] + (" (drafter)" if d else "")
+            for p, d in zip(c["phase"].tolist(), c["drafter"].tolist(), strict=True)
+        ]
+        t0, t1 = c["t0_ns"].tolist(), c["t1_ns"].tolist()
+        for pid, a, b in _pid_runs(c["pid"]):
+            rows = [
+                (names[i], t0[i], t1[i], "phase", keys, (steps[i],), (), ()) for i in range(a, b)
+            ]
+            builder._add_packed(thread[pid], 1, rows)
+        counts["phase"] += len(steps)
+        progress.advance(len(steps))
+
+
+def _first_steps(rec: Any, table: str) -> dict[int, int]:
+    """Per pid, the first step with a row of detail ``table``."""
+    out: dict[int, int] = {}
+    for _, c in _detail_batches(rec, table, ["pid", "step"]):
+        for pid, a, _ in _pid_runs(c["pid"]):
+            out.setdefault(pid, int(c["step"][a]))
+    return out
+
+
+def _place_decisions(builder: TraceBuilder, rec: Any, sub: Mapping[tuple[int, str], int]) -> None:
+    """A process whose first decision is a replay (no dispatch at or before its step) has
+    its decisions track placed with the tracks that begin with a replay, as a pass over
+    the steps puts it."""
+    dispatched = _first_steps(rec, "dispatches")
+    for pid, step in sorted(_first_steps(rec, "replays").items()):
+        if pid not in dispatched or step < dispatched[pid]:
+            builder._reserve(sub[(pid, "graph decisions")], 3)
+
+
+def _add_details(
+    builder: TraceBuilder, rec: Any, sub: Mapping[tuple[int, str], int], counts: dict[str, int],
+    progress: Progress,
+) -> None:  # fmt: skip
+    """Dispatches (rank 2) and replays (rank 3) on the graph decisions track, builds
+    (rank 4) on the metadata builds track, reorders and their marks (rank 5) on the reorder
+    track; a slice's args are its row's values but the times, step first."""
+    tables = {t.name: t for t in DETAIL_TABLES}
+    passes = (("dispatches", 2, "graph decisions"), ("replays", 3, "graph decisions"),
+              ("builds", 4, "metadata builds"), ("reorders", 5, "reorder"))  # fmt: skip
+    for table, rank, track in passes:
+        t = tables[table]
+        keys = _DETAIL_KEYS[table]
+        decode: dict[str, list[str]] = {}
+        for col in t.columns:
+            if isinstance(col.kind, type) and issubclass(col.kind, enum.Enum):
+                decode[col.name], decode[col.name + ".lower"] = _names(col.kind)
+        category = {"dispatches": "dispatch", "replays": "replay", "builds": "build"}.get(
+            table, "reorder"
+        )
+        for b, c in _detail_batches(rec, table):
+            n = b.num_rows
+            vals: dict[str, list[Any]] = {"step": c["step"].tolist()}
+            for k in keys[1:]:
+                if k == "builder":
+                    vals[k] = [x if isinstance(x, str) else "?" for x in b.column(k).to_pylist()]
+                elif k in decode:
+                    vals[k] = [decode[k + ".lower"][i] for i in c[k].tolist()]
+                else:
+                    vals[k] = c[k].tolist()
+            args = list(zip(*(vals[k] for k in keys), strict=True))
+            if table == "dispatches":
+                modes = [decode["mode"][i] for i in c["mode"].tolist()]
+                names = [
+                    f"{'drafter ' if d else ''}dispatch {m} {r}"
+                    for d, m, r in zip(vals["drafter"], modes, vals["reason"], strict=True)
+                ]
+            elif table == "replays":
+                modes = [decode["mode"][i] for i in c["mode"].tolist()]
+                names = [
+                    f"{'drafter ' if d else ''}{k} {m}"
+                    for d, k, m in zip(vals["drafter"], vals["kind"], modes, strict=True)
+                ]
+            elif table == "builds":
+                names = [f"{x} ({g})" for x, g in zip(vals["builder"], vals["tag"], strict=True)]
+            else:
+                names = ["reorder (changed)" if x else "reorder" for x in vals["changed"]]
+            t0, t1 = c["t0_ns"].tolist(), c["t1_ns"].tolist()
+            for pid, a, e in _pid_runs(c["pid"]):
+                rows: list[tuple[Any, ...]] = []
+                for i in range(a, e):
+                    rows.append((names[i], t0[i], t1[i], category, keys, args[i], (), ()))
+                    if table == "reorders" and vals["changed"][i]:
+                        mark = f"reorder moved {vals['moved'][i]}"
+                        rows.append((mark, t1[i], t1[i], category, keys, args[i], (), ()))
+                builder._add_packed(sub[(pid, track)], rank, rows)
+            counts[category] += n
+            if table == "reorders":
+                counts["reorder_mark"] += sum(vals["changed"])
+            progress.advance(n)
 
 
 def rank_tracks(builder: TraceBuilder, recording: Recording) -> dict[str, int]:
@@ -603,7 +759,8 @@ def rank_tracks(builder: TraceBuilder, recording: Recording) -> dict[str, int]:
     on the engine's track marks when it arrived (``rank_mark``). One host's recording:
     the tracks share its BOOTTIME. Returns the slices added per category.
     """
-    from probe.analysis.ranks import per_step, recording_ranks
+    from probe.analysis.ranks import recording_ranks
+    from probe.analysis.ranks_columns import per_step_of_columns
 
     rr = recording_ranks(recording)
     counts = dict.fromkeys(("rank", "rank_last", "rank_mark"), 0)
@@ -611,7 +768,7 @@ def rank_tracks(builder: TraceBuilder, recording: Recording) -> dict[str, int]:
         labels = [r.rank.label for r in e]
         top = builder.child_track(None, f"ranks side by side (engine dp{e[0].rank.dp_rank})")
         tracks = [builder.child_track(top, f"{r.rank.label} pid {r.rank.pid}") for r in e]
-        it, _ = per_step(e, sync_launch=rr.sync_launch)
+        it, _ = per_step_of_columns(recording, e, sync_launch=rr.sync_launch)
         for sr in it:
             for i, track in enumerate(tracks):
                 args: dict[str, ArgValue] = {"step": sr.steps[i], "rank": labels[i]}

@@ -468,14 +468,16 @@ def per_step(
     epoch_sync_ns: int = DEFAULT_EPOCH_SYNC_NS,
     sync_launch: bool = False,
     chunk: int = RANKS_CHUNK_ROWS,
+    chunks: Sequence[Iterator[Mapping[str, np.ndarray]]] | None = None,
 ) -> tuple[Iterator[StepRanks], dict[str, Any]]:
     """The engine's matched steps, streamed in step order, and the matching's facts
     (``offsets``, ``alignment``, ``clock``, ``uncertainty_ns``; after the iterator is
     exhausted also ``tally``: unmatched steps per rank, batch mismatches, steps without a
-    launch time)."""
+    launch time). ``chunks``: each rank's columns (as :func:`matching` takes them) in place
+    of its Steps."""
     mt = matching(
         ranks,
-        [ranks_match.step_chunks(r.steps, chunk) for r in ranks],
+        chunks if chunks is not None else [ranks_match.step_chunks(r.steps, chunk) for r in ranks],
         epoch_sync_ns=epoch_sync_ns,
         sync_launch=sync_launch,
     )

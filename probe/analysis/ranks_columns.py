@@ -29,13 +29,20 @@ from probe.analysis.ranks import (
     EngineRanks,
     RankInput,
     RanksSummary,
+    StepRanks,
     dp_costs,
     engine_figures,
     matching,
+    per_step,
     recording_ranks,
 )
 
-__all__ = ["RANKS_CHUNK_ROWS", "engine_ranks_of_columns", "ranks_of_recording"]
+__all__ = [
+    "RANKS_CHUNK_ROWS",
+    "engine_ranks_of_columns",
+    "per_step_of_columns",
+    "ranks_of_recording",
+]
 
 
 def recording_chunks(rec: Any, pid: int, chunk: int) -> Iterator[dict[str, np.ndarray]]:
@@ -69,6 +76,26 @@ def engine_ranks_of_columns(
         sync_launch=sync_launch,
     )
     return engine_figures(ranks, mt, chunk)
+
+
+def per_step_of_columns(
+    rec: Any,
+    ranks: Sequence[RankInput],
+    *,
+    epoch_sync_ns: int = DEFAULT_EPOCH_SYNC_NS,
+    sync_launch: bool = False,
+    chunk: int = RANKS_CHUNK_ROWS,
+) -> tuple[Iterator[StepRanks], dict[str, Any]]:
+    """:func:`probe.analysis.ranks.per_step` of ``ranks`` (their ``steps`` unused: each
+    rank's are read from ``rec``'s columns by pid), equal to it step for step."""
+    read = max(chunk, ALIGN_WINDOW)
+    return per_step(
+        ranks,
+        epoch_sync_ns=epoch_sync_ns,
+        sync_launch=sync_launch,
+        chunk=chunk,
+        chunks=[recording_chunks(rec, r.rank.pid, read) for r in ranks],
+    )
 
 
 def dp_rank_of_columns(rec: Any, r: RankInput) -> DpRank:

@@ -17,6 +17,7 @@ from probe.analysis import ranks
 from probe.analysis.ranks_columns import (
     dp_rank_of_columns,
     engine_ranks_of_columns,
+    per_step_of_columns,
     ranks_of_recording,
 )
 from probe.reader.recording import Recording, RecordingWriter
@@ -104,6 +105,20 @@ def test_the_columns_give_the_step_paths_figures(tmp_path: Path, case: str) -> N
         got = [engine_ranks_of_columns(rec, e, sync_launch=rr.sync_launch, chunk=chunk)
                for e in rr.engines]  # fmt: skip
         assert got == list(want.engines), chunk
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_columns_give_the_step_paths_matched_steps(tmp_path: Path, case: str) -> None:
+    rec = Recording.open(_recording(tmp_path, "r.probe.db", **CASES[case]))  # type: ignore[arg-type]
+    rr = ranks.recording_ranks(rec)
+    for chunk in (97, 100_000):
+        for e in rr.engines:
+            want, want_facts = ranks.per_step(e, sync_launch=rr.sync_launch, chunk=chunk)
+            got, facts = per_step_of_columns(rec, e, sync_launch=rr.sync_launch, chunk=chunk)
+            steps = list(want)
+            assert steps and list(got) == steps
+            assert facts == want_facts
+        rr = ranks.recording_ranks(rec)  # fresh Step iterators
 
 
 def test_the_cases_reach_every_branch(tmp_path: Path) -> None:
