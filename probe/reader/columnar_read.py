@@ -19,9 +19,10 @@ nothing is written beside it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from probe.reader.columnar_schema import (
     MANIFEST,
     READ_FORMAT_VERSIONS,
     TABLES,
+    detail_schema,
     is_text,
     names_of,
 )
@@ -42,6 +44,11 @@ from probe.reader.recording_rows import BAD, NULL, steps_of_rows
 from probe.reader.recording_schema import DETAIL_TABLES
 from probe.step import STEP_COLUMNS, Step
 
+#: how much memory DuckDB may take for a recording's aggregates (it spills beyond, into a
+#: private temporary folder)
+SQL_MEMORY = "256MB"
+#: the most threads DuckDB takes for them
+SQL_THREADS = 4
 #: the ``processes`` row's keys, in the SQLite table's column order
 PROCESS_KEYS: tuple[str, ...] = (
     "pid", "role", "tp_rank", "pp_rank", "dp_rank", "vllm_version", "runner", "model",
@@ -82,6 +89,8 @@ class ColumnarRecording:
     files: dict[str, Path]
     _tmp: Path | None = field(default=None, repr=False)
     _parquet: dict[str, Any] = field(default_factory=dict, repr=False)
+    _sql: Any = field(default=None, repr=False)
+    _sql_tmp: Path | None = field(default=None, repr=False)
 
     @classmethod
     def open(cls, path: str | Path) -> ColumnarRecording:
@@ -212,6 +221,63 @@ class ColumnarRecording:
         except (OSError, pa.ArrowException) as exc:
             raise RecordingError(f"{self.path}: damaged recording: {table}: {exc}") from None
 
+    def sql(self, query: str) -> list[tuple[Any, ...]]:
+        """The rows of ``query``, DuckDB SQL over the recording's tables (each a view of its
+        name; :data:`SQL_MEMORY`, :data:`SQL_THREADS`); what DuckDB raises on a damaged
+        file is a :class:`RecordingError`."""
+        import duckdb
+
+        from probe.reader.dataset import message
+
+        try:
+            if self._sql is None:
+                self._sql_tmp = Path(tempfile.mkdtemp(prefix="probe-sql-"))
+                self._sql = duckdb.connect(
+                    config={
+                        "threads": min(SQL_THREADS, os.cpu_count() or 1),
+                        "memory_limit": SQL_MEMORY,
+                        "temp_directory": str(self._sql_tmp),
+                    }
+                )
+                for t, f in self.files.items():
+                    path = str(f.resolve()).replace("'", "''")
+                    self._sql.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{path}')")
+            rows: list[tuple[Any, ...]] = self._sql.execute(query).fetchall()
+        except duckdb.Error as exc:
+            raise RecordingError(f"{self.path}: damaged recording: {message(exc)}") from None
+        return rows
+
+    def statistics_fit(self, table: str, columns: Sequence[str]) -> bool:
+        """Whether the file's statistics show every value of ``columns`` of detail table
+        ``table`` fitting its column as :func:`detail_columns` checks it, short of what
+        statistics cannot show (a text column's names, ``t1`` before ``t0``): stored with
+        its type, never NULL, never below its minimum. False where they cannot tell."""
+        import pyarrow as pa
+
+        f = self.parquet(table)
+        want = detail_schema(table)
+        kinds = {c.name: c for t in DETAIL_TABLES if t.name == table for c in t.columns}
+        at: dict[str, tuple[int, int | None]] = {}
+        for name in columns:
+            c = kinds.get(name)
+            if c is not None and is_text(c.kind):
+                continue
+            i = f.schema_arrow.get_field_index(name)
+            if i < 0 or f.schema_arrow.field(i).type != want.field(name).type:
+                return False
+            low = 0 if c is None else c.min
+            at[name] = (i, None if pa.types.is_boolean(want.field(name).type) else low)
+        md = f.metadata
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            for i, low in at.values():
+                st = rg.column(i).statistics
+                if st is None or not st.has_null_count or st.null_count:
+                    return False
+                if low is not None and (not st.has_min_max or st.min < low):
+                    return False
+        return True
+
     def builder_names(self, pid: int | None = None) -> dict[int, dict[int, str]]:
         """Per pid, the id of each builder class name in :attr:`Step.builds`, in the order
         the names first appear (as :meth:`Recording.builder_names`)."""
@@ -279,6 +345,12 @@ class ColumnarRecording:
 
     def close(self) -> None:
         self._parquet.clear()
+        if self._sql is not None:
+            self._sql.close()
+            self._sql = None
+        if self._sql_tmp is not None:
+            shutil.rmtree(self._sql_tmp, ignore_errors=True)
+            self._sql_tmp = None
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
