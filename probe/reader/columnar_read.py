@@ -211,7 +211,7 @@ class ColumnarRecording:
             return
         try:
             for b in f.iter_batches(
-                batch_size=size, row_groups=groups, columns=columns, use_threads=True
+                batch_size=size, row_groups=groups, columns=columns, use_threads=False
             ):
                 if pid is not None:
                     b = b.filter(pc.equal(b.column("pid"), pid))
@@ -406,18 +406,18 @@ def iter_columnar_step_columns(
                 continue
             isnull = a.is_null().to_numpy(zero_copy_only=False) if a.null_count else None
             v = a.fill_null(0 if c.kind is bool else NULL) if a.null_count else a
-            arr = v.to_numpy(zero_copy_only=False).astype(np.int64)
+            # as it lies where it is int64 already (a NULL filled with -1 above)
+            arr = np.asarray(v.to_numpy(zero_copy_only=False), dtype=np.int64)
             if isnull is not None:
                 if c.kind is bool or not c.nullable:
                     raise RecordingError(
                         f"{rec.path}: damaged recording: steps: {c.name} is NULL "
                         f"(pid {b.column('pid')[int(np.argmax(isnull))]})"
                     )
-                arr[isnull] = NULL
                 nulls |= isnull.astype(np.int64) << nullable.index(c)
             cols[c.name] = arr
         for n in counts:
-            cols[n] = b.column(n).to_numpy(zero_copy_only=False).astype(np.int64)
+            cols[n] = np.asarray(b.column(n).to_numpy(zero_copy_only=False), dtype=np.int64)
         bad = column_checks(cols, nulls, columns)
         if bad.any():
             i = int(np.argmax(bad))
