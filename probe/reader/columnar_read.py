@@ -202,6 +202,7 @@ class ColumnarRecording:
         size: int = 65_536,
     ) -> Iterator[Any]:  # fmt: skip
         """The table's rows (of ``pid``) in (pid, step) order, as Arrow record batches."""
+        import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -214,9 +215,13 @@ class ColumnarRecording:
                 batch_size=size, row_groups=groups, columns=columns, use_threads=False
             ):
                 if pid is not None:
-                    b = b.filter(pc.equal(b.column("pid"), pid))
-                    if b.num_rows == 0:
+                    at = np.flatnonzero(numpy_of(b.column("pid"), null=-1) == pid)
+                    if not len(at):
                         continue
+                    if at[-1] - at[0] + 1 == len(at):  # a run, as a sorted table holds it
+                        b = b.slice(int(at[0]), len(at))
+                    else:
+                        b = b.filter(pc.equal(b.column("pid"), pid))
                 yield b
         except (OSError, pa.ArrowException) as exc:
             raise RecordingError(f"{self.path}: damaged recording: {table}: {exc}") from None
@@ -295,7 +300,7 @@ class ColumnarRecording:
 
         out: dict[int, int] = {}
         for b in self.batches("steps", ["pid"]):
-            pids, n = np.unique(b.column(0).to_numpy(), return_counts=True)
+            pids, n = np.unique(numpy_of(b.column(0)), return_counts=True)
             for p, k in zip(pids.tolist(), n.tolist(), strict=True):
                 out[p] = out.get(p, 0) + k
         return out
@@ -359,10 +364,35 @@ class ColumnarRecording:
 # -- the steps as numpy columns -----------------------------------------------------------
 
 
+def numpy_of(col: Any, null: int | None = None) -> Any:
+    """An Arrow integer or boolean array as numpy values read from its buffers: an int64
+    array as it lies, a boolean one as bools (``to_numpy``, and ``fill_null`` with a Python
+    value, import pandas: half a second of a report's start). A NULL reads as ``null``
+    (where None, as what its slot holds)."""
+    import numpy as np
+    import pyarrow as pa
+
+    t = col.type
+    if not len(col):
+        out = np.zeros(0, bool if pa.types.is_boolean(t) else np.int64)
+    elif pa.types.is_boolean(t):
+        bits = np.frombuffer(col.buffers()[1], np.uint8)
+        end = col.offset + len(col)
+        out = np.unpackbits(bits, count=end, bitorder="little")[col.offset :].view(bool)
+    elif pa.types.is_integer(t):
+        kind = np.dtype(f"{'u' if pa.types.is_unsigned_integer(t) else 'i'}{t.bit_width // 8}")
+        out = np.frombuffer(col.buffers()[1], kind, len(col), col.offset * kind.itemsize)
+    else:
+        return col.to_numpy(zero_copy_only=False)
+    if null is not None and col.null_count:
+        out = np.where(numpy_of(col.is_null()), null, out)
+    return out
+
+
 def text_codes(col: Any, names: tuple[str, ...]) -> Any:
     """A text column as the codes of its names (NULL -1, a name not among them -2): its
     dictionary mapped once (in Python: building an Arrow array from a list imports
-    pandas, a second of a report's start), its indices taken."""
+    pandas, half a second of a report's start), its indices taken."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -371,7 +401,7 @@ def text_codes(col: Any, names: tuple[str, ...]) -> Any:
         col = pc.dictionary_encode(col)
     code = {n: i for i, n in enumerate(names)}
     lut = np.array([code.get(v, BAD) for v in col.dictionary.to_pylist()] + [NULL], np.int64)
-    return lut[col.indices.fill_null(len(lut) - 1).to_numpy(zero_copy_only=False)]
+    return lut[numpy_of(col.indices, null=len(lut) - 1)]
 
 
 def iter_columnar_step_columns(
@@ -404,10 +434,9 @@ def iter_columnar_step_columns(
                     codes[ok] = values[codes[ok]]
                 cols[c.name] = codes
                 continue
-            isnull = a.is_null().to_numpy(zero_copy_only=False) if a.null_count else None
-            v = a.fill_null(0 if c.kind is bool else NULL) if a.null_count else a
-            # as it lies where it is int64 already (a NULL filled with -1 above)
-            arr = np.asarray(v.to_numpy(zero_copy_only=False), dtype=np.int64)
+            isnull = numpy_of(a.is_null()) if a.null_count else None
+            # as it lies where it is int64 already
+            arr = np.asarray(numpy_of(a, null=0 if c.kind is bool else NULL), dtype=np.int64)
             if isnull is not None:
                 if c.kind is bool or not c.nullable:
                     raise RecordingError(
@@ -417,7 +446,7 @@ def iter_columnar_step_columns(
                 nulls |= isnull.astype(np.int64) << nullable.index(c)
             cols[c.name] = arr
         for n in counts:
-            cols[n] = np.asarray(b.column(n).to_numpy(zero_copy_only=False), dtype=np.int64)
+            cols[n] = np.asarray(numpy_of(b.column(n)), dtype=np.int64)
         bad = column_checks(cols, nulls, columns)
         if bad.any():
             i = int(np.argmax(bad))
@@ -487,8 +516,8 @@ def detail_columns(rec: Any, table: str, batch: Any) -> dict[str, Any]:
     t = next(t for t in DETAIL_TABLES if t.name == table)
     kinds = {c.name: c for c in t.columns}
     out: dict[str, Any] = {}
-    pid = batch.column("pid").to_numpy(zero_copy_only=False)
-    step = batch.column("step").to_numpy(zero_copy_only=False)
+    pid = numpy_of(batch.column("pid"), null=-1)
+    step = numpy_of(batch.column("step"), null=-1)
 
     def fail(mask: Any, column: str, why: str) -> RecordingError:
         i = int(np.argmax(mask))
@@ -501,7 +530,7 @@ def detail_columns(rec: Any, table: str, batch: Any) -> dict[str, Any]:
         col = batch.column(name)
         c = kinds.get(name)
         if name in ("pid", "step"):
-            v = col.to_numpy(zero_copy_only=False)
+            v = numpy_of(col, null=-1)
             if col.null_count or (v < 0).any():
                 raise fail(v < 0, name, "is not a step key")
             out[name] = v.astype(np.int64)
@@ -515,8 +544,8 @@ def detail_columns(rec: Any, table: str, batch: Any) -> dict[str, Any]:
             out[name] = idx
         else:
             if col.null_count:
-                raise fail(col.is_null().to_numpy(zero_copy_only=False), name, "is NULL")
-            v = col.to_numpy(zero_copy_only=False).astype(np.int64)
+                raise fail(numpy_of(col.is_null()), name, "is NULL")
+            v = numpy_of(col).astype(np.int64)
             if c.min is not None and not pa.types.is_boolean(col.type) and (v < c.min).any():
                 raise fail(v < c.min, name, f"is below {c.min}")
             out[name] = v

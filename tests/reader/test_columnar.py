@@ -225,3 +225,26 @@ def test_only_a_folder_with_a_manifest_is_a_recording(tmp_path: Path) -> None:
     assert not is_columnar(tmp_path)
     (tmp_path / MANIFEST).write_text("{}")
     assert is_columnar(tmp_path)
+
+
+def test_arrow_arrays_read_from_their_buffers_as_numpy_reads_them() -> None:
+    """numpy_of reads an integer or boolean array (a slice of one too) from its buffers as
+    Arrow's own conversion does, a NULL as the value asked for."""
+    import numpy as np
+    import pyarrow as pa
+
+    from probe.reader.columnar_read import numpy_of
+
+    rng = np.random.default_rng(3)
+    for kind, values in (
+        (pa.int64(), rng.integers(-(2**62), 2**62, 300)),
+        (pa.int32(), rng.integers(-1000, 1000, 300)),
+        (pa.bool_(), rng.integers(0, 2, 300).astype(bool)),
+    ):
+        whole = pa.array(values, kind)
+        for a in (whole, whole.slice(3), whole.slice(13, 101), whole.slice(300)):
+            assert numpy_of(a).tolist() == a.to_numpy(zero_copy_only=False).tolist()
+        gaps = pa.array([None if i % 7 == 0 else v for i, v in enumerate(values.tolist())], kind)
+        for a in (gaps, gaps.slice(5, 77)):
+            want = [-1 if v is None else int(v) for v in a.to_pylist()]
+            assert np.asarray(numpy_of(a, null=-1), np.int64).tolist() == want
