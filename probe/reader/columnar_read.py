@@ -204,7 +204,6 @@ class ColumnarRecording:
         """The table's rows (of ``pid``) in (pid, step) order, as Arrow record batches."""
         import numpy as np
         import pyarrow as pa
-        import pyarrow.compute as pc
 
         f = self.parquet(table)
         groups = self.row_groups(table, pid)
@@ -221,6 +220,8 @@ class ColumnarRecording:
                     if at[-1] - at[0] + 1 == len(at):  # a run, as a sorted table holds it
                         b = b.slice(int(at[0]), len(at))
                     else:
+                        import pyarrow.compute as pc  # a tenth of a second: only here
+
                         b = b.filter(pc.equal(b.column("pid"), pid))
                 yield b
         except (OSError, pa.ArrowException) as exc:
@@ -311,8 +312,6 @@ class ColumnarRecording:
     def first_t0(self) -> int | None:
         """The earliest step's start (None without steps): the row groups' statistics,
         their column read only where a row group has none."""
-        import pyarrow.compute as pc
-
         f = self.parquet("steps")
         at = f.schema_arrow.get_field_index("t0_ns")
         lo = None
@@ -321,6 +320,8 @@ class ColumnarRecording:
             if st is not None and st.has_min_max:
                 m = st.min
             else:
+                import pyarrow.compute as pc  # a tenth of a second: only here
+
                 m = pc.min(f.read_row_group(i, columns=["t0_ns"]).column(0)).as_py()
             if m is not None and (lo is None or m < lo):
                 lo = m
@@ -376,17 +377,34 @@ def numpy_of(col: Any, null: int | None = None) -> Any:
     if not len(col):
         out = np.zeros(0, bool if pa.types.is_boolean(t) else np.int64)
     elif pa.types.is_boolean(t):
-        bits = np.frombuffer(col.buffers()[1], np.uint8)
-        end = col.offset + len(col)
-        out = np.unpackbits(bits, count=end, bitorder="little")[col.offset :].view(bool)
+        out = _bits(col.buffers()[1], col.offset, len(col))
     elif pa.types.is_integer(t):
         kind = np.dtype(f"{'u' if pa.types.is_unsigned_integer(t) else 'i'}{t.bit_width // 8}")
         out = np.frombuffer(col.buffers()[1], kind, len(col), col.offset * kind.itemsize)
     else:
         return col.to_numpy(zero_copy_only=False)
     if null is not None and col.null_count:
-        out = np.where(numpy_of(col.is_null()), null, out)
+        out = np.where(nulls_of(col), null, out)
     return out
+
+
+def nulls_of(col: Any) -> Any:
+    """Per value of an Arrow array: True where it is NULL (read from its validity bitmap:
+    ``is_null`` imports Arrow's compute functions, a tenth of a second)."""
+    import numpy as np
+
+    valid = col.buffers()[0]
+    if valid is None or not col.null_count:
+        return np.zeros(len(col), bool)
+    return ~_bits(valid, col.offset, len(col))
+
+
+def _bits(buf: Any, offset: int, n: int) -> Any:
+    """``n`` bits of an Arrow bitmap from bit ``offset`` on, as bools."""
+    import numpy as np
+
+    bits = np.frombuffer(buf, np.uint8)
+    return np.unpackbits(bits, count=offset + n, bitorder="little")[offset:].view(bool)
 
 
 def text_codes(col: Any, names: tuple[str, ...]) -> Any:
@@ -395,9 +413,10 @@ def text_codes(col: Any, names: tuple[str, ...]) -> Any:
     pandas, half a second of a report's start), its indices taken."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if not pa.types.is_dictionary(col.type):
+        import pyarrow.compute as pc  # a tenth of a second: only here
+
         col = pc.dictionary_encode(col)
     code = {n: i for i, n in enumerate(names)}
     lut = np.array([code.get(v, BAD) for v in col.dictionary.to_pylist()] + [NULL], np.int64)
@@ -434,7 +453,7 @@ def iter_columnar_step_columns(
                     codes[ok] = values[codes[ok]]
                 cols[c.name] = codes
                 continue
-            isnull = numpy_of(a.is_null()) if a.null_count else None
+            isnull = nulls_of(a) if a.null_count else None
             # as it lies where it is int64 already
             arr = np.asarray(numpy_of(a, null=0 if c.kind is bool else NULL), dtype=np.int64)
             if isnull is not None:
@@ -544,7 +563,7 @@ def detail_columns(rec: Any, table: str, batch: Any) -> dict[str, Any]:
             out[name] = idx
         else:
             if col.null_count:
-                raise fail(numpy_of(col.is_null()), name, "is NULL")
+                raise fail(nulls_of(col), name, "is NULL")
             v = numpy_of(col).astype(np.int64)
             if c.min is not None and not pa.types.is_boolean(col.type) and (v < c.min).any():
                 raise fail(v < c.min, name, f"is below {c.min}")

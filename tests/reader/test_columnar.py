@@ -229,11 +229,12 @@ def test_only_a_folder_with_a_manifest_is_a_recording(tmp_path: Path) -> None:
 
 def test_arrow_arrays_read_from_their_buffers_as_numpy_reads_them() -> None:
     """numpy_of reads an integer or boolean array (a slice of one too) from its buffers as
-    Arrow's own conversion does, a NULL as the value asked for."""
+    Arrow's own conversion does, a NULL as the value asked for; nulls_of finds the NULLs
+    as Arrow's is_null does."""
     import numpy as np
     import pyarrow as pa
 
-    from probe.reader.columnar_read import numpy_of
+    from probe.reader.columnar_read import nulls_of, numpy_of
 
     rng = np.random.default_rng(3)
     for kind, values in (
@@ -248,3 +249,5 @@ def test_arrow_arrays_read_from_their_buffers_as_numpy_reads_them() -> None:
         for a in (gaps, gaps.slice(5, 77)):
             want = [-1 if v is None else int(v) for v in a.to_pylist()]
             assert np.asarray(numpy_of(a, null=-1), np.int64).tolist() == want
+            assert nulls_of(a).tolist() == a.is_null().to_pylist()
+        assert not nulls_of(whole.slice(2, 9)).any()
