@@ -245,6 +245,7 @@ class ColumnarRecording:
                         "temp_directory": str(self._sql_tmp),
                     }
                 )
+                self._sql.execute("SET enable_progress_bar = false")  # a command prints no bar
                 for t, f in self.files.items():
                     path = str(f.resolve()).replace("'", "''")
                     self._sql.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{path}')")

@@ -251,3 +251,13 @@ def test_arrow_arrays_read_from_their_buffers_as_numpy_reads_them() -> None:
             assert np.asarray(numpy_of(a, null=-1), np.int64).tolist() == want
             assert nulls_of(a).tolist() == a.is_null().to_pylist()
         assert not nulls_of(whole.slice(2, 9)).any()
+
+
+def test_a_recordings_sql_prints_no_progress_bar() -> None:
+    """DuckDB draws a progress bar on a long query; a command's SQL over a recording turns
+    it off (``report --json`` writes nothing but its JSON)."""
+    rec = ColumnarRecording.open(ROOT / "probe" / "data" / "default.probe")
+    try:
+        assert rec.sql("SELECT current_setting('enable_progress_bar')") == [(False,)]
+    finally:
+        rec.close()
