@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -93,60 +93,67 @@ def step_chunks(steps: Iterable[Step], chunk: int) -> Iterator[dict[str, np.ndar
 
 class Stream:
     """One rank's columns in step order, buffered a chunk ahead (``chunks``: dicts of
-    :data:`READ`, :data:`NO_LAUNCH` and :data:`NO_IDLE`)."""
+    :data:`READ`, :data:`NO_LAUNCH` and :data:`NO_IDLE`), held as one matrix: a row per
+    column (:data:`NAMES`), a column per step."""
 
     NAMES = (*READ, NO_LAUNCH, NO_IDLE)
+    #: each name's row
+    AT: ClassVar[dict[str, int]] = {name: i for i, name in enumerate(NAMES)}
 
     def __init__(self, chunks: Iterator[Mapping[str, np.ndarray]]) -> None:
         self._it = chunks
-        self.buf: dict[str, np.ndarray] = {k: np.zeros(0, np.int64) for k in self.NAMES}
+        self.rows = np.zeros((len(self.NAMES), 0), np.int64)
         self.done = False
         self.count = 0
 
     def __len__(self) -> int:
-        return len(self.buf["step"])
+        return int(self.rows.shape[1])
+
+    @property
+    def buf(self) -> dict[str, np.ndarray]:
+        """The buffered steps, a column per name."""
+        return {name: self.rows[i] for i, name in enumerate(self.NAMES)}
 
     def fill(self, want: int) -> None:
         """Read chunks until ``want`` rows are buffered or the rank has no more."""
-        parts = [self.buf]
+        parts = [self.rows]
         n = len(self)
         while not self.done and n < want:
             cols = next(self._it, None)
             if cols is None:
                 self.done = True
                 break
-            # copies: a view would hold the whole chunk (every column) alive
-            part = {k: np.array(cols[k], dtype=np.int64) for k in self.NAMES}
+            # one copy: a view would hold the whole chunk (every column) alive
+            part = np.array([cols[k] for k in self.NAMES], dtype=np.int64)
             parts.append(part)
-            n += len(part["step"])
-            self.count += len(part["step"])
+            n += part.shape[1]
+            self.count += part.shape[1]
         if len(parts) > 1:
-            self.buf = {k: np.concatenate([p[k] for p in parts]) for k in self.NAMES}
+            self.rows = np.concatenate(parts, axis=1)
 
-    def take(self, upto: int | None) -> dict[str, np.ndarray]:
+    def take(self, upto: int | None) -> np.ndarray:
         """The buffered rows with step <= ``upto`` (None: all), removed from the buffer."""
-        k = len(self) if upto is None else int(np.searchsorted(self.buf["step"], upto, "right"))
-        out = {n: a[:k] for n, a in self.buf.items()}
-        self.buf = {n: a[k:] for n, a in self.buf.items()}
+        k = len(self) if upto is None else int(np.searchsorted(self.rows[0], upto, "right"))
+        out, self.rows = self.rows[:, :k], self.rows[:, k:]
         return out
 
 
 def windows(
     streams: Sequence[Stream], offsets: Sequence[int], chunk: int
-) -> Iterator[list[dict[str, np.ndarray]]]:
-    """Every rank's rows a window at a time: those whose reference step (the first
-    rank's, less the rank's offset) is up to a cut that every rank has read past (or
-    has no more rows)."""
+) -> Iterator[list[np.ndarray]]:
+    """Every rank's rows a window at a time (each rank's as :class:`Stream` holds them):
+    those whose reference step (the first rank's, less the rank's offset) is up to a cut
+    that every rank has read past (or has no more rows)."""
     while True:
         for s in streams:
             s.fill(chunk)
         open_ = [(s, off) for s, off in zip(streams, offsets, strict=True) if not s.done]
-        cut = min(int(s.buf["step"][-1]) - off for s, off in open_) if open_ else None
+        cut = min(int(s.rows[0, -1]) - off for s, off in open_) if open_ else None
         ws = [
             s.take(None if cut is None else cut + off)
             for s, off in zip(streams, offsets, strict=True)
         ]
-        if len(ws[0]["step"]):
+        if ws[0].shape[1]:
             yield ws
         if cut is None:
             return
@@ -164,29 +171,47 @@ class Paired:
     cols: dict[str, np.ndarray]
 
 
-def match_window(ws: Sequence[Mapping[str, np.ndarray]], offsets: Sequence[int]) -> Paired:
-    """Pair a window's rows by step number and offset (see :func:`windows`)."""
-    ref = ws[0]["step"]
+#: the columns of a :class:`Paired` window
+PAIRED = ("step", "t0_ns", "cpu_launch_overhead_ns", "gpu_idle_before_ns", NO_IDLE,
+          *PHASE_COLUMNS)  # fmt: skip
+
+
+def match_window(ws: Sequence[np.ndarray], offsets: Sequence[int]) -> Paired:
+    """Pair a window's rows (each rank's as :class:`Stream` holds them) by step number and
+    offset (see :func:`windows`)."""
+    at = Stream.AT
+    ref = ws[0][at["step"]]
     full = np.ones(len(ref), bool)
     idx = [np.arange(len(ref))]
     for w, off in zip(ws[1:], offsets[1:], strict=True):
+        steps = w[at["step"]]
         keys = ref + off
-        i = np.searchsorted(w["step"], keys)
-        ok = i < len(w["step"])
-        ok[ok] = w["step"][i[ok]] == keys[ok]
+        i = np.searchsorted(steps, keys)
+        ok = i < len(steps)
+        ok[ok] = steps[i[ok]] == keys[ok]
         full &= ok
         idx.append(i)
+    # each matched step's row in the ranks' windows side by side: (step, rank)
+    start = np.cumsum([0, *(w.shape[1] for w in ws[:-1])])
+    grid = np.stack([i[full] for i in idx], axis=1) + start
+    side = np.concatenate(ws, axis=1)
 
-    def cols(name: str) -> np.ndarray:
-        return np.stack([w[name][i[full]] for w, i in zip(ws, idx, strict=True)], axis=1)
+    def gather(names: Sequence[str], at_steps: np.ndarray) -> np.ndarray:
+        """The columns ``names`` at ``at_steps``, in one read: (column, step, rank)."""
+        out = np.empty((len(names), *at_steps.shape), np.int64)
+        for j, n in enumerate(names):
+            np.take(side[at[n]], at_steps, out=out[j])
+        return out
 
-    tok, req = cols("num_tokens"), cols("num_reqs")
+    tok, req, no_launch = gather(("num_tokens", "num_reqs", NO_LAUNCH), grid)
     mismatches = int(((tok[:, 1:] != tok[:, :1]) | (req[:, 1:] != req[:, :1])).any(axis=1).sum())
-    launch = ~cols(NO_LAUNCH).astype(bool).any(axis=1)
-    names = ("step", "t0_ns", "cpu_launch_overhead_ns", "gpu_idle_before_ns", NO_IDLE,
-             *PHASE_COLUMNS)  # fmt: skip
+    launch = ~no_launch.astype(bool).any(axis=1)
+    both = gather(PAIRED, grid[launch])
     return Paired(
-        int(full.sum()), mismatches, int((~launch).sum()), {n: cols(n)[launch] for n in names}
+        int(full.sum()),
+        mismatches,
+        int((~launch).sum()),
+        {n: both[j] for j, n in enumerate(PAIRED)},
     )
 
 
@@ -209,21 +234,22 @@ class Rows:
 
 
 def _twice_median(ys: np.ndarray) -> np.ndarray:
-    """Per row, twice the median of the sorted rows ``ys`` (in integers)."""
-    n = ys.shape[1]
+    """Per row, twice the median of ``ys`` sorted along their last axis (in integers)."""
+    n = ys.shape[-1]
     m = n // 2
-    out: np.ndarray = 2 * ys[:, m] if n % 2 else ys[:, m - 1] + ys[:, m]
+    out: np.ndarray = 2 * ys[..., m] if n % 2 else ys[..., m - 1] + ys[..., m]
     return out
 
 
 def _leads(v: np.ndarray, last: np.ndarray, top: Any) -> np.ndarray:
-    """Per row, twice the lead of the ``last`` column over the median of the others
-    (``top``: a value above every other, sorted last and dropped)."""
-    rows = np.arange(len(v))
+    """Per figure and row of ``v`` (figure, row, rank), twice the lead of the ``last``
+    rank over the median of the others (``top``: a value above every other, sorted last
+    and dropped)."""
+    rows = np.arange(v.shape[1])
     others = v.copy()
-    others[rows, last] = top
-    others.sort(axis=1)
-    out: np.ndarray = 2 * v[rows, last] - _twice_median(others[:, :-1])
+    others[:, rows, last] = top
+    others.sort(axis=-1)
+    out: np.ndarray = 2 * v[:, rows, last] - _twice_median(others[..., :-1])
     return out
 
 
@@ -266,9 +292,8 @@ def match_rows(
     d = 2 * ends[rows, last] - _twice_median(np.sort(ends, axis=1)[:, :-1])
     skew = np.round(_halved(d)).astype(np.int64)
     named = skew > unc
-    lead = [_leads(starts, last, top)]
-    lead += [_leads(v[f"{p}_ns"], last, top) for p in cands[1:]]
-    halves = np.stack([_halved(x) for x in lead], axis=1)
+    lead = _leads(np.stack([starts, *(v[f"{p}_ns"] for p in cands[1:])]), last, top)
+    halves = _halved(lead).T
     phase = np.argmax(halves, axis=1).astype(np.int64)  # the first of equal leads
     excess = np.round(halves[rows, phase]).astype(np.int64)
     at_last = ends[rows, last]

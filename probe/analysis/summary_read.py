@@ -1,10 +1,11 @@
 """A recording's summary in one streaming pass (the reader side of :mod:`probe.analysis.summary`):
-the ``steps`` table in validated numpy chunks, each step's hooked calls counted in SQLite
-from the detail tables, reorders and builds aggregated there; several recordings merged."""
+the ``steps`` table in validated numpy chunks, each step's hooked calls counted from the
+detail tables, reorders and builds aggregated in SQL (one text: SQLite over an SQLite
+recording, DuckDB over a columnar one's Parquet); several recordings merged."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,7 @@ from probe.records import BuildTag, Mode
 def summarize_recording(rec: Any, chunk: int | None = None) -> Summary:
     """A recording's summary in one streaming pass (:func:`probe.reader.recording.
     iter_step_columns`, each rank's hooked calls from the detail tables, reorders and
-    builds aggregated in SQLite)."""
+    builds aggregated in SQL: :func:`reorder_totals_sql`, :func:`build_histogram_sql`)."""
     from probe.analysis.cost import calibration_of
     from probe.reader.columnar_read import ColumnarRecording
     from probe.reader.recording_columns import (
@@ -37,7 +38,7 @@ def summarize_recording(rec: Any, chunk: int | None = None) -> Summary:
             cols = dict(cols)
             cols["_span_calls"], cols["_hook_calls"] = calls.take(cols)
         s.add_columns(cols)
-    reorders = reorder_totals(rec) if columnar else _sql_reorder_totals(rec)
+    reorders = _columnar_reorders(rec) if columnar else rec._rows(reorder_totals_sql())
     for row in reorders:
         thr, n, changed, moved, spec, dec, reqs = (int(x or 0) for x in row)
         s.reorders["decisions"] += n
@@ -47,7 +48,7 @@ def summarize_recording(rec: Any, chunk: int | None = None) -> Summary:
         s.reorders["decodes"] += dec
         s.reorders["reqs"] += reqs
         s.thresholds[thr] += n
-    builds = build_histogram(rec) if columnar else _sql_build_histogram(rec)
+    builds = _columnar_builds(rec) if columnar else rec._rows(build_histogram_sql())
     for name, tag, drafter, b, n, total in builds:
         key = (name if isinstance(name, str) else "?", str(tag), bool(drafter))
         s._build(key, 0, int(n), int(b))
@@ -56,25 +57,104 @@ def summarize_recording(rec: Any, chunk: int | None = None) -> Summary:
     return s
 
 
-def _sql_reorder_totals(rec: Any) -> list[Any]:
-    return list(
-        rec._rows(
-            "SELECT threshold, count(*), sum(changed), sum(moved), sum(spec_as_decode), "
-            "sum(num_decodes), sum(num_reqs) FROM reorders AS r WHERE EXISTS (SELECT 1 FROM "
-            "steps AS s WHERE s.pid = r.pid AND s.step = r.step) GROUP BY threshold"
-        )
+def _on_steps(alias: str) -> str:
+    """The condition that keeps the detail rows of a step in ``steps`` (a row of no step
+    belongs to no step)."""
+    return (
+        f" WHERE EXISTS (SELECT 1 FROM steps AS s WHERE s.pid = {alias}.pid AND "
+        f"s.step = {alias}.step)"
     )
 
 
-def _sql_build_histogram(rec: Any) -> list[Any]:
-    return list(
-        rec._rows(
-            "SELECT builder, tag, drafter, CASE WHEN t1_ns - t0_ns <= 0 THEN 0 ELSE min("
-            f"{NB - 1}, 1 + CAST(floor(log2(t1_ns - t0_ns) * {BINS_PER_OCTAVE}) AS INTEGER)) END "
-            "AS b, count(*), sum(t1_ns - t0_ns) FROM builds AS d WHERE EXISTS (SELECT 1 FROM "
-            "steps AS s WHERE s.pid = d.pid AND s.step = d.step) GROUP BY 1, 2, 3, 4"
-        )
+def reorder_totals_sql(on_steps: bool = True) -> str:
+    """The reorder decisions per threshold, in its order: (threshold, decisions, changed,
+    moved, spec_as_decode, decodes, requests). One text for SQLite and DuckDB; without
+    ``on_steps``, for a recording whose every reorder row has its step."""
+    where = _on_steps("r") if on_steps else ""
+    return (
+        "SELECT threshold, count(*), sum(changed), sum(moved), sum(spec_as_decode), "
+        f"sum(num_decodes), sum(num_reqs) FROM reorders AS r{where} GROUP BY threshold "
+        "ORDER BY threshold"
     )
+
+
+def build_histogram_sql(on_steps: bool = True) -> str:
+    """The metadata builds per (builder, tag, drafter, duration bucket), in that order (a
+    missing builder name first): (builder, tag, drafter, bucket, count, total ns). The
+    bucket is :func:`probe.analysis.accumulators.bins_of`'s. One text for SQLite and
+    DuckDB; without ``on_steps``, for a recording whose every build row has its step."""
+    where = _on_steps("d") if on_steps else ""
+    octaves = f"log2(t1_ns - t0_ns) * {BINS_PER_OCTAVE}"
+    return (
+        f"SELECT builder, tag, drafter, CASE WHEN t1_ns - t0_ns <= 0 THEN 0 "
+        f"WHEN {octaves} >= {NB - 2} THEN {NB - 1} "
+        f"ELSE 1 + CAST(floor({octaves}) AS INTEGER) END AS b, count(*), sum(t1_ns - t0_ns) "
+        f"FROM builds AS d{where} GROUP BY 1, 2, 3, 4 ORDER BY 1 NULLS FIRST, 2, 3, 4"
+    )
+
+
+#: the detail columns the summary reads, per table (checked as they are read)
+_REORDER_COLUMNS = ("threshold", "changed", "moved", "spec_as_decode", "num_decodes", "num_reqs")
+_BUILD_COLUMNS = ("builder", "tag", "drafter", "t0_ns", "t1_ns")
+
+
+def _all_on_steps(rec: Any, table: str) -> bool:
+    """Whether every row of a columnar recording's detail ``table`` has its step: the
+    steps' record counts (:data:`probe.reader.columnar_schema.COUNT_COLUMNS`) add up to
+    the table's rows."""
+    (n,) = rec.sql(f"SELECT coalesce(sum(n_{table}), 0) FROM steps")[0]
+    return bool(int(n) == rec.parquet(table).metadata.num_rows)
+
+
+def _checked_sql(
+    rec: Any, table: str, columns: Sequence[str], query: str,
+    suspect: Callable[[list[tuple[Any, ...]]], bool] = lambda rows: False,
+) -> list[tuple[Any, ...]]:  # fmt: skip
+    """The rows of ``query`` over a columnar recording's detail ``table`` (DuckDB), the
+    values of ``columns`` checked: where the file's statistics cannot show them fitting
+    (:meth:`~probe.reader.columnar_read.ColumnarRecording.statistics_fit`), the rows are
+    ``suspect`` or DuckDB cannot read them, the table is read and checked
+    (:func:`probe.reader.columnar_read.detail_columns` raises the error naming the first
+    value that does not fit)."""
+    from probe.reader.columnar_read import detail_columns
+    from probe.reader.recording_open import RecordingError
+
+    read = ["pid", "step", *columns]
+    fits = rec.statistics_fit(table, read)
+    failed: RecordingError | None = None
+    rows: list[tuple[Any, ...]] = []
+    try:
+        rows = rec.sql(query)
+    except RecordingError as exc:
+        failed = exc
+    if failed or not fits or suspect(rows):
+        for b in rec.batches(table, read):
+            detail_columns(rec, table, b)
+    if failed:
+        raise failed
+    return rows
+
+
+def _columnar_reorders(rec: Any) -> list[tuple[Any, ...]]:
+    """:func:`reorder_totals_sql` of a columnar recording, its values checked."""
+    query = reorder_totals_sql(not _all_on_steps(rec, "reorders"))
+    return _checked_sql(rec, "reorders", _REORDER_COLUMNS, query)
+
+
+def _columnar_builds(rec: Any) -> list[tuple[Any, ...]]:
+    """:func:`build_histogram_sql` of a columnar recording, its values checked; suspect:
+    a tag not among its names, a missing drafter flag, or a bucket 0 where a build may end
+    before it starts."""
+
+    def suspect(rows: list[tuple[Any, ...]]) -> bool:
+        if any(tag not in _TAGS or drafter is None for _, tag, drafter, *_ in rows):
+            return True
+        if any(r[3] == 0 for r in rows):
+            return bool(rec.sql("SELECT count(*) FROM builds WHERE t1_ns < t0_ns")[0][0])
+        return False
+
+    query = build_histogram_sql(not _all_on_steps(rec, "builds"))
+    return _checked_sql(rec, "builds", _BUILD_COLUMNS, query, suspect)
 
 
 def ab_values(s: Summary) -> dict[str, float | None]:
@@ -241,62 +321,6 @@ def _call_counts(rec: Any, cals: Mapping[int, Mapping[str, Any]]) -> _Calls:
         [p for p, x in cals.items() if x.get("dispatch_in_phase")], np.int64
     )
     return c
-
-
-def reorder_totals(rec: Any) -> list[tuple[int, ...]]:
-    """A columnar recording's reorder decisions per threshold: (threshold, decisions,
-    changed, moved, spec_as_decode, decodes, requests), as the SQLite aggregate gives them;
-    every value read is checked (:func:`probe.reader.columnar_read.detail_columns`)."""
-    from probe.reader.columnar_read import detail_columns
-
-    cols = ["threshold", "changed", "moved", "spec_as_decode", "num_decodes", "num_reqs"]
-    acc: dict[int, np.ndarray] = {}
-    for b in rec.batches("reorders", ["pid", "step", *cols]):
-        a = detail_columns(rec, "reorders", b)
-        thr = a["threshold"]
-        for t in np.unique(thr).tolist():
-            m = thr == t
-            row = [int(m.sum()), *(int(a[c][m].sum()) for c in cols[1:])]
-            acc[t] = acc.get(t, np.zeros(6, np.int64)) + np.array(row, np.int64)
-    return [(t, *v.tolist()) for t, v in sorted(acc.items())]
-
-
-def build_histogram(rec: Any) -> list[tuple[Any, ...]]:
-    """A columnar recording's metadata builds per (builder, tag, drafter, duration bucket):
-    (builder, tag, drafter, bucket, count, total ns), as the SQLite aggregate gives them."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from probe.analysis.accumulators import bins_of
-    from probe.reader.columnar_read import detail_columns
-
-    acc: dict[tuple[Any, ...], list[int]] = {}
-    for b in rec.batches("builds", ["pid", "step", "builder", "tag", "drafter", "t0_ns", "t1_ns"]):
-        a = detail_columns(rec, "builds", b)
-        dur = a["t1_ns"] - a["t0_ns"]
-        bins = bins_of(dur)
-        names = b.column("builder")
-        if not pa.types.is_dictionary(names.type):
-            names = pc.dictionary_encode(names)
-        uniq = [*names.dictionary.to_pylist(), None]
-        nidx_np = names.indices.fill_null(len(uniq) - 1).to_numpy(zero_copy_only=False)
-        key = ((nidx_np * 8 + a["tag"]) * 2 + a["drafter"]) * NB + bins
-        ks, inv = np.unique(key, return_inverse=True)
-        n = np.bincount(inv)
-        tot = np.zeros(len(ks), np.int64)
-        np.add.at(tot, inv, dur)
-        for k, cnt, t in zip(ks.tolist(), n.tolist(), tot.tolist(), strict=True):
-            bin_, rest = k % NB, k // NB
-            drafter, rest = rest % 2, rest // 2
-            tag, ni = rest % 8, rest // 8
-            full = (uniq[ni], _TAGS[tag], drafter, bin_)
-            got = acc.setdefault(full, [0, 0])
-            got[0] += cnt
-            got[1] += t
-    # in the order SQLite's GROUP BY gives them (a missing name first), as the summary
-    # keeps them
-    order = sorted(acc, key=lambda k: (k[0] is not None, k[0] or "", k[1], k[2], k[3]))
-    return [(*k, *acc[k]) for k in order]
 
 
 _TAGS = [m.lower() for m in BuildTag.__members__]

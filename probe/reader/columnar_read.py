@@ -19,9 +19,10 @@ nothing is written beside it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from probe.reader.columnar_schema import (
     MANIFEST,
     READ_FORMAT_VERSIONS,
     TABLES,
+    detail_schema,
     is_text,
     names_of,
 )
@@ -42,6 +44,11 @@ from probe.reader.recording_rows import BAD, NULL
 from probe.reader.recording_schema import DETAIL_TABLES
 from probe.step import STEP_COLUMNS, Step
 
+#: how much memory DuckDB may take for a recording's aggregates (it spills beyond, into a
+#: private temporary folder)
+SQL_MEMORY = "256MB"
+#: the most threads DuckDB takes for them
+SQL_THREADS = 4
 #: the ``processes`` row's keys, in the SQLite table's column order
 PROCESS_KEYS: tuple[str, ...] = (
     "pid", "role", "tp_rank", "pp_rank", "dp_rank", "vllm_version", "runner", "model",
@@ -82,6 +89,8 @@ class ColumnarRecording:
     files: dict[str, Path]
     _tmp: Path | None = field(default=None, repr=False)
     _parquet: dict[str, Any] = field(default_factory=dict, repr=False)
+    _sql: Any = field(default=None, repr=False)
+    _sql_tmp: Path | None = field(default=None, repr=False)
 
     @classmethod
     def open(cls, path: str | Path) -> ColumnarRecording:
@@ -189,8 +198,8 @@ class ColumnarRecording:
         size: int = 65_536,
     ) -> Iterator[Any]:  # fmt: skip
         """The table's rows (of ``pid``) in (pid, step) order, as Arrow record batches."""
+        import numpy as np
         import pyarrow as pa
-        import pyarrow.compute as pc
 
         f = self.parquet(table)
         groups = self.row_groups(table, pid)
@@ -200,15 +209,79 @@ class ColumnarRecording:
         want = columns if columns is None or pid is None or "pid" in columns else ["pid", *columns]
         try:
             for b in f.iter_batches(
-                batch_size=size, row_groups=groups, columns=want, use_threads=True
+                batch_size=size, row_groups=groups, columns=want, use_threads=False
             ):
                 if pid is not None:
-                    b = b.filter(pc.equal(b.column("pid"), pid))
-                    if b.num_rows == 0:
+                    at = np.flatnonzero(numpy_of(b.column("pid"), null=-1) == pid)
+                    if not len(at):
                         continue
+                    if at[-1] - at[0] + 1 == len(at):  # a run, as a sorted table holds it
+                        b = b.slice(int(at[0]), len(at))
+                    else:
+                        import pyarrow.compute as pc  # a tenth of a second: only here
+
+                        b = b.filter(pc.equal(b.column("pid"), pid))
                 yield b if want is columns else b.select(columns)
         except (OSError, pa.ArrowException) as exc:
             raise RecordingError(f"{self.path}: damaged recording: {table}: {exc}") from None
+
+    def sql(self, query: str) -> list[tuple[Any, ...]]:
+        """The rows of ``query``, DuckDB SQL over the recording's tables (each a view of its
+        name; :data:`SQL_MEMORY`, :data:`SQL_THREADS`); what DuckDB raises on a damaged
+        file is a :class:`RecordingError`."""
+        import duckdb
+
+        from probe.reader.dataset import message
+
+        try:
+            if self._sql is None:
+                self._sql_tmp = Path(tempfile.mkdtemp(prefix="probe-sql-"))
+                self._sql = duckdb.connect(
+                    config={
+                        "threads": min(SQL_THREADS, os.cpu_count() or 1),
+                        "memory_limit": SQL_MEMORY,
+                        "temp_directory": str(self._sql_tmp),
+                    }
+                )
+                self._sql.execute("SET enable_progress_bar = false")  # a command prints no bar
+                for t, f in self.files.items():
+                    path = str(f.resolve()).replace("'", "''")
+                    self._sql.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{path}')")
+            rows: list[tuple[Any, ...]] = self._sql.execute(query).fetchall()
+        except duckdb.Error as exc:
+            raise RecordingError(f"{self.path}: damaged recording: {message(exc)}") from None
+        return rows
+
+    def statistics_fit(self, table: str, columns: Sequence[str]) -> bool:
+        """Whether the file's statistics show every value of ``columns`` of detail table
+        ``table`` fitting its column as :func:`detail_columns` checks it, short of what
+        statistics cannot show (a text column's names, ``t1`` before ``t0``): stored with
+        its type, never NULL, never below its minimum. False where they cannot tell."""
+        import pyarrow as pa
+
+        f = self.parquet(table)
+        want = detail_schema(table)
+        kinds = {c.name: c for t in DETAIL_TABLES if t.name == table for c in t.columns}
+        at: dict[str, tuple[int, int | None]] = {}
+        for name in columns:
+            c = kinds.get(name)
+            if c is not None and is_text(c.kind):
+                continue
+            i = f.schema_arrow.get_field_index(name)
+            if i < 0 or f.schema_arrow.field(i).type != want.field(name).type:
+                return False
+            low = 0 if c is None else c.min
+            at[name] = (i, None if pa.types.is_boolean(want.field(name).type) else low)
+        md = f.metadata
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            for i, low in at.values():
+                st = rg.column(i).statistics
+                if st is None or not st.has_null_count or st.null_count:
+                    return False
+                if low is not None and (not st.has_min_max or st.min < low):
+                    return False
+        return True
 
     def builder_names(self, pid: int | None = None) -> dict[int, dict[int, str]]:
         """Per pid, the id of each builder class name in :attr:`Step.builds`, in the order
@@ -240,7 +313,7 @@ class ColumnarRecording:
 
         out: dict[int, int] = {}
         for b in self.batches("steps", ["pid"]):
-            pids, n = np.unique(b.column(0).to_numpy(), return_counts=True)
+            pids, n = np.unique(numpy_of(b.column(0)), return_counts=True)
             for p, k in zip(pids.tolist(), n.tolist(), strict=True):
                 out[p] = out.get(p, 0) + k
         return out
@@ -251,8 +324,6 @@ class ColumnarRecording:
     def first_t0(self) -> int | None:
         """The earliest step's start (None without steps): the row groups' statistics,
         their column read only where a row group has none."""
-        import pyarrow.compute as pc
-
         f = self.parquet("steps")
         at = f.schema_arrow.get_field_index("t0_ns")
         lo = None
@@ -261,6 +332,8 @@ class ColumnarRecording:
             if st is not None and st.has_min_max:
                 m = st.min
             else:
+                import pyarrow.compute as pc  # a tenth of a second: only here
+
                 m = pc.min(f.read_row_group(i, columns=["t0_ns"]).column(0)).as_py()
             if m is not None and (lo is None or m < lo):
                 lo = m
@@ -287,6 +360,12 @@ class ColumnarRecording:
 
     def close(self) -> None:
         self._parquet.clear()
+        if self._sql is not None:
+            self._sql.close()
+            self._sql = None
+        if self._sql_tmp is not None:
+            shutil.rmtree(self._sql_tmp, ignore_errors=True)
+            self._sql_tmp = None
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
@@ -318,19 +397,62 @@ def _compact_live(p: Path, m: dict[str, Any]) -> tuple[dict[str, Any], Path]:
 # -- the steps as numpy columns -----------------------------------------------------------
 
 
+def numpy_of(col: Any, null: int | None = None) -> Any:
+    """An Arrow integer or boolean array as numpy values read from its buffers: an int64
+    array as it lies, a boolean one as bools (``to_numpy``, and ``fill_null`` with a Python
+    value, import pandas: half a second of a report's start). A NULL reads as ``null``
+    (where None, as what its slot holds)."""
+    import numpy as np
+    import pyarrow as pa
+
+    t = col.type
+    if not len(col):
+        out = np.zeros(0, bool if pa.types.is_boolean(t) else np.int64)
+    elif pa.types.is_boolean(t):
+        out = _bits(col.buffers()[1], col.offset, len(col))
+    elif pa.types.is_integer(t):
+        kind = np.dtype(f"{'u' if pa.types.is_unsigned_integer(t) else 'i'}{t.bit_width // 8}")
+        out = np.frombuffer(col.buffers()[1], kind, len(col), col.offset * kind.itemsize)
+    else:
+        return col.to_numpy(zero_copy_only=False)
+    if null is not None and col.null_count:
+        out = np.where(nulls_of(col), null, out)
+    return out
+
+
+def nulls_of(col: Any) -> Any:
+    """Per value of an Arrow array: True where it is NULL (read from its validity bitmap:
+    ``is_null`` imports Arrow's compute functions, a tenth of a second)."""
+    import numpy as np
+
+    valid = col.buffers()[0]
+    if valid is None or not col.null_count:
+        return np.zeros(len(col), bool)
+    return ~_bits(valid, col.offset, len(col))
+
+
+def _bits(buf: Any, offset: int, n: int) -> Any:
+    """``n`` bits of an Arrow bitmap from bit ``offset`` on, as bools."""
+    import numpy as np
+
+    bits = np.frombuffer(buf, np.uint8)
+    return np.unpackbits(bits, count=offset + n, bitorder="little")[offset:].view(bool)
+
+
 def text_codes(col: Any, names: tuple[str, ...]) -> Any:
     """A text column as the codes of its names (NULL -1, a name not among them -2): its
     dictionary mapped once (in Python: building an Arrow array from a list imports
-    pandas, a second of a report's start), its indices taken."""
+    pandas, half a second of a report's start), its indices taken."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if not pa.types.is_dictionary(col.type):
+        import pyarrow.compute as pc  # a tenth of a second: only here
+
         col = pc.dictionary_encode(col)
     code = {n: i for i, n in enumerate(names)}
     lut = np.array([code.get(v, BAD) for v in col.dictionary.to_pylist()] + [NULL], np.int64)
-    return lut[col.indices.fill_null(len(lut) - 1).to_numpy(zero_copy_only=False)]
+    return lut[numpy_of(col.indices, null=len(lut) - 1)]
 
 
 def iter_columnar_step_columns(
@@ -365,20 +487,19 @@ def iter_columnar_step_columns(
                     codes[ok] = values[codes[ok]]
                 cols[c.name] = codes
                 continue
-            isnull = a.is_null().to_numpy(zero_copy_only=False) if a.null_count else None
-            v = a.fill_null(0 if c.kind is bool else NULL) if a.null_count else a
-            arr = v.to_numpy(zero_copy_only=False).astype(np.int64)
+            isnull = nulls_of(a) if a.null_count else None
+            # as it lies where it is int64 already
+            arr = np.asarray(numpy_of(a, null=0 if c.kind is bool else NULL), dtype=np.int64)
             if isnull is not None:
                 if c.kind is bool or not c.nullable:
                     raise RecordingError(
                         f"{rec.path}: damaged recording: steps: {c.name} is NULL "
                         f"(pid {b.column('pid')[int(np.argmax(isnull))]})"
                     )
-                arr[isnull] = NULL
                 nulls |= isnull.astype(np.int64) << nullable.index(c)
             cols[c.name] = arr
         for n in counts:
-            cols[n] = b.column(n).to_numpy(zero_copy_only=False).astype(np.int64)
+            cols[n] = np.asarray(numpy_of(b.column(n)), dtype=np.int64)
         bad = column_checks(cols, nulls, columns)
         if bad.any():
             i = int(np.argmax(bad))
@@ -448,8 +569,8 @@ def detail_columns(rec: Any, table: str, batch: Any) -> dict[str, Any]:
     t = next(t for t in DETAIL_TABLES if t.name == table)
     kinds = {c.name: c for c in t.columns}
     out: dict[str, Any] = {}
-    pid = batch.column("pid").to_numpy(zero_copy_only=False)
-    step = batch.column("step").to_numpy(zero_copy_only=False)
+    pid = numpy_of(batch.column("pid"), null=-1)
+    step = numpy_of(batch.column("step"), null=-1)
 
     def fail(mask: Any, column: str, why: str) -> RecordingError:
         i = int(np.argmax(mask))
@@ -462,7 +583,7 @@ def detail_columns(rec: Any, table: str, batch: Any) -> dict[str, Any]:
         col = batch.column(name)
         c = kinds.get(name)
         if name in ("pid", "step"):
-            v = col.to_numpy(zero_copy_only=False)
+            v = numpy_of(col, null=-1)
             if col.null_count or (v < 0).any():
                 raise fail(v < 0, name, "is not a step key")
             out[name] = v.astype(np.int64)
@@ -476,8 +597,8 @@ def detail_columns(rec: Any, table: str, batch: Any) -> dict[str, Any]:
             out[name] = idx
         else:
             if col.null_count:
-                raise fail(col.is_null().to_numpy(zero_copy_only=False), name, "is NULL")
-            v = col.to_numpy(zero_copy_only=False).astype(np.int64)
+                raise fail(nulls_of(col), name, "is NULL")
+            v = numpy_of(col).astype(np.int64)
             if c.min is not None and not pa.types.is_boolean(col.type) and (v < c.min).any():
                 raise fail(v < c.min, name, f"is below {c.min}")
             out[name] = v

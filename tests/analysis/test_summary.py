@@ -7,6 +7,7 @@ import pickle
 import sqlite3
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -185,3 +186,107 @@ def test_group_keys_are_named_and_a_summary_pickles() -> None:
     assert list(again.groups) == list(s.groups)
     assert again.figures() == s.figures()
     assert again.merge(s).figures()["forward_steps"] == 2 * s.figures()["forward_steps"]
+
+
+def _rewrite(rec: Path, table: str, column: str, row: int, value: object, **write: Any) -> str:
+    """Table ``table`` of the columnar recording ``rec`` written again with ``column`` of
+    ``row`` set to ``value`` (``write``: pyarrow's writer options); the row's step, as an
+    error names it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(rec / f"{table}.parquet")
+    i = t.schema.get_field_index(column)
+    values = t.column(i).to_pylist()
+    if value is not _SAME:
+        values[row] = value
+    kind = t.schema.field(i).type
+    kind = kind.value_type if pa.types.is_dictionary(kind) else kind
+    t = t.set_column(i, pa.field(column, kind, nullable=True), pa.array(values, kind))
+    pq.write_table(t, rec / f"{table}.parquet", **write)
+    return f"(pid {t.column('pid')[row]}, step {t.column('step')[row]})"
+
+
+_SAME = object()
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "value", "why"),
+    [
+        ("builds", "t1_ns", 0, "t1 is before t0"),
+        ("builds", "tag", "stepp", "tag is not one of step, capture, drafting"),
+        ("builds", "drafter", None, "drafter is NULL"),
+        ("builds", "t0_ns", None, "t0_ns is NULL"),
+        ("reorders", "threshold", -2, "threshold is below -1"),
+        ("reorders", "moved", None, "moved is NULL"),
+        ("reorders", "step", -1, "step is not a step key"),
+    ],
+)
+def test_a_columnar_recordings_detail_values_are_checked(
+    tmp_path: Path, table: str, column: str, value: object, why: str
+) -> None:
+    """The builds and reorders a columnar recording's summary aggregates in SQL: a value
+    that does not fit its column is the one error naming its table, step and column."""
+    rec = copy_recording(default_recording(), tmp_path / "bad.probe")
+    where = _rewrite(rec, table, column, 7, value)
+    with pytest.raises(RecordingError) as err:
+        summarize_recording(Recording.open(rec))
+    assert f"{table} row {where}: {why}" in str(err.value)
+
+
+def test_a_columnar_recording_without_statistics_gives_the_same_summary(
+    tmp_path: Path,
+) -> None:
+    """Where a file's statistics cannot show its values fitting, they are read and
+    checked, and the summary is the same."""
+    rec = copy_recording(default_recording(), tmp_path / "plain.probe")
+    for table, column in (("builds", "tag"), ("reorders", "threshold")):
+        _rewrite(rec, table, column, 0, _SAME, write_statistics=False)
+    want = summarize_recording(Recording.open(default_recording())).figures()
+    assert summarize_recording(Recording.open(rec)).figures() == want
+
+
+def test_detail_rows_of_no_step_count_in_neither_format(tmp_path: Path) -> None:
+    """A build or reorder row whose step is not in ``steps`` belongs to no step: the
+    summaries of the columnar recording and of its SQLite copy leave it out alike."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from probe.reader.columnar_convert import convert
+
+    rec = copy_recording(default_recording(), tmp_path / "extra.probe")
+    for table in ("builds", "reorders"):
+        t = pq.read_table(rec / f"{table}.parquet")
+        extra = t.slice(0, 1).set_column(1, "step", pa.array([10**9], pa.int64()))
+        pq.write_table(pa.concat_tables([t, extra.cast(t.schema)]), rec / f"{table}.parquet")
+    db = tmp_path / "extra.probe.db"
+    convert(rec, db, to_sqlite=True)
+    want = summarize_recording(Recording.open(default_recording()))
+    for path in (rec, db):
+        got = summarize_recording(Recording.open(path))
+        assert got.reorders == want.reorders and got.thresholds == want.thresholds
+        assert list(got.builds) == list(want.builds)
+        assert all((got.builds[k] == want.builds[k]).all() for k in want.builds)
+
+
+def test_the_build_buckets_in_sql_are_the_columns_buckets() -> None:
+    """The builds' SQL (one text for SQLite and DuckDB) buckets a duration as
+    :func:`bins_of` does: in DuckDB across every bucket edge, the last bucket and 0 or
+    less; in SQLite, whose log2 can differ in the last place right at an edge, off the
+    edges."""
+    import duckdb
+
+    from probe.analysis.summary_read import build_histogram_sql
+
+    rng = np.random.default_rng(5)
+    edges = np.exp2(np.arange(1, NB) / 32).astype(np.int64)
+    spread = np.concatenate([rng.integers(-3, 1 << 40, 2000), [0, 1, 2, 1 << 50, 1 << 62]])
+    at_edges = np.concatenate([spread, edges - 1, edges, edges + 1])
+    for db, dur in ((duckdb.connect(), at_edges), (sqlite3.connect(":memory:"), spread)):
+        dur = np.unique(dur)
+        rows = [(f"b{i}", "step", 0, 10**12, 10**12 + d) for i, d in enumerate(dur.tolist())]
+        db.execute("CREATE TABLE builds (builder TEXT, tag TEXT, drafter INTEGER, "
+                   "t0_ns BIGINT, t1_ns BIGINT)")  # fmt: skip
+        db.executemany("INSERT INTO builds VALUES (?, ?, ?, ?, ?)", rows)
+        got = {r[0]: r[3] for r in db.execute(build_histogram_sql(False)).fetchall()}
+        assert got == dict(zip((r[0] for r in rows), bins_of(dur).tolist(), strict=True))

@@ -260,3 +260,39 @@ def test_a_recording_closed_while_a_reader_opens_it_is_read_closed(
     assert closed and rec.manifest["state"] == "closed"
     assert list(rec.iter_steps()) == steps[:600]
     assert not list(tmp_path.glob("probe-read-*"))
+
+
+def test_arrow_arrays_read_from_their_buffers_as_numpy_reads_them() -> None:
+    """numpy_of reads an integer or boolean array (a slice of one too) from its buffers as
+    Arrow's own conversion does, a NULL as the value asked for; nulls_of finds the NULLs
+    as Arrow's is_null does."""
+    import numpy as np
+    import pyarrow as pa
+
+    from probe.reader.columnar_read import nulls_of, numpy_of
+
+    rng = np.random.default_rng(3)
+    for kind, values in (
+        (pa.int64(), rng.integers(-(2**62), 2**62, 300)),
+        (pa.int32(), rng.integers(-1000, 1000, 300)),
+        (pa.bool_(), rng.integers(0, 2, 300).astype(bool)),
+    ):
+        whole = pa.array(values, kind)
+        for a in (whole, whole.slice(3), whole.slice(13, 101), whole.slice(300)):
+            assert numpy_of(a).tolist() == a.to_numpy(zero_copy_only=False).tolist()
+        gaps = pa.array([None if i % 7 == 0 else v for i, v in enumerate(values.tolist())], kind)
+        for a in (gaps, gaps.slice(5, 77)):
+            want = [-1 if v is None else int(v) for v in a.to_pylist()]
+            assert np.asarray(numpy_of(a, null=-1), np.int64).tolist() == want
+            assert nulls_of(a).tolist() == a.is_null().to_pylist()
+        assert not nulls_of(whole.slice(2, 9)).any()
+
+
+def test_a_recordings_sql_prints_no_progress_bar() -> None:
+    """DuckDB draws a progress bar on a long query; a command's SQL over a recording turns
+    it off (``report --json`` writes nothing but its JSON)."""
+    rec = ColumnarRecording.open(ROOT / "probe" / "data" / "default.probe")
+    try:
+        assert rec.sql("SELECT current_setting('enable_progress_bar')") == [(False,)]
+    finally:
+        rec.close()
