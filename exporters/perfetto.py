@@ -568,7 +568,7 @@ def recording_tracks(
 
     The recording is read as column batches, a table at a time, every value checked
     (:func:`probe.reader.recording_columns.iter_step_columns`,
-    :func:`probe.reader.columnar_read.detail_columns`); each kind of slice has its rank,
+    :func:`probe.reader.columnar_columns.detail_columns`); each kind of slice has its rank,
     so the trace is the one a pass over the steps (:meth:`Recording.iter_steps`) adding
     each step's slices in turn gives.
     """

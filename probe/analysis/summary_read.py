@@ -114,7 +114,7 @@ def _checked_sql(
     values of ``columns`` checked: where the file's statistics cannot show them fitting
     (:meth:`~probe.reader.columnar_read.ColumnarRecording.statistics_fit`), the rows are
     ``suspect`` or DuckDB cannot read them, the table is read and checked
-    (:func:`probe.reader.columnar_read.detail_columns` raises the error naming the first
+    (:func:`probe.reader.columnar_columns.detail_columns` raises the error naming the first
     value that does not fit)."""
     from probe.reader.columnar_read import detail_columns
     from probe.reader.recording_open import RecordingError

@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from probe.reader.columnar_schema import TABLES
-from probe.reader.recording_open import RecordingError
+from probe.reader.recording_open import RecordingError, first_line
 
 #: the tables of a recording, each a view of the same name
 TABLE_VIEWS: tuple[str, ...] = (*TABLES, "processes")
@@ -159,7 +159,7 @@ class Dataset:
             try:
                 self._views()
             except duckdb.Error as exc:
-                raise RecordingError(f"damaged recording in the set: {message(exc)}") from None
+                raise RecordingError(f"damaged recording in the set: {first_line(exc)}") from None
         except BaseException:
             self.close()
             raise
@@ -255,12 +255,6 @@ class Dataset:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def message(exc: BaseException) -> str:
-    """A DuckDB error in one line: its first (the lines after it point into the query)."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 def _quote(text: str) -> str:

@@ -528,7 +528,7 @@ class Recording:
         :func:`~probe.reader.columnar_schema.detail_schema`): what
         :meth:`ColumnarRecording.batches <probe.reader.columnar_read.ColumnarRecording.batches>`
         gives, so a column pass reads either format. Values are as stored: check them as
-        that method's callers do (:func:`probe.reader.columnar_read.detail_columns`)."""
+        that method's callers do (:func:`probe.reader.columnar_columns.detail_columns`)."""
         import pyarrow as pa
 
         from probe.reader.columnar_schema import detail_schema, step_schema

@@ -3,9 +3,9 @@ checked columns (the per-step API for users, tests and the consumers that walk s
 by one), for every recording kind that gives :meth:`batches` (a columnar recording, an SQLite
 one, several read as one).
 
-Every value is checked vectorised first (:func:`probe.reader.columnar_read.detail_columns`,
+Every value is checked vectorised first (:func:`probe.reader.columnar_columns.detail_columns`,
 :func:`probe.reader.recording_rows.column_checks` through
-:func:`probe.reader.columnar_read.iter_columnar_step_columns`); a batch that fails is read
+:func:`probe.reader.columnar_columns.iter_columnar_step_columns`); a batch that fails is read
 again by the row decoder (:mod:`probe.reader.recording_rows`), so the error names the table,
 the step, the column and the value exactly as :meth:`Recording.iter_steps` always has.
 Detail rows of a step not in ``steps`` belong to no step. Memory: a batch of each table.
@@ -72,7 +72,7 @@ class _Details:
         self.has_flags = "flags" in names
 
     def _more(self) -> bool:
-        from probe.reader.columnar_read import detail_columns
+        from probe.reader.columnar_columns import detail_columns
 
         b = next(self.it, None)
         if b is None:
@@ -173,7 +173,7 @@ def _step_kwargs(b: Any, checked: Mapping[str, Any]) -> list[dict[str, Any]]:
 def steps_of_batches(rec: Any, pid: int | None = None) -> Iterator[Step]:
     """Every step of ``rec`` (of ``pid``, or all), in (pid, step) order, with its detail
     records, from ``rec.batches``; every value checked (module docstring)."""
-    from probe.reader.columnar_read import iter_columnar_step_columns
+    from probe.reader.columnar_columns import iter_columnar_step_columns
 
     names = rec.builder_names(pid)
     ids = {p: {n: i for i, n in m.items()} for p, m in names.items()}

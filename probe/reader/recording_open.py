@@ -16,6 +16,13 @@ class RecordingError(ValueError):
     """A recording cannot be read; the message names the file and the problem."""
 
 
+def first_line(exc: BaseException) -> str:
+    """An error (DuckDB's) in one line: its first (the lines after it point into the
+    query)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
 def damaged_error(p: Path, exc: BaseException) -> RecordingError:
     return RecordingError(f"{p}: damaged or truncated recording ({sqlite_message(exc)})")
 

@@ -31,8 +31,9 @@ TABLE_ROWS = 1000
 def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
 
-    from probe.reader.dataset import message, open_dataset
+    from probe.reader.dataset import open_dataset
     from probe.reader.recording import RecordingError, default_recording
+    from probe.reader.recording_open import first_line
 
     names = list(args.recording)
     if args.explain_views:
@@ -49,9 +50,9 @@ def cmd_query(args: argparse.Namespace) -> int:
                 cols = [str(d[0]) for d in result.description or []]
                 rows = result.fetchall() if cols else []
             except (duckdb.IOException, duckdb.OutOfMemoryException) as exc:
-                raise RuntimeFailure(f"query: {message(exc)}") from None
+                raise RuntimeFailure(f"query: {first_line(exc)}") from None
             except duckdb.Error as exc:
-                raise UsageError(f"query: {message(exc)}") from None
+                raise UsageError(f"query: {first_line(exc)}") from None
     except RecordingError as exc:
         raise UsageError(str(exc)) from None
     if not cols:
