@@ -200,15 +200,17 @@ class ColumnarRecording:
         groups = self.row_groups(table, pid)
         if not groups:
             return
+        # one process's rows are told apart by their pid, read even where not asked for
+        want = columns if columns is None or pid is None or "pid" in columns else ["pid", *columns]
         try:
             for b in f.iter_batches(
-                batch_size=size, row_groups=groups, columns=columns, use_threads=True
+                batch_size=size, row_groups=groups, columns=want, use_threads=True
             ):
                 if pid is not None:
                     b = b.filter(pc.equal(b.column("pid"), pid))
                     if b.num_rows == 0:
                         continue
-                yield b
+                yield b if want is columns else b.select(columns)
         except (OSError, pa.ArrowException) as exc:
             raise RecordingError(f"{self.path}: damaged recording: {table}: {exc}") from None
 
