@@ -19,9 +19,11 @@ The columns are the recording's (``docs/recording-schema.md``): INTEGER as ``int
 as ``string``, enum members their lower-case names, flags and booleans 0/1, NULL where the
 recording has NULL. Each field's metadata carries ``unit`` (``ns`` for times and
 durations, ``0/1`` for flags, ``count`` for counts) and, for an enum, ``values``; the file
-metadata carries the recording's schema version and ``meta``. Steps are read through the
-recording's validating reader a chunk at a time and written a row group per chunk: memory
-holds one chunk. Needs ``pyarrow`` (``pip install 'vllm-graph-probe[parquet]'``).
+metadata carries the recording's schema version and ``meta``. Each table is read as
+column batches (:meth:`Recording.batches <probe.reader.recording.Recording.batches>`), every
+value checked as :meth:`~probe.reader.recording.Recording.iter_steps` checks it, and written
+a row group per batch: memory holds one batch, whatever the recording's length. Needs
+``pyarrow`` (``pip install 'vllm-graph-probe[parquet]'``).
 """
 
 from __future__ import annotations
@@ -36,21 +38,30 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from probe.progress import SILENT, Progress
+from probe.reader.columnar_schema import is_text, names_of
 from probe.reader.output import path_for
 from probe.reader.recording import Recording
+from probe.reader.recording_columns import (
+    check_detail_tables,
+    iter_detail_columns,
+    iter_step_columns,
+    null_mask,
+)
+from probe.reader.recording_rows import NULL
 from probe.reader.recording_schema import DETAIL_TABLES, SCHEMA_VERSION
-from probe.reader.recording_set import RecordingSet, encoded_rows, iter_step_chunks
+from probe.reader.recording_set import RecordingSet
 from probe.records import Flag
 from probe.step import STEP_COLUMNS
 
 __all__ = ["PROCESS_COLUMNS", "TABLES", "schema", "write"]
 
-CHUNK_STEPS = 2048
-"""Steps per row group (and what memory holds at once)."""
+BATCH_ROWS = 65_536
+"""Rows per row group (and what memory holds of a table at once)."""
 
 PROCESS_COLUMNS: tuple[tuple[str, Any], ...] = (
     ("pid", pa.int64()),
@@ -139,11 +150,54 @@ def _where(rec: Recording) -> tuple[str, str, dict[bytes, bytes]]:
     return f"host={host}/date={day}", f"{_partition(stem)}-{ident}.parquet", file_meta
 
 
-def _batch(table: str, rows: list[list[Any]], sch: pa.Schema) -> pa.RecordBatch:
+def _batch(rows: list[list[Any]], sch: pa.Schema) -> pa.RecordBatch:
     cols = list(zip(*rows, strict=True)) if rows else [() for _ in sch]
     return pa.RecordBatch.from_arrays(
         [pa.array(list(c), type=f.type) for c, f in zip(cols, sch, strict=True)], schema=sch
     )
+
+
+def _names(kind: Any, codes: Any, names: tuple[str, ...]) -> pa.Array:
+    """A text column from its codes in :func:`iter_step_columns` (an enum its member's
+    value, a ``choices`` column its index; NULL -1)."""
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        values = np.array([int(m.value) for m in kind.__members__.values()])
+    else:
+        values = np.arange(len(names))
+    at = np.zeros(int(values.max()) + 1, np.int32)
+    at[values] = np.arange(len(values))
+    nulls = codes == NULL
+    indices = pa.array(at[np.where(nulls, values[0], codes)], mask=nulls if nulls.any() else None)
+    return pa.DictionaryArray.from_arrays(indices, pa.array(names)).cast(pa.string())
+
+
+def _step_batch(cols: dict[str, Any], sch: pa.Schema) -> pa.RecordBatch:
+    """A chunk of :func:`iter_step_columns` (checked) as the ``steps`` table's rows."""
+    arrays = []
+    for c in STEP_COLUMNS:
+        v = cols[c.name]
+        if is_text(c.kind):
+            arrays.append(_names(c.kind, v, names_of(c)))
+        else:
+            nulls = null_mask(cols, c.name)
+            arrays.append(pa.array(v, pa.int64(), mask=nulls if nulls.any() else None))
+    return pa.RecordBatch.from_arrays(arrays, schema=sch)
+
+
+def _detail_batch(batch: pa.RecordBatch, sch: pa.Schema) -> pa.RecordBatch:
+    """A detail table's batch (checked) as its Parquet rows: text plain, flags and booleans
+    0/1, a build whose builder's name was lost ``?``."""
+    arrays = []
+    for f in sch:
+        a = batch.column(f.name)
+        if pa.types.is_dictionary(a.type):
+            a = a.cast(pa.string())
+        if a.type != f.type:
+            a = a.cast(f.type)
+        if not f.nullable and a.null_count:
+            a = a.fill_null("?")
+        arrays.append(a)
+    return pa.RecordBatch.from_arrays(arrays, schema=sch)
 
 
 def _recordings(rec: Recording | RecordingSet) -> Iterator[Recording]:
@@ -167,7 +221,7 @@ def write(
     if root.exists() and not root.is_dir():
         raise ValueError(f"{root}: not a folder")
     recs = list(_recordings(recording))
-    progress.stage("writing parquet", sum(sum(r.step_counts().values()) for r in recs), "steps")
+    progress.stage("writing parquet", sum(r.record_count() for r in recs), "records")
     plan = []
     for r in recs:
         part, name, file_meta = _where(r)
@@ -200,17 +254,19 @@ def _write_one(
             ]
             for p in rec.processes()
         ]
-        w.write_batch(_batch("processes", rows, schemas["processes"]))
+        w.write_batch(_batch(rows, schemas["processes"]))
         n += len(rows)
-    names = rec.builder_names()
-    step_tables = [t for t in TABLES if t != "processes"]
-    with _Writers({t: paths[t] for t in step_tables}, schemas) as writers:
-        for chunk in iter_step_chunks(rec, CHUNK_STEPS):
-            for t, rows in encoded_rows(chunk, names).items():
-                if rows:
-                    writers[t].write_batch(_batch(t, rows, schemas[t]))
-                    n += len(rows)
-            progress.advance(len(chunk))
+    check_detail_tables(rec)
+    with _Writers({t: paths[t] for t in TABLES if t != "processes"}, schemas) as writers:
+        for cols in iter_step_columns(rec, chunk=BATCH_ROWS):
+            writers["steps"].write_batch(_step_batch(cols, schemas["steps"]))
+            n += len(cols["pid"])
+            progress.advance(len(cols["pid"]))
+        for t in DETAIL_TABLES:
+            for b, _ in iter_detail_columns(rec, t.name, size=BATCH_ROWS):
+                writers[t.name].write_batch(_detail_batch(b, schemas[t.name]))
+                n += b.num_rows
+                progress.advance(b.num_rows)
     return n
 
 

@@ -6,9 +6,7 @@ rocprofv3 database of the same run when one is given, so ROCm's own tools put bo
 timeline::
 
     from exporters.rocprof_sidecar import write_sidecar
-    from probe.progress import SILENT, Progress, counted
-from probe.reader.recording import Recording
-from probe.step import Step
+    from probe.reader.recording import Recording
 
     write_sidecar(Recording.open("run.probe.db"), "probe_results.db",
                   rocprof_db="1234_results.db")   # schema and node taken from it
@@ -25,27 +23,38 @@ steps.
 
 from __future__ import annotations
 
+import enum
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from exporters.perfetto import Spool, drafter_prefix, phase_name, step_name
 from exporters.timelines.model import ProfileError
 from exporters.timelines.rocpd import rocpd_origin
 from exporters.timelines.rocpd_schema import DEFAULT_VERSION, FALLBACK_VERSIONS, layout_of
 from exporters.timelines.rocpd_writer import create_rocpd_db, write_rocpd_regions
 from probe.progress import SILENT, Progress, counted
 from probe.reader.recording import Recording
-from probe.step import Step
+from probe.reader.recording_columns import (
+    check_detail_tables,
+    iter_detail_columns,
+    iter_step_columns,
+)
+from probe.reader.recording_rows import NULL
+from probe.reader.recording_set import RecordingSet
+from probe.records import BuildTag, Mode, Phase, Reason, ReplayKind
 
 __all__ = [
+    "BATCH_ROWS",
     "DEFAULT_VERSION",
     "SidecarSpan",
     "detect_rocpd_layout",
     "sidecar_spans",
     "write_sidecar",
 ]
+
+BATCH_ROWS = 65_536
+"""Rows of a table read at once (what memory holds of it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,72 +96,109 @@ def detect_rocpd_layout(path: str | os.PathLike[str]) -> RocpdOrigin:
     return RocpdOrigin(layout, version, machine_id, hostname)
 
 
-def sidecar_spans(recording: Recording, progress: Progress = SILENT) -> Iterator[SidecarSpan]:
+def sidecar_spans(
+    recording: Recording | RecordingSet, progress: Progress = SILENT, size: int | None = None
+) -> Iterator[SidecarSpan]:
     """The regions :func:`write_sidecar` writes: the steps, then their phase spans,
     dispatches, replays, builds and reorders (each in step order); ``progress`` counts
-    them (one region a record)."""
+    them (one region a record). Each table is read as column batches of ``size`` rows
+    (:data:`BATCH_ROWS`), every value checked as :meth:`Recording.iter_steps` checks it:
+    memory holds a batch, whatever the recording's length."""
     progress.stage("writing regions", recording.record_count(), "records")
-    yield from counted(_regions(recording.iter_steps(), recording.builder_names()), progress)
+    for r in getattr(recording, "recordings", [recording]):
+        check_detail_tables(r)
+    yield from counted(_regions(recording, size or BATCH_ROWS), progress)
 
 
-def _regions(steps: Iterable[Step], names: dict[int, dict[int, str]]) -> Iterator[SidecarSpan]:
-    """The steps as they are read, each detail record kept in its kind's spool (memory
-    to a bound, then a temporary file); then each kind's records in step order."""
-    later = [Spool(_SPOOL_AT) for _ in range(5)]
-    for s in steps:
-        yield SidecarSpan(step_name(s), s.t0, s.t1, s.pid, s.pid, "PROBE_MARKER_STEP")
-        for spool, attr in zip(later, _KINDS, strict=True):
-            for x in getattr(s, attr):
-                spool.append((s.step, s.pid, x))
-
-    def build_name(s: Any, b: Any) -> str:
-        return f"{names.get(s.pid, {}).get(b.builder_id, '?')} ({b.tag.name.lower()})"
-
-    kinds: tuple[tuple[str, Callable[[Any, Any], str], str], ...] = (
-        ("spans", lambda s, sp: phase_name(sp), "PHASE"),
-        (
-            "dispatches",
-            lambda s, d: (
-                f"{drafter_prefix(d)}dispatch {d.mode.name} {d.reason.name.lower()} step {s.step}"
-            ),
-            "DISPATCH",
-        ),
-        (
-            "replays",
-            lambda s, r: f"{drafter_prefix(r)}{r.kind.name.lower()} {r.mode.name} step {s.step}",
-            "REPLAY",
-        ),
-        ("builds", build_name, "BUILD"),
-        (
-            "reorders",
-            lambda s, o: (
-                f"reorder {'changed' if o.changed else 'unchanged'} moved {o.moved} step {s.step}"
-            ),
-            "REORDER",
-        ),
-    )
-    # each kind in step order, one kind after another
-    for spool, (_, name, marker) in zip(later, kinds, strict=True):
-        for step, pid, x in spool:
-            ref = _StepRef(step, pid)
-            yield SidecarSpan(name(ref, x), x.t0, x.t1, pid, pid, f"PROBE_MARKER_{marker}")
+_MODES = tuple(m.name for m in Mode)  # a step's and a record's mode, as its region names it
+_KINDS: tuple[tuple[str, str], ...] = (
+    ("spans", "PHASE"),
+    ("dispatches", "DISPATCH"),
+    ("replays", "REPLAY"),
+    ("builds", "BUILD"),
+    ("reorders", "REORDER"),
+)
 
 
-_KINDS = ("spans", "dispatches", "replays", "builds", "reorders")
-_SPOOL_AT = 1 << 14
-"""Detail records held per kind before they go to the spool's temporary file."""
+def _regions(rec: Recording | RecordingSet, size: int) -> Iterator[SidecarSpan]:
+    """The steps, then each detail kind's records, in step order."""
+    for cols in iter_step_columns(rec, chunk=size, only=("mode", "reason")):
+        for pid, step, t0, t1, name in zip(
+            cols["pid"].tolist(), cols["step"].tolist(), cols["t0_ns"].tolist(),
+            cols["t1_ns"].tolist(), _step_modes(cols), strict=True,
+        ):  # fmt: skip
+            yield SidecarSpan(f"step {step}{name}", t0, t1, pid, pid, "PROBE_MARKER_STEP")
+    for table, marker in _KINDS:
+        category = f"PROBE_MARKER_{marker}"
+        for b, cols in iter_detail_columns(rec, table, _NAMED_BY[table], size=size):
+            for pid, t0, t1, name in zip(
+                cols["pid"].tolist(), cols["t0_ns"].tolist(), cols["t1_ns"].tolist(),
+                _record_names(table, b, cols), strict=True,
+            ):  # fmt: skip
+                yield SidecarSpan(name, t0, t1, pid, pid, category)
 
 
-@dataclass(frozen=True, slots=True)
-class _StepRef:
-    """What a region's name needs of its step."""
+def _step_modes(cols: dict[str, Any]) -> list[str]:
+    """Per step, what follows ``step N`` in its name (:func:`exporters.perfetto.step_name`):
+    `` FULL hit``; `` PIECEWISE`` without a reason; nothing when it ran no forward."""
+    modes = {int(m): f" {m.name}" for m in Mode}
+    reasons = {int(r): f" {r.name.lower()}" for r in Reason}
+    return [
+        "" if m == NULL else modes[m] + ("" if r == NULL else reasons[r])
+        for m, r in zip(cols["mode"].tolist(), cols["reason"].tolist(), strict=True)
+    ]
 
-    step: int
-    pid: int
+
+#: the columns a detail kind's region names read (with pid, step and its times)
+_NAMED_BY: dict[str, list[str]] = {
+    "spans": ["phase", "drafter", "t0_ns", "t1_ns"],
+    "dispatches": ["drafter", "mode", "reason", "t0_ns", "t1_ns"],
+    "replays": ["drafter", "kind", "mode", "t0_ns", "t1_ns"],
+    "builds": ["builder", "tag", "t0_ns", "t1_ns"],
+    "reorders": ["changed", "moved", "t0_ns", "t1_ns"],
+}
+
+
+def _record_names(table: str, batch: Any, cols: dict[str, Any]) -> list[str]:
+    """Each record's region name, as the Perfetto timeline names its slice
+    (:func:`exporters.perfetto.phase_name`, :func:`~exporters.perfetto.drafter_prefix`)."""
+    step = cols["step"].tolist()
+    if table == "builds":
+        builders = ["?" if n is None else n for n in batch.column("builder").to_pylist()]
+        tags = _lower(BuildTag, cols["tag"])
+        return [f"{n} ({t})" for n, t in zip(builders, tags, strict=True)]
+    if table == "reorders":
+        return [
+            f"reorder {'changed' if c else 'unchanged'} moved {m} step {s}"
+            for c, m, s in zip(cols["changed"].tolist(), cols["moved"].tolist(), step, strict=True)
+        ]
+    drafter = cols["drafter"].tolist()
+    if table == "spans":
+        return [
+            p + (" (drafter)" if d else "")
+            for p, d in zip(_lower(Phase, cols["phase"]), drafter, strict=True)
+        ]
+    modes = [_MODES[m] for m in cols["mode"].tolist()]
+    if table == "dispatches":
+        return [
+            f"{'drafter ' if d else ''}dispatch {m} {r} step {s}"
+            for d, m, r, s in zip(drafter, modes, _lower(Reason, cols["reason"]), step, strict=True)
+        ]
+    return [
+        f"{'drafter ' if d else ''}{k} {m} step {s}"
+        for d, k, m, s in zip(drafter, _lower(ReplayKind, cols["kind"]), modes, step, strict=True)
+    ]
+
+
+def _lower(kind: type[enum.Enum], index: Any) -> list[str]:
+    """An enum column of :func:`detail_columns` (each row its member's index) as the
+    members' lower-case names."""
+    names = [m.lower() for m in kind.__members__]
+    return [names[i] for i in index.tolist()]
 
 
 def write_sidecar(
-    recording: Recording,
+    recording: Recording | RecordingSet,
     path: str | os.PathLike[str],
     version: str | None = None,
     *,

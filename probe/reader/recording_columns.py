@@ -228,3 +228,90 @@ def check_detail_tables(rec: Recording | ColumnarRecording) -> None:
             raise RecordingError(f"{rec.path}: damaged recording: {t.name}: a value does not fit")
     except SQLITE_DAMAGED as exc:
         raise damaged_error(rec.path, exc) from None
+
+
+def iter_detail_columns(
+    rec: Any,
+    table: str,
+    columns: Sequence[str] | None = None,
+    pid: int | None = None,
+    size: int = STEP_CHUNK_ROWS,
+) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """Detail table ``table``'s rows that belong to a step (of ``pid``, or all), in (pid,
+    step) order, at most ``size`` at a time: each Arrow batch (of ``columns``, with ``pid``
+    and ``step``; all without) and its columns checked by
+    :func:`probe.reader.columnar_read.detail_columns`, on every recording kind.
+
+    As :meth:`Recording.iter_steps`, rows of a step that is not in ``steps`` are left out:
+    the ``steps`` table's keys are read beside the rows, a batch at a time (memory is a
+    batch of each, whatever the recording's length). A flag of an SQLite file reads as
+    any non-zero number: :func:`check_detail_tables` checks those values first.
+    """
+    from probe.reader.columnar_read import detail_columns
+
+    want = None
+    if columns is not None:
+        want = ["pid", "step", *(c for c in columns if c not in ("pid", "step"))]
+    keys = _StepKeys(rec.batches("steps", ["pid", "step"], pid, size))
+    for b in rec.batches(table, want, pid, size):
+        keep = keys.belong(_keys_of(b, "pid"), _keys_of(b, "step"))
+        if not keep.all():
+            if not keep.any():
+                continue
+            b = b.filter(keep)
+        yield b, detail_columns(rec, table, b)
+
+
+def _keys_of(batch: Any, name: str) -> Any:
+    """A key column of a batch as int64 numpy (a NULL -1: no step has it)."""
+    import numpy as np
+
+    col = batch.column(name)
+    if col.null_count:
+        col = col.fill_null(-1)
+    return col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+class _StepKeys:
+    """The ``steps`` table's (pid, step) keys, read a batch at a time as rows of another
+    table in the same order ask for them: which of those rows belong to a step."""
+
+    def __init__(self, batches: Iterator[Any]) -> None:
+        import numpy as np
+
+        self._batches = batches
+        self._pid = self._step = np.empty(0, np.int64)
+
+    def _next(self) -> bool:
+        for b in self._batches:
+            if b.num_rows:
+                self._pid, self._step = _keys_of(b, "pid"), _keys_of(b, "step")
+                return True
+        return False
+
+    def belong(self, pid: Any, step: Any) -> Any:
+        """Per row of sorted (``pid``, ``step``) keys following the previous call's: True
+        where ``steps`` holds its key."""
+        import numpy as np
+
+        out = np.zeros(len(pid), dtype=bool)
+        i = 0
+        while i < len(pid):
+            # the keys held end before row i: the next batch of them
+            while not self._pid.size or (self._pid[-1], self._step[-1]) < (pid[i], step[i]):
+                if not self._next():
+                    return out
+            last_pid, last_step = self._pid[-1], self._step[-1]
+            lo = i + int(np.searchsorted(pid[i:], last_pid, "left"))
+            hi = i + int(np.searchsorted(pid[i:], last_pid, "right"))
+            j = lo + int(np.searchsorted(step[lo:hi], last_step, "right"))  # rows up to there
+            for p in np.unique(pid[i:j]).tolist():
+                a = i + int(np.searchsorted(pid[i:j], p, "left"))
+                b = i + int(np.searchsorted(pid[i:j], p, "right"))
+                ka, kb = (
+                    np.searchsorted(self._pid, p, "left"),
+                    np.searchsorted(self._pid, p, "right"),
+                )
+                out[a:b] = np.isin(step[a:b], self._step[ka:kb])
+            i = j
+        return out

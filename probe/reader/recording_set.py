@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from probe.reader.recording import DETAIL_ROWS, STEP_ROW, Recording, no_names
+from probe.reader.recording import Recording
 from probe.reader.recording_open import (
     RecordingError,
 )
@@ -32,27 +32,6 @@ def iter_step_chunks(
             chunk = []
     if chunk:
         yield chunk
-
-
-def encoded_rows(
-    steps: Iterable[Step], builder_names: Mapping[int, Mapping[int, str]]
-) -> dict[str, list[list[Any]]]:
-    """``steps`` as the rows of the recording's tables hold them: ``steps`` (its columns)
-    and each detail table (``pid``, ``step``, then its columns), encoded as the writer
-    encodes them (enum members their lower-case names, flags and booleans 0/1).
-    ``builder_names``: per pid, a build's builder id -> class name
-    (:meth:`Recording.builder_names`)."""
-    steps = list(steps)
-    out: dict[str, list[list[Any]]] = {"steps": [STEP_ROW(s, no_names) for s in steps]}
-    for t, encode in DETAIL_ROWS:
-        rows: list[list[Any]] = []
-        for s in steps:
-            recs = getattr(s, t.step_field)
-            if recs:
-                names = builder_names.get(s.pid, {}).get
-                rows += [[s.pid, s.step, *encode(r, names)] for r in recs]
-        out[t.name] = rows
-    return out
 
 
 def expand_paths(names: Iterable[str | Path]) -> list[Path]:

@@ -183,7 +183,7 @@ def test_openmetrics_in_bounded_memory_is_the_timelines_text(
 def test_rocpd_in_bounded_memory_is_the_same_database(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Detail records spooled every 40 and string ids moved to the scratch database every
+    """Tables read 40 rows at a time and string ids moved to the scratch database every
     30: the side-car's rows are those written with everything held."""
     import exporters.rocprof_sidecar as sidecar
     import exporters.timelines.rocpd_writer as rw
@@ -198,7 +198,7 @@ def test_rocpd_in_bounded_memory_is_the_same_database(
 
     whole = tmp_path / "whole.db"
     write_sidecar(Recording.open(TP2), whole)
-    monkeypatch.setattr(sidecar, "_SPOOL_AT", 40)
+    monkeypatch.setattr(sidecar, "BATCH_ROWS", 40)
     monkeypatch.setattr(rw, "_STRINGS_HELD", 30)
     small = tmp_path / "small.db"
     write_sidecar(Recording.open(TP2), small)

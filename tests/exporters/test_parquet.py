@@ -9,10 +9,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from recordings import copy_recording, raw_rows
+from recordings import committed, copy_recording, raw_rows, sqlite_of
 
 from probe.cli.main import main
-from probe.reader.recording import Recording, RecordingWriter, default_recording
+from probe.reader.recording import (
+    Recording,
+    RecordingWriter,
+    default_recording,
+    record_fields,
+    step_fields,
+)
+from probe.reader.recording_schema import DETAIL_TABLES
 from probe.reader.recording_set import open_many
 from probe.records import Mode, Reason
 from probe.step import STEP_COLUMNS
@@ -172,3 +179,39 @@ def test_missing_pyarrow_names_the_extra(
     assert len(err.splitlines()) == 1
     assert "needs the 'parquet' extra" in err and "vllm-graph-probe[parquet]" in err
     assert not (tmp_path / "o").exists()
+
+
+def _tables(out: Path) -> dict[str, list[dict[str, object]]]:
+    """Each table's rows of an export of one recording (its one file per table)."""
+    from exporters.parquet import TABLES
+
+    got = {}
+    for t in TABLES:
+        [f] = (out / t).rglob("*.parquet")
+        got[t] = pq.read_table(f).to_pylist()
+    return got
+
+
+@pytest.mark.parametrize("path", committed())
+@pytest.mark.parametrize("fmt", ["columnar", "sqlite"])
+def test_every_table_holds_the_rows_of_the_steps(tmp_path: Path, path: str, fmt: str) -> None:
+    """The tables read as columns hold what :meth:`Recording.iter_steps` gives, each value
+    as the recording's row holds it (``step_fields``, ``record_fields``), in step order."""
+    from exporters.parquet import schema, write
+
+    rec = Recording.open(path if fmt == "columnar" else sqlite_of(path))
+    assert write(rec, tmp_path / "pq") == rec.record_count() + len(rec.processes())
+    got = _tables(tmp_path / "pq")
+    steps = list(rec.iter_steps())
+    assert got["steps"] == [step_fields(s) for s in steps]
+    names = rec.builder_names()
+    for t in DETAIL_TABLES:
+        want = [
+            {"pid": s.pid, "step": s.step, **record_fields(r, names[s.pid].get)}
+            for s in steps
+            for r in getattr(s, t.step_field)
+        ]
+        assert got[t.name] == want, t.name
+    for name in got:
+        [f] = (tmp_path / "pq" / name).rglob("*.parquet")
+        assert pq.read_schema(f).remove_metadata().equals(schema(name), check_metadata=True)

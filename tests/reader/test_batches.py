@@ -137,3 +137,96 @@ def test_a_damaged_columnar_value_is_named_as_the_row_decoder_names_it(tmp_path:
     why = r"spans row \(pid \d+, step \d+\): t1 is \d+, before t0"
     with pytest.raises(RecordingError, match=why):
         list(Recording.open(dst).iter_steps())
+
+
+def test_one_process_of_a_columnar_file_reads_without_its_pid_column() -> None:
+    rec = Recording.open(RECS[0])
+    pid = sorted(rec.step_counts())[-1]
+    got = [b for b in rec.batches("steps", ["step"], pid)]
+    assert got and all(b.schema.names == ["step"] for b in got)
+    steps = [s for b in got for s in b.column(0).to_pylist()]
+    assert steps == [s.step for s in rec.iter_steps(pid)]
+
+
+def test_a_set_of_columnar_files_reads_as_checked_step_columns() -> None:
+    import numpy as np
+
+    from probe.reader.recording_columns import iter_step_columns
+
+    rs = RecordingSet([Recording.open(p) for p in RECS[:2]])
+    got = np.concatenate([c["step"] for c in iter_step_columns(rs, chunk=97)])
+    assert got.tolist() == [s.step for s in rs.iter_steps()]
+
+
+@pytest.mark.parametrize("path", RECS)
+@pytest.mark.parametrize("fmt", ["columnar", "sqlite"])
+def test_detail_columns_are_the_rows_of_iter_steps(path: str, fmt: str) -> None:
+    """Each detail table's checked columns (a batch of 97 rows at a time, beside the step
+    keys read a batch at a time) are the records of the steps, in their order."""
+    from probe.reader.recording import record_fields
+    from probe.reader.recording_columns import iter_detail_columns
+    from probe.reader.recording_schema import DETAIL_TABLES
+
+    rec = Recording.open(path if fmt == "columnar" else sqlite_of(path))
+    names = rec.builder_names()
+    for t in DETAIL_TABLES:
+        want = [
+            {"pid": s.pid, "step": s.step, **record_fields(r, names.get(s.pid, {}).get)}
+            for s in rec.iter_steps()
+            for r in getattr(s, t.step_field)
+        ]
+        got = []
+        for b, cols in iter_detail_columns(rec, t.name, size=97):
+            assert b.num_rows == len(cols["pid"]) <= 97
+            got += pa.Table.from_batches([b]).cast(_plain(b.schema)).to_pylist()
+        for row in got:  # as the SQLite rows hold them: flags 0/1, a lost builder's name ?
+            row.update({k: int(v) for k, v in row.items() if isinstance(v, bool)})
+            if t.name == "builds" and row["builder"] is None:
+                row["builder"] = "?"
+        assert got == want, t.name
+
+
+def _plain(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with text as plain text (a columnar file's dictionaries)."""
+    plain = [f.type.value_type if pa.types.is_dictionary(f.type) else f.type for f in schema]
+    return pa.schema([pa.field(f.name, t) for f, t in zip(schema, plain, strict=True)])
+
+
+def test_detail_rows_of_a_step_not_in_steps_are_left_out(tmp_path: Path) -> None:
+    import sqlite3
+
+    from probe.reader.recording_columns import iter_detail_columns
+
+    dst = tmp_path / "orphans.probe.db"
+    copy_recording(sqlite_of(RECS[0]), dst)
+    db = sqlite3.connect(dst)
+    pids = [r[0] for r in db.execute("SELECT DISTINCT pid FROM steps ORDER BY pid")]
+    last = db.execute("SELECT max(step) FROM steps").fetchone()[0]
+    gap = db.execute(
+        "SELECT a.step + 1 FROM steps AS a WHERE NOT EXISTS (SELECT 1 FROM steps AS b "
+        "WHERE b.pid = a.pid AND b.step = a.step + 1) ORDER BY a.pid, a.step LIMIT 1"
+    ).fetchone()[0]
+    # spans of no step: before the first, after a process's last, past the end
+    for pid, step in ((pids[0], 0), (pids[0], gap), (pids[-1], last + 10), (pids[-1], last + 20)):
+        db.execute(
+            "INSERT INTO spans SELECT ?, ?, phase, t0_ns, t1_ns, drafter FROM spans LIMIT 2",
+            (pid, step),
+        )
+    db.commit()
+    db.close()
+    rec = Recording.open(dst)
+    want = [(s.pid, s.step) for s in rec.iter_steps() for _ in s.spans]
+    for size in (1, 7, 65_536):
+        got = [
+            (p, s)
+            for _, cols in iter_detail_columns(rec, "spans", ["phase"], size=size)
+            for p, s in zip(cols["pid"].tolist(), cols["step"].tolist(), strict=True)
+        ]
+        assert got == want, size
+    db = sqlite3.connect(dst)
+    total, orphans = db.execute(
+        "SELECT count(*), sum(NOT EXISTS (SELECT 1 FROM steps AS s WHERE s.pid = d.pid "
+        "AND s.step = d.step)) FROM spans AS d"
+    ).fetchone()
+    db.close()
+    assert orphans >= 6 and len(want) == total - orphans
