@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -100,7 +101,15 @@ _STRINGS_HELD = 1 << 16
 """Strings whose id is held in memory; past it they move to a private temporary database
 (attached as ``probe_scratch``, never part of the file written) and are looked up there."""
 
+_DEFERRED = ("rocpd_event", "rocpd_region", "rocpd_sample", "rocpd_kernel_dispatch")
+"""The tables whose rows are written in batches (:meth:`RocpdWriter._defer`), in the order a
+batch is written: an event before the rows that name it."""
+
+_HOLD_ROWS = 16_384
+"""Deferred rows held before they are written."""
+
 _WRITER_CACHES = (
+    "_deferring",
     "_strings",
     "_categories",
     "_processes",
@@ -169,6 +178,10 @@ class RocpdWriter:
         self._next_event = 1
         self._next_dispatch = 1
         self._closed = False
+        #: rows written at the end of the transaction (:meth:`_defer`)
+        self._pending: dict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]] = {}
+        self._held = 0
+        self._deferring: set[str] = set()  # the tables whose first row is written
 
     # -- context management
 
@@ -284,10 +297,13 @@ class RocpdWriter:
         try:
             with self._conn:
                 yield
+                self._flush()
         except BaseException:
             for name, value in saved.items():
                 setattr(self, name, value)
             self._next_event, self._next_dispatch = counters
+            self._pending.clear()
+            self._held = 0
             raise
 
     def _t(self, table: str) -> str:
@@ -300,6 +316,33 @@ class RocpdWriter:
             f"INSERT INTO {self._t(table)} ({cols}) VALUES ({marks})", tuple(values.values())
         )
         return int(cur.lastrowid or 0)
+
+    def _defer(self, table: str, values: Mapping[str, Any]) -> None:
+        """An ``INSERT`` whose row id nobody reads, held and written with its table's others
+        in one ``executemany`` (:data:`_DEFERRED` order: an event before the rows naming
+        it); every :data:`_HOLD_ROWS` rows, and at the end of the transaction."""
+        if table not in self._deferring:
+            # a table's first row goes in at once, as every row used to (after the rows
+            # held, which it may name): the database's sqlite_sequence lists the tables in
+            # the order they were first written
+            self._flush()
+            self._insert(table, values)
+            self._deferring.add(table)
+            return
+        self._pending.setdefault((table, tuple(values)), []).append(tuple(values.values()))
+        self._held += 1
+        if self._held >= _HOLD_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        for (table, cols), rows in sorted(
+            self._pending.items(), key=lambda kv: _DEFERRED.index(kv[0][0])
+        ):
+            names = ", ".join(f'"{c}"' for c in cols)
+            marks = ", ".join("?" for _ in cols)
+            self._conn.executemany(f"INSERT INTO {self._t(table)} ({names}) VALUES ({marks})", rows)
+        self._pending.clear()
+        self._held = 0
 
     def _string(self, text: str) -> int:
         sid = self._strings.get(text)
@@ -362,7 +405,7 @@ class RocpdWriter:
     def _event(self, category: str, corr: int | None, external: int | None, extdata: str) -> int:
         eid = self._next_event
         self._next_event += 1
-        self._insert(
+        self._defer(
             "rocpd_event",
             {
                 "id": eid,
@@ -395,7 +438,7 @@ class RocpdWriter:
         *,
         message: str | None,
     ) -> None:
-        extdata = json.dumps({"message": message}) if message is not None else "{}"
+        extdata = _extdata(message) if message is not None else "{}"
         event = self._event(category, corr, external, extdata)
         thread_row = self._thread(pid, tid)
         if self.layout == "inline":
@@ -404,11 +447,11 @@ class RocpdWriter:
                     ("host", pid, thread_row, category),
                     {"pid": pid, "tid": thread_row, "name_id": self._string(category)},
                 )
-                self._insert(
+                self._defer(
                     "rocpd_sample", {"track_id": track, "timestamp": start, "event_id": event}
                 )
             else:
-                self._insert(
+                self._defer(
                     "rocpd_region",
                     {
                         "nid": self._node_id,
@@ -423,7 +466,7 @@ class RocpdWriter:
             return
         track = self._track(("host", pid, tid), {"pid": pid, "tid": tid})
         if start == end:
-            self._insert(
+            self._defer(
                 "rocpd_sample",
                 {
                     "track_id": track,
@@ -433,7 +476,7 @@ class RocpdWriter:
                 },
             )
         else:
-            self._insert(
+            self._defer(
                 "rocpd_region",
                 {
                     "track_id": track,
@@ -523,7 +566,7 @@ class RocpdWriter:
             self._queue_or_stream("rocpd_info_queue", self._queues, queue, pid)
             self._queue_or_stream("rocpd_info_stream", self._streams, stream, pid)
             thread_row = self._thread(pid, 0 if k.tid is None else k.tid)
-            self._insert(
+            self._defer(
                 "rocpd_kernel_dispatch",
                 {
                     "nid": self._node_id,
@@ -552,7 +595,13 @@ class RocpdWriter:
                 "stream_id": k.stream,
             },
         )
-        self._insert("rocpd_kernel_dispatch", {"track_id": track, **common})
+        self._defer("rocpd_kernel_dispatch", {"track_id": track, **common})
+
+
+@functools.lru_cache(maxsize=4096)
+def _extdata(message: str) -> str:
+    """An event's extdata of a message (a span's name: few distinct), as rocpd stores it."""
+    return json.dumps({"message": message})
 
 
 def _node_hash(machine_id: str) -> int:

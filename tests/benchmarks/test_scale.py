@@ -168,11 +168,12 @@ def test_openmetrics_in_bounded_memory_is_the_timelines_text(
     import io
 
     import exporters.openmetrics as om
+    import exporters.series as series
     from exporters.series import timelines
 
     rec = Recording.open(TP2)
     whole = "".join(om.lines(timelines(rec)))
-    monkeypatch.setattr(om, "_HOLD", 50)
+    monkeypatch.setattr(series, "HOLD", 50)
     monkeypatch.setattr(om, "_HOLD_TEXT", 10_000)
     out = io.StringIO()
     n = om.write_to(rec, out)
