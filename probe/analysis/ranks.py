@@ -67,6 +67,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from probe.analysis import ranks_match
+from probe.analysis.order_stats import Values, order_stats, percentile
 from probe.analysis.ranks_match import FL, PHASES_BEFORE_FORWARD, START
 from probe.records import Reason
 from probe.step import Step
@@ -514,7 +515,7 @@ def engine_figures(ranks: Sequence[RankInput], mt: Matching, chunk: int) -> Engi
     k = len(mt.cands)
     last = [0] * n
     phases = np.zeros((n, k), np.int64)
-    mine: list[list[np.ndarray]] = [[] for _ in range(n)]
+    mine = [Values() for _ in range(n)]  # each rank's skews: exact, in bounded memory
     caused = [0] * n
     caused_n = [0] * n
     fl = [0] * n
@@ -534,14 +535,13 @@ def engine_figures(ranks: Sequence[RankInput], mt: Matching, chunk: int) -> Engi
         for r in range(n):
             is_r = at == r
             last[r] += int(is_r.sum())
-            mine[r].append(skew[is_r])
+            mine[r].add(skew[is_r])
             caused[r] += exact_sum(w[is_r & has])
             caused_n[r] += int((is_r & has).sum())
         wait += exact_sum(w[has])
         wait_steps += int(has.sum())
     tally = mt.facts["tally"]
     named_n = sum(last)
-    skews = _sorted([a for x in mine for a in x])
     figures = tuple(
         RankFigures(
             rank=r.rank,
@@ -553,7 +553,7 @@ def engine_figures(ranks: Sequence[RankInput], mt: Matching, chunk: int) -> Engi
                     key=lambda kv: (-kv[1], kv[0]),
                 )
             ),
-            skew_p50_ns=_pct_sorted(_sorted(mine[i]), 50),
+            skew_p50_ns=percentile([mine[i]], 50),
             wait_caused_ns=caused[i],
             wait_steps=caused_n[i],
             mean_forward_launch_ns=fl[i] / count if count else None,
@@ -561,6 +561,10 @@ def engine_figures(ranks: Sequence[RankInput], mt: Matching, chunk: int) -> Engi
         )
         for i, r in enumerate(ranks)
     )
+    skew_pct = {q: percentile(mine, q) for q in (50, 90, 99)}
+    skew_max = order_stats(mine, [named_n - 1])[0] if named_n else None
+    for held in mine:
+        held.close()
     return EngineRanks(
         dp_rank=ranks[0].rank.dp_rank,
         ranks=figures,
@@ -574,10 +578,10 @@ def engine_figures(ranks: Sequence[RankInput], mt: Matching, chunk: int) -> Engi
         clock=mt.facts["clock"],
         uncertainty_ns=mt.facts["uncertainty_ns"],
         within_uncertainty=within,
-        skew_p50_ns=_pct_sorted(skews, 50),
-        skew_p90_ns=_pct_sorted(skews, 90),
-        skew_p99_ns=_pct_sorted(skews, 99),
-        skew_max_ns=int(skews[-1]) if len(skews) else None,
+        skew_p50_ns=skew_pct[50],
+        skew_p90_ns=skew_pct[90],
+        skew_p99_ns=skew_pct[99],
+        skew_max_ns=skew_max,
         wait_ns=wait,
         wait_steps=wait_steps,
         verdict=rank_verdict(figures, named_n),
@@ -600,22 +604,6 @@ def exact_sum(a: np.ndarray) -> int:
     if int(np.abs(a).max()) * len(a) < 2**63:
         return int(a.sum())
     return sum(int(x) for x in a.tolist())
-
-
-def _sorted(parts: Sequence[np.ndarray]) -> np.ndarray:
-    return np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
-
-
-def _pct_sorted(xs: np.ndarray, q: float) -> float | None:
-    """:func:`probe.analysis.views.percentile` of sorted ``xs``, in the same arithmetic."""
-    if len(xs) == 0:
-        return None
-    if len(xs) == 1:
-        return float(xs[0])
-    pos = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    a, b = int(xs[lo]), int(xs[hi])
-    return float(a + (b - a) * (pos - lo))
 
 
 def holds_more_than_share(last: int, named: int, n: int) -> bool:

@@ -231,3 +231,17 @@ def test_the_matching_gives_the_rules_figures_step_by_step(tmp_path: Path, case:
         assert got_e.matched == len(want)
         assert got_e.within_uncertainty == sum(1 for w in want if w[1] is None)
         assert got_e.unmatched == tally["unmatched"]
+
+
+def test_the_skew_percentiles_are_the_same_when_their_values_spill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each rank's skews held a few at a time (the rest in a temporary file) give the same
+    exact percentiles and maximum as held whole."""
+    import probe.analysis.order_stats as order_stats
+
+    whole = ranks_of_recording(Recording.open(TP2))
+    assert whole.engines and whole.engines[0].skew_p99_ns is not None
+    monkeypatch.setattr(order_stats, "HELD", 3)
+    spilled = ranks_of_recording(Recording.open(TP2))
+    assert spilled == whole
