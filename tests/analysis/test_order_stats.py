@@ -27,9 +27,7 @@ CASES = {
     "few distinct": lambda g, n: g.integers(0, 3, n),
     "one value": lambda g, n: np.full(n, 123_456, np.int64),
     "heavy tail": lambda g, n: (g.pareto(1.1, n) * 1e4).astype(np.int64),
-    "extremes": lambda g, n: g.choice(
-        np.array([-(2**63), 2**63 - 1, 0, -1, 1], np.int64), n
-    ),
+    "extremes": lambda g, n: g.choice(np.array([-(2**63), 2**63 - 1, 0, -1, 1], np.int64), n),
 }
 
 
