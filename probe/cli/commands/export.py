@@ -268,7 +268,7 @@ def _write_targets(
             raise UsageError(
                 "export: --perfetto is unavailable (exporters.perfetto has no write_recording)"
             )
-        protos = getattr(mod, "_protos", None)
+        protos = getattr(mod, "protos", None)
         if protos is not None:  # the extra's library, before anything is written
             from exporters.base import MissingExtra
 
