@@ -29,16 +29,12 @@ from typing import IO, Any
 from exporters.metrics import METRICS, Metric
 from exporters.series import (
     DEFAULT_INTERVAL_S,
-    EventRuns,
     Hist,
     Key,
     Timeline,
     Value,
-    clocked,
     instance_id,
-    process_ticks,
-    recording_classes,
-    step_events,
+    recording_ticks,
 )
 from probe.progress import SILENT, Progress
 from probe.reader.recording import Recording
@@ -228,26 +224,17 @@ def _sample_streams(
     rec: Recording | RecordingSet, interval_s: float, spool: _Spool, progress: Progress
 ) -> list[list[Key]]:
     """Every clocked process's samples into ``spool`` (stream (process, series) -> text),
-    as :func:`exporters.series.process_ticks` samples them; returns each process's
+    as :func:`exporters.series.recording_ticks` samples them; returns each process's
     series."""
-    per_pid = rec.step_counts()
-    infos = clocked(rec)
-    progress.stage("building timelines", sum(per_pid.get(i.pid, 0) for i in infos), "steps")
-    classes = recording_classes(rec)  # one split across the processes
     out: list[list[Key]] = []
-    with EventRuns() as runs:
-        for info in infos:
-            events = step_events(info, rec.iter_steps(info.pid), classes, progress)
-            tk = process_ticks(info, events, interval_s, runs)
-            if tk is None:
-                continue
-            target = {"job": JOB, "instance": instance_id(info)}
-            labels = [{**target, **dict(pairs)} for _, pairs in tk.keys]
-            tl = len(out)
-            for tick, state in tk:
-                for i, k in enumerate(tk.keys):
-                    spool.append((tl, i), "".join(_sample(k[0], labels[i], tick, state[k])))
-            out.append(tk.keys)
+    for tk in recording_ticks(rec, interval_s, progress=progress):
+        target = {"job": JOB, "instance": instance_id(tk.info)}
+        labels = [{**target, **dict(pairs)} for _, pairs in tk.keys]
+        tl = len(out)
+        for tick, state in tk:
+            for i, k in enumerate(tk.keys):
+                spool.append((tl, i), "".join(_sample(k[0], labels[i], tick, state[k])))
+        out.append(tk.keys)
     return out
 
 

@@ -79,15 +79,11 @@ from exporters.base import FIXED, ExportSink, GpuSample, ProcessInfo
 from exporters.metrics import METRICS, RankSeries, Update, process_updates, updates
 from exporters.series import (
     DEFAULT_INTERVAL_S,
-    EventRuns,
     Hist,
     Key,
     Timeline,
-    clocked,
     instance_id,
-    process_ticks,
-    recording_classes,
-    step_events,
+    recording_ticks,
 )
 from probe.analysis.steady import Classes
 from probe.progress import SILENT, Progress
@@ -596,29 +592,23 @@ def write(
     deadline = sink.deadline or Deadline(timeout_s)
     exporter = sink._metric_exporter()
     try:
-        # each process's samples as they are computed (exporters.series.process_ticks):
+        # each process's samples as they are computed (exporters.series.recording_ticks):
         # memory holds a window of events, not the recording's timelines
-        per_pid = recording.step_counts()
-        infos = clocked(recording)
-        progress.stage("sending metric samples", sum(per_pid.get(i.pid, 0) for i in infos), "steps")
-        classes = recording_classes(recording)
-        with EventRuns() as runs:
-            for info in infos:
-                events = step_events(info, recording.iter_steps(info.pid), classes, progress)
-                tk = process_ticks(info, events, interval_s, runs)
-                if tk is None:
+        ticks = recording_ticks(
+            recording, interval_s, progress=progress, stage="sending metric samples"
+        )
+        for tk in ticks:
+            for tick, state in tk:
+                sent += 1
+                if failed:  # the endpoint is gone: do not wait out a timeout per sample
+                    failed += 1
                     continue
-                for tick, state in tk:
-                    sent += 1
-                    if failed:  # the endpoint is gone: do not wait out a timeout per sample
-                        failed += 1
-                        continue
-                    done, ok = deadline.call(
-                        exporter.export,
-                        metrics_at(info, tk.start_ns, tick, state),
-                        timeout_millis=timeout_s * 1000,
-                    )
-                    failed += not done or ok != MetricExportResult.SUCCESS
+                done, ok = deadline.call(
+                    exporter.export,
+                    metrics_at(tk.info, tk.start_ns, tick, state),
+                    timeout_millis=timeout_s * 1000,
+                )
+                failed += not done or ok != MetricExportResult.SUCCESS
     finally:
         deadline.call(exporter.shutdown)
         sink.close()

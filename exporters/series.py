@@ -38,7 +38,7 @@ from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import METRICS, Update, process_updates, updates
 from probe.analysis.steady import Classes, iter_chunks
 from probe.analysis.summary_read import summarize_recordings
-from probe.progress import SILENT, Progress, counted
+from probe.progress import SILENT, Progress
 from probe.reader.recording import Recording
 from probe.step import Step
 
@@ -52,6 +52,7 @@ __all__ = [
     "instance_id",
     "process_ticks",
     "recording_classes",
+    "recording_ticks",
     "step_events",
     "timelines",
 ]
@@ -342,6 +343,39 @@ def clocked(rec: Any) -> list[ProcessInfo]:
     ]
 
 
+def recording_ticks(
+    rec: Any,
+    interval_s: float,
+    *,
+    progress: Progress = SILENT,
+    stage: str = "building timelines",
+) -> Iterator[Ticks]:
+    """Each clocked process of ``rec`` with steps as its :class:`Ticks`, one after the
+    other (iterate each before the next), by the split of the recording's summary;
+    ``progress`` gets ``stage``, counting those processes' steps as they are read."""
+    per_pid = rec.step_counts()
+    infos = clocked(rec)
+    progress.stage(stage, sum(per_pid.get(i.pid, 0) for i in infos), "steps")
+    classes = recording_classes(rec)  # one split across the processes
+    with EventRuns() as runs:
+        for info in infos:
+            events = step_events(info, rec.iter_steps(info.pid), classes, progress)
+            tk = process_ticks(info, events, interval_s, runs)
+            if tk is not None:
+                yield tk
+
+
+def _held(tk: Ticks) -> Timeline:
+    """``tk``'s samples held whole."""
+    ticks: list[int] = []
+    series: dict[Key, list[Value]] = {k: [] for k in tk.keys}
+    for tick, state in tk:
+        ticks.append(tick)
+        for k, v in state.items():
+            series[k].append(_snapshot(v))
+    return Timeline(tk.info, ticks, series)
+
+
 def timeline(
     info: ProcessInfo, steps: Iterable[Step], interval_s: float, classes: Classes | None = None
 ) -> Timeline | None:
@@ -355,31 +389,13 @@ def timeline(
     cl = classes if classes is not None else Classes()
     with EventRuns() as runs:
         tk = process_ticks(info, step_events(info, steps, cl), interval_s, runs)
-        if tk is None:
-            return None
-        ticks: list[int] = []
-        series: dict[Key, list[Value]] = {k: [] for k in tk.keys}
-        for tick, state in tk:
-            ticks.append(tick)
-            for k, v in state.items():
-                series[k].append(_snapshot(v))
-    return Timeline(info, ticks, series)
+        return None if tk is None else _held(tk)
 
 
 def timelines(
     rec: Recording, interval_s: float = DEFAULT_INTERVAL_S, *, progress: Progress = SILENT
 ) -> list[Timeline]:
     """Every process of ``rec`` with steps and a clock pair, as a :class:`Timeline` (held
-    whole: :func:`process_ticks` streams them); ``progress`` counts the steps of those
+    whole: :func:`recording_ticks` streams them); ``progress`` counts the steps of those
     processes as they are read."""
-    per_pid = rec.step_counts()
-    infos = clocked(rec)
-    progress.stage("building timelines", sum(per_pid.get(i.pid, 0) for i in infos), "steps")
-    classes = recording_classes(rec)
-    out = []
-    for info in infos:
-        steps = counted(rec.iter_steps(info.pid), progress)
-        tl = timeline(info, steps, interval_s, classes)
-        if tl is not None:
-            out.append(tl)
-    return out
+    return [_held(tk) for tk in recording_ticks(rec, interval_s, progress=progress)]
