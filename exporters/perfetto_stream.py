@@ -115,18 +115,7 @@ class Runs:
         self.file: IO[bytes] | None = None
 
     def add(self, track: int, key: Key, s: Slice) -> None:
-        held = self.held.get(track)
-        if held is None:
-            held = self.held[track] = []
-            if track not in self.total:
-                self.total[track] = 0
-                self.runs[track] = []
-                self.first[track] = key[2:]
-        held.append((key, packed(s)))
-        self.total[track] += 1
-        self.n_held += 1
-        if self.n_held >= self.spill_at:
-            self.spill()
+        self.extend(track, [(key, packed(s))])
 
     def extend(self, track: int, items: list[Item]) -> None:
         """Add ``items`` (keys and packed slices) to ``track``, as :meth:`add` one by one;
