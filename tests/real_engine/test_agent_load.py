@@ -42,7 +42,12 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 
 LOAD_S = 40.0
 MIN_SAMPLES = 20  # scrapes answered before the load stops (however long a busy host takes)
-SCRAPE_TIMEOUT_S = 10.0  # a scrape that waited on the drain would hang; a busy host is slow
+# A scrape waits for no batch being applied (tests/exporters/test_agent_sinks.py holds the
+# lock and scrapes), but it still waits for a CPU: with the server saturating this 2-core host,
+# the agent's main thread spent 36 s of 41 in the run queue (schedstat) and single scrapes took
+# up to 2.5 s on a quiet host, more than 10 s on a busy one. Here a scrape must be answered at
+# all while the agent is behind, however slow the host; how fast is benchmarks/agent_soak.py's.
+SCRAPE_TIMEOUT_S = 60.0
 DRAIN_RATE = 100  # records a second: about 10 steps, a fraction of what the engine writes
 LAG_WARN_S = 2.0
 # the agent's rolling recordings under --record-dir, partitioned by host and day
@@ -56,6 +61,8 @@ class Sample:
     lag_s: float = 0.0  # the largest lag of its rings
     lag_records: float = 0.0
     vllm_steps: float = 0.0  # vLLM's own count of its engine steps
+    took_s: float = 0.0  # how long the scrape took
+    error: str = ""  # why a scrape was not answered
 
 
 @dataclass
@@ -177,11 +184,14 @@ def run() -> Iterator[Run]:
             while time.monotonic() < hard_end and (
                 time.monotonic() < end or sum(s.ok for s in out.samples) < MIN_SAMPLES
             ):
+                t_scrape = time.monotonic()
                 try:
                     text = _get(agent_url, SCRAPE_TIMEOUT_S)
-                except OSError:
-                    out.samples.append(Sample(False))
+                except OSError as e:
+                    took = time.monotonic() - t_scrape
+                    out.samples.append(Sample(False, took_s=took, error=repr(e)))
                 else:
+                    took = time.monotonic() - t_scrape
                     lags = _values(text, "vllm_graph_probe_agent_lag_seconds")
                     out.probe_models |= {
                         lb["model_name"] for lb, _ in _values(text, "vllm_graph_probe_steps_total")
@@ -195,6 +205,7 @@ def run() -> Iterator[Run]:
                             max((v for _, v in lags), default=0.0),
                             _sum(text, "vllm_graph_probe_agent_lag_records"),
                             _sum(vllm, "vllm:iteration_tokens_total_count"),
+                            took,
                         )
                     )
                 time.sleep(0.5)
@@ -254,7 +265,9 @@ def test_the_lag_rises_while_the_counters_fall_behind(run: Run) -> None:
 
 
 def test_every_scrape_was_answered(run: Run) -> None:
-    assert run.samples and all(s.ok for s in run.samples), sum(not s.ok for s in run.samples)
+    failed = [(round(s.took_s, 1), s.error) for s in run.samples if not s.ok]
+    print(f"slowest scrapes {sorted(round(s.took_s, 2) for s in run.samples)[-5:]} s")
+    assert run.samples and not failed, failed
     assert run.final, "the final values were not scraped"
 
 
