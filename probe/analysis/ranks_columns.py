@@ -49,12 +49,16 @@ def recording_chunks(rec: Any, pid: int, chunk: int) -> Iterator[dict[str, np.nd
     """The columns matching reads (:data:`probe.analysis.ranks_match.READ`, and where a
     launch time or device timing is missing) of one rank of a recording, ``chunk`` rows
     at a time."""
-    from probe.reader.recording_columns import iter_step_columns, null_mask
+    from probe.reader.recording_columns import iter_step_columns
+    from probe.reader.recording_rows import null_bit
 
+    launch, idle = null_bit("cpu_launch_overhead_ns"), null_bit("gpu_idle_before_ns")
     for cols in iter_step_columns(rec, pid, chunk, only=ranks_match.READ):
         out = {k: cols[k] for k in ranks_match.READ}
-        out[ranks_match.NO_LAUNCH] = null_mask(cols, "cpu_launch_overhead_ns").astype(np.int64)
-        out[ranks_match.NO_IDLE] = null_mask(cols, "gpu_idle_before_ns").astype(np.int64)
+        nulls = cols["_nulls"]
+        # 1 where NULL, as int64 (the matrix matching holds)
+        out[ranks_match.NO_LAUNCH] = (nulls >> launch) & 1
+        out[ranks_match.NO_IDLE] = (nulls >> idle) & 1
         yield out
 
 

@@ -48,7 +48,7 @@ from probe.reader.columnar_schema import (
 from probe.reader.recording_meta import META_TYPES, meta_ok, snapshot_of
 from probe.reader.recording_open import RecordingError, first_line
 from probe.reader.recording_schema import DETAIL_TABLES
-from probe.step import Step
+from probe.step import STEP_COLUMNS, Step
 
 #: how much memory DuckDB may take for a recording's aggregates (it spills beyond, into a
 #: private temporary folder)
@@ -97,6 +97,7 @@ class ColumnarRecording:
     _parquet: dict[str, Any] = field(default_factory=dict, repr=False)
     _sql: Any = field(default=None, repr=False)
     _sql_tmp: Path | None = field(default=None, repr=False)
+    _vouched: frozenset[str] | None = field(default=None, repr=False)
     #: its ``steps`` table stores each step's record counts (:data:`COUNT_COLUMNS`)
     stores_counts: ClassVar[bool] = True
 
@@ -289,6 +290,16 @@ class ColumnarRecording:
                     return False
         return True
 
+    def steps_vouched(self) -> frozenset[str]:
+        """The integer and boolean step columns whose every value the file's statistics
+        show fitting its column as :func:`probe.reader.recording_rows.column_checks` checks
+        it (every row group: a boolean stored as one; an integer never below its minimum, a
+        column that may not be NULL never NULL): their values need no check of their own.
+        Text columns and ``t1`` before ``t0`` are always checked. Computed once."""
+        if self._vouched is None:
+            self._vouched = frozenset(_vouched(self.parquet("steps")))
+        return self._vouched
+
     def builder_names(self, pid: int | None = None) -> dict[int, dict[int, str]]:
         """Per pid, the id of each builder class name in :attr:`Step.builds`, in the order
         the names first appear (as :meth:`Recording.builder_names`)."""
@@ -386,3 +397,36 @@ def _compact_live(p: Path, m: dict[str, Any]) -> tuple[dict[str, Any], Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _vouched(f: Any) -> Iterator[str]:
+    """The names :meth:`ColumnarRecording.steps_vouched` gives, of the ``steps`` file ``f``."""
+    import pyarrow as pa
+
+    md = f.metadata
+    for c in STEP_COLUMNS:
+        i = f.schema_arrow.get_field_index(c.name)
+        if i < 0 or is_text(c.kind) or (c.kind is not bool and c.min is None):
+            continue  # text: always checked; no minimum: nothing to check
+        t = f.schema_arrow.field(i).type
+        if pa.types.is_boolean(t):
+            low, high = None, None  # stored as one: every value fits
+        elif pa.types.is_integer(t):
+            low, high = (0, 1) if c.kind is bool else (c.min, None)
+        else:
+            continue
+        if all(_fits(md.row_group(g), i, c.nullable, low, high) for g in range(md.num_row_groups)):
+            yield c.name
+
+
+def _fits(rg: Any, i: int, nullable: bool, low: int | None, high: int | None) -> bool:
+    """Whether row group ``rg``'s statistics of column ``i`` show every value in
+    [``low``, ``high``] (None: no bound), and no NULL unless ``nullable``."""
+    st = rg.column(i).statistics
+    if st is None or not st.has_null_count or (st.null_count and not nullable):
+        return False
+    if st.null_count == rg.num_rows or (low is None and high is None):
+        return True
+    if not st.has_min_max:
+        return False
+    return (low is None or st.min >= low) and (high is None or st.max <= high)

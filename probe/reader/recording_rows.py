@@ -6,7 +6,7 @@ both formats: the SQLite recording's cursor rows and the columnar recording's ba
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -164,17 +164,22 @@ def nullable_ints() -> list[Any]:
 
 
 def column_checks(
-    cols: Mapping[str, Any], nulls: Any, columns: Sequence[Any] = STEP_COLUMNS
-) -> Any:
+    cols: Mapping[str, Any], nulls: Any, columns: Sequence[Any] = STEP_COLUMNS,
+    vouched: Collection[str] = (),
+) -> Any:  # fmt: skip
     """Per row: True where some value of ``columns`` does not fit its column (numpy, every
-    value)."""
+    value), less the integer and boolean columns ``vouched`` for (a file's statistics show
+    every value of them fitting); ``t1`` before ``t0`` always."""
     import numpy as np
 
     bad = np.zeros(len(nulls), dtype=bool)
-    masks = {c.name: ((nulls >> i) & 1).astype(bool) for i, c in enumerate(nullable_ints())}
+    any_null = bool(nulls.any())
     for c in columns:
+        text = c.kind is str or issubclass(c.kind, enum.Enum)
+        if c.name in vouched and not text:
+            continue
         v = cols[c.name]
-        if c.kind is str or issubclass(c.kind, enum.Enum):
+        if text:
             bad |= v == BAD
             if not c.nullable:
                 bad |= v == NULL
@@ -182,8 +187,17 @@ def column_checks(
             bad |= (v != 0) & (v != 1)
         elif c.min is not None:
             below = v < c.min
-            if c.name in masks:
-                below &= ~masks[c.name]
+            if any_null and c.nullable:
+                below &= (nulls & (1 << _NULL_BIT[c.name])) == 0
             bad |= below
     bad |= cols["t1_ns"] < cols["t0_ns"]
     return bad
+
+
+#: each nullable integer column's bit in a chunk's ``_nulls``
+_NULL_BIT = {c.name: i for i, c in enumerate(nullable_ints())}
+
+
+def null_bit(name: str) -> int:
+    """The bit of nullable integer column ``name`` in a chunk's ``_nulls`` (set: NULL)."""
+    return _NULL_BIT[name]

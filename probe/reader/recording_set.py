@@ -247,6 +247,15 @@ class RecordingSet:
         for b in chained:
             yield b if want is columns else b.select(columns)
 
+    def steps_vouched(self) -> frozenset[str]:
+        """The step columns every file's statistics vouch for (none where a file is not
+        columnar): see :meth:`probe.reader.columnar_read.ColumnarRecording.steps_vouched`."""
+        out: frozenset[str] | None = None
+        for r in self.recordings:
+            mine = r.steps_vouched() if hasattr(r, "steps_vouched") else frozenset()
+            out = mine if out is None else out & mine
+        return out or frozenset()
+
     def faults(self) -> list[dict[str, Any]]:
         return [f for r in self.recordings for f in r.faults()]
 

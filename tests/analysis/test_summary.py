@@ -246,6 +246,53 @@ def test_a_columnar_recording_without_statistics_gives_the_same_summary(
     assert summarize_recording(Recording.open(rec)).figures() == want
 
 
+@pytest.mark.parametrize(
+    ("column", "value", "why"),
+    [
+        ("num_tokens", -3, "num_tokens does not fit its column"),
+        ("gpu_step_ns", -2, "gpu_step_ns does not fit its column"),
+        ("t1_ns", 0, "t1_ns is before t0_ns"),
+    ],
+)
+@pytest.mark.parametrize("statistics", [True, False])
+def test_a_columnar_recordings_step_values_are_checked(
+    tmp_path: Path, column: str, value: object, why: str, statistics: bool
+) -> None:
+    """A step value that does not fit its column is the one error naming the step, with
+    or without the file's statistics (the columns they vouch for are not checked again:
+    a file's own statistics show the bad value, and its column is checked)."""
+    rec = copy_recording(default_recording(), tmp_path / "bad.probe")
+    where = _rewrite(rec, "steps", column, 7, value, write_statistics=statistics)
+    opened = Recording.open(rec)
+    if "does not fit" in why:  # t1 before t0 is checked whatever the statistics show
+        assert column not in opened.steps_vouched()  # type: ignore[union-attr]
+    with pytest.raises(RecordingError) as err:
+        summarize_recording(opened)
+    assert f"steps row {where}: {why}" in str(err.value)
+
+
+def test_the_step_columns_statistics_vouch_for() -> None:
+    """Of the bundled recording, every integer and boolean step column with a bound is
+    vouched for by its statistics (text columns never are)."""
+    from probe.reader.columnar_schema import is_text
+    from probe.step import STEP_COLUMNS
+
+    got = Recording.open(default_recording()).steps_vouched()  # type: ignore[union-attr]
+    checked = [c for c in STEP_COLUMNS if c.kind is bool or c.min is not None]
+    assert got == {c.name for c in checked if not is_text(c.kind)}
+
+
+def test_a_columnar_recording_without_step_statistics_gives_the_same_summary(
+    tmp_path: Path,
+) -> None:
+    rec = copy_recording(default_recording(), tmp_path / "plain.probe")
+    _rewrite(rec, "steps", "num_tokens", 0, _SAME, write_statistics=False)
+    opened = Recording.open(rec)
+    assert not opened.steps_vouched()  # type: ignore[union-attr]
+    want = summarize_recording(Recording.open(default_recording())).figures()
+    assert summarize_recording(opened).figures() == want
+
+
 def test_detail_rows_of_no_step_count_in_neither_format(tmp_path: Path) -> None:
     """A build or reorder row whose step is not in ``steps`` belongs to no step: the
     summaries of the columnar recording and of its SQLite copy leave it out alike."""
