@@ -27,8 +27,12 @@ from probe.reader.recording_schema import DETAIL_TABLES, DetailTable
 from probe.records import Flag
 from probe.step import STEP_COLUMNS, Step
 
-#: rows of each table built into records at a time
-BATCH = 4096
+#: rows of a detail table built into records at a time
+BATCH = 2048
+#: steps built at a time: their detail records are held until they are handed out, so a
+#: reader walking many processes side by side (an export's replay) holds this many steps'
+#: records per process (512: a textfile export of 8 processes peaks at 300 MB, not 590)
+STEP_BATCH = 512
 #: a (pid, step) key as one int64: the pid above this many bits of step number
 _STEP_BITS = 40
 
@@ -179,10 +183,10 @@ def steps_of_batches(rec: Any, pid: int | None = None) -> Iterator[Step]:
     ids = {p: {n: i for i, n in m.items()} for p, m in names.items()}
     details = [_Details(rec, t, pid, ids) for t in DETAIL_TABLES]
     cols = [c.name for c in STEP_COLUMNS]
-    batches = rec.batches("steps", cols, pid, BATCH)
+    batches = rec.batches("steps", cols, pid, STEP_BATCH)
     for b in batches:
         try:
-            [checked] = list(iter_columnar_step_columns(_One(rec, b), None, BATCH, cols))
+            [checked] = list(iter_columnar_step_columns(_One(rec, b), None, STEP_BATCH, cols))
         except RecordingError:
             for _ in steps_of_rows(rec.path, _rows_of(b), {t.name: () for t in DETAIL_TABLES}, {}):
                 pass
