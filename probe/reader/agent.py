@@ -104,11 +104,14 @@ class RollingRecordings:
         self.unfinished: list[Path] = []  # closed while a reader had them open
         self.compacting: list[Any] = []  # columnar files compacting in a thread
         self.next_at = 0.0
+        self._stamp, self._seq = "", 0  # the last name's stamp and number in its second
         self._open()
 
     def _name(self) -> Path:
         """The next file: ``host=<host>/day=<UTC day>/<prefix>-<stamp>.probe`` under the
-        directory (partitioned as DuckDB, Spark and Trino read a dataset)."""
+        directory (partitioned as DuckDB, Spark and Trino read a dataset); a second file in
+        the same second ``<stamp>_0001``, and so on: the names sort as the files were made
+        (``_`` sorts after ``.``, where ``-1`` would sort before)."""
         now = time.gmtime()
         stamp = time.strftime("%Y%m%dT%H%M%SZ", now)
         part = (
@@ -116,11 +119,14 @@ class RollingRecordings:
             / f"host={_part(socket.gethostname())}"
             / time.strftime("day=%Y-%m-%d", now)
         )
-        p = part / f"{self.prefix}-{stamp}.probe"
-        n = 1
-        while p.exists() or p in self.files:
-            p = part / f"{self.prefix}-{stamp}-{n}.probe"
+        # never a name used before in this second, even one whose file was pruned since
+        n = self._seq + 1 if stamp == self._stamp else 0
+        while True:
+            p = part / (f"{self.prefix}-{stamp}" + (f"_{n:04d}" if n else "") + ".probe")
+            if not p.exists() and p not in self.files:
+                break
             n += 1
+        self._stamp, self._seq = stamp, n
         return p
 
     def _open(self) -> None:

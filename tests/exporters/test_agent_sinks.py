@@ -136,6 +136,28 @@ def _bundled_process(n: int) -> tuple[Any, list[Any]]:
     return Proc, list(rec.iter_steps(info.pid))[:n]
 
 
+def test_rolling_file_names_sort_as_the_files_were_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files made in one second, some pruned in between: no name is used twice, and the
+    names sort in the order the files were made (as ``ls`` and a glob list them)."""
+    import time as time_module
+
+    from probe.reader.agent import RollingRecordings
+
+    second = time_module.gmtime(1_800_000_000)
+    monkeypatch.setattr(time_module, "gmtime", lambda *_: second)
+    roll = RollingRecordings(tmp_path, 10.0, keep=2, clock=lambda: 0.0)
+    made = [roll.path]
+    for _ in range(4):
+        roll.rotate()
+        made.append(roll.path)
+    roll.close()
+    assert len(set(made)) == 5
+    assert sorted(made) == made  # type: ignore[type-var]
+    assert sorted(tmp_path.glob("host=*/day=*/agent-*.probe")) == made[-2:]
+
+
 def test_rolling_recordings_rotate_keep_and_hold_every_step_once(tmp_path: Path) -> None:
     from probe.reader.agent import RollingRecordings
 
@@ -152,7 +174,8 @@ def test_rolling_recordings_rotate_keep_and_hold_every_step_once(tmp_path: Path)
     files = sorted(tmp_path.glob("host=*/day=*/agent-*.probe"))
     assert len(files) == 2  # three written, the oldest removed
     counts = [sum(1 for _ in Recording.open(p).iter_steps()) for p in files]
-    assert counts == [30, 0]  # the last rotation opened an empty file; 30 each before
+    # the last rotation opened an empty file; 30 each before
+    assert counts == [30, 0], [p.name for p in files]
     for p in files:  # each file carries the process's facts
         [row] = Recording.open(p).processes()
         assert row["snapshot"]
