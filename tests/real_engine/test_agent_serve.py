@@ -384,19 +384,24 @@ def test_kill_9_of_the_agent_turns_every_hook_off_within_2_s(fleet: Fleet) -> No
     assert len(socks) >= 2
     before = {pid: request(path, "status", timeout=5) for pid, path in socks.items()}
     assert all(st["enabled"] and st["attached_by"] == node.agent.pid for st in before.values())
+    # when each process's hooks went off, on its own clock (CLOCK_BOOTTIME, as ``last_off``
+    # says): a busy host's slow status requests after it do not count
     t0 = time.monotonic()
+    killed_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
     node.agent.kill()
     node.agent.wait(timeout=10)
     left = dict(socks)
-    while left and time.monotonic() - t0 < 10:
+    off_ns = []
+    while left and time.monotonic() - t0 < 60:
         for pid, path in list(left.items()):
             st = request(path, "status", timeout=5)
             if not st["enabled"]:
                 assert st["last_off"]["reason"] == "watchdog", st["last_off"]
+                off_ns.append(st["last_off"]["at_ns"])
                 del left[pid]
         time.sleep(0.05)
-    took = time.monotonic() - t0
-    assert not left, f"still enabled after {took:.1f} s: {sorted(left)}"
+    assert not left, f"still enabled after {time.monotonic() - t0:.1f} s: {sorted(left)}"
+    took = (max(off_ns) - killed_ns) / 1e9
     assert took <= 2.0, f"hooks off after {took:.2f} s"
 
 
