@@ -50,9 +50,9 @@ def recording_chunks(rec: Any, pid: int, chunk: int) -> Iterator[dict[str, np.nd
     launch time or device timing is missing) of one rank of a recording, ``chunk`` rows
     at a time."""
     from probe.reader.recording_columns import iter_step_columns
-    from probe.reader.recording_rows import null_bit
+    from probe.reader.recording_rows import NULL_BITS
 
-    launch, idle = null_bit("cpu_launch_overhead_ns"), null_bit("gpu_idle_before_ns")
+    launch, idle = NULL_BITS["cpu_launch_overhead_ns"], NULL_BITS["gpu_idle_before_ns"]
     for cols in iter_step_columns(rec, pid, chunk, only=ranks_match.READ):
         out = {k: cols[k] for k in ranks_match.READ}
         nulls = cols["_nulls"]

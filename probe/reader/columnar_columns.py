@@ -88,11 +88,10 @@ def iter_columnar_step_columns(
 
     import numpy as np
 
-    from probe.reader.recording_rows import column_checks, nullable_ints
+    from probe.reader.recording_rows import NULL_BITS, column_checks
 
     keep = {"pid", "step", "t0_ns", "t1_ns", *only} if only is not None else None
     columns = [c for c in STEP_COLUMNS if keep is None or c.name in keep]
-    nullable = nullable_ints()
     names = [c.name for c in columns]
     stored = getattr(rec, "stores_counts", False)  # a compacted file: each step's counts
     counts = list(COUNT_COLUMNS) if keep is None and stored else []
@@ -120,7 +119,7 @@ def iter_columnar_step_columns(
                         f"{rec.path}: damaged recording: steps: {c.name} is NULL "
                         f"(pid {b.column('pid')[int(np.argmax(isnull))]})"
                     )
-                nulls |= isnull.astype(np.int64) << nullable.index(c)
+                nulls |= isnull.astype(np.int64) << NULL_BITS[c.name]
             cols[c.name] = arr
         for n in counts:
             cols[n] = np.asarray(numpy_of(b.column(n)), dtype=np.int64)

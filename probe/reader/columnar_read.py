@@ -281,15 +281,11 @@ class ColumnarRecording:
             low = 0 if c is None else c.min
             at[name] = (i, None if pa.types.is_boolean(want.field(name).type) else low)
         md = f.metadata
-        for g in range(md.num_row_groups):
-            rg = md.row_group(g)
-            for i, low in at.values():
-                st = rg.column(i).statistics
-                if st is None or not st.has_null_count or st.null_count:
-                    return False
-                if low is not None and (not st.has_min_max or st.min < low):
-                    return False
-        return True
+        return all(
+            _fits(md.row_group(g), i, False, low, None)
+            for g in range(md.num_row_groups)
+            for i, low in at.values()
+        )
 
     def steps_vouched(self) -> frozenset[str]:
         """The integer and boolean step columns whose every value the file's statistics

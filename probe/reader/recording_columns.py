@@ -12,6 +12,7 @@ from probe.reader.recording import Reader, Recording, RecordingError, check_orde
 from probe.reader.recording_rows import (
     BAD,
     NULL,
+    NULL_BITS,
     column_checks,
     detail_records,
     nullable_ints,
@@ -63,10 +64,10 @@ def null_mask(cols: Mapping[str, Any], name: str) -> Any:
     column ``name`` is NULL (its value there reads -1)."""
     import numpy as np
 
-    for i, c in enumerate(nullable_ints()):
-        if c.name == name:
-            return ((cols["_nulls"] >> i) & 1).astype(bool)
-    return np.zeros(len(cols["_nulls"]), dtype=bool)
+    i = NULL_BITS.get(name)
+    if i is None:
+        return np.zeros(len(cols["_nulls"]), dtype=bool)
+    return ((cols["_nulls"] >> i) & 1).astype(bool)
 
 
 def _iter_step_columns(

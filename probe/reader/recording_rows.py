@@ -188,16 +188,11 @@ def column_checks(
         elif c.min is not None:
             below = v < c.min
             if any_null and c.nullable:
-                below &= (nulls & (1 << _NULL_BIT[c.name])) == 0
+                below &= (nulls & (1 << NULL_BITS[c.name])) == 0
             bad |= below
     bad |= cols["t1_ns"] < cols["t0_ns"]
     return bad
 
 
-#: each nullable integer column's bit in a chunk's ``_nulls``
-_NULL_BIT = {c.name: i for i, c in enumerate(nullable_ints())}
-
-
-def null_bit(name: str) -> int:
-    """The bit of nullable integer column ``name`` in a chunk's ``_nulls`` (set: NULL)."""
-    return _NULL_BIT[name]
+#: each nullable integer column's bit in a chunk's ``_nulls`` (set: NULL there)
+NULL_BITS = {c.name: i for i, c in enumerate(nullable_ints())}
