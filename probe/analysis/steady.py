@@ -73,58 +73,92 @@ class Classes:
         found: list[tuple[int, int, str]] = []
         for pid, rows in by_pid.items():
             rows.sort(key=lambda s: s.step)
-            summ = self.ranks.setdefault(pid, Summary(sample_every=self.sample_every))
-            was_replayed = summ.ranks[pid].replayed if pid in summ.ranks else False
-            summ.add_columns(columns_of_steps(rows))
-            raw, idle, cand, shape, period, gap = summ.last
-            recent = self.recent.setdefault(pid, {})
-            pending = self.pending.setdefault(pid, [])
-            if self.replayed is None and not was_replayed and summ.ranks[pid].replayed:
-                why = CLASSES[rules.BEFORE_REPLAY]
-                for n in pending:
-                    if n in recent and (pid, n) not in self.why:
-                        self.why[(pid, n)] = why
-                        recent[n] = (False, *recent[n][1:])
-                        found.append((pid, n, why))
-                pending.clear()
-            for j, s in enumerate(rows):
-                c = int(raw[j])
-                if c == PENDING:
-                    c = STEADY
-                    if self.replayed is not None and pid in self.replayed:
-                        c = rules.BEFORE_REPLAY
-                    elif self.replayed is None:
-                        pending.append(s.step)
-                if cand[j]:
-                    c = self._first_use(summ, pid, s, int(shape[j]))
-                    # judged warm-up: no longer waiting on a first replay
-                    if c != STEADY and pending and pending[-1] == s.step:
-                        pending.pop()
-                if s.mode is not None and c != STEADY:
-                    self.why[(pid, s.step)] = CLASSES[c]
-                    found.append((pid, s.step, CLASSES[c]))
-                recent[s.step] = (
-                    c == STEADY and s.mode is not None,
-                    bool(idle[j]),
-                    int(period[j]),
-                    int(gap[j]),
-                )
-            while len(recent) > self.keep:
-                old = next(iter(recent))
-                del recent[old]
-                self.why.pop((pid, old), None)
-            del pending[: max(0, len(pending) - self.keep)]
+            found += self.classify_columns(pid, columns_of_steps(rows))[0]
         return found
 
-    def _first_use(self, summ: Summary, pid: int, s: Step, shape: int) -> int:
+    def classify_columns(
+        self, pid: int, cols: Mapping[str, np.ndarray]
+    ) -> tuple[list[tuple[int, int, str]], tuple[np.ndarray, ...]]:
+        """:meth:`classify` of one rank's steps given as columns (in step order, none
+        classified yet; :func:`probe.analysis.summary.columns_of_steps`' or a recording's):
+        the warm-up steps found, and per row (steady, after an engine-idle gap, period ns,
+        gap ns), as :meth:`get` gives them."""
+        found: list[tuple[int, int, str]] = []
+        summ = self.ranks.setdefault(pid, Summary(sample_every=self.sample_every))
+        was_replayed = summ.ranks[pid].replayed if pid in summ.ranks else False
+        summ.add_columns(cols)
+        raw, idle, cand, shape, period, gap = summ.last
+        recent = self.recent.setdefault(pid, {})
+        pending = self.pending.setdefault(pid, [])
+        if self.replayed is None and not was_replayed and summ.ranks[pid].replayed:
+            why = CLASSES[rules.BEFORE_REPLAY]
+            for n in pending:
+                if n in recent and (pid, n) not in self.why:
+                    self.why[(pid, n)] = why
+                    recent[n] = (False, *recent[n][1:])
+                    found.append((pid, n, why))
+            pending.clear()
+        # each row's class: as the summary classed it, a pending one and a first use
+        # decided here (few rows: in Python)
+        c = raw.copy()
+        pend = np.flatnonzero(c == PENDING)
+        if len(pend):
+            if self.replayed is not None and pid in self.replayed:
+                c[pend] = rules.BEFORE_REPLAY
+            else:
+                c[pend] = STEADY
+        steps = cols["step"]
+        mode = cols["mode"]
+        forward = mode >= 0
+        waits = np.zeros(len(c), dtype=bool)  # live: steady until a first replay comes
+        if self.replayed is None:
+            waits[pend] = True
+        for j in np.flatnonzero(cand | waits).tolist():
+            step = int(steps[j])
+            if waits[j]:
+                pending.append(step)
+            if cand[j]:
+                c[j] = self._first_use(
+                    summ, pid, step, int(mode[j]), int(cols["host_ns"][j]), int(shape[j])
+                )
+                # judged warm-up: no longer waiting on a first replay
+                if c[j] != STEADY and pending and pending[-1] == step:
+                    pending.pop()
+        steady = (c == STEADY) & forward
+        for j in np.flatnonzero(forward & (c != STEADY)).tolist():
+            key = (pid, int(steps[j]))
+            self.why[key] = CLASSES[int(c[j])]
+            found.append((*key, CLASSES[int(c[j])]))
+        recent.update(
+            zip(
+                steps.tolist(),
+                zip(
+                    steady.tolist(),
+                    idle.astype(bool).tolist(),
+                    period.tolist(),
+                    gap.tolist(),
+                    strict=True,
+                ),
+                strict=True,
+            )
+        )
+        while len(recent) > self.keep:
+            old = next(iter(recent))
+            del recent[old]
+            self.why.pop((pid, old), None)
+        del pending[: max(0, len(pending) - self.keep)]
+        return found, (steady, idle.astype(bool), period, gap)
+
+    def _first_use(
+        self, summ: Summary, pid: int, step: int, mode: int, host_ns: int, shape: int
+    ) -> int:
         if self.decided is not None:
-            return rules.FIRST_USE if (pid, s.step) in self.decided else STEADY
+            return rules.FIRST_USE if (pid, step) in self.decided else STEADY
         c = summ.candidates.get((pid, shape))
-        mode = int(s.mode) if s.mode is not None else -1
         of_mode = [a for k, a in summ.groups.items() if k.mode == mode and k.step_class == STEADY]
         pool = of_mode or [a for k, a in summ.groups.items() if k.step_class == STEADY]
         med = percentile_of(total_of(pool), "host_ns", 50) if pool else None
-        slow = rules.first_use_slow(s.host_ns, med)
+        slow = rules.first_use_slow(host_ns, med)
         if c is not None:
             # decided now: into the running summary's groups
             del summ.candidates[(pid, shape)]
