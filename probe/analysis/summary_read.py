@@ -6,6 +6,7 @@ recording, DuckDB over a columnar one's Parquet); several recordings merged."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -33,12 +34,27 @@ def summarize_recording(rec: Any, chunk: int | None = None) -> Summary:
     s.calibrations = {p: c for p, c in cals.items() if c is not None}
     columnar = isinstance(rec, ColumnarRecording)
     calls = _call_counts(rec, s.calibrations) if s.calibrations else None
-    for cols in iter_step_columns(rec, chunk=chunk or STEP_CHUNK_ROWS):
-        if calls is not None:
-            cols = dict(cols)
-            cols["_span_calls"], cols["_hook_calls"] = calls.take(cols)
-        s.add_columns(cols)
-    reorders = _columnar_reorders(rec) if columnar else rec._rows(reorder_totals_sql())
+    # a columnar file's reorders and builds aggregated by DuckDB (the GIL let go) while
+    # the steps are summarised here
+    pool = ThreadPoolExecutor(1, thread_name_prefix="probe-sql") if columnar else None
+    try:
+        details = (
+            pool.submit(lambda: (_columnar_reorders(rec), _columnar_builds(rec)))
+            if pool is not None
+            else None
+        )
+        for cols in iter_step_columns(rec, chunk=chunk or STEP_CHUNK_ROWS):
+            if calls is not None:
+                cols = dict(cols)
+                cols["_span_calls"], cols["_hook_calls"] = calls.take(cols)
+            s.add_columns(cols)
+        if details is not None:
+            reorders, builds = details.result()
+        else:
+            reorders, builds = rec._rows(reorder_totals_sql()), rec._rows(build_histogram_sql())
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
     for row in reorders:
         thr, n, changed, moved, spec, dec, reqs = (int(x or 0) for x in row)
         s.reorders["decisions"] += n
@@ -48,7 +64,6 @@ def summarize_recording(rec: Any, chunk: int | None = None) -> Summary:
         s.reorders["decodes"] += dec
         s.reorders["reqs"] += reqs
         s.thresholds[thr] += n
-    builds = _columnar_builds(rec) if columnar else rec._rows(build_histogram_sql())
     for name, tag, drafter, b, n, total in builds:
         key = (name if isinstance(name, str) else "?", str(tag), bool(drafter))
         s._build(key, 0, int(n), int(b))
@@ -314,6 +329,18 @@ def _call_counts(rec: Any, cals: Mapping[int, Mapping[str, Any]]) -> _Calls:
     from probe.reader.columnar_schema import count_sql
 
     c: _Calls = _StoredCalls() if isinstance(rec, ColumnarRecording) else _Calls(rec, count_sql())
+    return _calibrated(c, cals)
+
+
+def stored_calls(cals: Mapping[int, Mapping[str, Any]]) -> _Calls:
+    """Per step, the hooked calls of the processes calibrated in ``cals``
+    (:meth:`_Calls.take`), from the record counts a columnar file stores beside each step
+    (:data:`probe.reader.columnar_schema.COUNT_COLUMNS`, read with the step's columns)."""
+    return _calibrated(_StoredCalls(), cals)
+
+
+def _calibrated(c: _Calls, cals: Mapping[int, Mapping[str, Any]]) -> _Calls:
+    """``c`` with the calibrated processes of ``cals`` and their hooks' shape."""
     c.pids = np.array(sorted(cals), dtype=np.int64)
     c.merged_mrv2 = np.array([p for p, x in cals.items() if x.get("launch_is_replay")], np.int64)
     c.merged_v1 = np.array([p for p, x in cals.items() if x.get("v1_launch_is_replay")], np.int64)
