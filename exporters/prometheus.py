@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -67,6 +67,10 @@ from exporters.metrics import (
 from probe.analysis.steady import Classes
 from probe.progress import SILENT, Progress
 from probe.step import Step
+
+if TYPE_CHECKING:
+    from exporters.metrics_columns import Updates
+    from probe.reader.recording_batches import StepBatch
 
 DEFAULT_ADDR = "127.0.0.1:9464"
 
@@ -131,6 +135,43 @@ class _Values:
             h.sum += u.value
         else:
             series[key] = float(u.value)
+
+    def apply_codes(self, base: Mapping[str, str], u: Updates) -> None:
+        """Apply one metric's updates of a batch given as columns
+        (:class:`exporters.metrics_columns.Updates`), as :meth:`apply` would apply each in
+        turn: new series in the order of their first update, each series' sum added to in
+        update order (``np.add.at``: the same float additions)."""
+        import numpy as np
+
+        if not len(u.codes):
+            return
+        m = METRICS[u.metric]
+        series = self.series[u.metric]
+        uniq, first, inv = np.unique(u.codes, return_index=True, return_inverse=True)
+        keys: list[tuple[str, ...]] = [()] * len(uniq)
+        for i in np.argsort(first, kind="stable").tolist():
+            labels = {**base, **u.labels(int(uniq[i]))}
+            keys[i] = key = tuple([labels[k] for k in m.all_labels])
+            if key not in series:
+                series[key] = 0.0 if m.kind == "counter" else _Hist(len(m.buckets))
+        if m.kind == "counter":
+            if (u.values < 0).any():
+                bad = float(u.values[int(np.argmax(u.values < 0))])
+                raise ValueError(f"{u.metric}: counters only go up, got {bad}")
+            acc = np.array([series[k] for k in keys], dtype=np.float64)
+            np.add.at(acc, inv, u.values)
+            for k, v in zip(keys, acc.tolist(), strict=True):
+                series[k] = v
+            return
+        hists = [series[k] for k in keys]
+        bucket = np.searchsorted(np.asarray(m.buckets, dtype=np.float64), u.values, side="left")
+        counts = np.zeros((len(keys), len(m.buckets) + 1), dtype=np.int64)
+        np.add.at(counts, (inv, bucket), 1)
+        sums = np.array([h.sum for h in hists], dtype=np.float64)
+        np.add.at(sums, inv, u.values)
+        for h, c, total in zip(hists, counts.tolist(), sums.tolist(), strict=True):
+            h.counts = [a + b for a, b in zip(h.counts, c, strict=True)]
+            h.sum = total
 
     def forget(self, pid: str) -> int:
         n = 0
@@ -252,19 +293,41 @@ class PrometheusSink(ExportSink):
 
     def steps(self, info: ProcessInfo, steps: Sequence[Step], gpu: Sequence[GpuSample]) -> None:
         with self._lock:
-            if info.pid not in self._fixed:
-                self._fixed[info.pid] = {k: getattr(info, k) for k in FIXED}
-                self._pending.pop(info.pid, None)
-                first = self._labelled(info)
-                for u in process_updates(first, None):
-                    self.apply(u)
-                self._known[info.pid] = first
+            self._first_step(info)
             info = self._labelled(info)
             for u in updates(info, steps, gpu, self._classes):
                 self.apply(u)
             for u in self._ranks.updates(info, steps, self._known.__getitem__):
                 self.apply(u)
             self._dirty = True
+
+    def step_columns(self, info: ProcessInfo, batch: StepBatch) -> None:
+        """:meth:`steps` of a batch of ``info``'s steps given as columns, their device
+        timings those the steps hold (:func:`exporters.metrics_columns.column_updates`): the
+        same series, the same values."""
+        from exporters.metrics_columns import builder_label, column_updates, rank_steps
+
+        with self._lock:
+            self._first_step(info)
+            info = self._labelled(info)
+            base = process_labels(info)
+            for u in column_updates(info, batch, self._classes, builder_label(info)):
+                self.values.apply_codes(base, u)
+            if info.role == "worker":
+                steps = rank_steps(batch)
+                for r in self._ranks.updates(info, steps, self._known.__getitem__):
+                    self.apply(r)
+            self._dirty = True
+
+    def _first_step(self, info: ProcessInfo) -> None:
+        """At ``info``'s first step: its label facts fixed, its process series made."""
+        if info.pid not in self._fixed:
+            self._fixed[info.pid] = {k: getattr(info, k) for k in FIXED}
+            self._pending.pop(info.pid, None)
+            first = self._labelled(info)
+            for u in process_updates(first, None):
+                self.apply(u)
+            self._known[info.pid] = first
 
     def finished(self, pid: int, at: float | None = None) -> None:
         """``pid`` ended and was read to its end: its end time (Unix s, default now) as
@@ -512,13 +575,25 @@ def write_textfile(sink: PrometheusSink, path: str | os.PathLike[str]) -> None:
     os.replace(tmp, p)
 
 
+def replayed(recording: Any, *, progress: Progress = SILENT) -> tuple[PrometheusSink, int]:
+    """A sink holding the recording's totals, as a live one fed its steps would (the
+    processes in turns, a batch each), and the number of steps: fed column batches
+    (:func:`exporters.base.replay_columns`), or Steps where the recording does not store
+    what the column batches need (:func:`exporters.base.replay`)."""
+    from exporters.base import replay
+    from exporters.metrics_columns import replay_columns
+
+    sink = PrometheusSink()
+    n = replay_columns(recording, sink, progress=progress)
+    if n is None:
+        n = replay(recording, sink, progress=progress)
+    return sink, n
+
+
 def write(recording: Any, target: str | os.PathLike[str], *, progress: Progress = SILENT) -> int:
     """The exporter contract's offline half (:mod:`exporters.registry`): the recording's
     totals as a textfile at ``target``; returns the number of steps. For charts over the
     recording's own time, :mod:`exporters.openmetrics` instead."""
-    from exporters.base import replay
-
-    sink = PrometheusSink()
-    n = replay(recording, sink, progress=progress)
+    sink, n = replayed(recording, progress=progress)
     write_textfile(sink, target)
     return n

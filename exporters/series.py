@@ -36,10 +36,12 @@ from typing import IO, Any
 
 from exporters.base import ProcessInfo, processes_from_recording
 from exporters.metrics import METRICS, Update, process_updates, updates
+from exporters.metrics_columns import TABLES, builder_label, column_events, columns_read
 from probe.analysis.steady import Classes, iter_chunks
 from probe.analysis.summary_read import summarize_recordings
 from probe.progress import SILENT, Progress
 from probe.reader.recording import Recording
+from probe.reader.recording_batches import step_batches
 from probe.step import Step
 
 __all__ = [
@@ -151,6 +153,9 @@ def _snapshot(v: Value) -> Value:
 
 #: one step's updates at its end (epoch ns): (metric, sorted label pairs, value) each
 Event = tuple[int, list[tuple[str, tuple[tuple[str, str], ...], float]]]
+
+#: steps read as column batches at a time (the chunks the Steps are classified in)
+EVENT_BATCH = 4096
 
 HOLD = 1 << 14
 """Events held in memory before a sorted run is written to the temporary file."""
@@ -357,9 +362,20 @@ def recording_ticks(
     infos = clocked(rec)
     progress.stage(stage, sum(per_pid.get(i.pid, 0) for i in infos), "steps")
     classes = recording_classes(rec)  # one split across the processes
+    columns = columns_read(rec, infos)
     with EventRuns() as runs:
         for info in infos:
-            events = step_events(info, rec.iter_steps(info.pid), classes, progress)
+            events = (
+                column_events(
+                    info,
+                    step_batches(rec, info.pid, EVENT_BATCH, TABLES, counts=columns == "counts"),
+                    classes,
+                    builder_label(info),
+                    progress,
+                )
+                if columns
+                else step_events(info, rec.iter_steps(info.pid), classes, progress)
+            )
             tk = process_ticks(info, events, interval_s, runs)
             if tk is not None:
                 yield tk

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Iterator, Mapping
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -136,7 +136,7 @@ class _Details:
         return keys, recs
 
 
-def _step_kwargs(b: Any, checked: Mapping[str, Any]) -> list[dict[str, Any]]:
+def step_kwargs(checked: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The Step fields of each row of a checked steps batch."""
     nulls = checked["_nulls"]
     out_cols: dict[str, list[Any]] = {}
@@ -164,38 +164,74 @@ def _step_kwargs(b: Any, checked: Mapping[str, Any]) -> list[dict[str, Any]]:
             phase_cols[c.phase] = vals
         else:
             out_cols[c.field] = vals
-    n = b.num_rows
     names = list(out_cols)
     rows = [dict(zip(names, r, strict=True)) for r in zip(*out_cols.values(), strict=True)]
     pnames = list(phase_cols)
     for kw, ph in zip(rows, zip(*phase_cols.values(), strict=True), strict=True):
         kw["phases"] = dict(zip(pnames, ph, strict=True))
-    assert len(rows) == n
     return rows
+
+
+def _exactly(batches: Iterator[Any], size: int) -> Iterator[Any]:
+    """Arrow record batches of ``size`` rows each (the last: what is left), whatever
+    rows the batches read come in."""
+    import pyarrow as pa
+
+    held: list[Any] = []
+    n = 0
+    for b in batches:
+        while b.num_rows:
+            take = min(size - n, b.num_rows)
+            held.append(b.slice(0, take))
+            n += take
+            b = b.slice(take)
+            if n == size:
+                yield held[0] if len(held) == 1 else pa.concat_batches(held)
+                held, n = [], 0
+    if held:
+        yield held[0] if len(held) == 1 else pa.concat_batches(held)
+
+
+def _step_batches(
+    rec: Any, pid: int | None, size: int, counts: bool = False, exact: bool = False
+) -> Iterator[tuple[dict[str, Any], np.ndarray, np.ndarray]]:
+    """The ``steps`` table (of ``pid``, or all) ``size`` rows at a time, each batch's values
+    checked (a batch that fails is read again by the row decoder, which raises the error
+    naming the value): (the checked columns, as
+    :func:`probe.reader.columnar_columns.iter_columnar_step_columns` gives them, each row's
+    (pid, step) key, and True where a row repeats the step before it). ``counts``: with each
+    step's record counts (:data:`probe.reader.columnar_schema.COUNT_COLUMNS`; a columnar file
+    stores them). ``exact``: every batch ``size`` rows (the last: what is left)."""
+    from probe.reader.columnar_columns import iter_columnar_step_columns, numpy_of
+    from probe.reader.columnar_schema import COUNT_COLUMNS
+
+    cols = [c.name for c in STEP_COLUMNS]
+    extra = list(COUNT_COLUMNS) if counts else []
+    batches = rec.batches("steps", cols + extra, pid, size)
+    for b in _exactly(batches, size) if exact else batches:
+        try:
+            [checked] = list(iter_columnar_step_columns(_One(rec, b), None, size, cols))
+        except RecordingError:
+            for _ in steps_of_rows(rec.path, _rows_of(b), {t.name: () for t in DETAIL_TABLES}, {}):
+                pass
+            raise
+        for n in extra:
+            checked[n] = np.asarray(numpy_of(b.column(n)), dtype=np.int64)
+        keys = _key(checked["pid"], checked["step"])
+        # a step twice (an SQLite recording may hold one): its records go with the first
+        again = np.zeros(len(keys), bool)
+        again[1:] = keys[1:] == keys[:-1]
+        yield checked, keys, again
 
 
 def steps_of_batches(rec: Any, pid: int | None = None) -> Iterator[Step]:
     """Every step of ``rec`` (of ``pid``, or all), in (pid, step) order, with its detail
     records, from ``rec.batches``; every value checked (module docstring)."""
-    from probe.reader.columnar_columns import iter_columnar_step_columns
-
     names = rec.builder_names(pid)
     ids = {p: {n: i for i, n in m.items()} for p, m in names.items()}
     details = [_Details(rec, t, pid, ids) for t in DETAIL_TABLES]
-    cols = [c.name for c in STEP_COLUMNS]
-    batches = rec.batches("steps", cols, pid, STEP_BATCH)
-    for b in batches:
-        try:
-            [checked] = list(iter_columnar_step_columns(_One(rec, b), None, STEP_BATCH, cols))
-        except RecordingError:
-            for _ in steps_of_rows(rec.path, _rows_of(b), {t.name: () for t in DETAIL_TABLES}, {}):
-                pass
-            raise
-        keys = _key(checked["pid"], checked["step"])
-        # a step twice (an SQLite recording may hold one): its records go with the first
-        again = np.zeros(len(keys), bool)
-        again[1:] = keys[1:] == keys[:-1]
-        kws = _step_kwargs(b, checked)
+    for checked, keys, again in _step_batches(rec, pid, STEP_BATCH):
+        kws = step_kwargs(checked)
         last = int(keys[-1])
         for d, t in zip(details, DETAIL_TABLES, strict=True):
             dk, drecs = d.upto(last)
@@ -205,6 +241,104 @@ def steps_of_batches(rec: Any, pid: int | None = None) -> Iterator[Step]:
                 kw[t.step_field] = () if dup else tuple(drecs[i:j])
         for kw in kws:
             yield Step(**kw)
+
+
+@dataclass
+class StepBatch:
+    """A batch of steps as checked columns (:func:`step_batches`): ``steps`` the step
+    columns (as :func:`probe.reader.recording_columns.iter_step_columns` gives them, with the
+    record counts where the file stores them), ``details`` per detail table asked for its
+    rows of these steps in (pid, step) order: ``row`` the step's row in the batch, and the
+    table's checked columns (:func:`probe.reader.columnar_columns.detail_columns`; a
+    builder's name as stored, ``builder``, a list)."""
+
+    steps: dict[str, np.ndarray]
+    details: dict[str, dict[str, Any]]
+
+    def __len__(self) -> int:
+        return len(self.steps["pid"])
+
+
+class _DetailColumns:
+    """One detail table's checked columns, a batch at a time, in (pid, step) order;
+    :meth:`upto` hands out those up to a key (the columns of :class:`_Details`' records)."""
+
+    def __init__(
+        self, rec: Any, t: DetailTable, pid: int | None, ids: Mapping[int, Mapping[str, int]]
+    ) -> None:
+        self.rec, self.t, self.ids = rec, t, ids
+        self.it = rec.batches(t.name, ["pid", "step", *(c.name for c in t.columns)], pid, BATCH)
+        self.text = [c.name for c in t.columns if c.kind is str]
+        self.parts: list[tuple[np.ndarray, dict[str, Any]]] = []
+        self.done = False
+
+    def _more(self) -> None:
+        from probe.reader.columnar_columns import detail_columns
+
+        b = next(self.it, None)
+        if b is None:
+            self.done = True
+            return
+        try:
+            a = detail_columns(self.rec, self.t.name, b)
+            for name in self.text:
+                a[name] = b.column(name).to_pylist()
+                for p, n in zip(a["pid"].tolist(), a[name], strict=True):
+                    if (n if n is not None else "?") not in self.ids.get(p, {}):
+                        raise RecordingError("an unknown builder")  # named by the row decoder
+        except RecordingError:
+            for _ in detail_records(self.rec.path, self.t, _rows_of(b), self.ids):
+                pass
+            raise
+        self.parts.append((_key(a["pid"], a["step"]), a))
+
+    def upto(self, last: int) -> tuple[np.ndarray, dict[str, Any]]:
+        """The rows of keys up to ``last`` (their keys, their columns), taken out."""
+        while not self.done and (not self.parts or self.parts[-1][0][-1] <= last):
+            self._more()
+        keys = np.concatenate([k for k, _ in self.parts]) if self.parts else np.zeros(0, np.int64)
+        names = list(self.parts[0][1]) if self.parts else []
+        whole = {
+            n: (
+                [v for _, a in self.parts for v in a[n]]
+                if n in self.text
+                else np.concatenate([a[n] for _, a in self.parts])
+            )
+            for n in names
+        }
+        k = int(np.searchsorted(keys, last, side="right"))
+        rest = {n: v[k:] for n, v in whole.items()}
+        self.parts = [(keys[k:], rest)] if k < len(keys) else []
+        return keys[:k], {n: v[:k] for n, v in whole.items()}
+
+
+def step_batches(
+    rec: Any, pid: int | None, size: int, tables: tuple[str, ...] = (), counts: bool = False
+) -> Iterator[StepBatch]:
+    """The steps of ``rec`` (of ``pid``, or all) as :class:`StepBatch`\\ es of ``size``
+    rows each (the last: what is left), with the detail ``tables`` asked for (a detail
+    row of no step in ``steps`` belongs to none; of a step twice, to the first); every
+    value checked as
+    :func:`steps_of_batches` checks it, a value that does not fit raising its error."""
+    names = rec.builder_names(pid) if "builds" in tables else {}
+    ids = {p: {n: i for i, n in m.items()} for p, m in names.items()}
+    details = [_DetailColumns(rec, t, pid, ids) for t in DETAIL_TABLES if t.name in tables]
+    for checked, keys, _ in _step_batches(rec, pid, size, counts, exact=True):
+        out: dict[str, dict[str, Any]] = {}
+        last = int(keys[-1])
+        for d in details:
+            dk, cols = d.upto(last)
+            at = np.minimum(np.searchsorted(keys, dk, side="left"), len(keys) - 1)
+            keep = keys[at] == dk
+            if not keep.all():
+                at = at[keep]
+                cols = {
+                    n: ([x for x, k in zip(v, keep.tolist(), strict=True) if k]
+                        if isinstance(v, list) else v[keep])
+                    for n, v in cols.items()
+                }  # fmt: skip
+            out[d.t.name] = {"row": at, **cols}
+        yield StepBatch(checked, out)
 
 
 class _One:

@@ -247,6 +247,11 @@ class RecordingSet:
         for b in chained:
             yield b if want is columns else b.select(columns)
 
+    @property
+    def stores_counts(self) -> bool:
+        """Whether every file stores each step's record counts (all columnar)."""
+        return all(getattr(r, "stores_counts", False) for r in self.recordings)
+
     def steps_vouched(self) -> frozenset[str]:
         """The step columns every file's statistics vouch for (none where a file is not
         columnar): see :meth:`probe.reader.columnar_read.ColumnarRecording.steps_vouched`."""

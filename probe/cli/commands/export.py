@@ -211,7 +211,6 @@ def _write_targets(
     om_out: Path | None,
     rocpd_out: Path | None,
 ) -> None:
-    from exporters.base import replay
 
     say = outs.lines.append
     if args.otlp:
@@ -226,9 +225,8 @@ def _write_targets(
         say(f"probe: {n} timestamped samples -> {om_out or 'standard output'}")
     if args.prometheus_textfile:
         prom = _sink_module("prometheus")
-        sink = prom.PrometheusSink()
         bars.section("prometheus textfile")
-        n = replay(rec, sink, progress=bars)
+        sink, n = prom.replayed(rec, progress=bars)
         write_bytes(textfile, sink.exposition())
         say(f"probe: {n:,} engine steps -> {textfile or 'standard output'}")
     if args.otlp:
