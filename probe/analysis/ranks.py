@@ -90,6 +90,7 @@ __all__ = [
     "StepRanks",
     "align_offsets",
     "compare",
+    "compare_many",
     "dp_costs",
     "engine_figures",
     "engine_ranks",
@@ -354,13 +355,35 @@ def compare(
     None when a rank has no launch time (no forward). ``shifts`` put each rank's BOOTTIME
     on the common clock (none: one host). The live matcher's, one matched step of
     :func:`probe.analysis.ranks_match.match_rows`."""
-    if any(s.cpu_launch_overhead_ns is None for s in steps):
-        return None
-    cols = ranks_match.step_columns(steps)
-    v = {k: a[None, :] for k, a in cols.items()}
-    sh = list(shifts) if shifts is not None else [0] * len(steps)
+    return compare_many([steps], shifts, uncertainty_ns=uncertainty_ns, sync_launch=sync_launch)[0]
+
+
+def compare_many(
+    matched: Sequence[Sequence[Step]],
+    shifts: Sequence[int] | None = None,
+    *,
+    uncertainty_ns: int = 0,
+    sync_launch: bool = False,
+) -> list[StepRanks | None]:
+    """:func:`compare` of each of ``matched`` (steps of the same ranks), as one matrix of
+    :func:`probe.analysis.ranks_match.match_rows` (its rows are independent)."""
+    out: list[StepRanks | None] = [None] * len(matched)
+    keep = [
+        i
+        for i, steps in enumerate(matched)
+        if all(s.cpu_launch_overhead_ns is not None for s in steps)
+    ]
+    if not keep:
+        return out
+    n = len(matched[keep[0]])
+    cols = ranks_match.step_columns([s for i in keep for s in matched[i]])
+    v = {k: a.reshape(len(keep), n) for k, a in cols.items()}
+    sh = list(shifts) if shifts is not None else [0] * n
     cands = ranks_match.candidates(sync_launch)
-    return next(_step_ranks(v, ranks_match.match_rows(v, sh, uncertainty_ns, sync_launch, cands)))
+    rows = ranks_match.match_rows(v, sh, uncertainty_ns, sync_launch, cands)
+    for i, sr in zip(keep, _step_ranks(v, rows), strict=True):
+        out[i] = sr
+    return out
 
 
 def _step_ranks(v: Mapping[str, np.ndarray], m: ranks_match.Rows) -> Iterator[StepRanks]:

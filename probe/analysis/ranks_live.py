@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from probe.analysis.ranks import LIVE_ALIGN, RankId, StepRanks, align_offsets, compare
+from probe.analysis.ranks import LIVE_ALIGN, RankId, StepRanks, align_offsets, compare_many
 from probe.step import Step
 
 
@@ -94,7 +94,7 @@ class RankMatcher:
             held = [sorted(self._steps[r.pid].values(), key=lambda s: s.step) for r in members]
             offsets = self._offsets[rank.dp_rank] = align_offsets(held)[0]
         ref = self._steps[members[0].pid]
-        out: list[tuple[list[RankId], StepRanks]] = []
+        matched: list[list[Step]] = []
         for k in sorted(ref):
             keys = [k + d for d in offsets]
             held_steps = [self._steps[r.pid].get(x) for r, x in zip(members, keys, strict=True)]
@@ -103,10 +103,13 @@ class RankMatcher:
             for r, x in zip(members, keys, strict=True):
                 del self._steps[r.pid][x]
                 self._held(rank.dp_rank, r.pid)
-            sr = compare([h for h in held_steps if h is not None], sync_launch=self.sync_launch)
-            if sr is not None:
-                out.append((list(members), sr))
-        return out
+            matched.append([h for h in held_steps if h is not None])
+        # compared together: one matrix for the steps matched now
+        return [
+            (list(members), sr)
+            for sr in compare_many(matched, sync_launch=self.sync_launch)
+            if sr is not None
+        ]
 
     def forget(self, pid: int) -> None:
         """Nothing kept of ``pid`` (a process that ended a while ago)."""

@@ -207,7 +207,8 @@ def _step_batches(
 
     cols = [c.name for c in STEP_COLUMNS]
     extra = list(COUNT_COLUMNS) if counts else []
-    batches = rec.batches("steps", cols + extra, pid, size)
+    # exact: read in larger batches (fewer Arrow reads), cut to size
+    batches = rec.batches("steps", cols + extra, pid, max(size, BATCH) if exact else size)
     for b in _exactly(batches, size) if exact else batches:
         try:
             [checked] = list(iter_columnar_step_columns(_One(rec, b), None, size, cols))
