@@ -225,16 +225,17 @@ def _step_batches(
         yield checked, keys, again
 
 
-def steps_of_batches(rec: Any, pid: int | None = None) -> Iterator[Step]:
+def steps_of_batches(rec: Any, pid: int | None = None, records: bool = True) -> Iterator[Step]:
     """Every step of ``rec`` (of ``pid``, or all), in (pid, step) order, with its detail
-    records, from ``rec.batches``; every value checked (module docstring)."""
-    names = rec.builder_names(pid)
+    records (``records``; without: none read, each Step's record lists empty), from
+    ``rec.batches``; every value checked (module docstring)."""
+    names = rec.builder_names(pid) if records else {}
     ids = {p: {n: i for i, n in m.items()} for p, m in names.items()}
-    details = [_Details(rec, t, pid, ids) for t in DETAIL_TABLES]
+    details = [(_Details(rec, t, pid, ids), t) for t in DETAIL_TABLES] if records else []
     for checked, keys, again in _step_batches(rec, pid, STEP_BATCH):
         kws = step_kwargs(checked)
         last = int(keys[-1])
-        for d, t in zip(details, DETAIL_TABLES, strict=True):
+        for d, t in details:
             dk, drecs = d.upto(last)
             lo = np.searchsorted(dk, keys, side="left").tolist()
             hi = np.searchsorted(dk, keys, side="right").tolist()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -122,6 +123,9 @@ def test_steps_built_from_batches_equal_the_row_decoders(path: str) -> None:
     assert list(steps_of_batches(sql)) == want  # the SQLite file's batches too
     pid = sorted(col.step_counts())[-1]
     assert list(col.iter_steps(pid)) == [s for s in want if s.pid == pid]
+    # without their records (what the what-if reads): the same steps, no record read
+    bare = {f: () for f in ("spans", "builds", "reorders", "dispatches", "replays")}
+    assert list(steps_of_batches(col, records=False)) == [replace(s, **bare) for s in want]
 
 
 def test_a_damaged_columnar_value_is_named_as_the_row_decoder_names_it(tmp_path: Path) -> None:
