@@ -210,7 +210,11 @@ class Replayer:
             if s.reason in KEPT:
                 out.append(s)
                 continue
-            mode, reason, padded, padded_reqs = graphs[s.pid](s)
+            got = graphs[s.pid](s)
+            if got == (s.mode, s.reason, s.padded_tokens, s.padded_reqs):
+                out.append(s)  # dispatched as recorded: the step itself, not a copy
+                continue
+            mode, reason, padded, padded_reqs = got
             out.append(
                 replace(s, mode=mode, reason=reason, padded_tokens=padded, padded_reqs=padded_reqs)
             )
