@@ -354,25 +354,38 @@ def builder_label(info: ProcessInfo) -> Callable[[str | None], str]:
     return label
 
 
+class NeedsSteps(ValueError):
+    """The recording's metric updates need its Steps (:func:`columns_read`)."""
+
+
 def replay_columns(
-    rec: Any, sink: Any, *, batch: int = 256, progress: Progress = SILENT
-) -> int | None:
+    rec: Any,
+    sink: Any,
+    *,
+    batch: int = 256,
+    progress: Progress = SILENT,
+    tables: tuple[str, ...] | None = None,
+) -> int:
     """:func:`exporters.base.replay` of ``rec`` as column batches
     (:func:`probe.reader.recording_batches.step_batches`) into a sink that takes them
-    (``step_columns(info, batch)``), in the same turns; None, feeding nothing, where a
-    calibrated process's hooked calls would need its Steps (:func:`columns_read`)."""
+    (``step_columns(info, batch)``), in the same turns, each batch with the detail
+    ``tables`` (None: the metric updates', with each step's record counts where the file
+    stores them); the steps fed. Without ``tables``, refuses (:class:`NeedsSteps`, feeding
+    nothing) where a calibrated process's hooked calls would need its Steps
+    (:func:`columns_read`)."""
     from probe.reader.recording_batches import step_batches
 
     infos = processes_from_recording(rec)
     how = columns_read(rec, infos)
-    if not how:
-        return None
-    counts = how == "counts"
+    if tables is None and not how:
+        raise NeedsSteps(f"{rec.path}: calibrated processes' hooked calls need the Steps")
+    counts = tables is None and how == "counts"
+    tables = TABLES if tables is None else tables
     n = 0
     progress.stage("replaying steps", sum(rec.step_counts().values()), "steps")
     for info in infos:
         sink.process(info)
-    turns = [(info, step_batches(rec, info.pid, batch, TABLES, counts)) for info in infos]
+    turns = [(info, step_batches(rec, info.pid, batch, tables, counts)) for info in infos]
     while turns:
         still = []
         for info, batches in turns:

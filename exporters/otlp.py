@@ -30,10 +30,11 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
     OTLPMetricExporter as GrpcMetricExporter,
@@ -88,8 +89,10 @@ from exporters.series import (
 from probe.analysis.steady import Classes
 from probe.progress import SILENT, Progress
 from probe.reader.recording import Recording
-from probe.records import Flag, Phase
-from probe.step import Step
+from probe.reader.recording_batches import StepBatch
+from probe.reader.recording_rows import NULL_BITS
+from probe.records import Flag, Mode, Phase, Reason
+from probe.step import STEP_COLUMNS, Step
 
 log = logging.getLogger("probe")
 
@@ -156,6 +159,71 @@ def step_attributes(s: Step) -> dict[str, Any]:
         a[f"{ATTR}.reorder.num_decodes"] = r.num_decodes
         a[f"{ATTR}.reorder.spec_as_decode"] = r.spec_as_decode
     return a
+
+
+_PHASES = list(Phase.__members__.values())
+RUNNERS = next(c.choices for c in STEP_COLUMNS if c.name == "runner")
+_MODE_NAMES = {int(m): m.name.lower() for m in Mode}
+_REASON_LABELS = {int(r): r.label for r in Reason}
+
+
+def step_attributes_of_columns(batch: StepBatch) -> Iterator[dict[str, Any]]:
+    """:func:`step_attributes` of each step of a column batch (its reorders those of
+    ``batch.details["reorders"]``), the same keys, values and types."""
+    c = batch.steps
+    nulls = c["_nulls"]
+    no_launch = ((nulls >> NULL_BITS["cpu_launch_overhead_ns"]) & 1).astype(bool).tolist()
+    runners = [RUNNERS[i] if i >= 0 else None for i in c["runner"].tolist()]
+    ro = batch.details["reorders"]
+    first: dict[int, int] = {}
+    for k, r in enumerate(ro["row"].tolist()):
+        first.setdefault(r, k)
+    changed = np.zeros(len(batch), bool)
+    np.logical_or.at(changed, ro["row"], ro["changed"] != 0)
+    moved = np.zeros(len(batch), np.int64)
+    np.add.at(moved, ro["row"], ro["moved"])
+    cols = {k: c[k].tolist() for k in (
+        "step", "mode", "reason", "replayed", "pieces", "num_tokens", "num_reqs",
+        "padded_tokens", "padded_reqs", "max_query_len", "uniform",
+        "uniform_decode_query_len", "host_ns", "cpu_launch_overhead_ns", "draft_mode",
+        "draft_reason", "draft_replays",
+    )}  # fmt: skip
+    thr, nd, spec = ro["threshold"].tolist(), ro["num_decodes"].tolist(), ro["spec_as_decode"]
+    spec = (spec != 0).tolist()
+    changed_l, moved_l = changed.tolist(), moved.tolist()
+    for j in range(len(batch)):
+        mode = cols["mode"][j]
+        a: dict[str, Any] = {
+            f"{ATTR}.step": cols["step"][j],
+            f"{ATTR}.runner": runners[j],
+            f"{ATTR}.graph.mode": _MODE_NAMES[mode] if mode >= 0 else "no_forward",
+            f"{ATTR}.graph.reason": _REASON_LABELS.get(cols["reason"][j], "unknown"),
+            f"{ATTR}.graph.replayed": bool(cols["replayed"][j]),
+            f"{ATTR}.graph.pieces": cols["pieces"][j],
+            f"{ATTR}.batch.num_tokens": cols["num_tokens"][j],
+            f"{ATTR}.batch.num_reqs": cols["num_reqs"][j],
+            f"{ATTR}.batch.padded_tokens": cols["padded_tokens"][j],
+            f"{ATTR}.batch.padded_reqs": cols["padded_reqs"][j],
+            f"{ATTR}.batch.max_query_len": cols["max_query_len"][j],
+            f"{ATTR}.batch.uniform": bool(cols["uniform"][j]),
+            f"{ATTR}.batch.uniform_decode_query_len": cols["uniform_decode_query_len"][j],
+            f"{ATTR}.host_ns": cols["host_ns"][j],
+        }
+        if not no_launch[j]:
+            a[f"{ATTR}.cpu_launch_overhead_ns"] = cols["cpu_launch_overhead_ns"][j]
+        dm = cols["draft_mode"][j]
+        if dm >= 0:
+            a[f"{ATTR}.draft.mode"] = _MODE_NAMES[dm]
+            a[f"{ATTR}.draft.reason"] = _REASON_LABELS.get(cols["draft_reason"][j], "unknown")
+            a[f"{ATTR}.draft.replays"] = cols["draft_replays"][j]
+        r = first.get(j)
+        if r is not None:
+            a[f"{ATTR}.reorder.changed"] = changed_l[j]
+            a[f"{ATTR}.reorder.moved"] = moved_l[j]
+            a[f"{ATTR}.reorder.threshold"] = thr[r]
+            a[f"{ATTR}.reorder.num_decodes"] = nd[r]
+            a[f"{ATTR}.reorder.spec_as_decode"] = spec[r]
+        yield a
 
 
 class Deadline:
@@ -394,6 +462,45 @@ class OtlpSink(ExportSink):
         for s in steps:
             self._span(p, s)
 
+    def step_columns(self, info: ProcessInfo, batch: StepBatch) -> None:
+        """:meth:`steps` of a batch of ``info``'s steps given as columns, spans only (a
+        sink made with ``metrics=False``, as :func:`write` makes it): the same spans, the
+        same attributes (:func:`step_attributes_of_columns`)."""
+        if self.metrics:
+            raise TypeError("step_columns: a sink of spans only (metrics=False)")
+        self._pending.pop(info.pid, None)
+        p = self._proc(self._fixed(info))
+        off = p.offset_ns
+        sp = batch.details["spans"]
+        # each step's spans in start order (a stable sort: as sorted() sorts a step's)
+        order = np.lexsort((sp["t0_ns"], sp["row"]))
+        rows, t0s, t1s = sp["row"][order], sp["t0_ns"][order], sp["t1_ns"][order]
+        phases, drafter = sp["phase"][order].tolist(), (sp["drafter"][order] != 0).tolist()
+        at = np.searchsorted(rows, np.arange(len(batch) + 1)).tolist()
+        t0s, t1s = t0s.tolist(), t1s.tolist()
+        cols = batch.steps
+        starts, ends = cols["t0_ns"].tolist(), cols["t1_ns"].tolist()
+        for j, attrs in enumerate(step_attributes_of_columns(batch)):
+            root = p.tracer.start_span("engine_step", start_time=starts[j] + off, attributes=attrs)
+            if root.is_recording():
+                ctx = trace.set_span_in_context(root)
+                for k in range(at[j], at[j + 1]):
+                    ph = _PHASES[phases[k]]
+                    name = ph.name.lower()
+                    child = p.tracer.start_span(
+                        name,
+                        context=ctx,
+                        start_time=t0s[k] + off,
+                        attributes={
+                            f"{ATTR}.phase": name,
+                            f"{ATTR}.drafter": drafter[k],
+                            # not stored: a recording's EXECUTE span reads 0 tokens
+                            **({f"{ATTR}.batch.num_tokens": 0} if ph == Phase.EXECUTE else {}),
+                        },
+                    )
+                    child.end(end_time=t1s[k] + off)
+            root.end(end_time=ends[j] + off)
+
     def _span(self, p: _Proc, s: Step) -> None:
         off = p.offset_ns
         root = p.tracer.start_span(
@@ -581,12 +688,13 @@ def write(
     the recording's own time (:mod:`exporters.series`), with explicit buckets.
     ``progress`` gets two stages: the spans' steps, then the steps of the metric samples
     (each process's samples sent as they are computed)."""
-    from exporters.base import replay
+    from exporters.metrics_columns import replay_columns
 
     sink = make_sink(
         target, protocol, sampling=sampling, timeout_s=timeout_s, headers=headers, metrics=False
     )
-    n = replay(recording, sink, progress=progress)
+    # spans read from column batches: each step's spans and reorders
+    n = replay_columns(recording, sink, progress=progress, tables=("spans", "reorders"))
     sink.flush(int(timeout_s * 1000))
     sent = failed = 0
     deadline = sink.deadline or Deadline(timeout_s)

@@ -581,11 +581,12 @@ def replayed(recording: Any, *, progress: Progress = SILENT) -> tuple[Prometheus
     (:func:`exporters.base.replay_columns`), or Steps where the recording does not store
     what the column batches need (:func:`exporters.base.replay`)."""
     from exporters.base import replay
-    from exporters.metrics_columns import replay_columns
+    from exporters.metrics_columns import NeedsSteps, replay_columns
 
     sink = PrometheusSink()
-    n = replay_columns(recording, sink, progress=progress)
-    if n is None:
+    try:
+        n = replay_columns(recording, sink, progress=progress)
+    except NeedsSteps:
         n = replay(recording, sink, progress=progress)
     return sink, n
 

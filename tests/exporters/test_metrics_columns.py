@@ -3,9 +3,9 @@ sink fed the recording's Steps makes (:func:`exporters.base.replay`, each step's
 applied in turn), and OpenMetrics the samples of the Steps' events
 (:func:`exporters.series.step_events`), byte for byte, on every committed recording, a
 set of two files, and a recording edited where the batches must take care (steps removed
-whose detail rows stay, a step whose device timing is missing). An SQLite recording
-with calibrated processes (its hooked calls counted from each step's records) is read
-as Steps."""
+whose detail rows stay, a step whose device timing is missing); OTLP's spans are those
+of the Steps. An SQLite recording with calibrated processes (its hooked calls counted
+from each step's records) is read as Steps for its metrics."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from recordings import committed, copy_recording, sqlite_of
 
 import exporters.series
 from exporters.base import replay
-from exporters.metrics_columns import replay_columns
+from exporters.metrics_columns import NeedsSteps, replay_columns
 from exporters.openmetrics import write as write_openmetrics
 from exporters.prometheus import PrometheusSink, replayed
 from probe.reader.columnar_convert import convert
@@ -105,7 +105,8 @@ def test_steps_removed_and_a_device_timing_missing(tmp_path: Path) -> None:
 def test_an_sqlite_recording_with_calibrated_processes_is_fed_its_steps() -> None:
     """Its hooked calls are counted from each step's records: the Steps."""
     rec = Recording.open(sqlite_of(CALIBRATED))
-    assert replay_columns(rec, PrometheusSink()) is None
+    with pytest.raises(NeedsSteps):
+        replay_columns(rec, PrometheusSink())
     sink, n = replayed(rec)
     assert n == sum(rec.step_counts().values())
     got = sink.exposition()
@@ -133,3 +134,39 @@ def test_batches_are_exactly_the_size_asked_with_their_details() -> None:
         d = b.details["builds"]
         assert (np.diff(d["row"]) >= 0).all()
         assert (b.steps["n_builds"][np.unique(d["row"])] > 0).all()
+
+
+def _spans(rec: Any, columns: bool) -> list[tuple[Any, ...]]:
+    """The spans an OTLP replay of ``rec`` sends (spans only, as ``probe export --otlp``
+    sends them before its metric samples): each with its process, its step's number and
+    whether it is the step's root, its name, times and attributes."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from exporters.otlp import ATTR, OtlpSink
+
+    mem = InMemorySpanExporter()
+    sink = OtlpSink(lambda: mem, lambda: None, metrics=False)  # type: ignore[arg-type,return-value]
+    if columns:
+        replay_columns(rec, sink, tables=("spans", "reorders"))
+    else:
+        replay(rec, sink)
+    sink.flush()
+    got = mem.get_finished_spans()
+    step_of = {s.context.span_id: s.attributes[f"{ATTR}.step"] for s in got if s.parent is None}
+    out = []
+    for s in got:
+        step = step_of[s.parent.span_id] if s.parent is not None else step_of[s.context.span_id]
+        pid = dict(s.resource.attributes).get("process.pid")
+        attrs = sorted(dict(s.attributes).items())
+        out.append((pid, step, s.parent is None, s.name, s.start_time, s.end_time, attrs))
+    sink.close()
+    return sorted(out, key=repr)
+
+
+@pytest.mark.parametrize("path", [TP2, STOCK, CALIBRATED])
+def test_the_column_spans_are_the_steps_spans(path: Path) -> None:
+    rec = Recording.open(path)
+    got = _spans(rec, columns=True)
+    assert got == _spans(rec, columns=False)
+    assert sum(1 for x in got if x[2]) == sum(rec.step_counts().values())  # a root per step
+    assert any(not x[2] for x in got)
