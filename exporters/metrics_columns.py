@@ -402,6 +402,6 @@ def replay_columns(
 def rank_steps(batch: StepBatch) -> Sequence[Any]:
     """The batch's steps as Steps without their records (what ranks side by side reads)."""
     from probe.reader.recording_batches import step_kwargs
-    from probe.step import Step
+    from probe.step import new_step
 
-    return [Step(**kw) for kw in step_kwargs(batch.steps)]
+    return [new_step(**kw) for kw in step_kwargs(batch.steps)]

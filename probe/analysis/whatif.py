@@ -68,7 +68,7 @@ from probe.analysis.whatif_vllm import (
 from probe.progress import SILENT, Progress
 from probe.reasons import SUPPORT_NAMES
 from probe.records import Mode, Reason
-from probe.step import Step
+from probe.step import Step, new_step
 
 __all__ = [
     "KEPT",
@@ -215,8 +215,17 @@ class Replayer:
                 out.append(s)  # dispatched as recorded: the step itself, not a copy
                 continue
             mode, reason, padded, padded_reqs = got
+            # dataclasses.replace without __init__'s setattr per field (new_step)
             out.append(
-                replace(s, mode=mode, reason=reason, padded_tokens=padded, padded_reqs=padded_reqs)
+                new_step(
+                    **{
+                        **s.__dict__,
+                        "mode": mode,
+                        "reason": reason,
+                        "padded_tokens": padded,
+                        "padded_reqs": padded_reqs,
+                    }
+                )
             )
         return out
 

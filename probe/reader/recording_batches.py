@@ -25,7 +25,7 @@ from probe.reader.recording_open import RecordingError
 from probe.reader.recording_rows import detail_records, steps_of_rows
 from probe.reader.recording_schema import DETAIL_TABLES, DetailTable
 from probe.records import Flag
-from probe.step import STEP_COLUMNS, Step
+from probe.step import STEP_COLUMNS, Step, new_step
 
 #: rows of a detail table built into records at a time
 BATCH = 2048
@@ -242,7 +242,7 @@ def steps_of_batches(rec: Any, pid: int | None = None, records: bool = True) -> 
             for kw, i, j, dup in zip(kws, lo, hi, again.tolist(), strict=True):
                 kw[t.step_field] = () if dup else tuple(drecs[i:j])
         for kw in kws:
-            yield Step(**kw)
+            yield new_step(**kw)
 
 
 @dataclass
