@@ -304,8 +304,9 @@ def column_events(
             if u.metric == f"{NAMESPACE}_reorder_decisions_total":
                 _put(rows, next(x for x in ups if x.metric == moved), base, pairs_of, True)
         ends = (b.steps["t1_ns"] + shift).tolist()
-        yield from zip(ends, rows, strict=True)
-        progress.advance(len(b))
+        for at in range(0, len(b), 256):  # progress a few hundred steps at a time
+            yield from zip(ends[at : at + 256], rows[at : at + 256], strict=True)
+            progress.advance(min(256, len(b) - at))
 
 
 def _put(

@@ -271,6 +271,8 @@ class _DetailColumns:
         self.rec, self.t, self.ids = rec, t, ids
         self.it = rec.batches(t.name, ["pid", "step", *(c.name for c in t.columns)], pid, BATCH)
         self.text = [c.name for c in t.columns if c.kind is str]
+        #: the columns :func:`detail_columns` gives (a builder's name apart: ``text``)
+        self.names = ["pid", "step", *(c.name for c in t.columns if c.kind is not str)]
         self.parts: list[tuple[np.ndarray, dict[str, Any]]] = []
         self.done = False
 
@@ -298,8 +300,11 @@ class _DetailColumns:
         """The rows of keys up to ``last`` (their keys, their columns), taken out."""
         while not self.done and (not self.parts or self.parts[-1][0][-1] <= last):
             self._more()
-        keys = np.concatenate([k for k, _ in self.parts]) if self.parts else np.zeros(0, np.int64)
-        names = list(self.parts[0][1]) if self.parts else []
+        if not self.parts:  # none: every column, empty
+            empty: dict[str, Any] = {n: np.zeros(0, np.int64) for n in self.names}
+            return np.zeros(0, np.int64), {**empty, **{n: [] for n in self.text}}
+        keys = np.concatenate([k for k, _ in self.parts])
+        names = list(self.parts[0][1])
         whole = {
             n: (
                 [v for _, a in self.parts for v in a[n]]

@@ -170,3 +170,20 @@ def test_the_column_spans_are_the_steps_spans(path: Path) -> None:
     assert got == _spans(rec, columns=False)
     assert sum(1 for x in got if x[2]) == sum(rec.step_counts().values())  # a root per step
     assert any(not x[2] for x in got)
+
+
+def test_a_process_without_builds_or_reorders(tmp_path: Path) -> None:
+    """A process none of whose steps has a build or a reorder: its batches carry those
+    tables' columns empty."""
+    db = copy_recording(sqlite_of(TP2), tmp_path / "bare.probe.db")
+    con = sqlite3.connect(db)
+    pid = max(p for (p,) in con.execute("SELECT DISTINCT pid FROM steps"))
+    con.execute("DELETE FROM builds WHERE pid = ?", (pid,))
+    con.execute("DELETE FROM reorders WHERE pid = ?", (pid,))
+    con.commit()
+    con.close()
+    rec = Recording.open(db)
+    b = next(step_batches(rec, pid, 64, ("builds", "reorders")))
+    assert len(b.details["builds"]["row"]) == 0
+    assert set(b.details["builds"]) >= {"row", "tag", "drafter", "t0_ns", "t1_ns", "builder"}
+    _same(rec, tmp_path)
