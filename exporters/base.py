@@ -242,6 +242,23 @@ class ExportSink:
         raise NotImplementedError
 
 
+#: the prefix of every metric name
+NAMESPACE = "vllm_graph_probe"
+
+
+def process_labels(info: ProcessInfo) -> dict[str, str]:
+    """The labels every series of a process carries."""
+    return {
+        "model_name": info.model,
+        "engine": str(info.engine),
+        "pid": str(info.pid),
+        "tp_rank": str(info.tp_rank),
+        "pp_rank": str(info.pp_rank),
+        "dp_rank": str(info.dp_rank),
+        "host": info.host,
+    }
+
+
 # -- recordings -> sinks ---------------------------------------------------------------------
 
 

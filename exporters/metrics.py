@@ -35,17 +35,17 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from exporters.base import NAMESPACE as NAMESPACE
 from exporters.base import ProcessInfo
-from probe.analysis import rules
+from exporters.base import process_labels as process_labels
 from probe.analysis import views as analysis
-from probe.analysis.cost import TIMINGS, calls_with, has_timing
+from probe.analysis.cost import TIMINGS, has_timing
 from probe.analysis.ranks import RankId, StepRanks
 from probe.analysis.ranks_live import RankMatcher
 from probe.analysis.steady import Classes
-from probe.records import BuildTag, Mode
-from probe.step import PHASES, GpuSample, Step
+from probe.records import Mode
+from probe.step import GpuSample, Step
 
-NAMESPACE = "vllm_graph_probe"
 PROCESS_LABELS: tuple[str, ...] = (
     "model_name", "engine", "pid", "tp_rank", "pp_rank", "dp_rank", "host",
 )  # fmt: skip
@@ -420,18 +420,6 @@ class Update:
     value: float
 
 
-def process_labels(info: ProcessInfo) -> dict[str, str]:
-    return {
-        "model_name": info.model,
-        "engine": str(info.engine),
-        "pid": str(info.pid),
-        "tp_rank": str(info.tp_rank),
-        "pp_rank": str(info.pp_rank),
-        "dp_rank": str(info.dp_rank),
-        "host": info.host,
-    }
-
-
 def _name(v: Mode | None) -> str:
     return "unknown" if v is None else v.name.lower()
 
@@ -447,84 +435,18 @@ def updates(
     ``classes`` (:class:`probe.analysis.steady.Classes`) splits steps into steady state and
     warm-up and finds the engine-idle gaps, by the rules of :mod:`probe.analysis.rules`; a sink
     keeps one across batches (device timings arrive a few steps after their step), an
-    offline export builds it from the recording's summary (the report's split)."""
-    base = process_labels(info)
-    n = NAMESPACE
+    offline export builds it from the recording's summary (the report's split).
+
+    The one translation of steps into updates is over columns
+    (:func:`exporters.metrics_columns.column_updates`, which the exports read recordings
+    with): the Steps are its columns here (:func:`exporters.metrics_columns.batch_of_steps`),
+    each step's updates in its order, then the batch's hooked calls, then each device
+    timing's."""
+    from exporters.metrics_columns import updates_of_steps
+
     cl = classes if classes is not None else Classes()
-    cl.classify(steps)
-
-    def u(metric: str, value: float, **labels: str) -> Update:
-        return Update(f"{n}_{metric}", {**base, **labels}, value)
-
-    cal = info.calibration
-    calls = [0, 0, 0, 0]  # span, hook calls of steady steps; of warm-up steps
-    for s in steps:
-        got = cl.get(s.pid, s.step)
-        steady, idle, period, gap = got if got is not None else (False, False, 0, 0)
-        if idle:
-            yield u("engine_idle_seconds_total", gap / 1e9)
-        if s.mode is None:
-            continue  # no forward ran (not counted by any hit rate)
-        st = "true" if steady else "false"
-        mode = s.mode.name.lower()
-        reason = s.reason.label if s.reason is not None else "unknown"
-        yield u("steps_total", 1, mode=mode, reason=reason, steady=st)
-        if s.decode:
-            ql = str(s.uniform_decode_query_len)
-            yield u("decode_steps_total", 1, query_len=ql, steady=st)
-            if s.mode == Mode.FULL:
-                yield u("decode_full_steps_total", 1, query_len=ql, steady=st)
-        if s.mode != Mode.NONE:
-            if s.replayed:
-                yield u("replays_confirmed_total", 1, mode=mode, steady=st)
-            yield u("padded_tokens_total", s.padded_tokens, steady=st)
-            yield u("real_tokens_total", s.num_tokens, steady=st)
-        yield u("scheduled_tokens_total", s.num_tokens, steady=st)
-        yield u("serving_seconds_total", period / 1e9, steady=st)
-        if s.draft_mode is not None:
-            dreason = s.draft_reason.label if s.draft_reason is not None else "unknown"
-            yield u("draft_steps_total", 1, mode=_name(s.draft_mode), reason=dreason)
-        if s.cpu_launch_overhead_ns is not None:
-            yield u(
-                "cpu_launch_overhead_seconds", s.cpu_launch_overhead_ns / 1e9, mode=mode, steady=st
-            )
-        if s.host_ns:
-            yield u("step_host_seconds", s.host_ns / 1e9, mode=mode, steady=st)
-        for p in PHASES:
-            yield u("phase_host_seconds", (s.phases.get(p) or 0) / 1e9, phase=p, steady=st)
-        for b in s.builds:
-            if b.tag == BuildTag.CAPTURE:
-                continue
-            yield u(
-                "metadata_build_seconds",
-                b.dur_ns / 1e9,
-                builder=info.builder_names.get(b.builder_id, f"<builder {b.builder_id}>"),
-                drafter="true" if b.flags & 1 else "false",
-            )
-        for o in s.reorders:
-            yield u("reorder_decisions_total", 1, changed="true" if o.changed else "false")
-            yield u("reorder_moved_requests_total", o.moved)
-        if cal is not None:
-            a, h = calls_with(s, cal)
-            calls[0 if steady else 2] += a
-            calls[1 if steady else 3] += h
-    if cal is not None and any(s.forward for s in steps):
-        for i, st in ((0, "true"), (2, "false")):
-            yield u("hooked_calls_total", calls[i], kind="span", steady=st)
-            yield u("hooked_calls_total", calls[i + 1], kind="hook", steady=st)
-    for g in gpu:
-        got = cl.get(info.pid, g.step)
-        if got is None:
-            continue  # its step is older than the sink remembers
-        steady, idle, _, _ = got
-        st = "true" if steady else "false"
-        yield u("forward_gpu_busy_seconds", g.busy_ns / 1e9, steady=st)
-        if g.step_ns is None or g.idle_before_ns is None or idle:
-            continue  # the engine idle before it: neither GPU idle nor host-bound
-        yield u("gpu_step_seconds", g.step_ns / 1e9, steady=st)
-        yield u("gpu_idle_before_step_seconds", g.idle_before_ns / 1e9, steady=st)
-        bound = rules.host_bound(g.idle_before_ns, g.step_ns)
-        yield u("host_bound_steps_total", 1.0 if bound else 0.0, steady=st)
+    for metric, labels, value in updates_of_steps(info, steps, gpu, cl):
+        yield Update(metric, labels, value)
 
 
 class RankSeries:

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from exporters.base import ProcessInfo, processes_from_recording
-from exporters.metrics import NAMESPACE
+from exporters.base import NAMESPACE, ProcessInfo, process_labels, processes_from_recording
 from probe.analysis import rules
 from probe.analysis.accumulators import PHASE_NS
 from probe.analysis.steady import Classes
@@ -28,7 +27,7 @@ from probe.progress import SILENT, Progress
 from probe.reader.recording_batches import StepBatch
 from probe.reader.recording_rows import NULL_BITS
 from probe.records import BuildTag, Mode, Reason
-from probe.step import PHASES
+from probe.step import PHASES, GpuSample, Step
 
 __all__ = [
     "Labels",
@@ -118,7 +117,7 @@ def classes_of(
 def _classed(cols: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A recording's step columns as :func:`probe.analysis.summary.columns_of_steps` gives
     the same steps (a phase it has not: 0)."""
-    out = {k: v for k, v in cols.items() if not k.startswith("n_")}
+    out = {k: v for k, v in cols.items() if not k.startswith(("n_", "_span", "_hook"))}
     for c in PHASE_NS:
         out[c] = np.where(out[c] < 0, 0, out[c])
     return out
@@ -135,6 +134,8 @@ def step_calls(
 
     if info.calibration is None:
         return None
+    if "_span_calls" in cols:  # counted from each Step's records (:func:`batch_of_steps`)
+        return cols["_span_calls"], cols["_hook_calls"]
     return stored_calls({info.pid: info.calibration}).take(cols)
 
 
@@ -142,8 +143,11 @@ def column_updates(
     info: ProcessInfo,
     batch: StepBatch,
     classes: Classes,
-    builder: Callable[[str | None], str],
+    builder: Callable[[Any], str],
     calls_per_step: bool = False,
+    *,
+    split: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
+    gpu: bool = True,
 ) -> Iterator[Updates]:
     """:func:`exporters.metrics.updates` of a batch of ``info``'s steps (its device timings
     those the steps hold), ``classes`` splitting them; ``builder`` labels a build by its
@@ -151,17 +155,23 @@ def column_updates(
     (``calls_per_step``) each forward step's, as ``updates`` of that step alone makes them.
     Each metric's updates come in the order ``updates`` makes them; across metrics, a
     step's come in its order where every metric gives a step at most one update (the
-    phases, builds and reorders are in step order, each step's in its order)."""
+    phases, builds and reorders are in step order, each step's in its order). ``split``:
+    each row's (steady, engine idle, period, gap) already found (else ``classes`` finds
+    it); ``gpu``: the device timings the steps hold too (else none: a live batch's arrive
+    apart, :func:`gpu_updates`)."""
     cols = batch.steps
     n = NAMESPACE
-    st, idle, period, gap = classes_of(classes, info.pid, cols)
+    st, idle, period, gap = split if split is not None else classes_of(classes, info.pid, cols)
     sti = st.astype(np.int64)
     mode = cols["mode"]
     fw = mode >= 0
 
     def emit(metric: str, lab: Labels, rows: np.ndarray, codes: np.ndarray, values: Any) -> Updates:
-        v = np.asarray(values, dtype=np.float64)
-        return Updates(f"{n}_{metric}", rows, codes, v, lab)
+        # an integer stays one (a count, tokens: an OTLP counter's points stay integers)
+        return Updates(f"{n}_{metric}", rows, codes, np.asarray(values), lab)
+
+    def ones(k: int) -> np.ndarray:
+        return np.ones(k, dtype=np.int64)
 
     none = Labels()
     i = np.flatnonzero(idle)
@@ -169,19 +179,19 @@ def column_updates(
     f = np.flatnonzero(fw)
     m, s = mode[f], sti[f]
     lab = Labels(mode=_MODES, reason=_REASONS, steady=_BOOL)
-    yield emit("steps_total", lab, f, lab.code(m, cols["reason"][f] + 1, s), np.ones(len(f)))
+    yield emit("steps_total", lab, f, lab.code(m, cols["reason"][f] + 1, s), ones(len(f)))
     udql = cols["uniform_decode_query_len"]
     decode = fw & (cols["uniform"] == 1) & (udql >= 1)
     d = np.flatnonzero(decode)
     top = int(udql[d].max()) + 1 if len(d) else 1
     lab = Labels(query_len=top, steady=_BOOL)
-    yield emit("decode_steps_total", lab, d, lab.code(udql[d], sti[d]), np.ones(len(d)))
+    yield emit("decode_steps_total", lab, d, lab.code(udql[d], sti[d]), ones(len(d)))
     d = np.flatnonzero(decode & (mode == int(Mode.FULL)))
-    yield emit("decode_full_steps_total", lab, d, lab.code(udql[d], sti[d]), np.ones(len(d)))
+    yield emit("decode_full_steps_total", lab, d, lab.code(udql[d], sti[d]), ones(len(d)))
     graph = fw & (mode != int(Mode.NONE))
     g = np.flatnonzero(graph & (cols["replayed"] == 1))
     lab = Labels(mode=_MODES, steady=_BOOL)
-    yield emit("replays_confirmed_total", lab, g, lab.code(mode[g], sti[g]), np.ones(len(g)))
+    yield emit("replays_confirmed_total", lab, g, lab.code(mode[g], sti[g]), ones(len(g)))
     g = np.flatnonzero(graph)
     lab = Labels(steady=_BOOL)
     yield emit("padded_tokens_total", lab, g, sti[g], cols["padded_tokens"][g])
@@ -191,7 +201,7 @@ def column_updates(
     dr = np.flatnonzero(fw & (cols["draft_mode"] >= 0))
     dlab = Labels(mode=_MODES, reason=_REASONS)
     dcode = dlab.code(cols["draft_mode"][dr], cols["draft_reason"][dr] + 1)
-    yield emit("draft_steps_total", dlab, dr, dcode, np.ones(len(dr)))
+    yield emit("draft_steps_total", dlab, dr, dcode, ones(len(dr)))
     lab = Labels(mode=_MODES, steady=_BOOL)
     c = np.flatnonzero(fw & ~_null(cols, "cpu_launch_overhead_ns"))
     yield emit(
@@ -211,7 +221,7 @@ def column_updates(
     r = np.flatnonzero(fw[ro["row"]])
     rrow = ro["row"][r]
     clab = Labels(changed=_BOOL)
-    yield emit("reorder_decisions_total", clab, rrow, ro["changed"][r], np.ones(len(r)))
+    yield emit("reorder_decisions_total", clab, rrow, ro["changed"][r], ones(len(r)))
     yield emit(
         "reorder_moved_requests_total", none, rrow, np.zeros(len(r), np.int64), ro["moved"][r]
     )
@@ -229,10 +239,43 @@ def column_updates(
     elif calls is not None and fw.any():
         span, hook = calls
         warm = fw & ~st
-        totals = [span[st].sum(), hook[st].sum(), span[warm].sum(), hook[warm].sum()]
+        totals = np.array(
+            [span[st].sum(), hook[st].sum(), span[warm].sum(), hook[warm].sum()], dtype=np.int64
+        )
         codes = klab.code(np.array([0, 1, 0, 1]), np.array([1, 1, 0, 0]))
         yield emit("hooked_calls_total", klab, np.full(4, -1), codes, totals)
-    yield from _gpu(cols, sti, idle, emit)
+    if gpu:
+        g = np.flatnonzero(~_null(cols, "gpu_busy_ns"))
+        yield from _gpu(
+            g, cols["gpu_busy_ns"][g], cols["gpu_step_ns"][g], cols["gpu_idle_before_ns"][g],
+            _null(cols, "gpu_step_ns")[g] | _null(cols, "gpu_idle_before_ns")[g],
+            sti[g], idle[g], emit,
+        )  # fmt: skip
+
+
+def gpu_updates(
+    info: ProcessInfo, samples: Sequence[GpuSample], classes: Classes
+) -> Iterator[Updates]:
+    """The updates of device timings that arrive apart from their steps (a live sink's),
+    each of a step ``classes`` has classified (others are older than it remembers: none);
+    ``rows``: each one's index in ``samples``."""
+    got = [(i, g, classes.get(info.pid, g.step)) for i, g in enumerate(samples)]
+    kept = [(i, g, c) for i, g, c in got if c is not None]
+    n = NAMESPACE
+
+    def emit(metric: str, lab: Labels, rows: np.ndarray, codes: np.ndarray, values: Any) -> Updates:
+        return Updates(f"{n}_{metric}", rows, codes, np.asarray(values), lab)
+
+    rows = np.array([i for i, _, _ in kept], dtype=np.int64)
+    busy = np.array([g.busy_ns for _, g, _ in kept], dtype=np.int64)
+    step_ns = np.array([g.step_ns if g.step_ns is not None else 0 for _, g, _ in kept], np.int64)
+    before = np.array([g.idle_before_ns or 0 for _, g, _ in kept], dtype=np.int64)
+    missing = np.array(
+        [g.step_ns is None or g.idle_before_ns is None for _, g, _ in kept], dtype=bool
+    )
+    sti = np.array([int(c[0]) for _, _, c in kept], dtype=np.int64)
+    idle = np.array([bool(c[1]) for _, _, c in kept], dtype=bool)
+    yield from _gpu(rows, busy, step_ns, before, missing, sti, idle, emit)
 
 
 def _builds(
@@ -253,22 +296,26 @@ def _builds(
 
 
 def _gpu(
-    cols: Mapping[str, np.ndarray],
+    rows: np.ndarray,
+    busy: np.ndarray,
+    step_ns: np.ndarray,
+    before: np.ndarray,
+    missing: np.ndarray,
     sti: np.ndarray,
     idle: np.ndarray,
     emit: Callable[[str, Labels, np.ndarray, np.ndarray, Any], Updates],
 ) -> Iterator[Updates]:
-    """The device timings of the steps that hold one (a forward or not)."""
+    """Device timings (each of step ``rows``; ``missing``: without a step span or an idle
+    before it): the forward's busy time of each; the step span, the idle before it and
+    whether it was host-bound of each that has them and followed no engine-idle gap."""
     lab = Labels(steady=_BOOL)
-    g = np.flatnonzero(~_null(cols, "gpu_busy_ns"))
-    yield emit("forward_gpu_busy_seconds", lab, g, sti[g], cols["gpu_busy_ns"][g] / 1e9)
-    timed = ~_null(cols, "gpu_step_ns") & ~_null(cols, "gpu_idle_before_ns") & ~idle
-    t = g[timed[g]]
-    step_ns, before = cols["gpu_step_ns"][t], cols["gpu_idle_before_ns"][t]
-    yield emit("gpu_step_seconds", lab, t, sti[t], step_ns / 1e9)
-    yield emit("gpu_idle_before_step_seconds", lab, t, sti[t], before / 1e9)
-    bound = rules.host_bound(before, step_ns)
-    yield emit("host_bound_steps_total", lab, t, sti[t], np.where(bound, 1.0, 0.0))
+    yield emit("forward_gpu_busy_seconds", lab, rows, sti, busy / 1e9)
+    t = ~missing & ~idle
+    rt, st_ns, bf, s = rows[t], step_ns[t], before[t], sti[t]
+    yield emit("gpu_step_seconds", lab, rt, s, st_ns / 1e9)
+    yield emit("gpu_idle_before_step_seconds", lab, rt, s, bf / 1e9)
+    bound = rules.host_bound(bf, st_ns)
+    yield emit("host_bound_steps_total", lab, rt, s, np.where(bound, 1.0, 0.0))
 
 
 #: one step's updates at its end (epoch ns): (metric, sorted label pairs, value) each
@@ -279,58 +326,178 @@ def column_events(
     info: ProcessInfo,
     batches: Iterable[StepBatch],
     classes: Classes,
-    builder: Callable[[str | None], str],
+    builder: Callable[[Any], str],
     progress: Progress = SILENT,
 ) -> Iterator[Event]:
     """:func:`exporters.series.step_events` of one process's steps given as column
     batches: each step's updates (:func:`column_updates`, its hooked calls its own) at its
     end (epoch ns), in the order ``updates`` of that step alone makes them; ``classes``
     splits them (its decisions; this process's state starts from none)."""
-    from exporters.metrics import process_labels
-
     cl = classes.for_process()
     base = process_labels(info)
     pairs_of: dict[tuple[str, int], tuple[tuple[str, str], ...]] = {}
+
+    def item(u: Updates, code: int, v: Any) -> tuple[str, tuple[tuple[str, str], ...], Any]:
+        pairs = pairs_of.get((u.metric, code))
+        if pairs is None:
+            pairs = pairs_of[(u.metric, code)] = tuple(sorted({**base, **u.labels(code)}.items()))
+        return u.metric, pairs, v
+
     shift = info.epoch_ns_of(0)  # BOOTTIME to epoch (raises without a clock pair)
-    moved = f"{NAMESPACE}_reorder_moved_requests_total"
     for b in batches:
-        rows: list[list[tuple[str, tuple[tuple[str, str], ...], float]]] = [
-            [] for _ in range(len(b))
-        ]
         ups = list(column_updates(info, b, cl, builder, calls_per_step=True))
-        for u in ups:
-            if u.metric != moved:
-                _put(rows, u, base, pairs_of)
-            if u.metric == f"{NAMESPACE}_reorder_decisions_total":
-                _put(rows, next(x for x in ups if x.metric == moved), base, pairs_of, True)
+        rows, _ = per_step(ups, len(b), item)
         ends = (b.steps["t1_ns"] + shift).tolist()
         for at in range(0, len(b), 256):  # progress a few hundred steps at a time
             yield from zip(ends[at : at + 256], rows[at : at + 256], strict=True)
             progress.advance(min(256, len(b) - at))
 
 
+T = TypeVar("T")
+
+
+def per_step(
+    ups: Sequence[Updates], n: int, item: Callable[[Updates, int, Any], T]
+) -> tuple[list[list[T]], list[T]]:
+    """The updates ``ups`` of a batch of ``n`` steps (as :func:`column_updates` gives
+    them) as each step's, in the order :func:`exporters.metrics.updates` makes a step's
+    (a reorder's moved requests right after its decision), and the batch's own (row -1)
+    after; ``item`` makes each of (the metric's updates, a code, a value)."""
+    moved = f"{NAMESPACE}_reorder_moved_requests_total"
+    decisions = f"{NAMESPACE}_reorder_decisions_total"
+    rows: list[list[T]] = [[] for _ in range(n)]
+    batch: list[T] = []
+    for u in ups:
+        if u.metric == moved:
+            continue  # each with its decision
+        _put(rows, batch, u, item)
+        if u.metric == decisions:
+            _put(rows, batch, next(x for x in ups if x.metric == moved), item, True)
+    return rows, batch
+
+
 def _put(
-    rows: list[list[tuple[str, tuple[tuple[str, str], ...], float]]],
+    rows: list[list[T]],
+    batch: list[T],
     u: Updates,
-    base: Mapping[str, str],
-    pairs_of: dict[tuple[str, int], tuple[tuple[str, str], ...]],
+    item: Callable[[Updates, int, Any], T],
     interleave: bool = False,
 ) -> None:
-    """``u``'s updates appended to their steps' lists; ``interleave``: each right after
-    the update of the same index among the last ones put on its step (a reorder's moved
-    requests after its decision)."""
-    for code in np.unique(u.codes).tolist():
-        if (u.metric, code) not in pairs_of:
-            pairs_of[(u.metric, code)] = tuple(sorted({**base, **u.labels(code)}.items()))
-    by_row: dict[int, list[tuple[str, tuple[tuple[str, str], ...], float]]] = {}
+    """``u``'s updates appended to their steps' lists (row -1: ``batch``'s);
+    ``interleave``: each right after the update of the same index among the last ones
+    put on its step (a reorder's moved requests after its decision)."""
+    by_row: dict[int, list[T]] = {}
     for row, code, v in zip(u.rows.tolist(), u.codes.tolist(), u.values.tolist(), strict=True):
-        by_row.setdefault(row, []).append((u.metric, pairs_of[(u.metric, code)], v))
+        by_row.setdefault(row, []).append(item(u, code, v))
     for row, items in by_row.items():
-        if interleave:
+        if row < 0:
+            batch += items
+        elif interleave:
             firsts = rows[row][-len(items) :]
             rows[row][-len(items) :] = [x for pair in zip(firsts, items, strict=True) for x in pair]
         else:
             rows[row] += items
+
+
+def batch_of_steps(info: ProcessInfo, steps: Sequence[Step]) -> StepBatch:
+    """Steps as a :class:`StepBatch`: their columns
+    (:func:`probe.analysis.summary.columns_of_steps`' and the draft's, the NULL bits), their
+    builds (``builder``: its number) and reorders, and each forward step's hooked calls
+    counted from its records with ``info``'s calibration
+    (:func:`probe.analysis.cost.calls_with`)."""
+    from probe.analysis.cost import calls_with
+    from probe.analysis.summary import columns_of_steps
+
+    n = len(steps)
+
+    def arr(vals: Iterable[int]) -> np.ndarray:
+        return np.fromiter(vals, dtype=np.int64, count=n)
+
+    def opt(v: int | None) -> int:
+        return -1 if v is None else int(v)
+
+    cols = columns_of_steps(steps)
+    cols["draft_mode"] = arr(opt(s.draft_mode) for s in steps)
+    cols["draft_reason"] = arr(opt(s.draft_reason) for s in steps)
+    nulls = np.zeros(n, dtype=np.int64)
+    for name in ("cpu_launch_overhead_ns", "gpu_busy_ns", "gpu_idle_before_ns", "gpu_step_ns"):
+        nulls |= arr(getattr(s, name) is None for s in steps) << NULL_BITS[name]
+    cols["_nulls"] = nulls
+    cal = info.calibration
+    if cal is not None:
+        calls = [calls_with(s, cal) if s.forward else (-1, -1) for s in steps]
+        cols["_span_calls"] = arr(a for a, _ in calls)
+        cols["_hook_calls"] = arr(h for _, h in calls)
+    tags = list(BuildTag)
+    builds = [(j, b) for j, s in enumerate(steps) for b in s.builds]
+    reorders = [(j, o) for j, s in enumerate(steps) for o in s.reorders]
+    k = len(builds)
+    details: dict[str, dict[str, Any]] = {
+        "builds": {
+            "row": np.fromiter((j for j, _ in builds), np.int64, count=k),
+            "tag": np.fromiter((tags.index(b.tag) for _, b in builds), np.int64, count=k),
+            "drafter": np.fromiter((b.flags & 1 for _, b in builds), np.int64, count=k),
+            "t0_ns": np.fromiter((b.t0 for _, b in builds), np.int64, count=k),
+            "t1_ns": np.fromiter((b.t1 for _, b in builds), np.int64, count=k),
+            "builder": [b.builder_id for _, b in builds],
+        },
+        "reorders": {
+            "row": np.fromiter((j for j, _ in reorders), np.int64, count=len(reorders)),
+            "changed": np.fromiter((o.changed for _, o in reorders), np.int64, len(reorders)),
+            "moved": np.fromiter((o.moved for _, o in reorders), np.int64, len(reorders)),
+        },
+    }
+    return StepBatch(cols, details)
+
+
+def builder_of_id(info: ProcessInfo) -> Callable[[Any], str]:
+    """A Step's build's builder label by its builder's number."""
+    return lambda bid: info.builder_names.get(bid, f"<builder {bid}>")
+
+
+def updates_of_steps(
+    info: ProcessInfo, steps: Sequence[Step], gpu: Sequence[GpuSample], classes: Classes
+) -> Iterator[tuple[str, dict[str, str], Any]]:
+    """:func:`exporters.metrics.updates` as (metric, labels, value): each step's updates
+    (:func:`column_updates` of :func:`batch_of_steps`, classified by ``classes``) in the
+    step's order, the batch's hooked calls, then each device timing's
+    (:func:`gpu_updates`)."""
+    base = process_labels(info)
+
+    def item(u: Updates, code: int, v: Any) -> tuple[str, dict[str, str], Any]:
+        return u.metric, {**base, **u.labels(code)}, v
+
+    if steps:
+        b = batch_of_steps(info, steps)
+        split = _split_of_steps(classes, b.steps)
+        ups = list(column_updates(info, b, classes, builder_of_id(info), split=split, gpu=False))
+        rows, batch = per_step(ups, len(b), item)
+        for r in rows:
+            yield from r
+        yield from batch
+    if gpu:
+        rows, _ = per_step(list(gpu_updates(info, gpu, classes)), len(gpu), item)
+        for r in rows:
+            yield from r
+
+
+def _split_of_steps(
+    classes: Classes, cols: Mapping[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`classes_of` of a batch of Steps, whatever processes they are of (each
+    process's rows classified as its own, in the order given)."""
+    pid = cols["pid"]
+    pids = list(dict.fromkeys(pid.tolist()))
+    if len(pids) == 1:
+        return classes_of(classes, pids[0], cols)
+    st, idle = np.zeros(len(pid), bool), np.zeros(len(pid), bool)
+    period, gap = np.zeros(len(pid), np.int64), np.zeros(len(pid), np.int64)
+    for p in pids:
+        at = np.flatnonzero(pid == p)
+        got = classes_of(classes, p, {k: v[at] for k, v in cols.items()})
+        for out, x in zip((st, idle, period, gap), got, strict=True):
+            out[at] = x
+    return st, idle, period, gap
 
 
 def columns_read(rec: Any, infos: Sequence[ProcessInfo]) -> str:

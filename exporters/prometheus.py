@@ -156,7 +156,7 @@ class _Values:
                 series[key] = 0.0 if m.kind == "counter" else _Hist(len(m.buckets))
         if m.kind == "counter":
             if (u.values < 0).any():
-                bad = float(u.values[int(np.argmax(u.values < 0))])
+                bad = u.values[int(np.argmax(u.values < 0))].item()
                 raise ValueError(f"{u.metric}: counters only go up, got {bad}")
             acc = np.array([series[k] for k in keys], dtype=np.float64)
             np.add.at(acc, inv, u.values)
