@@ -455,30 +455,47 @@ def builder_of_id(info: ProcessInfo) -> Callable[[Any], str]:
     return lambda bid: info.builder_names.get(bid, f"<builder {bid}>")
 
 
+def step_updates(
+    info: ProcessInfo, steps: Sequence[Step], gpu: Sequence[GpuSample], classes: Classes
+) -> list[Updates]:
+    """The updates of a batch of Steps and of device timings that arrive apart (a live
+    sink's) as arrays, a metric at a time: :func:`column_updates` of
+    :func:`batch_of_steps` (classified by ``classes``), then :func:`gpu_updates` (rows:
+    each timing's index in ``gpu``)."""
+    return _of_steps(info, steps, classes) + _of_gpu(info, gpu, classes)
+
+
+def _of_steps(info: ProcessInfo, steps: Sequence[Step], classes: Classes) -> list[Updates]:
+    if not steps:
+        return []
+    b = batch_of_steps(info, steps)
+    split = _split_of_steps(classes, b.steps)
+    return list(column_updates(info, b, classes, builder_of_id(info), split=split, gpu=False))
+
+
+def _of_gpu(info: ProcessInfo, gpu: Sequence[GpuSample], classes: Classes) -> list[Updates]:
+    return list(gpu_updates(info, gpu, classes)) if gpu else []
+
+
 def updates_of_steps(
     info: ProcessInfo, steps: Sequence[Step], gpu: Sequence[GpuSample], classes: Classes
 ) -> Iterator[tuple[str, dict[str, str], Any]]:
     """:func:`exporters.metrics.updates` as (metric, labels, value): each step's updates
-    (:func:`column_updates` of :func:`batch_of_steps`, classified by ``classes``) in the
-    step's order, the batch's hooked calls, then each device timing's
-    (:func:`gpu_updates`)."""
+    (:func:`step_updates`) in the step's order, the batch's hooked calls, then each device
+    timing's."""
     base = process_labels(info)
 
     def item(u: Updates, code: int, v: Any) -> tuple[str, dict[str, str], Any]:
         return u.metric, {**base, **u.labels(code)}, v
 
-    if steps:
-        b = batch_of_steps(info, steps)
-        split = _split_of_steps(classes, b.steps)
-        ups = list(column_updates(info, b, classes, builder_of_id(info), split=split, gpu=False))
-        rows, batch = per_step(ups, len(b), item)
-        for r in rows:
-            yield from r
-        yield from batch
-    if gpu:
-        rows, _ = per_step(list(gpu_updates(info, gpu, classes)), len(gpu), item)
-        for r in rows:
-            yield from r
+    # the steps first (classified), then the device timings of steps classified by now
+    rows, batch = per_step(_of_steps(info, steps, classes), len(steps), item)
+    for r in rows:
+        yield from r
+    yield from batch
+    rows, _ = per_step(_of_gpu(info, gpu, classes), len(gpu), item)
+    for r in rows:
+        yield from r
 
 
 def _split_of_steps(

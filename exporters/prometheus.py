@@ -62,8 +62,8 @@ from exporters.metrics import (
     Update,
     process_labels,
     process_updates,
-    updates,
 )
+from exporters.metrics_columns import step_updates
 from probe.analysis.steady import Classes
 from probe.progress import SILENT, Progress
 from probe.step import Step
@@ -295,8 +295,11 @@ class PrometheusSink(ExportSink):
         with self._lock:
             self._first_step(info)
             info = self._labelled(info)
-            for u in updates(info, steps, gpu, self._classes):
-                self.apply(u)
+            # the updates a metric at a time (exporters.metrics.updates' arrays, before
+            # they become one Update each)
+            base = process_labels(info)
+            for c in step_updates(info, steps, gpu, self._classes):
+                self.values.apply_codes(base, c)
             for u in self._ranks.updates(info, steps, self._known.__getitem__):
                 self.apply(u)
             self._dirty = True
