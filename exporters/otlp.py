@@ -77,7 +77,8 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from exporters.base import FIXED, ExportSink, GpuSample, ProcessInfo
-from exporters.metrics import METRICS, RankSeries, Update, process_updates, updates
+from exporters.metrics import METRICS, RankSeries, Update, process_labels, process_updates
+from exporters.metrics_columns import step_updates
 from exporters.series import (
     DEFAULT_INTERVAL_S,
     Hist,
@@ -454,8 +455,18 @@ class OtlpSink(ExportSink):
         info = self._fixed(info)
         p = self._proc(info)
         if self.metrics:
-            for u in updates(info, steps, gpu, self._classes):
-                self._apply(p, u)
+            # the updates a metric at a time (the arrays exporters.metrics.updates makes
+            # its Updates of), each value to its instrument in turn
+            base = process_labels(info)
+            for c in step_updates(info, steps, gpu, self._classes):
+                inst = p.instruments[c.metric]
+                add = inst.add if METRICS[c.metric].kind == "counter" else inst.record
+                labels: dict[int, dict[str, str]] = {}
+                for code, v in zip(c.codes.tolist(), c.values.tolist(), strict=True):
+                    attrs = labels.get(code)
+                    if attrs is None:
+                        attrs = labels[code] = {**base, **c.labels(code)}
+                    add(v, dict(attrs))
             # on the last rank's resource
             for u in self._ranks.updates(info, steps, lambda pid: self._procs[pid].info):
                 self._apply(self._procs[int(u.labels["pid"])], u)
