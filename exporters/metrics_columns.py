@@ -1,13 +1,16 @@
-"""The metric updates of a batch of one process's steps given as columns: what
-:func:`exporters.metrics.updates` makes of the same steps as Steps, update for update in
-the same order, as arrays (:class:`Updates`: per metric, each update's label set as a code
-and its value). A sink applies them a metric at a time
-(:meth:`exporters.prometheus.PrometheusSink.step_columns`): a recording's export reads
-its column batches (:func:`probe.reader.recording_batches.step_batches`) and builds no
-Step but for the ranks matched side by side.
+"""The one translation of steps into metric updates, over columns: a batch of one
+process's steps (:class:`probe.reader.recording_batches.StepBatch`) gives its updates as
+arrays (:class:`Updates`: per metric, each update's step, its label set as a code, its
+value), in the order a step-by-step pass makes them (:func:`per_step`).
 
-    >>> from exporters.metrics_columns import column_updates   # doctest: +SKIP
-    >>> [u.metric for u in column_updates(info, batch, Classes())][:2]  # doctest: +SKIP
+- the exports read a recording's column batches (:func:`replay_columns` feeding a sink's
+  ``step_columns``: the textfile; :func:`column_events`: OpenMetrics' and OTLP's samples)
+  and build no Step but for the ranks matched side by side (:func:`rank_steps`);
+- the live sinks' Steps become a batch (:func:`batch_of_steps`, :func:`step_updates`),
+  and :func:`exporters.metrics.updates` makes one ``Update`` of each.
+
+    >>> ups = column_updates(info, batch, Classes(), builder_label(info))  # doctest: +SKIP
+    >>> [u.metric for u in ups][:2]  # doctest: +SKIP
     ['vllm_graph_probe_engine_idle_seconds_total', 'vllm_graph_probe_steps_total']
 """
 
@@ -31,12 +34,21 @@ from probe.step import PHASES, GpuSample, Step
 
 __all__ = [
     "Labels",
+    "NeedsSteps",
     "Updates",
+    "batch_of_steps",
+    "builder_label",
+    "builder_of_id",
     "column_events",
     "column_updates",
     "columns_read",
+    "gpu_updates",
+    "per_step",
+    "rank_steps",
     "replay_columns",
     "step_calls",
+    "step_updates",
+    "updates_of_steps",
 ]
 
 
