@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from probe.analysis.cost import calibration_of
 from probe.progress import SILENT, Progress
@@ -302,17 +302,32 @@ def replay(
     infos = processes_from_recording(rec)
     for info in infos:
         sink.process(info)
-    turns = [(info, rec.iter_steps(info.pid)) for info in infos]
-    while turns:
-        still: list[tuple[ProcessInfo, Iterator[Step]]] = []
-        for info, steps in turns:
-            chunk = list(itertools.islice(steps, batch))
-            if chunk:
-                n += _feed(sink, info, chunk, progress)
-            if len(chunk) == batch:
-                still.append((info, steps))
-        turns = still
+    chunks = [(info, _chunks(rec.iter_steps(info.pid), batch)) for info in infos]
+    for info, chunk in in_turns(chunks):
+        n += _feed(sink, info, chunk, progress)
     return n
+
+
+T = TypeVar("T")
+
+
+def in_turns(sources: Sequence[tuple[ProcessInfo, Iterator[T]]]) -> Iterator[tuple[ProcessInfo, T]]:
+    """Each process's next item in turn, the processes in their order, until each has
+    none left (how :func:`replay` feeds a sink: the ranks of an engine side by side)."""
+    turns = list(sources)
+    while turns:
+        still = []
+        for info, items in turns:
+            item = next(items, None)
+            if item is not None:
+                yield info, item
+                still.append((info, items))
+        turns = still
+
+
+def _chunks(steps: Iterator[Step], size: int) -> Iterator[list[Step]]:
+    while chunk := list(itertools.islice(steps, size)):
+        yield chunk
 
 
 def _feed(sink: StepConsumer, info: ProcessInfo, chunk: list[Step], progress: Progress) -> int:

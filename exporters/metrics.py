@@ -43,7 +43,6 @@ from probe.analysis.cost import TIMINGS, has_timing
 from probe.analysis.ranks import RankId, StepRanks
 from probe.analysis.ranks_live import RankMatcher
 from probe.analysis.steady import Classes
-from probe.records import Mode
 from probe.step import GpuSample, Step
 
 PROCESS_LABELS: tuple[str, ...] = (
@@ -418,10 +417,6 @@ class Update:
     metric: str
     labels: Mapping[str, str]
     value: float
-
-
-def _name(v: Mode | None) -> str:
-    return "unknown" if v is None else v.name.lower()
 
 
 def updates(

@@ -22,7 +22,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from exporters.base import NAMESPACE, ProcessInfo, process_labels, processes_from_recording
+from exporters.base import (
+    NAMESPACE,
+    ProcessInfo,
+    in_turns,
+    process_labels,
+    processes_from_recording,
+)
 from probe.analysis import rules
 from probe.analysis.accumulators import PHASE_NS
 from probe.analysis.steady import Classes
@@ -582,17 +588,11 @@ def replay_columns(
     progress.stage("replaying steps", sum(rec.step_counts().values()), "steps")
     for info in infos:
         sink.process(info)
-    turns = [(info, step_batches(rec, info.pid, batch, tables, counts)) for info in infos]
-    while turns:
-        still = []
-        for info, batches in turns:
-            b = next(batches, None)
-            if b is not None:
-                sink.step_columns(info, b)
-                progress.advance(len(b))
-                n += len(b)
-                still.append((info, batches))
-        turns = still
+    sources = [(info, step_batches(rec, info.pid, batch, tables, counts)) for info in infos]
+    for info, b in in_turns(sources):
+        sink.step_columns(info, b)
+        progress.advance(len(b))
+        n += len(b)
     return n
 
 

@@ -39,7 +39,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -292,17 +292,9 @@ class PrometheusSink(ExportSink):
             self._dirty = True
 
     def steps(self, info: ProcessInfo, steps: Sequence[Step], gpu: Sequence[GpuSample]) -> None:
-        with self._lock:
-            self._first_step(info)
-            info = self._labelled(info)
-            # the updates a metric at a time (exporters.metrics.updates' arrays, before
-            # they become one Update each)
-            base = process_labels(info)
-            for c in step_updates(info, steps, gpu, self._classes):
-                self.values.apply_codes(base, c)
-            for u in self._ranks.updates(info, steps, self._known.__getitem__):
-                self.apply(u)
-            self._dirty = True
+        # the updates a metric at a time (exporters.metrics.updates' arrays, before they
+        # become one Update each)
+        self._add(info, lambda i: step_updates(i, steps, gpu, self._classes), lambda: steps)
 
     def step_columns(self, info: ProcessInfo, batch: StepBatch) -> None:
         """:meth:`steps` of a batch of ``info``'s steps given as columns, their device
@@ -310,16 +302,29 @@ class PrometheusSink(ExportSink):
         same series, the same values."""
         from exporters.metrics_columns import builder_label, column_updates, rank_steps
 
+        self._add(
+            info,
+            lambda i: column_updates(i, batch, self._classes, builder_label(i)),
+            lambda: rank_steps(batch),
+        )
+
+    def _add(
+        self,
+        info: ProcessInfo,
+        ups: Callable[[ProcessInfo], Iterable[Updates]],
+        steps: Callable[[], Sequence[Step]],
+    ) -> None:
+        """A batch's updates (``ups`` of the process's labelled facts) and, of a worker,
+        its ranks side by side (``steps``: the batch as Steps)."""
         with self._lock:
             self._first_step(info)
             info = self._labelled(info)
             base = process_labels(info)
-            for u in column_updates(info, batch, self._classes, builder_label(info)):
-                self.values.apply_codes(base, u)
-            if info.role == "worker":
-                steps = rank_steps(batch)
-                for r in self._ranks.updates(info, steps, self._known.__getitem__):
-                    self.apply(r)
+            for c in ups(info):
+                self.values.apply_codes(base, c)
+            if info.role == "worker":  # RankSeries: nothing of another process
+                for u in self._ranks.updates(info, steps(), self._known.__getitem__):
+                    self.apply(u)
             self._dirty = True
 
     def _first_step(self, info: ProcessInfo) -> None:

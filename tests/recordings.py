@@ -100,3 +100,13 @@ def copy_recording(src: str | Path, dst: str | Path) -> Path:
     else:
         shutil.copyfile(src, dst)
     return dst
+
+
+def rows_of_no_step(db: sqlite3.Connection, table: str) -> int:
+    """How many rows of the detail ``table`` of an SQLite recording have no step in
+    ``steps`` (a test that removes steps checks it left some)."""
+    (n,) = db.execute(
+        f"SELECT count(*) FROM {table} AS d WHERE NOT EXISTS "
+        "(SELECT 1 FROM steps AS s WHERE s.pid = d.pid AND s.step = d.step)"
+    ).fetchone()
+    return int(n)

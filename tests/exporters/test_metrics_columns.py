@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from recordings import committed, copy_recording, sqlite_of
+from recordings import committed, copy_recording, rows_of_no_step, sqlite_of
 
 import exporters.series
 from exporters.base import replay
@@ -91,10 +91,7 @@ def test_steps_removed_and_a_device_timing_missing(tmp_path: Path) -> None:
         (first,),
     )
     con.commit()
-    orphans = con.execute(
-        "SELECT count(*) FROM builds AS d WHERE NOT EXISTS "
-        "(SELECT 1 FROM steps AS s WHERE s.pid = d.pid AND s.step = d.step)"
-    ).fetchone()[0]
+    orphans = rows_of_no_step(con, "builds")
     con.close()
     assert orphans > 0
     col = tmp_path / "edited.probe"

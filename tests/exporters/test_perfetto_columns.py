@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from perfetto_read import read_trace
-from recordings import committed, copy_recording, sqlite_of
+from recordings import committed, copy_recording, rows_of_no_step, sqlite_of
 
 from exporters.perfetto import (
     Slice,
@@ -130,10 +130,7 @@ def test_a_first_replay_and_rows_of_missing_steps(tmp_path: Path) -> None:
     db.execute("DELETE FROM dispatches WHERE pid = ? AND step <= ?", (first, lo + 3))
     db.execute("DELETE FROM steps WHERE pid = ? AND step % 7 = 3", (second,))
     db.commit()
-    orphans = db.execute(
-        "SELECT count(*) FROM spans AS d WHERE NOT EXISTS "
-        "(SELECT 1 FROM steps AS s WHERE s.pid = d.pid AND s.step = d.step)"
-    ).fetchone()[0]
+    orphans = rows_of_no_step(db, "spans")
     db.close()
     assert orphans > 0
     rec = Recording.open(dst)
